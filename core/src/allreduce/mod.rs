@@ -1,0 +1,1 @@
+//! Ring all-reduce. (Being built.)

@@ -1,0 +1,38 @@
+//! The exact codec: little-endian f32.
+
+use super::{Codec, CodecKind};
+
+/// 32-bit floats, little endian; exact.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Fp32;
+
+impl Codec for Fp32 {
+    fn kind(&self) -> CodecKind {
+        CodecKind::Fp32
+    }
+
+    fn encoded_len(&self, n: usize) -> usize {
+        4 * n
+    }
+
+    fn encode(&self, src: &[f32], dst: &mut [u8]) {
+        assert_eq!(dst.len(), self.encoded_len(src.len()), "fp32 encode: wrong buffer length");
+        for (d, s) in dst.chunks_exact_mut(4).zip(src) {
+            d.copy_from_slice(&s.to_le_bytes());
+        }
+    }
+
+    fn decode_accumulate(&self, src: &[u8], dst: &mut [f32]) {
+        assert_eq!(src.len(), self.encoded_len(dst.len()), "fp32 decode: wrong buffer length");
+        for (d, s) in dst.iter_mut().zip(src.chunks_exact(4)) {
+            *d += f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+        }
+    }
+
+    fn decode(&self, src: &[u8], dst: &mut [f32]) {
+        assert_eq!(src.len(), self.encoded_len(dst.len()), "fp32 decode: wrong buffer length");
+        for (d, s) in dst.iter_mut().zip(src.chunks_exact(4)) {
+            *d = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+        }
+    }
+}

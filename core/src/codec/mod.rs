@@ -1,0 +1,114 @@
+//! Codecs for the all-reduce: how a slice of f32 travels as bytes.
+//!
+//! Every codec has the same slice-based interface ([`Codec`]): `encode` into a caller-provided
+//! buffer of exactly [`Codec::encoded_len`] bytes, and `decode_accumulate` / `decode` into a
+//! caller-provided f32 slice. None allocates per call. Every input, including all zeros, a single
+//! element and NaN/inf, gives a defined result (documented per codec) and never panics.
+//!
+//! | kind | bytes per value | notes |
+//! |---|---|---|
+//! | `fp32` | 4 | exact |
+//! | `fp16` / `bf16` | 2 | round to nearest even |
+//! | `uint8` | 1 + 1 KiB per call | PRIME's codebook scheme (reference.md) |
+//! | `int8-block` | 1 + 4 per block | blockwise absmax, more accurate than `uint8` |
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+mod fp32;
+mod half16;
+mod int8block;
+mod uint8;
+
+pub use fp32::Fp32;
+pub use half16::{Bf16, Fp16};
+pub use int8block::Int8Block;
+pub use uint8::Uint8;
+
+/// The codecs loco knows, by name (as written in scenario files and on the command line).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CodecKind {
+    /// 32-bit floats, exact.
+    Fp32,
+    /// IEEE half precision.
+    Fp16,
+    /// bfloat16.
+    Bf16,
+    /// PRIME's 8-bit codebook: 256 bins of width 6s/256 around zero, decoded by per-bin means.
+    Uint8,
+    /// Blockwise absmax int8: one f32 scale per block of values.
+    Int8Block,
+}
+
+impl CodecKind {
+    /// Every codec, in a fixed order.
+    pub const ALL: [CodecKind; 5] =
+        [CodecKind::Fp32, CodecKind::Fp16, CodecKind::Bf16, CodecKind::Uint8, CodecKind::Int8Block];
+
+    /// The name used in files and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            CodecKind::Fp32 => "fp32",
+            CodecKind::Fp16 => "fp16",
+            CodecKind::Bf16 => "bf16",
+            CodecKind::Uint8 => "uint8",
+            CodecKind::Int8Block => "int8-block",
+        }
+    }
+
+    /// The codec implementation.
+    pub fn codec(self) -> &'static dyn Codec {
+        match self {
+            CodecKind::Fp32 => &Fp32,
+            CodecKind::Fp16 => &Fp16,
+            CodecKind::Bf16 => &Bf16,
+            CodecKind::Uint8 => &Uint8,
+            CodecKind::Int8Block => &Int8Block,
+        }
+    }
+}
+
+impl fmt::Display for CodecKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for CodecKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        CodecKind::ALL.into_iter().find(|k| k.name() == s).ok_or_else(|| {
+            let names: Vec<_> = CodecKind::ALL.iter().map(|k| k.name()).collect();
+            format!("unknown codec `{s}`, expected one of {}", names.join(", "))
+        })
+    }
+}
+
+/// A way to send f32 values as bytes. Implementations are stateless and thread-safe.
+pub trait Codec: Send + Sync {
+    /// Which codec this is.
+    fn kind(&self) -> CodecKind;
+
+    /// Exact number of bytes `encode` writes for `n` values.
+    fn encoded_len(&self, n: usize) -> usize;
+
+    /// Encodes `src` into `dst`.
+    ///
+    /// # Panics
+    /// When `dst.len() != self.encoded_len(src.len())` (a caller bug, not a data condition).
+    fn encode(&self, src: &[f32], dst: &mut [u8]);
+
+    /// Adds the decoded values of `src` to `dst`: `dst[i] += decode(src)[i]`.
+    ///
+    /// # Panics
+    /// When `src.len() != self.encoded_len(dst.len())`.
+    fn decode_accumulate(&self, src: &[u8], dst: &mut [f32]);
+
+    /// Writes the decoded values of `src` into `dst`: `dst[i] = decode(src)[i]`.
+    ///
+    /// # Panics
+    /// When `src.len() != self.encoded_len(dst.len())`.
+    fn decode(&self, src: &[u8], dst: &mut [f32]);
+}

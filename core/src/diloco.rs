@@ -1,0 +1,1 @@
+//! DiLoCo outer state. (Being built.)

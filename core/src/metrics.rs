@@ -1,0 +1,1 @@
+//! The metrics schema both backends write. (Being built.)

@@ -1,0 +1,1 @@
+//! The scenario/config file both backends read. (Being built.)

@@ -1,0 +1,152 @@
+//! The message-level transport: frames between nodes named by [`NodeId`].
+//!
+//! A [`Frame`] is a small typed [`Header`] plus a [`Body`] that is either real bytes or *virtual*
+//! (a length only). The real backend serialises frames onto TCP and never sees a virtual body; the
+//! simulator sends the header through its network and charges the body's length to its bandwidth
+//! model, which is how a 10B-parameter all-reduce is simulated without 40 GB of memory.
+//!
+//! [`memory`] is an in-memory implementation over channels, for tests and benchmarks.
+
+use crate::ids::{Epoch, NodeId};
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use std::future::Future;
+
+pub mod memory;
+
+/// The body of a frame: real bytes, or only a length.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Body {
+    /// Real payload bytes. Cloning is cheap (reference counted), so forwarding does not copy.
+    Bytes(Bytes),
+    /// A payload that exists only as a length (simulated numerics).
+    Virtual(u64),
+}
+
+impl Body {
+    /// An empty body.
+    pub fn empty() -> Body {
+        Body::Bytes(Bytes::new())
+    }
+
+    /// Length in bytes, real or virtual.
+    pub fn len(&self) -> u64 {
+        match self {
+            Body::Bytes(b) => b.len() as u64,
+            Body::Virtual(n) => *n,
+        }
+    }
+
+    /// True when the body has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// True for a virtual body.
+    pub fn is_virtual(&self) -> bool {
+        matches!(self, Body::Virtual(_))
+    }
+}
+
+/// Which half of a ring all-reduce a collective frame belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Phase {
+    /// Partial sums travel round the ring and are accumulated in fp32.
+    ReduceScatter,
+    /// The owners' encoded averages travel round the ring, forwarded unchanged.
+    AllGather,
+}
+
+/// Header of one segment of a ring all-reduce.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CollectiveHeader {
+    /// Membership epoch the collective runs in; frames of another epoch are rejected.
+    pub epoch: Epoch,
+    /// Identifies the collective within the epoch (for DiLoCo: outer step and attempt).
+    pub op: u64,
+    /// Which of a node's parallel rings (one per local GPU shard).
+    pub shard: u16,
+    /// Reduce-scatter or all-gather.
+    pub phase: Phase,
+    /// Step within the phase, 0..world-1.
+    pub step: u16,
+    /// Chunk index, 0..world.
+    pub chunk: u32,
+    /// Segment index within the chunk (pipelining unit).
+    pub segment: u32,
+    /// Sum of the contribution weights folded into this partial sum (reduce-scatter), or the total
+    /// weight of the average (all-gather).
+    pub weight_sum: f64,
+}
+
+/// The typed header of a frame.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Header {
+    /// Control plane of the elastic mesh (membership, heartbeats, barriers, probes).
+    Mesh(crate::mesh::MeshMsg),
+    /// One segment of a ring all-reduce.
+    Collective(CollectiveHeader),
+}
+
+/// A message between two nodes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Frame {
+    /// Typed header.
+    pub header: Header,
+    /// Payload, real or virtual.
+    pub body: Body,
+}
+
+impl Frame {
+    /// A control frame with an empty body.
+    pub fn control(msg: crate::mesh::MeshMsg) -> Frame {
+        Frame { header: Header::Mesh(msg), body: Body::empty() }
+    }
+
+    /// Bytes this frame occupies on a link (body plus a fixed header allowance).
+    pub fn wire_len(&self) -> u64 {
+        HEADER_WIRE_BYTES + self.body.len()
+    }
+}
+
+/// Bytes charged for a header on the wire (length prefix, checksum, serialised header).
+pub const HEADER_WIRE_BYTES: u64 = 64;
+
+/// Failure of a transport operation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TransportError {
+    /// The peer is unknown, gone, or its connection closed.
+    #[error("peer {0} unreachable")]
+    Unreachable(NodeId),
+    /// This endpoint has been shut down.
+    #[error("transport closed")]
+    Closed,
+    /// A frame could not be decoded or failed its checksum.
+    #[error("corrupt frame from {from}: {reason}")]
+    Corrupt {
+        /// Sender.
+        from: NodeId,
+        /// What was wrong.
+        reason: String,
+    },
+}
+
+/// One endpoint of the message transport. Implemented by the in-memory channels ([`memory`]), the
+/// simulator (turmoil) and the real backend (TCP).
+///
+/// `send` may return before the frame is delivered (it queues); frames from one sender to one
+/// receiver arrive in the order they were sent, or not at all.
+pub trait Transport {
+    /// This endpoint's node id.
+    fn local_id(&self) -> NodeId;
+
+    /// Queue `frame` for `to`.
+    fn send(
+        &mut self,
+        to: NodeId,
+        frame: Frame,
+    ) -> impl Future<Output = Result<(), TransportError>>;
+
+    /// The next frame from any peer.
+    fn recv(&mut self) -> impl Future<Output = Result<(NodeId, Frame), TransportError>>;
+}

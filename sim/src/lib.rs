@@ -1,0 +1,3 @@
+//! # loco-sim
+//!
+//! loco's deterministic simulator backend. (Being built: issue 4.)
