@@ -15,7 +15,7 @@
 //!
 //! A two-node all-reduce over the in-memory transport:
 //!
-//! ```ignore
+//! ```
 //! use loco_core::allreduce::{RingConfig, run_ring};
 //! use loco_core::codec::CodecKind;
 //! use loco_core::ids::{Epoch, NodeId, Weight};
@@ -38,7 +38,7 @@
 //! });
 //! assert_eq!(xa, vec![2.0; 10]);
 //! assert_eq!(xa, xb);
-//! ```ignore
+//! ```
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod allreduce;
@@ -50,6 +50,9 @@ pub mod metrics;
 pub mod scenario;
 pub mod time;
 pub mod transport;
+
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 pub use ids::{Epoch, NodeId, Rank, Weight};
 pub use time::Time;

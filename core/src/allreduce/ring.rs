@@ -1,0 +1,488 @@
+//! The sans-IO ring all-reduce state machine.
+
+use super::schedule::{
+    ag_recv_chunk, ag_send_chunk, chunk_range, owned_chunk, rs_recv_chunk, segment_count,
+    segment_range,
+};
+use crate::codec::{Codec, CodecKind};
+use crate::ids::{Epoch, NodeId, Weight};
+use crate::transport::{Body, CollectiveHeader, Frame, Header, Phase};
+use bytes::Bytes;
+use std::collections::VecDeque;
+use std::ops::Range;
+
+/// Default pipelining unit: 1 Mi values (4 MiB of fp32, 1 MiB of uint8).
+pub const DEFAULT_SEGMENT_ELEMS: usize = 1 << 20;
+
+/// What one all-reduce runs over.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RingConfig {
+    /// Membership epoch; frames of other epochs are rejected.
+    pub epoch: Epoch,
+    /// Identifies this collective within the epoch (outer step and attempt).
+    pub op: u64,
+    /// Which of the node's parallel rings.
+    pub shard: u16,
+    /// The ring order: each member sends to the next and receives from the previous.
+    pub ring: Vec<NodeId>,
+    /// This node.
+    pub me: NodeId,
+    /// How values travel.
+    pub codec: CodecKind,
+    /// Pipelining unit in values.
+    pub segment_elems: usize,
+}
+
+impl RingConfig {
+    /// A configuration with shard 0 and the default segment size.
+    pub fn new(epoch: Epoch, op: u64, ring: Vec<NodeId>, me: NodeId, codec: CodecKind) -> Self {
+        RingConfig {
+            epoch,
+            op,
+            shard: 0,
+            ring,
+            me,
+            codec,
+            segment_elems: DEFAULT_SEGMENT_ELEMS,
+        }
+    }
+}
+
+/// The values to reduce: real values, reduced in place, or only their number (virtual numerics).
+#[derive(Debug)]
+pub enum Payload<'a> {
+    /// Real values; on success they hold the weighted average. On failure their content is
+    /// unspecified: callers keep or recompute their contribution for a retry.
+    Real(&'a mut [f32]),
+    /// Only a length: the same schedule moves virtual bodies.
+    Virtual(usize),
+}
+
+impl Payload<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Payload::Real(d) => d.len(),
+            Payload::Virtual(n) => *n,
+        }
+    }
+}
+
+/// Why a frame was refused or the collective cannot go on.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RingError {
+    /// This node is not in the ring.
+    #[error("{me} is not a member of the ring")]
+    NotAMember {
+        /// This node.
+        me: NodeId,
+    },
+    /// The ring names a node twice.
+    #[error("ring names {node} twice")]
+    DuplicateMember {
+        /// The repeated node.
+        node: NodeId,
+    },
+    /// A frame of an older epoch: rejected, never mixed in.
+    #[error("stale frame of epoch {got} (current {current})")]
+    StaleEpoch {
+        /// Epoch of the frame.
+        got: Epoch,
+        /// Epoch of this collective.
+        current: Epoch,
+    },
+    /// A frame of a newer epoch: this node has not heard of the change yet.
+    #[error("frame of future epoch {got} (current {current})")]
+    FutureEpoch {
+        /// Epoch of the frame.
+        got: Epoch,
+        /// Epoch of this collective.
+        current: Epoch,
+    },
+    /// A frame of another collective of the same epoch.
+    #[error("frame for op {got}/shard {got_shard}, expected op {expected}/shard {expected_shard}")]
+    WrongOp {
+        /// Op of the frame.
+        got: u64,
+        /// Shard of the frame.
+        got_shard: u16,
+        /// Op of this collective.
+        expected: u64,
+        /// Shard of this collective.
+        expected_shard: u16,
+    },
+    /// A frame that does not fit the schedule (wrong sender, chunk, segment, length, or twice).
+    #[error("unexpected frame from {from}: {reason}")]
+    Unexpected {
+        /// Sender.
+        from: NodeId,
+        /// What did not fit.
+        reason: String,
+    },
+    /// A non-collective frame was handed to the collective.
+    #[error("not a collective frame")]
+    NotCollective,
+    /// The transport failed (a peer is gone).
+    #[error("transport: {0}")]
+    Transport(#[from] crate::transport::TransportError),
+}
+
+/// Counters of one all-reduce.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RingStats {
+    /// Body bytes sent.
+    pub body_bytes_sent: u64,
+    /// Frames sent.
+    pub frames_sent: u64,
+    /// Frames received and applied.
+    pub frames_received: u64,
+    /// Frames of older epochs rejected.
+    pub stale_rejected: u64,
+}
+
+enum Pending {
+    /// Encode this node's own weighted contribution of a segment (reduce-scatter step 0).
+    Own { chunk: usize, seg: usize },
+    /// A frame ready to go.
+    Ready(Frame),
+}
+
+/// The ring all-reduce of one node, as a state machine. See the module docs.
+pub struct RingAllReduce<'a> {
+    cfg: RingConfig,
+    codec: &'static dyn Codec,
+    payload: Payload<'a>,
+    weight: f32,
+    world: usize,
+    rank: usize,
+    left: NodeId,
+    right: NodeId,
+    /// Received (phase, step, segment) flags: index = step * max_segs + seg, per phase.
+    got_rs: Vec<bool>,
+    got_ag: Vec<bool>,
+    remaining: usize,
+    max_segs: usize,
+    queue: VecDeque<Pending>,
+    scratch: Vec<f32>,
+    stats: RingStats,
+}
+
+impl<'a> RingAllReduce<'a> {
+    /// Starts an all-reduce of `payload` with this node's contribution `weight`.
+    pub fn new(cfg: RingConfig, payload: Payload<'a>, weight: Weight) -> Result<Self, RingError> {
+        let world = cfg.ring.len();
+        let rank = cfg
+            .ring
+            .iter()
+            .position(|n| *n == cfg.me)
+            .ok_or(RingError::NotAMember { me: cfg.me })?;
+        let mut seen = cfg.ring.clone();
+        seen.sort_unstable();
+        if let Some(w) = seen.windows(2).find(|w| w[0] == w[1]) {
+            return Err(RingError::DuplicateMember { node: w[0] });
+        }
+        let seg = cfg.segment_elems.max(1);
+        let len = payload.len();
+        let max_segs = (0..world)
+            .map(|c| segment_count(chunk_range(len, world, c).len(), seg))
+            .max()
+            .unwrap_or(0);
+        let steps = world - 1;
+        let mut m = RingAllReduce {
+            codec: cfg.codec.codec(),
+            left: cfg.ring[(rank + world - 1) % world],
+            right: cfg.ring[(rank + 1) % world],
+            weight: weight.get(),
+            world,
+            rank,
+            got_rs: vec![false; steps * max_segs],
+            got_ag: vec![false; steps * max_segs],
+            remaining: 0,
+            max_segs,
+            queue: VecDeque::new(),
+            scratch: Vec::new(),
+            stats: RingStats::default(),
+            payload,
+            cfg,
+        };
+        m.cfg.segment_elems = seg;
+        if world == 1 {
+            if m.weight == 0.0 {
+                if let Payload::Real(d) = &mut m.payload {
+                    d.fill(0.0);
+                }
+            }
+            return Ok(m);
+        }
+        for s in 0..steps {
+            let rs = segment_count(m.chunk(rs_recv_chunk(world, rank, s)).len(), seg);
+            let ag = segment_count(m.chunk(ag_recv_chunk(world, rank, s)).len(), seg);
+            m.remaining += rs + ag;
+        }
+        let own = rank; // reduce-scatter step 0 sends chunk r
+        for j in 0..segment_count(m.chunk(own).len(), seg) {
+            m.queue.push_back(Pending::Own { chunk: own, seg: j });
+        }
+        Ok(m)
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RingConfig {
+        &self.cfg
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> RingStats {
+        self.stats
+    }
+
+    /// True when this node holds the final result and has nothing left to send.
+    pub fn is_done(&self) -> bool {
+        self.remaining == 0 && self.queue.is_empty()
+    }
+
+    /// The next frame to send, encoding it now if needed. Call until `None` after every
+    /// [`handle_frame`](Self::handle_frame) and after construction.
+    pub fn poll_send(&mut self) -> Option<(NodeId, Frame)> {
+        let frame = match self.queue.pop_front()? {
+            Pending::Ready(f) => f,
+            Pending::Own { chunk, seg } => {
+                let range = self.segment(chunk, seg);
+                self.load_weighted_own(range.clone());
+                let body = self.encode_scratch(range.len());
+                self.frame(
+                    Phase::ReduceScatter,
+                    0,
+                    chunk,
+                    seg,
+                    f64::from(self.weight),
+                    body,
+                )
+            }
+        };
+        self.stats.body_bytes_sent += frame.body.len();
+        self.stats.frames_sent += 1;
+        Some((self.right, frame))
+    }
+
+    /// Applies a received collective frame. A frame of an older epoch returns
+    /// [`RingError::StaleEpoch`] and changes nothing (the caller counts and drops it).
+    pub fn handle_frame(&mut self, from: NodeId, frame: &Frame) -> Result<(), RingError> {
+        let Header::Collective(h) = &frame.header else {
+            return Err(RingError::NotCollective);
+        };
+        if h.epoch < self.cfg.epoch {
+            self.stats.stale_rejected += 1;
+            return Err(RingError::StaleEpoch {
+                got: h.epoch,
+                current: self.cfg.epoch,
+            });
+        }
+        if h.epoch > self.cfg.epoch {
+            return Err(RingError::FutureEpoch {
+                got: h.epoch,
+                current: self.cfg.epoch,
+            });
+        }
+        if h.op != self.cfg.op || h.shard != self.cfg.shard {
+            return Err(RingError::WrongOp {
+                got: h.op,
+                got_shard: h.shard,
+                expected: self.cfg.op,
+                expected_shard: self.cfg.shard,
+            });
+        }
+        let unexpected = |reason: String| RingError::Unexpected { from, reason };
+        if from != self.left {
+            return Err(unexpected(format!(
+                "expected frames only from {}",
+                self.left
+            )));
+        }
+        let step = usize::from(h.step);
+        if step + 1 >= self.world {
+            return Err(unexpected(format!("step {step} out of range")));
+        }
+        let chunk = h.chunk as usize;
+        let expected_chunk = match h.phase {
+            Phase::ReduceScatter => rs_recv_chunk(self.world, self.rank, step),
+            Phase::AllGather => ag_recv_chunk(self.world, self.rank, step),
+        };
+        if chunk != expected_chunk {
+            return Err(unexpected(format!(
+                "{:?} step {step} carries chunk {chunk}, expected {expected_chunk}",
+                h.phase
+            )));
+        }
+        let seg = h.segment as usize;
+        let nsegs = segment_count(self.chunk(chunk).len(), self.cfg.segment_elems);
+        if seg >= nsegs {
+            return Err(unexpected(format!("segment {seg} of a chunk with {nsegs}")));
+        }
+        let range = self.segment(chunk, seg);
+        let want = self.codec.encoded_len(range.len()) as u64;
+        match (&frame.body, &self.payload) {
+            (Body::Bytes(b), Payload::Real(_)) if b.len() as u64 == want => {}
+            (Body::Virtual(n), Payload::Virtual(_)) if *n == want => {}
+            (b, _) => {
+                return Err(unexpected(format!(
+                    "body of {} bytes ({}), expected {want}",
+                    b.len(),
+                    if b.is_virtual() { "virtual" } else { "real" }
+                )));
+            }
+        }
+        if !h.weight_sum.is_finite() || h.weight_sum < 0.0 {
+            return Err(unexpected(format!("weight sum {}", h.weight_sum)));
+        }
+        let idx = step * self.max_segs + seg;
+        let got = match h.phase {
+            Phase::ReduceScatter => &mut self.got_rs[idx],
+            Phase::AllGather => &mut self.got_ag[idx],
+        };
+        if *got {
+            return Err(unexpected(format!(
+                "{:?} step {step} segment {seg} twice",
+                h.phase
+            )));
+        }
+        *got = true;
+        self.remaining -= 1;
+        self.stats.frames_received += 1;
+        match h.phase {
+            Phase::ReduceScatter => self.on_reduce_scatter(h, step, chunk, seg, range, &frame.body),
+            Phase::AllGather => self.on_all_gather(h, step, chunk, seg, range, &frame.body),
+        }
+        Ok(())
+    }
+
+    fn on_reduce_scatter(
+        &mut self,
+        h: &CollectiveHeader,
+        step: usize,
+        chunk: usize,
+        seg: usize,
+        range: Range<usize>,
+        body: &Body,
+    ) {
+        let n = range.len();
+        let weight_sum = h.weight_sum + f64::from(self.weight);
+        self.load_weighted_own(range.clone());
+        if let Body::Bytes(b) = body {
+            self.codec.decode_accumulate(b, &mut self.scratch[..n]);
+        }
+        if step + 2 < self.world {
+            let body = self.encode_scratch(n);
+            let f = self.frame(Phase::ReduceScatter, step + 1, chunk, seg, weight_sum, body);
+            self.queue.push_back(Pending::Ready(f));
+            return;
+        }
+        // Last reduce-scatter step: this node owns the chunk. Average, encode once, and take
+        // the decoded bytes as its own result, exactly as every other rank will.
+        debug_assert_eq!(chunk, owned_chunk(self.world, self.rank));
+        if weight_sum > 0.0 {
+            let ws = weight_sum as f32;
+            for v in &mut self.scratch[..n] {
+                *v /= ws;
+            }
+        } else {
+            self.scratch[..n].fill(0.0);
+        }
+        let body = self.encode_scratch(n);
+        if let (Payload::Real(d), Body::Bytes(b)) = (&mut self.payload, &body) {
+            self.codec.decode(b, &mut d[range]);
+        }
+        let f = self.frame(Phase::AllGather, 0, chunk, seg, weight_sum, body);
+        self.queue.push_back(Pending::Ready(f));
+    }
+
+    fn on_all_gather(
+        &mut self,
+        h: &CollectiveHeader,
+        step: usize,
+        chunk: usize,
+        seg: usize,
+        range: Range<usize>,
+        body: &Body,
+    ) {
+        if let (Payload::Real(d), Body::Bytes(b)) = (&mut self.payload, body) {
+            self.codec.decode(b, &mut d[range]);
+        }
+        if step + 2 < self.world {
+            debug_assert_eq!(ag_send_chunk(self.world, self.rank, step + 1), chunk);
+            // Forward the owner's bytes unchanged (a reference-counted clone, no copy).
+            let f = self.frame(
+                Phase::AllGather,
+                step + 1,
+                chunk,
+                seg,
+                h.weight_sum,
+                body.clone(),
+            );
+            self.queue.push_back(Pending::Ready(f));
+        }
+    }
+
+    fn chunk(&self, c: usize) -> Range<usize> {
+        chunk_range(self.payload.len(), self.world, c)
+    }
+
+    fn segment(&self, c: usize, j: usize) -> Range<usize> {
+        segment_range(&self.chunk(c), self.cfg.segment_elems, j)
+    }
+
+    /// scratch[..n] = weight * own[range] (0 for weight 0, whatever the values).
+    fn load_weighted_own(&mut self, range: Range<usize>) {
+        let n = range.len();
+        if self.scratch.len() < n {
+            self.scratch.resize(n, 0.0);
+        }
+        let Payload::Real(d) = &self.payload else {
+            return;
+        };
+        let out = &mut self.scratch[..n];
+        let w = self.weight;
+        if w == 0.0 {
+            out.fill(0.0);
+        } else if w == 1.0 {
+            out.copy_from_slice(&d[range]);
+        } else {
+            for (o, x) in out.iter_mut().zip(&d[range]) {
+                *o = w * x;
+            }
+        }
+    }
+
+    fn encode_scratch(&mut self, n: usize) -> Body {
+        let len = self.codec.encoded_len(n);
+        match self.payload {
+            Payload::Virtual(_) => Body::Virtual(len as u64),
+            Payload::Real(_) => {
+                let mut buf = vec![0u8; len];
+                self.codec.encode(&self.scratch[..n], &mut buf);
+                Body::Bytes(Bytes::from(buf))
+            }
+        }
+    }
+
+    fn frame(
+        &self,
+        phase: Phase,
+        step: usize,
+        chunk: usize,
+        seg: usize,
+        weight_sum: f64,
+        body: Body,
+    ) -> Frame {
+        let header = Header::Collective(CollectiveHeader {
+            epoch: self.cfg.epoch,
+            op: self.cfg.op,
+            shard: self.cfg.shard,
+            phase,
+            step: step as u16,
+            chunk: chunk as u32,
+            segment: seg as u32,
+            weight_sum,
+        });
+        Frame { header, body }
+    }
+}

@@ -1,0 +1,4 @@
+//! `loco bench ...`: reproducible performance figures.
+
+pub(crate) mod allreduce;
+pub mod codec;

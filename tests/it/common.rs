@@ -1,0 +1,45 @@
+//! Shared fixtures: run the built `loco` binary in a fresh temporary directory.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// A test's sandbox: a temporary directory and the binary under test.
+pub(crate) struct TestContext {
+    dir: tempfile::TempDir,
+}
+
+impl TestContext {
+    pub(crate) fn new() -> TestContext {
+        TestContext { dir: tempfile::tempdir().expect("temp dir") }
+    }
+
+    /// The temporary directory (outputs go here).
+    pub(crate) fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The repository root (scenarios/ lives there).
+    pub(crate) fn repo() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    }
+
+    /// Runs `loco ARGS...` in the repository root and returns its output.
+    pub(crate) fn loco(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_loco"))
+            .args(args)
+            .current_dir(Self::repo())
+            .env_remove("LOCO_LOG")
+            .output()
+            .expect("run loco")
+    }
+}
+
+/// Stdout as text.
+pub(crate) fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Stderr as text.
+pub(crate) fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}

@@ -1,0 +1,4 @@
+//! End-to-end tests of the `loco` binary: one test binary, one module per area.
+
+mod bench;
+mod common;
