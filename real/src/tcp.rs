@@ -1,0 +1,456 @@
+//! The [`Transport`] over TCP: length-prefixed, checksummed frames between processes.
+//!
+//! Connections are one-way: a node dials each peer it sends to (lazily, on the first send) and
+//! accepts the connections of the peers that send to it. Every connection starts with a
+//! handshake that carries the protocol version, the dialer's node id and, when the run has a
+//! shared secret, a keyed tag proving the dialer knows it; a mismatch is refused with a reason the
+//! dialer reports. Several connections per peer ([`TcpConfig::streams`]) carry the collective
+//! frames round-robin (the ring all-reduce accepts its frames in any order); control frames always
+//! use the first, so their order is kept.
+//!
+//! Wire format of a frame, after the handshake (little endian):
+//!
+//! | bytes | field |
+//! |---|---|
+//! | 4 | header length H |
+//! | 8 | body length B |
+//! | 4 | CRC-32 of header and body |
+//! | H | header, `postcard`-encoded [`Header`] |
+//! | B | body |
+//!
+//! A frame, once its first byte has arrived, must complete within [`TcpConfig::frame_timeout`];
+//! a connection may be idle for any time between frames (DiLoCo's rings are idle during inner
+//! steps). A corrupt frame (bad checksum, impossible length, undecodable header) is dropped,
+//! logged and counted, and its connection closed; the dialer reconnects on its next send.
+
+use bytes::Bytes;
+use loco_core::ids::NodeId;
+use loco_core::transport::{Body, Frame, Header, Transport, TransportError};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+/// Version of the wire protocol; peers with another version are refused at the handshake.
+pub const PROTOCOL_VERSION: u16 = 1;
+const MAGIC: [u8; 4] = *b"LOCO";
+const HELLO_LEN: usize = 4 + 2 + 4 + 32;
+const MAX_HEADER: u32 = 1 << 20;
+
+/// Settings of the TCP transport.
+#[derive(Clone, Debug)]
+pub struct TcpConfig {
+    /// Connections per peer for collective frames (default 1). More connections help on links
+    /// where one TCP stream cannot fill the pipe (PRIME opened one per GPU ring).
+    pub streams: usize,
+    /// Limit for establishing a connection and its handshake (default 10 s).
+    pub connect_timeout: Duration,
+    /// Limit for the rest of a frame once its first byte arrived (default 120 s).
+    pub frame_timeout: Duration,
+    /// The run's shared secret; when set, peers must prove they know it.
+    pub secret: Option<Vec<u8>>,
+    /// Largest body accepted (default 4 GiB).
+    pub max_body: u64,
+    /// Capacity of the receive queue, in frames (default 4096).
+    pub inbox_frames: usize,
+}
+
+impl Default for TcpConfig {
+    fn default() -> Self {
+        TcpConfig {
+            streams: 1,
+            connect_timeout: Duration::from_secs(10),
+            frame_timeout: Duration::from_secs(120),
+            secret: None,
+            max_body: 4 << 30,
+            inbox_frames: 4096,
+        }
+    }
+}
+
+/// Counters of one endpoint.
+#[derive(Debug, Default)]
+pub struct TcpStats {
+    /// Frames queued for sending.
+    pub frames_sent: AtomicU64,
+    /// Bytes written (frame prefixes, headers and bodies).
+    pub bytes_sent: AtomicU64,
+    /// Frames received and delivered.
+    pub frames_received: AtomicU64,
+    /// Frames dropped as corrupt (checksum, length, header).
+    pub corrupt_frames: AtomicU64,
+    /// Incoming connections refused at the handshake (version, secret, garbage).
+    pub rejected_handshakes: AtomicU64,
+}
+
+/// Errors of setting up the transport.
+#[derive(Debug, thiserror::Error)]
+pub enum TcpError {
+    /// Binding the listening socket failed.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+enum HelloStatus {
+    Ok = 0,
+    BadVersion = 1,
+    BadSecret = 2,
+    BadMagic = 3,
+}
+
+struct Peer {
+    streams: Vec<mpsc::UnboundedSender<Frame>>,
+    next: usize,
+    failed: Arc<AtomicBool>,
+}
+
+/// One node's TCP endpoint. Needs a tokio runtime.
+pub struct TcpTransport {
+    id: NodeId,
+    local_addr: SocketAddr,
+    cfg: Arc<TcpConfig>,
+    addrs: BTreeMap<NodeId, SocketAddr>,
+    peers: BTreeMap<NodeId, Peer>,
+    inbox: mpsc::Receiver<(NodeId, Frame)>,
+    stats: Arc<TcpStats>,
+    accept_task: JoinHandle<()>,
+}
+
+impl Drop for TcpTransport {
+    fn drop(&mut self) {
+        self.accept_task.abort();
+    }
+}
+
+impl TcpTransport {
+    /// Listens on `addr` (port 0 picks a free port) as node `id`.
+    pub async fn bind(id: NodeId, addr: SocketAddr, cfg: TcpConfig) -> Result<Self, TcpError> {
+        let listener =
+            TcpListener::bind(addr).await.map_err(|source| TcpError::Bind { addr, source })?;
+        let local_addr = listener.local_addr().map_err(|source| TcpError::Bind { addr, source })?;
+        let cfg = Arc::new(cfg);
+        let stats = Arc::new(TcpStats::default());
+        let (tx, inbox) = mpsc::channel(cfg.inbox_frames.max(1));
+        let accept_task = tokio::spawn(accept_loop(id, listener, cfg.clone(), stats.clone(), tx));
+        Ok(TcpTransport {
+            id,
+            local_addr,
+            cfg,
+            addrs: BTreeMap::new(),
+            peers: BTreeMap::new(),
+            inbox,
+            stats,
+            accept_task,
+        })
+    }
+
+    /// The address peers dial to reach this node.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Tells this endpoint where `peer` listens (replacing an older address, e.g. a restart).
+    pub fn set_peer_addr(&mut self, peer: NodeId, addr: SocketAddr) {
+        if self.addrs.insert(peer, addr) != Some(addr) {
+            self.peers.remove(&peer);
+        }
+    }
+
+    /// Forgets the connections to `peer` (it left or was evicted).
+    pub fn disconnect(&mut self, peer: NodeId) {
+        self.peers.remove(&peer);
+    }
+
+    /// This endpoint's counters.
+    pub fn stats(&self) -> &TcpStats {
+        &self.stats
+    }
+
+    async fn connect(&mut self, to: NodeId) -> Result<&mut Peer, TransportError> {
+        let stale = self.peers.get(&to).is_some_and(|p| p.failed.load(Ordering::Relaxed));
+        if stale {
+            self.peers.remove(&to);
+        }
+        if !self.peers.contains_key(&to) {
+            let addr = *self.addrs.get(&to).ok_or(TransportError::Unreachable(to))?;
+            let failed = Arc::new(AtomicBool::new(false));
+            let mut streams = Vec::with_capacity(self.cfg.streams.max(1));
+            for _ in 0..self.cfg.streams.max(1) {
+                let stream = tokio::time::timeout(
+                    self.cfg.connect_timeout,
+                    dial(self.id, to, addr, &self.cfg),
+                )
+                .await
+                .map_err(|_| TransportError::Unreachable(to))??;
+                let (tx, rx) = mpsc::unbounded_channel();
+                tokio::spawn(write_loop(to, stream, rx, failed.clone(), self.stats.clone()));
+                streams.push(tx);
+            }
+            self.peers.insert(to, Peer { streams, next: 0, failed });
+        }
+        Ok(self.peers.get_mut(&to).expect("inserted"))
+    }
+}
+
+impl Transport for TcpTransport {
+    fn local_id(&self) -> NodeId {
+        self.id
+    }
+
+    async fn send(&mut self, to: NodeId, frame: Frame) -> Result<(), TransportError> {
+        if frame.body.is_virtual() {
+            return Err(TransportError::Corrupt {
+                from: self.id,
+                reason: "a virtual body cannot be sent over TCP".into(),
+            });
+        }
+        let stats = self.stats.clone();
+        let peer = self.connect(to).await?;
+        let i = match frame.header {
+            Header::Collective(_) => {
+                peer.next = (peer.next + 1) % peer.streams.len();
+                peer.next
+            }
+            Header::Mesh(_) => 0,
+        };
+        if peer.streams[i].send(frame).is_err() || peer.failed.load(Ordering::Relaxed) {
+            self.peers.remove(&to);
+            return Err(TransportError::Unreachable(to));
+        }
+        stats.frames_sent.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    async fn recv(&mut self) -> Result<(NodeId, Frame), TransportError> {
+        self.inbox.recv().await.ok_or(TransportError::Closed)
+    }
+}
+
+/// The handshake tag: a keyed hash of the dialer's id under the run's secret (zeros without one).
+fn auth_tag(secret: Option<&[u8]>, from: NodeId) -> [u8; 32] {
+    match secret {
+        None => [0; 32],
+        Some(s) => {
+            let key = blake3::derive_key("loco 2026 tcp handshake", s);
+            *blake3::keyed_hash(&key, &from.0.to_le_bytes()).as_bytes()
+        }
+    }
+}
+
+async fn dial(
+    me: NodeId,
+    to: NodeId,
+    addr: SocketAddr,
+    cfg: &TcpConfig,
+) -> Result<TcpStream, TransportError> {
+    let unreachable = |_| TransportError::Unreachable(to);
+    let mut s = TcpStream::connect(addr).await.map_err(unreachable)?;
+    s.set_nodelay(true).map_err(unreachable)?;
+    let mut hello = Vec::with_capacity(HELLO_LEN);
+    hello.extend_from_slice(&MAGIC);
+    hello.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+    hello.extend_from_slice(&me.0.to_le_bytes());
+    hello.extend_from_slice(&auth_tag(cfg.secret.as_deref(), me));
+    s.write_all(&hello).await.map_err(unreachable)?;
+    let mut reply = [0u8; 3];
+    s.read_exact(&mut reply).await.map_err(unreachable)?;
+    let theirs = u16::from_le_bytes([reply[1], reply[2]]);
+    let reason = match reply[0] {
+        x if x == HelloStatus::Ok as u8 => return Ok(s),
+        x if x == HelloStatus::BadVersion as u8 => {
+            format!("refused: protocol version {PROTOCOL_VERSION}, peer speaks {theirs}")
+        }
+        x if x == HelloStatus::BadSecret as u8 => "refused: wrong run secret".to_string(),
+        _ => "refused the handshake".to_string(),
+    };
+    tracing::warn!(peer = %to, %addr, "{reason}");
+    Err(TransportError::Corrupt { from: to, reason })
+}
+
+async fn accept_loop(
+    me: NodeId,
+    listener: TcpListener,
+    cfg: Arc<TcpConfig>,
+    stats: Arc<TcpStats>,
+    inbox: mpsc::Sender<(NodeId, Frame)>,
+) {
+    loop {
+        let Ok((stream, addr)) = listener.accept().await else { continue };
+        let (cfg, stats, inbox) = (cfg.clone(), stats.clone(), inbox.clone());
+        tokio::spawn(async move {
+            let _ = stream.set_nodelay(true);
+            let hs = tokio::time::timeout(cfg.connect_timeout, accept_handshake(stream, &cfg));
+            match hs.await {
+                Ok(Ok((from, stream))) => read_loop(me, from, stream, &cfg, &stats, &inbox).await,
+                Ok(Err(reason)) => {
+                    stats.rejected_handshakes.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(%addr, "refused a connection: {reason}");
+                }
+                Err(_) => {
+                    stats.rejected_handshakes.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(%addr, "handshake timed out");
+                }
+            }
+        });
+    }
+}
+
+async fn accept_handshake(
+    mut s: TcpStream,
+    cfg: &TcpConfig,
+) -> Result<(NodeId, TcpStream), String> {
+    let mut hello = [0u8; HELLO_LEN];
+    s.read_exact(&mut hello).await.map_err(|e| format!("reading the handshake: {e}"))?;
+    let version = u16::from_le_bytes([hello[4], hello[5]]);
+    let from = NodeId(u32::from_le_bytes([hello[6], hello[7], hello[8], hello[9]]));
+    let status = if hello[..4] != MAGIC {
+        HelloStatus::BadMagic
+    } else if version != PROTOCOL_VERSION {
+        HelloStatus::BadVersion
+    } else if cfg.secret.is_some() && hello[10..] != auth_tag(cfg.secret.as_deref(), from) {
+        HelloStatus::BadSecret
+    } else {
+        HelloStatus::Ok
+    };
+    let mut reply = [status as u8, 0, 0];
+    reply[1..].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+    s.write_all(&reply).await.map_err(|e| format!("answering the handshake: {e}"))?;
+    match status {
+        HelloStatus::Ok => Ok((from, s)),
+        HelloStatus::BadVersion => {
+            Err(format!("{from} speaks protocol version {version}, this node {PROTOCOL_VERSION}"))
+        }
+        HelloStatus::BadSecret => Err(format!("{from} does not know the run secret")),
+        HelloStatus::BadMagic => Err("not a loco peer".into()),
+    }
+}
+
+async fn read_loop(
+    me: NodeId,
+    from: NodeId,
+    mut s: TcpStream,
+    cfg: &TcpConfig,
+    stats: &TcpStats,
+    inbox: &mpsc::Sender<(NodeId, Frame)>,
+) {
+    loop {
+        match read_frame(&mut s, cfg).await {
+            Ok(Some(frame)) => {
+                stats.frames_received.fetch_add(1, Ordering::Relaxed);
+                if inbox.send((from, frame)).await.is_err() {
+                    return; // this endpoint is gone
+                }
+            }
+            Ok(None) => return, // clean close between frames
+            Err(reason) => {
+                stats.corrupt_frames.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(node = %me, peer = %from, "dropped a corrupt frame and its connection: {reason}");
+                return;
+            }
+        }
+    }
+}
+
+/// Reads one frame; `Ok(None)` when the peer closed the connection between frames.
+async fn read_frame<R: AsyncRead + Unpin>(
+    s: &mut R,
+    cfg: &TcpConfig,
+) -> Result<Option<Frame>, String> {
+    let mut prefix = [0u8; 16];
+    // Idle for as long as the peer likes before the first byte ...
+    let n = s.read(&mut prefix[..1]).await.map_err(|e| e.to_string())?;
+    if n == 0 {
+        return Ok(None);
+    }
+    // ... then the frame must complete in time.
+    let rest = async {
+        s.read_exact(&mut prefix[1..]).await.map_err(|e| e.to_string())?;
+        let hlen = u32::from_le_bytes(prefix[0..4].try_into().expect("4 bytes"));
+        let blen = u64::from_le_bytes(prefix[4..12].try_into().expect("8 bytes"));
+        let crc = u32::from_le_bytes(prefix[12..16].try_into().expect("4 bytes"));
+        if hlen == 0 || hlen > MAX_HEADER {
+            return Err(format!("header length {hlen}"));
+        }
+        if blen > cfg.max_body {
+            return Err(format!("body length {blen} above the limit {}", cfg.max_body));
+        }
+        let mut header = vec![0u8; hlen as usize];
+        s.read_exact(&mut header).await.map_err(|e| e.to_string())?;
+        let mut body = vec![0u8; blen as usize];
+        s.read_exact(&mut body).await.map_err(|e| e.to_string())?;
+        let mut h = crc32fast::Hasher::new();
+        h.update(&header);
+        h.update(&body);
+        if h.finalize() != crc {
+            return Err("checksum mismatch".into());
+        }
+        let header: Header =
+            postcard::from_bytes(&header).map_err(|e| format!("undecodable header: {e}"))?;
+        Ok(Frame { header, body: Body::Bytes(Bytes::from(body)) })
+    };
+    match tokio::time::timeout(cfg.frame_timeout, rest).await {
+        Ok(r) => r.map(Some),
+        Err(_) => Err(format!("frame incomplete after {:?}", cfg.frame_timeout)),
+    }
+}
+
+/// Encodes the prefix and header of a frame (the body is written as it is).
+fn encode_prefix(frame: &Frame) -> Result<Vec<u8>, String> {
+    let header = postcard::to_allocvec(&frame.header).map_err(|e| e.to_string())?;
+    let Body::Bytes(body) = &frame.body else { return Err("virtual body".into()) };
+    let mut h = crc32fast::Hasher::new();
+    h.update(&header);
+    h.update(body);
+    let mut out = Vec::with_capacity(16 + header.len());
+    out.extend_from_slice(&(header.len() as u32).to_le_bytes());
+    out.extend_from_slice(&(body.len() as u64).to_le_bytes());
+    out.extend_from_slice(&h.finalize().to_le_bytes());
+    out.extend_from_slice(&header);
+    Ok(out)
+}
+
+async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, frame: &Frame) -> Result<u64, String> {
+    let prefix = encode_prefix(frame)?;
+    w.write_all(&prefix).await.map_err(|e| e.to_string())?;
+    if let Body::Bytes(b) = &frame.body {
+        w.write_all(b).await.map_err(|e| e.to_string())?;
+    }
+    Ok(prefix.len() as u64 + frame.body.len())
+}
+
+async fn write_loop(
+    to: NodeId,
+    mut s: TcpStream,
+    mut rx: mpsc::UnboundedReceiver<Frame>,
+    failed: Arc<AtomicBool>,
+    stats: Arc<TcpStats>,
+) {
+    while let Some(frame) = rx.recv().await {
+        match write_frame(&mut s, &frame).await {
+            Ok(n) => {
+                stats.bytes_sent.fetch_add(n, Ordering::Relaxed);
+            }
+            Err(e) => {
+                tracing::debug!(peer = %to, "connection lost: {e}");
+                failed.store(true, Ordering::Relaxed);
+                return;
+            }
+        }
+    }
+    let _ = s.shutdown().await;
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,193 @@
+//! Loopback tests of the TCP transport (127.0.0.1 only; every loop is bounded).
+
+use super::*;
+use loco_core::allreduce::{RingConfig, run_ring};
+use loco_core::codec::CodecKind;
+use loco_core::ids::{Epoch, Weight};
+use loco_core::transport::{CollectiveHeader, Phase};
+
+fn loopback() -> SocketAddr {
+    "127.0.0.1:0".parse().unwrap()
+}
+
+fn collective(i: u32) -> Frame {
+    Frame {
+        header: Header::Collective(CollectiveHeader {
+            epoch: Epoch(1),
+            op: 0,
+            shard: 0,
+            phase: Phase::ReduceScatter,
+            step: 0,
+            chunk: 0,
+            segment: i,
+            weight_sum: 1.0,
+        }),
+        body: Body::Bytes(Bytes::from(vec![i as u8; 1000 + i as usize])),
+    }
+}
+
+async fn pair(cfg: TcpConfig) -> (TcpTransport, TcpTransport) {
+    let mut a = TcpTransport::bind(NodeId(0), loopback(), cfg.clone()).await.unwrap();
+    let mut b = TcpTransport::bind(NodeId(1), loopback(), cfg).await.unwrap();
+    a.set_peer_addr(NodeId(1), b.local_addr());
+    b.set_peer_addr(NodeId(0), a.local_addr());
+    (a, b)
+}
+
+async fn recv_within(t: &mut TcpTransport) -> Option<(NodeId, Frame)> {
+    tokio::time::timeout(Duration::from_secs(5), t.recv()).await.ok().and_then(Result::ok)
+}
+
+#[tokio::test]
+async fn frames_arrive_intact_and_in_order_on_one_stream() {
+    let (mut a, mut b) = pair(TcpConfig::default()).await;
+    for i in 0..50 {
+        a.send(NodeId(1), collective(i)).await.unwrap();
+    }
+    for i in 0..50 {
+        let (from, f) = recv_within(&mut b).await.expect("frame");
+        assert_eq!(from, NodeId(0));
+        assert_eq!(f, collective(i));
+    }
+    assert_eq!(b.stats().frames_received.load(Ordering::Relaxed), 50);
+    assert_eq!(b.stats().corrupt_frames.load(Ordering::Relaxed), 0);
+}
+
+#[tokio::test]
+async fn ring_allreduce_over_tcp_with_several_streams_gives_identical_replicas() {
+    let world = 3;
+    let cfg = TcpConfig { streams: 3, ..TcpConfig::default() };
+    let mut ts = Vec::new();
+    for i in 0..world {
+        ts.push(TcpTransport::bind(NodeId(i), loopback(), cfg.clone()).await.unwrap());
+    }
+    let addrs: Vec<_> = ts.iter().map(|t| t.local_addr()).collect();
+    for t in &mut ts {
+        for (j, addr) in addrs.iter().enumerate() {
+            t.set_peer_addr(NodeId(j as u32), *addr);
+        }
+    }
+    let ring: Vec<NodeId> = (0..world).map(NodeId).collect();
+    let n = 100_003;
+    let mut data: Vec<Vec<f32>> = (0..world)
+        .map(|r| (0..n).map(|i| ((i * 7 + r as usize * 13) % 101) as f32 - 50.0).collect())
+        .collect();
+    let want: Vec<f32> =
+        (0..n).map(|i| data.iter().map(|d| d[i]).sum::<f32>() / world as f32).collect();
+    let runs = ts.iter_mut().zip(data.iter_mut()).zip(&ring).map(|((t, d), &me)| {
+        let mut c = RingConfig::new(Epoch(1), 0, ring.clone(), me, CodecKind::Uint8);
+        c.segment_elems = 4096;
+        run_ring(t, c, Some(d.as_mut_slice()), n, Weight::ONE)
+    });
+    let results = tokio::time::timeout(Duration::from_secs(30), futures::future::join_all(runs))
+        .await
+        .expect("all-reduce finished");
+    for r in results {
+        r.unwrap();
+    }
+    for d in &data[1..] {
+        assert!(d.iter().zip(&data[0]).all(|(x, y)| x.to_bits() == y.to_bits()), "replicas differ");
+    }
+    let err: f32 = data[0].iter().zip(&want).map(|(g, w)| (g - w).powi(2)).sum::<f32>().sqrt()
+        / want.iter().map(|w| w * w).sum::<f32>().sqrt();
+    assert!(err < 0.03, "uint8 error {err}");
+}
+
+#[tokio::test]
+async fn a_corrupt_frame_is_dropped_counted_and_the_link_recovers() {
+    let (mut a, mut b) = pair(TcpConfig::default()).await;
+    // A raw peer that completes the handshake as node 0, then sends a frame with a bad checksum.
+    let mut raw = TcpStream::connect(b.local_addr()).await.unwrap();
+    let mut hello = Vec::new();
+    hello.extend_from_slice(&MAGIC);
+    hello.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+    hello.extend_from_slice(&0u32.to_le_bytes());
+    hello.extend_from_slice(&[0; 32]);
+    raw.write_all(&hello).await.unwrap();
+    let mut reply = [0u8; 3];
+    raw.read_exact(&mut reply).await.unwrap();
+    assert_eq!(reply[0], HelloStatus::Ok as u8);
+    let mut bytes = encode_prefix(&collective(7)).unwrap();
+    bytes[12] ^= 0xff; // break the checksum
+    bytes.extend_from_slice(&[7u8; 1007]);
+    raw.write_all(&bytes).await.unwrap();
+    // The connection is closed by the receiver.
+    let mut buf = [0u8; 1];
+    let closed = tokio::time::timeout(Duration::from_secs(5), raw.read(&mut buf)).await.unwrap();
+    assert!(matches!(closed, Ok(0) | Err(_)));
+    assert_eq!(b.stats().corrupt_frames.load(Ordering::Relaxed), 1);
+    // A well-behaved peer still gets through.
+    a.send(NodeId(1), collective(1)).await.unwrap();
+    let (_, f) = recv_within(&mut b).await.expect("frame");
+    assert_eq!(f, collective(1));
+    assert_eq!(b.stats().frames_received.load(Ordering::Relaxed), 1);
+}
+
+#[tokio::test]
+async fn a_peer_speaking_another_version_is_refused_with_a_reason() {
+    let (_a, b) = pair(TcpConfig::default()).await;
+    let mut raw = TcpStream::connect(b.local_addr()).await.unwrap();
+    let mut hello = Vec::new();
+    hello.extend_from_slice(&MAGIC);
+    hello.extend_from_slice(&(PROTOCOL_VERSION - 1).to_le_bytes());
+    hello.extend_from_slice(&5u32.to_le_bytes());
+    hello.extend_from_slice(&[0; 32]);
+    raw.write_all(&hello).await.unwrap();
+    let mut reply = [0u8; 3];
+    raw.read_exact(&mut reply).await.unwrap();
+    assert_eq!(reply[0], HelloStatus::BadVersion as u8);
+    assert_eq!(u16::from_le_bytes([reply[1], reply[2]]), PROTOCOL_VERSION);
+    for _ in 0..50 {
+        if b.stats().rejected_handshakes.load(Ordering::Relaxed) == 1 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the refusal was not counted");
+}
+
+#[tokio::test]
+async fn a_dialer_without_the_secret_is_refused_and_one_with_it_is_not() {
+    let secret = Some(b"run secret".to_vec());
+    let mut good = TcpTransport::bind(
+        NodeId(0),
+        loopback(),
+        TcpConfig { secret: secret.clone(), ..TcpConfig::default() },
+    )
+    .await
+    .unwrap();
+    let mut bad = TcpTransport::bind(
+        NodeId(2),
+        loopback(),
+        TcpConfig { secret: Some(b"guess".to_vec()), ..TcpConfig::default() },
+    )
+    .await
+    .unwrap();
+    let mut b =
+        TcpTransport::bind(NodeId(1), loopback(), TcpConfig { secret, ..TcpConfig::default() })
+            .await
+            .unwrap();
+    good.set_peer_addr(NodeId(1), b.local_addr());
+    bad.set_peer_addr(NodeId(1), b.local_addr());
+    let err = bad.send(NodeId(1), collective(0)).await.unwrap_err();
+    assert!(
+        matches!(&err, TransportError::Corrupt { reason, .. } if reason.contains("secret")),
+        "{err}"
+    );
+    good.send(NodeId(1), collective(3)).await.unwrap();
+    let (from, f) = recv_within(&mut b).await.expect("frame");
+    assert_eq!((from, f), (NodeId(0), collective(3)));
+}
+
+#[tokio::test]
+async fn an_unreachable_peer_fails_the_send_in_bounded_time() {
+    let cfg = TcpConfig { connect_timeout: Duration::from_secs(2), ..TcpConfig::default() };
+    let (mut a, b) = pair(cfg).await;
+    let gone = b.local_addr();
+    drop(b);
+    a.set_peer_addr(NodeId(1), gone);
+    let r = tokio::time::timeout(Duration::from_secs(5), a.send(NodeId(1), collective(0))).await;
+    assert_eq!(r.expect("bounded"), Err(TransportError::Unreachable(NodeId(1))));
+    let r = a.send(NodeId(9), collective(0)).await;
+    assert_eq!(r, Err(TransportError::Unreachable(NodeId(9))));
+}
