@@ -21,9 +21,20 @@ pub(crate) struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
+    /// Redraw the report (report.html, plots, CSV summaries) of finished runs from their
+    /// metrics files. With several directories, also a side-by-side Table-2-style comparison
+    /// (comparison.html, comparison.csv) in the first.
+    Report(ReportArgs),
     /// Performance figures: codecs, the ring all-reduce, the simulator.
     #[command(subcommand)]
     Bench(BenchCommand),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ReportArgs {
+    /// Run directories holding summary.json, outer_steps.csv and events.csv.
+    #[arg(required = true, value_name = "DIR")]
+    pub(crate) dirs: Vec<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -34,6 +45,9 @@ pub(crate) enum BenchCommand {
     /// One ring all-reduce of W ranks: time, bytes on the wire per rank, error against the exact
     /// average (computed in f64), and whether all replicas ended bit-identical.
     Allreduce(AllreduceBench),
+    /// One rank of the TCP all-reduce benchmark.
+    #[command(hide = true)]
+    AllreduceRank(AllreduceRank),
 }
 
 #[derive(Debug, Args)]
@@ -63,6 +77,8 @@ pub(crate) struct CodecBench {
 pub(crate) enum BenchBackend {
     /// In-memory channels between tasks of this process (measures the compute side).
     Memory,
+    /// One process per rank, TCP over loopback (127.0.0.1).
+    Tcp,
 }
 
 #[derive(Debug, Args)]
@@ -82,6 +98,9 @@ pub(crate) struct AllreduceBench {
     /// Transport.
     #[arg(long, value_enum, default_value_t = BenchBackend::Memory)]
     pub(crate) backend: BenchBackend,
+    /// TCP connections per peer (tcp backend).
+    #[arg(long, default_value_t = 1)]
+    pub(crate) streams: usize,
     /// Seed of the N(0,1) x 10 inputs.
     #[arg(long, default_value_t = 0)]
     pub(crate) seed: u64,
@@ -90,9 +109,25 @@ pub(crate) struct AllreduceBench {
     pub(crate) json: bool,
 }
 
+/// One rank of `bench allreduce --backend tcp` (started by it; not for direct use).
+#[derive(Debug, Args)]
+pub(crate) struct AllreduceRank {
+    #[arg(long)]
+    pub(crate) rank: usize,
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) ports: Vec<u16>,
+    #[arg(long)]
+    pub(crate) elements: usize,
+    #[arg(long, value_parser = parse_codec)]
+    pub(crate) codec: CodecKind,
+    #[arg(long)]
+    pub(crate) segment: usize,
+    #[arg(long)]
+    pub(crate) streams: usize,
+    #[arg(long)]
+    pub(crate) seed: u64,
+}
+
 fn parse_codec(s: &str) -> Result<CodecKind, String> {
     s.parse()
 }
-
-#[allow(dead_code)]
-fn _unused(_: PathBuf) {}

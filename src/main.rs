@@ -63,6 +63,15 @@ fn init_logging(filter: Option<&str>) {
 
 fn run(cli: Cli) -> Result<Outcome> {
     match cli.command {
+        Command::Report(a) => {
+            let rendered = loco_reports::render(&a.dirs).map_err(|e| InputError(e.into()))?;
+            for r in &rendered.reports {
+                println!("report: {}", r.display());
+            }
+            if let Some(c) = &rendered.comparison {
+                println!("comparison: {}", c.display());
+            }
+        }
         Command::Bench(BenchCommand::Codec(a)) => {
             let threads = a.threads.unwrap_or_else(|| {
                 std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
@@ -78,15 +87,26 @@ fn run(cli: Cli) -> Result<Outcome> {
             print_report(a.json, &report, |out| report.print_table(out))?;
         }
         Command::Bench(BenchCommand::Allreduce(a)) => {
-            let report = bench::allreduce::run(&bench::allreduce::AllreduceBenchArgs {
+            let args = bench::allreduce::AllreduceBenchArgs {
                 world: a.world,
                 elements: a.elements,
                 codec: a.codec,
                 segment: a.segment,
                 seed: a.seed,
-            })
-            .map_err(InputError)?;
+            };
+            if a.world == 0 || a.segment == 0 {
+                let flag = if a.world == 0 { "--world" } else { "--segment" };
+                return Err(InputError(anyhow::anyhow!("{flag}: expected at least 1")).into());
+            }
+            let report = match a.backend {
+                cli::BenchBackend::Memory => bench::allreduce::run(&args)?,
+                cli::BenchBackend::Tcp => bench::allreduce::run_tcp(&args, a.streams)?,
+            };
             print_report(a.json, &report, |out| report.print_table(out))?;
+        }
+        Command::Bench(BenchCommand::AllreduceRank(a)) => {
+            let r = bench::allreduce::run_rank(&a)?;
+            println!("{}", serde_json::to_string(&r)?);
         }
     }
     Ok(Outcome::Success)

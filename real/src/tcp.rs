@@ -178,6 +178,25 @@ impl TcpTransport {
         &self.stats
     }
 
+    /// Connects to `peer` now, retrying until `deadline` passes (peers that start at about the
+    /// same time may not listen yet). Sends connect lazily anyway; this only front-loads it.
+    pub async fn connect_within(
+        &mut self,
+        peer: NodeId,
+        within: Duration,
+    ) -> Result<(), TransportError> {
+        let give_up = tokio::time::Instant::now() + within;
+        loop {
+            match self.connect(peer).await {
+                Ok(_) => return Ok(()),
+                Err(TransportError::Unreachable(_)) if tokio::time::Instant::now() < give_up => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     async fn connect(&mut self, to: NodeId) -> Result<&mut Peer, TransportError> {
         let stale = self.peers.get(&to).is_some_and(|p| p.failed.load(Ordering::Relaxed));
         if stale {
@@ -388,8 +407,14 @@ async fn read_frame<R: AsyncRead + Unpin>(
         }
         let mut header = vec![0u8; hlen as usize];
         s.read_exact(&mut header).await.map_err(|e| e.to_string())?;
-        let mut body = vec![0u8; blen as usize];
-        s.read_exact(&mut body).await.map_err(|e| e.to_string())?;
+        // Read into uninitialised capacity: no zeroing of large bodies.
+        let mut body = bytes::BytesMut::with_capacity(blen as usize);
+        while body.len() < blen as usize {
+            let mut limited = (&mut *s).take(blen - body.len() as u64);
+            if limited.read_buf(&mut body).await.map_err(|e| e.to_string())? == 0 {
+                return Err("connection closed inside a frame".into());
+            }
+        }
         let mut h = crc32fast::Hasher::new();
         h.update(&header);
         h.update(&body);
@@ -398,7 +423,7 @@ async fn read_frame<R: AsyncRead + Unpin>(
         }
         let header: Header =
             postcard::from_bytes(&header).map_err(|e| format!("undecodable header: {e}"))?;
-        Ok(Frame { header, body: Body::Bytes(Bytes::from(body)) })
+        Ok(Frame { header, body: Body::Bytes(body.freeze()) })
     };
     match tokio::time::timeout(cfg.frame_timeout, rest).await {
         Ok(r) => r.map(Some),

@@ -144,3 +144,150 @@ mod tests {
         }
     }
 }
+
+/// What one rank of the TCP benchmark prints (one JSON line on stdout).
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
+pub(crate) struct RankResult {
+    pub(crate) rank: usize,
+    pub(crate) seconds: f64,
+    pub(crate) body_bytes_sent: u64,
+    /// Hash of the result's bits, to compare replicas across processes.
+    pub(crate) result_hash: String,
+    /// Rank 0 only: relative RMS error against the exact average.
+    pub(crate) rel_rms_error: Option<f64>,
+    /// Peak resident memory of the process, bytes.
+    pub(crate) peak_rss_bytes: Option<u64>,
+}
+
+fn rank_input(seed: u64, rank: usize, n: usize) -> Vec<f32> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed.wrapping_mul(1000).wrapping_add(rank as u64));
+    (0..n)
+        .map(|_| {
+            let v: f64 = StandardNormal.sample(&mut rng);
+            10.0 * v as f32
+        })
+        .collect()
+}
+
+/// Peak resident set size of this process (Linux), from /proc/self/status.
+pub(crate) fn peak_rss_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Runs one rank: listen on its port, connect to the others, a small warm-up all-reduce (which
+/// also lines the ranks up), then the timed one.
+pub(crate) fn run_rank(a: &crate::cli::AllreduceRank) -> Result<RankResult> {
+    use loco_real::tcp::{TcpConfig, TcpTransport};
+    let world = a.ports.len();
+    if a.rank >= world {
+        bail!("--rank {} out of range for {world} ports", a.rank);
+    }
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let mut data = rank_input(a.seed, a.rank, a.elements);
+    rt.block_on(async {
+        let addr = |p: u16| std::net::SocketAddr::from(([127, 0, 0, 1], p));
+        let cfg = TcpConfig { streams: a.streams.max(1), ..TcpConfig::default() };
+        let me = NodeId(a.rank as u32);
+        let mut t = TcpTransport::bind(me, addr(a.ports[a.rank]), cfg).await?;
+        let ring: Vec<NodeId> = (0..world as u32).map(NodeId).collect();
+        for (i, &p) in a.ports.iter().enumerate() {
+            t.set_peer_addr(NodeId(i as u32), addr(p));
+        }
+        let right = ring[(a.rank + 1) % world];
+        t.connect_within(right, std::time::Duration::from_secs(30)).await?;
+        let mut warm = vec![1.0f32; world * 16];
+        let cfg0 = RingConfig::new(Epoch(1), 0, ring.clone(), me, a.codec);
+        let warm_len = warm.len();
+        run_ring(&mut t, cfg0, Some(&mut warm), warm_len, Weight::ONE).await?;
+        let mut cfg1 = RingConfig::new(Epoch(1), 1, ring.clone(), me, a.codec);
+        cfg1.segment_elems = a.segment.max(1);
+        let started = crate::clock::now();
+        let stats = run_ring(&mut t, cfg1, Some(&mut data), a.elements, Weight::ONE).await?;
+        let seconds = crate::clock::now().duration_since(started).as_secs_f64();
+        // Let the last frames drain before the process exits.
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        anyhow::Ok((seconds, stats))
+    })
+    .and_then(|(seconds, stats)| {
+        let mut h = blake3::Hasher::new();
+        for v in &data {
+            h.update(&v.to_bits().to_le_bytes());
+        }
+        let rel_rms_error = (a.rank == 0).then(|| {
+            let inputs: Vec<Vec<f32>> = (0..world).map(|r| rank_input(a.seed, r, a.elements)).collect();
+            let (mut num, mut den) = (0.0f64, 0.0f64);
+            for (i, g) in data.iter().enumerate() {
+                let w = inputs.iter().map(|x| f64::from(x[i])).sum::<f64>() / world as f64;
+                num += (f64::from(*g) - w).powi(2);
+                den += w * w;
+            }
+            (num / den.max(f64::MIN_POSITIVE)).sqrt()
+        });
+        Ok(RankResult {
+            rank: a.rank,
+            seconds,
+            body_bytes_sent: stats.body_bytes_sent,
+            result_hash: h.finalize().to_hex()[..16].to_string(),
+            rel_rms_error,
+            peak_rss_bytes: peak_rss_bytes(),
+        })
+    })
+}
+
+/// Runs the TCP benchmark: one child process per rank on loopback.
+pub(crate) fn run_tcp(args: &AllreduceBenchArgs, streams: usize) -> Result<AllreduceBenchReport> {
+    if args.world == 0 {
+        bail!("--world: expected at least 1 rank");
+    }
+    // Reserve free loopback ports, then release them for the children to bind.
+    let ports: Vec<u16> = {
+        let ls: Vec<std::net::TcpListener> = (0..args.world)
+            .map(|_| std::net::TcpListener::bind(("127.0.0.1", 0)))
+            .collect::<Result<_, _>>()?;
+        ls.iter().map(|l| l.local_addr().map(|a| a.port())).collect::<Result<_, _>>()?
+    };
+    let ports_arg = ports.iter().map(u16::to_string).collect::<Vec<_>>().join(",");
+    let exe = std::env::current_exe()?;
+    let children: Vec<std::process::Child> = (0..args.world)
+        .map(|r| {
+            std::process::Command::new(&exe)
+                .args(["bench", "allreduce-rank", "--rank", &r.to_string(), "--ports", &ports_arg])
+                .args(["--elements", &args.elements.to_string(), "--codec", args.codec.name()])
+                .args(["--segment", &args.segment.to_string(), "--streams", &streams.to_string()])
+                .args(["--seed", &args.seed.to_string()])
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+        })
+        .collect::<Result<_, _>>()?;
+    let mut results = Vec::new();
+    for (r, c) in children.into_iter().enumerate() {
+        let out = c.wait_with_output()?;
+        if !out.status.success() {
+            bail!("rank {r} failed ({})", out.status);
+        }
+        let line = String::from_utf8_lossy(&out.stdout);
+        let res: RankResult = serde_json::from_str(line.trim())
+            .map_err(|e| anyhow::anyhow!("rank {r} printed no result: {e}"))?;
+        results.push(res);
+    }
+    let seconds = results.iter().map(|r| r.seconds).fold(0.0, f64::max);
+    let per_value = args.codec.codec().encoded_len(1 << 20) as f64 / f64::from(1 << 20);
+    Ok(AllreduceBenchReport {
+        backend: "tcp",
+        codec: args.codec.to_string(),
+        world: args.world,
+        elements: args.elements,
+        segment_elems: args.segment,
+        seconds,
+        bytes_sent_per_rank: results.iter().map(|r| r.body_bytes_sent).max().unwrap_or(0),
+        ring_formula_bytes: 2.0 * (args.world as f64 - 1.0) / args.world as f64
+            * args.elements as f64
+            * per_value,
+        rel_rms_error: results[0].rel_rms_error.unwrap_or(f64::NAN),
+        replicas_identical: results.iter().all(|r| r.result_hash == results[0].result_hash),
+        algbw_gbytes_per_s: (args.world * args.elements * 4) as f64 / seconds.max(1e-12) / 1e9,
+    })
+}

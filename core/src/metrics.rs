@@ -1,1 +1,0 @@
-//! The metrics schema both backends write. (Being built.)

@@ -1,1 +1,0 @@
-//! The scenario/config file both backends read. (Being built.)

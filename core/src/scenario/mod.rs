@@ -1,0 +1,800 @@
+//! The scenario/config file both backends read, validated.
+//!
+//! One TOML file describes a run: the model, DiLoCo, the mesh, the regions and the links between
+//! them, the nodes, the churn (faults and joins over time), when to stop, and backend-specific
+//! sections. The simulator and the real backend read the same file; a field only one backend uses
+//! is carried by the other, which logs that it ignores it.
+//!
+//! Loading has two layers (STYLE.md item 11): a serde layer that mirrors the file and rejects
+//! unknown keys, then validation into a [`Scenario`] of typed values ([`Duration`]s, [`Rate`]s in
+//! bits per second, [`CodecKind`], [`MeshConfig`], [`NodeId`]s, [`RegionId`]s). Parsing works on a
+//! string ([`Scenario::from_toml_str`]); [`Scenario::load`] is the one function of loco-core that
+//! reads a file. Every error names the file, the line and column, the field and what was expected:
+//!
+//! ```text
+//! churn.toml:14:13: links[1].bandwidth: expected a rate like "500Mbit/s", got "fast"
+//! ```
+//!
+//! Files stay valid as loco grows: new fields are added with defaults, so an old file keeps its
+//! meaning; a misspelt key is an error, never silently ignored.
+//!
+//! # Units
+//!
+//! Durations are strings like `"250ms"`, `"22.8s"`, `"38min"`, `"1.5h"`, `"2d"`, `"1h30min"`, or a
+//! plain number of seconds. Rates are strings like `"500Mbit/s"`, `"4Gbit/s"`, `"10Gbps"`,
+//! `"1.5GB/s"`, `"100MB/s"` (lower-case `b` bits, upper-case `B` bytes; never a bare number).
+//! Sizes are strings like `"4MiB"`, `"1GB"`, or a plain number of bytes. See [`units`] for every
+//! unit.
+//!
+//! A *varying* value (link bandwidth and latency) is one value, or
+//! `{ uniform = [low, high] }` (drawn uniformly, redrawn every `resample` duration; by default at
+//! every outer step), or `{ trace = [["0s", v0], ["2h", v1], ...] }` (a step function of time;
+//! the first entry at `"0s"`, times increasing).
+//!
+//! # Schema
+//!
+//! Every field, with its default; "required" fields have none.
+//!
+//! ```toml
+//! name = "intellect1-global"   # required; letters, digits, '-', '_', '.'
+//! description = "..."          # default none
+//! seed = 42                    # default 0; `--seed` on the command line overrides it
+//! published = "global"         # default none; the INTELLECT-1 Table-2 setting this reproduces:
+//!                              # "no-communication" | "usa" | "usa-eu" ("usa-europe") | "global"
+//!
+//! [model]                      # required
+//! preset = "10b"               # "tiny" | "150m" | "1b" | "10b" (see `Preset`); without a preset,
+//!                              # layers, dim, heads, kv_heads, ffn, vocab and seq_len are required
+//! layers = 42                  # each of these overrides the preset's value
+//! dim = 4096                   # a multiple of heads
+//! heads = 32                   # a multiple of kv_heads
+//! kv_heads = 8
+//! ffn = 14336
+//! vocab = 128256
+//! seq_len = 8192
+//! rope_theta = 500000.0        # default 500000
+//! norm_eps = 1e-5              # default 1e-5
+//! tied_embeddings = false      # default false (or the preset's)
+//!
+//! [diloco]                     # optional; the defaults are INTELLECT-1's
+//! inner_steps = 100            # H, default 100; >= 1
+//! codec = "uint8"              # default "uint8"; fp32 | fp16 | bf16 | uint8 | int8-block
+//! outer_lr = 0.7               # default 0.7; > 0
+//! outer_momentum = 0.9         # default 0.9; in [0, 1)
+//! nesterov = true              # default true
+//! inner_lr = 7.5e-5            # default 7.5e-5 (AdamW peak); > 0
+//! betas = [0.9, 0.95]          # default [0.9, 0.95]; each in [0, 1)
+//! warmup_steps = 1000          # default 1000 (linear warmup, in inner steps)
+//! decay_start = 74700          # default none (no decay); with decay_steps, a WSD sqrt decay
+//! decay_steps = 15700          # required with decay_start; >= 1
+//! weight_decay = 0.1           # default 0.1; >= 0
+//! grad_clip = 1.0              # default 1.0; 0 disables
+//! z_loss = 2e-4                # default 2e-4 (max-z-loss weight); 0 disables
+//! batch_tokens = 1048576       # default 1048576 (tokens per node per inner step); >= 1
+//! segment = "4MiB"             # default none (the all-reduce picks); pipelining unit, > 0
+//!
+//! [mesh]                       # optional; defaults = MeshConfig::default() (INTELLECT-1 report)
+//! heartbeat = "2s"             # default 2s; > 0
+//! heartbeat_timeout = "6s"     # default 6s; > heartbeat
+//! barrier_timeout = "600s"     # default 600s; > 0
+//! max_retries = 3              # default 3; at most 1000
+//! join_mode = "blocking"       # default "blocking"; or "non-blocking"
+//! probe = "1s"                 # default 1s; > 0 (bandwidth probe per pair)
+//! coordinator_timeout = "18s"  # default 3 x heartbeat_timeout; > heartbeat
+//! coordinator_region = "us"    # default the first region
+//! min_members = 1              # default 1; the first epoch waits for this many joiners
+//! join_window = "5s"           # default 5s; the first epoch forms this long after the first join
+//! sync_timeout = "3600s"       # default 3600s; a blocking joiner not synced by then is evicted
+//! allreduce_timeout = "3600s"  # default 3600s; an all-reduce not done by then is retried
+//! retry_backoff = "8s"         # default 8s; wait for an eviction before retrying
+//! state_senders = 1            # default 1; peers sending the state to one joiner
+//!
+//! [[regions]]                  # at least one
+//! name = "us"                  # required, unique
+//!
+//! [[links]]                    # between two regions; within a region, from = to
+//! from = "us"                  # required
+//! to = "eu"                    # required
+//! oneway = false               # default false (the link serves both directions)
+//! bandwidth = "1Gbit/s"        # required, a varying rate: between two nodes, per stream
+//! latency = "40ms"             # required, a varying duration: one-way
+//! jitter = "5ms"               # default 0; latency varies by up to this much
+//! streams = 8                  # default 1: how many concurrent connections between two nodes
+//!                              # each get `bandwidth` (PRIME's 8 rings per node were up to 8x
+//!                              # faster on some links); more connections share that total
+//!
+//! [[nodes]]                    # at least one
+//! name = "us"                  # required; with count > 1 the nodes are us-0, us-1, ...
+//! count = 4                    # default 1; at most 65536 nodes in all
+//! region = "us"                # default the only region when there is one; else required
+//! gpus = 8                     # default 1; local ranks = parallel rings per node
+//! step_time = "22.8s"          # required; > 0; time of one inner step
+//! step_jitter = 0.02           # default 0; relative, in [0, 1)
+//! start = "2h"                 # default 0s; a later start joins the running mesh
+//! nic = "10Gbit/s"             # default none (no cap); NIC cap per direction
+//! peak_flops = 989e12          # default none; per GPU, for MFU (H100 SXM bf16 dense)
+//!
+//! [[churn]]                    # default none; events at a time
+//! at = "3h"                    # required
+//! kind = "crash"               # required; see below
+//! node = "eu-1"                # or nodes = ["us-0", "eu-2"] for a simultaneous event
+//! from = "us"                  # partition, heal, degrade, restore: two regions
+//! to = "eu"
+//! oneway = false               # default false; only from -> to
+//! bandwidth = "100Mbit/s"      # degrade: the new varying bandwidth (default unchanged)
+//! latency = "300ms"            # degrade: the new varying latency (default unchanged)
+//! jitter = "50ms"              # degrade: the new jitter (default unchanged)
+//! for = "10min"                # hang, partition, degrade: undo after this long
+//!                              # (a resume, heal or restore event); default never
+//!
+//! [stop]                       # required: outer_steps, time, or both (the first reached)
+//! outer_steps = 30             # >= 1
+//! time = "24h"                 # > 0
+//!
+//! [sim]                        # simulator only
+//! tick = "1ms"                 # default none (the simulator picks); > 0
+//! numerics = "virtual"         # default "virtual" (sizes only); or "real" (small vectors)
+//! elements = 4096              # default 4096; vector length when numerics = "real"; >= 1
+//! duration_limit = "30d"       # default none (the simulator picks); >= stop.time
+//!
+//! [real]                       # real backend only
+//! device = "cpu"               # default "cpu"; or "cuda" / "cuda:N"
+//! data = "data/corpus.txt"     # default none (synthetic); relative to the scenario file
+//! micro_batch = 4              # default 1; sequences per forward pass
+//! seq_len = 128                # default none (the model's); override for CPU runs
+//! checkpoint_dir = "ckpt"      # default none (no checkpoints); relative to the scenario file
+//! checkpoint_every = 1         # default 1 (outer steps); >= 1
+//! keep = 3                     # default 3; >= 1
+//! secret_env = "LOCO_SECRET"   # default "LOCO_SECRET": env variable with the run's secret
+//! ```
+//!
+//! # Nodes and churn
+//!
+//! Nodes get [`NodeId`]s `0..n` in file order, after `count` expansion. A node whose `start` is
+//! later than 0 is not a member at the start; it joins then. Churn kinds:
+//!
+//! | kind | fields | effect |
+//! |---|---|---|
+//! | `join` | `node`/`nodes` | a declared node without `start` starts then (same as setting its `start`) |
+//! | `leave` | `node`/`nodes` | graceful exit with a deathrattle |
+//! | `crash` | `node`/`nodes` | SIGKILL (also of a hung node) |
+//! | `hang` | `node`/`nodes`, `for` | stops working but keeps sending heartbeats |
+//! | `resume` | `node`/`nodes` | a hung node works again |
+//! | `restart` | `node`/`nodes` | a node that crashed or left comes back and rejoins |
+//! | `partition` | `from` + `to` (regions) or `node`/`nodes`, `oneway`, `for` | traffic between the two regions, or between the nodes and everyone else, is dropped |
+//! | `heal` | as `partition`, or nothing | ends that partition, or all of them |
+//! | `degrade` | `from`, `to`, `oneway`, `bandwidth`, `latency`, `jitter`, `for` | the link changes |
+//! | `restore` | `from`, `to`, `oneway` | the link is as declared again |
+//! | `coordinator-crash` | | the coordinator dies |
+//!
+//! Validation plays the events in time order and rejects the impossible (a crash of a node that is
+//! not running, a restart of a running one, a heal without a partition). Events at the same time
+//! keep file order, after the joins of nodes with a `start`. [`Scenario::churn`] lists the
+//! resolved events: one `Join` for each `[[nodes]]` entry with a later start, and the end of each
+//! `for` as its own `Resume`, `Heal` or `Restore` event.
+//!
+//! # Links
+//!
+//! Every pair of regions that must talk needs a link in each direction: the regions of any two
+//! nodes (a region with two or more nodes needs a link to itself), and the coordinator's region
+//! with every node's region. Validation names the missing one.
+
+use crate::codec::CodecKind;
+use crate::ids::NodeId;
+use crate::mesh::MeshConfig;
+use serde::Serialize;
+use std::fmt;
+use std::path::Path;
+use std::time::Duration;
+
+mod churn;
+mod error;
+mod model;
+mod raw;
+pub mod units;
+mod validate;
+
+pub use error::{ErrorKind, FieldPath, Location, ScenarioError, Segment};
+pub use model::{DEFAULT_NORM_EPS, DEFAULT_ROPE_THETA, ModelSpec, Preset};
+pub use units::Rate;
+
+/// A region (a data centre, a continent): a group of nodes whose links are described together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct RegionId(pub u32);
+
+impl fmt::Display for RegionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "region{}", self.0)
+    }
+}
+
+/// The Table-2 setting of the INTELLECT-1 report a scenario reproduces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Published {
+    /// All nodes compute, none communicates (100% utilisation, 43.3% MFU).
+    NoCommunication,
+    /// Nodes in the USA only (median all-reduce 103 s).
+    Usa,
+    /// Nodes in the USA and Europe (median all-reduce 382 s).
+    UsaEu,
+    /// Nodes on three continents (median all-reduce 469 s).
+    Global,
+}
+
+impl Published {
+    /// Every setting, in the report's order.
+    pub const ALL: [Published; 4] =
+        [Published::NoCommunication, Published::Usa, Published::UsaEu, Published::Global];
+
+    /// The name written in scenario files.
+    pub fn name(self) -> &'static str {
+        match self {
+            Published::NoCommunication => "no-communication",
+            Published::Usa => "usa",
+            Published::UsaEu => "usa-eu",
+            Published::Global => "global",
+        }
+    }
+
+    /// The setting named `name`; `usa-europe` is accepted for `usa-eu`.
+    pub fn from_name(name: &str) -> Option<Published> {
+        if name == "usa-europe" {
+            return Some(Published::UsaEu);
+        }
+        Published::ALL.into_iter().find(|p| p.name() == name)
+    }
+}
+
+impl fmt::Display for Published {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The inner learning-rate schedule's decay phase (WSD with sqrt decay).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Decay {
+    /// The inner step the decay starts at.
+    pub start: u64,
+    /// How many inner steps it lasts; the rate is 0 from `start + steps` on.
+    pub steps: u64,
+}
+
+/// DiLoCo and the inner optimiser. Defaults are INTELLECT-1's.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DilocoSpec {
+    /// H: inner steps per outer step (>= 1).
+    pub inner_steps: u64,
+    /// How pseudo-gradients travel in the all-reduce.
+    pub codec: CodecKind,
+    /// Outer SGD learning rate (> 0).
+    pub outer_lr: f64,
+    /// Outer momentum, in [0, 1).
+    pub outer_momentum: f64,
+    /// Nesterov momentum for the outer step.
+    pub nesterov: bool,
+    /// Peak inner AdamW learning rate (> 0).
+    pub inner_lr: f64,
+    /// AdamW betas, each in [0, 1).
+    pub betas: (f64, f64),
+    /// Linear warmup length, in inner steps.
+    pub warmup_steps: u64,
+    /// The decay phase, if any (after `warmup_steps`).
+    pub decay: Option<Decay>,
+    /// AdamW weight decay (>= 0).
+    pub weight_decay: f64,
+    /// Gradient-norm clip; 0 disables.
+    pub grad_clip: f64,
+    /// Max-z-loss weight; 0 disables.
+    pub z_loss: f64,
+    /// Tokens per node per inner step.
+    pub batch_tokens: u64,
+    /// Pipelining unit of the ring all-reduce in bytes, if set.
+    pub segment: Option<u64>,
+}
+
+impl DilocoSpec {
+    /// The inner learning rate at inner step `step` (0-based): linear warmup `lr * step /
+    /// warmup_steps`, then `lr`, then from `decay.start` `lr * (1 - sqrt((step - start) /
+    /// steps))`, and 0 after the decay.
+    pub fn inner_lr_at(&self, step: u64) -> f64 {
+        if step < self.warmup_steps {
+            return self.inner_lr * step as f64 / self.warmup_steps as f64;
+        }
+        match self.decay {
+            Some(d) if step >= d.start => {
+                let frac = ((step - d.start) as f64 / d.steps.max(1) as f64).min(1.0);
+                self.inner_lr * (1.0 - frac.sqrt())
+            }
+            _ => self.inner_lr,
+        }
+    }
+}
+
+impl Default for DilocoSpec {
+    /// INTELLECT-1: H = 100, uint8, outer SGD Nesterov lr 0.7 m 0.9, AdamW 7.5e-5 (0.9, 0.95),
+    /// warmup 1000, weight decay 0.1, clip 1.0, z-loss 2e-4, 1,048,576 tokens per step.
+    fn default() -> Self {
+        DilocoSpec {
+            inner_steps: 100,
+            codec: CodecKind::Uint8,
+            outer_lr: 0.7,
+            outer_momentum: 0.9,
+            nesterov: true,
+            inner_lr: 7.5e-5,
+            betas: (0.9, 0.95),
+            warmup_steps: 1000,
+            decay: None,
+            weight_decay: 0.1,
+            grad_clip: 1.0,
+            z_loss: 2e-4,
+            batch_tokens: 1_048_576,
+            segment: None,
+        }
+    }
+}
+
+/// A region as declared.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Region {
+    /// Its index in `[[regions]]`.
+    pub id: RegionId,
+    /// Its name.
+    pub name: String,
+}
+
+/// A value that may change over time.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Varying<T> {
+    /// Always this value.
+    Fixed(T),
+    /// Drawn uniformly in `[low, high]` from the run's seeded stream, redrawn every `resample`
+    /// (`None`: at every outer step).
+    Uniform {
+        /// The lower bound.
+        low: T,
+        /// The upper bound (>= `low`).
+        high: T,
+        /// How often to draw again; `None` for every outer step.
+        resample: Option<Duration>,
+    },
+    /// A step function: `(time, value)` pairs, the first at time 0, times increasing.
+    Trace(Vec<(Duration, T)>),
+}
+
+impl<T: Copy + PartialOrd> Varying<T> {
+    /// The value at time `t` for a fixed value or a trace; `None` for a distribution (the backend
+    /// draws it).
+    pub fn at(&self, t: Duration) -> Option<T> {
+        match self {
+            Varying::Fixed(v) => Some(*v),
+            Varying::Uniform { .. } => None,
+            Varying::Trace(points) => {
+                points.iter().take_while(|(at, _)| *at <= t).last().map(|(_, v)| *v)
+            }
+        }
+    }
+
+    /// The smallest and largest value it can take; `None` for an empty trace (which validation
+    /// never produces).
+    pub fn range(&self) -> Option<(T, T)> {
+        match self {
+            Varying::Fixed(v) => Some((*v, *v)),
+            Varying::Uniform { low, high, .. } => Some((*low, *high)),
+            Varying::Trace(points) => {
+                let first = points.first()?.1;
+                Some(points.iter().fold((first, first), |(lo, hi), (_, v)| {
+                    (if *v < lo { *v } else { lo }, if *v > hi { *v } else { hi })
+                }))
+            }
+        }
+    }
+}
+
+/// A link between two regions (one direction, or both).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LinkSpec {
+    /// The sending region.
+    pub from: RegionId,
+    /// The receiving region (equal to `from` within a region).
+    pub to: RegionId,
+    /// Whether the link serves only `from -> to`.
+    pub oneway: bool,
+    /// The rate between two nodes of one stream (see `streams`).
+    pub bandwidth: Varying<Rate>,
+    /// One-way latency.
+    pub latency: Varying<Duration>,
+    /// Latency jitter (0 for none).
+    pub jitter: Duration,
+    /// How many concurrent connections between two nodes each get `bandwidth` (>= 1); more
+    /// connections share `streams x bandwidth`. With 1, `bandwidth` is the node pair's rate
+    /// whatever the number of rings. NICs cap the sum in any case.
+    pub streams: u32,
+}
+
+impl LinkSpec {
+    /// Whether this link carries traffic from `from` to `to`.
+    pub fn serves(&self, from: RegionId, to: RegionId) -> bool {
+        (self.from == from && self.to == to) || (!self.oneway && self.from == to && self.to == from)
+    }
+}
+
+/// One node (a machine), after `count` expansion.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct NodeSpec {
+    /// Its id: its position in [`Scenario::nodes`].
+    pub id: NodeId,
+    /// Its unique name (`us-0` for the first of a `[[nodes]]` entry named `us` with `count > 1`).
+    pub name: String,
+    /// Its region.
+    pub region: RegionId,
+    /// GPUs, i.e. local ranks and parallel rings (>= 1).
+    pub gpus: u32,
+    /// Duration of one inner step (> 0).
+    pub step_time: Duration,
+    /// Relative jitter of the step time, in [0, 1).
+    pub step_jitter: f64,
+    /// When it starts; a node starting after 0 joins the running mesh (see [`ChurnAction::Join`]).
+    pub start: Duration,
+    /// NIC cap per direction, if any.
+    pub nic: Option<Rate>,
+    /// Peak flops per GPU, for MFU, if given.
+    pub peak_flops: Option<f64>,
+    /// The index of its `[[nodes]]` entry.
+    pub entry: usize,
+}
+
+/// The ways a partition can cut the network.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Cut {
+    /// Between two regions (both ways unless `oneway`).
+    Regions {
+        /// One side.
+        from: RegionId,
+        /// The other side.
+        to: RegionId,
+        /// Only `from -> to` is cut.
+        oneway: bool,
+    },
+    /// Between these nodes and everyone else (the coordinator included).
+    Nodes(Vec<NodeId>),
+}
+
+/// What a churn event does.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ChurnAction {
+    /// The nodes start and join the running mesh.
+    Join(Vec<NodeId>),
+    /// The nodes exit gracefully (deathrattle).
+    Leave(Vec<NodeId>),
+    /// The nodes die at once (SIGKILL).
+    Crash(Vec<NodeId>),
+    /// The nodes stop working but keep sending heartbeats.
+    Hang(Vec<NodeId>),
+    /// Hung nodes work again.
+    Resume(Vec<NodeId>),
+    /// Nodes that crashed or left start again and rejoin.
+    Restart(Vec<NodeId>),
+    /// The network is cut.
+    Partition(Cut),
+    /// A cut ends; `None` ends every cut.
+    Heal(Option<Cut>),
+    /// A link changes; `None` fields stay as they are.
+    Degrade {
+        /// The sending region.
+        from: RegionId,
+        /// The receiving region.
+        to: RegionId,
+        /// Only `from -> to` changes.
+        oneway: bool,
+        /// The new bandwidth.
+        bandwidth: Option<Varying<Rate>>,
+        /// The new latency.
+        latency: Option<Varying<Duration>>,
+        /// The new jitter.
+        jitter: Option<Duration>,
+    },
+    /// A link is as declared again.
+    Restore {
+        /// The sending region.
+        from: RegionId,
+        /// The receiving region.
+        to: RegionId,
+        /// Only `from -> to` is restored.
+        oneway: bool,
+    },
+    /// The coordinator dies.
+    CoordinatorCrash,
+}
+
+/// Where an event comes from in the file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EventSource {
+    /// The `start` of `[[nodes]]` entry `i`.
+    NodeStart(usize),
+    /// `[[churn]]` entry `i`.
+    Churn(usize),
+    /// The end of the `for` of `[[churn]]` entry `i`.
+    ChurnEnd(usize),
+}
+
+/// A resolved churn event.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ChurnEvent {
+    /// When, since the start of the run.
+    pub at: Duration,
+    /// What happens.
+    pub action: ChurnAction,
+    /// Where it was written.
+    pub source: EventSource,
+}
+
+/// When the run ends: at whichever comes first (at least one is set).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Stop {
+    /// After this many outer steps.
+    pub outer_steps: Option<u64>,
+    /// At this time since the start.
+    pub time: Option<Duration>,
+}
+
+/// How the simulator computes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Numerics {
+    /// Sizes only: tensors are lengths (any model size).
+    #[default]
+    Virtual,
+    /// Small real vectors with a synthetic objective.
+    Real,
+}
+
+/// The `[sim]` section.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SimSpec {
+    /// turmoil's tick; `None` lets the simulator choose.
+    pub tick: Option<Duration>,
+    /// Virtual or real numerics.
+    pub numerics: Numerics,
+    /// Vector length for real numerics.
+    pub elements: u64,
+    /// Simulated-time safety limit; `None` lets the simulator choose.
+    pub duration_limit: Option<Duration>,
+}
+
+impl Default for SimSpec {
+    fn default() -> Self {
+        SimSpec { tick: None, numerics: Numerics::Virtual, elements: 4096, duration_limit: None }
+    }
+}
+
+/// Where the real backend computes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Device {
+    /// The CPU.
+    #[default]
+    Cpu,
+    /// A CUDA device by index.
+    Cuda(u32),
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Device::Cpu => f.write_str("cpu"),
+            Device::Cuda(i) => write!(f, "cuda:{i}"),
+        }
+    }
+}
+
+/// The `[real]` section.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RealSpec {
+    /// Where to compute.
+    pub device: Device,
+    /// Training data file as written (relative to the scenario file); `None` for synthetic data.
+    pub data: Option<String>,
+    /// Sequences per forward pass.
+    pub micro_batch: u32,
+    /// Sequence length override.
+    pub seq_len: Option<u32>,
+    /// Checkpoint directory as written (relative to the scenario file); `None` for no
+    /// checkpoints.
+    pub checkpoint_dir: Option<String>,
+    /// Checkpoint every this many outer steps.
+    pub checkpoint_every: u64,
+    /// Checkpoints kept.
+    pub keep: u32,
+    /// The environment variable holding the shared secret.
+    pub secret_env: String,
+}
+
+impl Default for RealSpec {
+    fn default() -> Self {
+        RealSpec {
+            device: Device::Cpu,
+            data: None,
+            micro_batch: 1,
+            seq_len: None,
+            checkpoint_dir: None,
+            checkpoint_every: 1,
+            keep: 3,
+            secret_env: "LOCO_SECRET".to_owned(),
+        }
+    }
+}
+
+/// A validated scenario. Built only by [`Scenario::from_toml_str`] or [`Scenario::load`], so its
+/// cross-references (node ids, region ids, links) always hold.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Scenario {
+    name: String,
+    description: Option<String>,
+    seed: u64,
+    published: Option<Published>,
+    model: ModelSpec,
+    diloco: DilocoSpec,
+    mesh: MeshConfig,
+    coordinator_region: RegionId,
+    regions: Vec<Region>,
+    links: Vec<LinkSpec>,
+    nodes: Vec<NodeSpec>,
+    churn: Vec<ChurnEvent>,
+    stop: Stop,
+    sim: SimSpec,
+    real: RealSpec,
+}
+
+impl Scenario {
+    /// Parses and validates the TOML text `src`; `file` names it in errors.
+    pub fn from_toml_str(src: &str, file: &str) -> Result<Scenario, ScenarioError> {
+        let raw: raw::RawScenario =
+            toml::from_str(src).map_err(|e| error::from_toml(&e, src, file))?;
+        validate::validate(raw).map_err(|e| e.locate(src, file))
+    }
+
+    /// Reads the file at `path` and validates it. The one function of loco-core that does I/O;
+    /// errors name the file as `path` is written.
+    pub fn load(path: impl AsRef<Path>) -> Result<Scenario, ScenarioError> {
+        let path = path.as_ref();
+        let file = path.display().to_string();
+        let src = std::fs::read_to_string(path).map_err(|e| ScenarioError {
+            file: file.clone(),
+            location: None,
+            path: FieldPath::root(),
+            kind: Box::new(ErrorKind::Io { message: e.to_string() }),
+        })?;
+        Scenario::from_toml_str(&src, &file)
+    }
+
+    /// The scenario's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its description, if any.
+    pub fn description(&self) -> Option<&str> {
+        self.description.as_deref()
+    }
+
+    /// The seed of every random choice of the run.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// Replaces the seed (the command line's `--seed`).
+    pub fn set_seed(&mut self, seed: u64) {
+        self.seed = seed;
+    }
+
+    /// The Table-2 setting it reproduces, if any.
+    pub fn published(&self) -> Option<Published> {
+        self.published
+    }
+
+    /// The model.
+    pub fn model(&self) -> &ModelSpec {
+        &self.model
+    }
+
+    /// DiLoCo and the inner optimiser.
+    pub fn diloco(&self) -> &DilocoSpec {
+        &self.diloco
+    }
+
+    /// The mesh settings.
+    pub fn mesh(&self) -> &MeshConfig {
+        &self.mesh
+    }
+
+    /// The region the coordinator runs in.
+    pub fn coordinator_region(&self) -> RegionId {
+        self.coordinator_region
+    }
+
+    /// The regions, in file order (`regions()[i].id == RegionId(i)`).
+    pub fn regions(&self) -> &[Region] {
+        &self.regions
+    }
+
+    /// The region `id`.
+    pub fn region(&self, id: RegionId) -> Option<&Region> {
+        self.regions.get(usize::try_from(id.0).ok()?)
+    }
+
+    /// The region named `name`.
+    pub fn region_by_name(&self, name: &str) -> Option<&Region> {
+        self.regions.iter().find(|r| r.name == name)
+    }
+
+    /// The links, in file order.
+    pub fn links(&self) -> &[LinkSpec] {
+        &self.links
+    }
+
+    /// The link that carries traffic from region `from` to region `to`, if declared. Validation
+    /// guarantees one for every pair of regions that nodes (or a node and the coordinator) use.
+    pub fn link(&self, from: RegionId, to: RegionId) -> Option<&LinkSpec> {
+        self.links.iter().find(|l| l.serves(from, to))
+    }
+
+    /// The link from node `a` to node `b` (by their regions).
+    pub fn node_link(&self, a: NodeId, b: NodeId) -> Option<&LinkSpec> {
+        self.link(self.node(a)?.region, self.node(b)?.region)
+    }
+
+    /// The nodes, in id order (`nodes()[i].id == NodeId(i)`).
+    pub fn nodes(&self) -> &[NodeSpec] {
+        &self.nodes
+    }
+
+    /// The node `id`.
+    pub fn node(&self, id: NodeId) -> Option<&NodeSpec> {
+        self.nodes.get(usize::try_from(id.0).ok()?)
+    }
+
+    /// The node named `name`.
+    pub fn node_by_name(&self, name: &str) -> Option<&NodeSpec> {
+        self.nodes.iter().find(|n| n.name == name)
+    }
+
+    /// The nodes that are members from the start (start = 0), in id order; every other node
+    /// has a [`ChurnAction::Join`] event in [`Scenario::churn`].
+    pub fn initial_nodes(&self) -> impl Iterator<Item = &NodeSpec> {
+        self.nodes.iter().filter(|n| n.start.is_zero())
+    }
+
+    /// The churn events, sorted by time (file order among equal times).
+    pub fn churn(&self) -> &[ChurnEvent] {
+        &self.churn
+    }
+
+    /// When to stop.
+    pub fn stop(&self) -> Stop {
+        self.stop
+    }
+
+    /// The simulator's section.
+    pub fn sim(&self) -> &SimSpec {
+        &self.sim
+    }
+
+    /// The real backend's section.
+    pub fn real(&self) -> &RealSpec {
+        &self.real
+    }
+
+    /// The total number of GPUs over all nodes.
+    pub fn total_gpus(&self) -> u64 {
+        self.nodes.iter().map(|n| u64::from(n.gpus)).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests;

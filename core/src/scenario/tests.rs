@@ -1,0 +1,1011 @@
+use super::*;
+use crate::mesh::JoinMode;
+
+/// Two regions, three nodes, a link for every pair.
+const BASE: &str = r#"name = "t"
+[model]
+preset = "tiny"
+
+[[regions]]
+name = "us"
+[[regions]]
+name = "eu"
+
+[[links]]
+from = "us"
+to = "us"
+bandwidth = "4Gbit/s"
+latency = "5ms"
+[[links]]
+from = "us"
+to = "eu"
+bandwidth = "1Gbit/s"
+latency = "40ms"
+[[links]]
+from = "eu"
+to = "eu"
+bandwidth = "4Gbit/s"
+latency = "5ms"
+
+[[nodes]]
+name = "us"
+count = 2
+region = "us"
+step_time = "1s"
+[[nodes]]
+name = "eu"
+region = "eu"
+step_time = "1s"
+
+[stop]
+outer_steps = 3
+"#;
+
+fn parse(src: &str) -> Result<Scenario, ScenarioError> {
+    Scenario::from_toml_str(src, "t.toml")
+}
+
+fn ok(src: &str) -> Scenario {
+    match parse(src) {
+        Ok(s) => s,
+        Err(e) => panic!("unexpected error: {e}"),
+    }
+}
+
+fn err(src: &str) -> ScenarioError {
+    match parse(src) {
+        Ok(_) => panic!("expected an error"),
+        Err(e) => e,
+    }
+}
+
+/// `line:column` of byte `off` of `src`, counted independently of the loader (1-based,
+/// characters).
+fn pos_at(src: &str, off: usize) -> String {
+    let line = src[..off].matches('\n').count() + 1;
+    let start = src[..off].rfind('\n').map_or(0, |i| i + 1);
+    format!("{line}:{}", src[start..off].chars().count() + 1)
+}
+
+/// `line:column` of the first occurrence of `needle`.
+fn pos(src: &str, needle: &str) -> String {
+    pos_at(src, src.find(needle).unwrap_or_else(|| panic!("{needle:?} not in the source")))
+}
+
+/// `line:column` of the last occurrence of `needle`.
+fn pos_last(src: &str, needle: &str) -> String {
+    pos_at(src, src.rfind(needle).unwrap_or_else(|| panic!("{needle:?} not in the source")))
+}
+
+/// BASE with `old` replaced by `new` (which must occur).
+fn edit(old: &str, new: &str) -> String {
+    assert!(BASE.contains(old), "{old:?} not in BASE");
+    BASE.replacen(old, new, 1)
+}
+
+/// Asserts the whole message: `t.toml:<position of needle>: <rest>`.
+fn assert_msg(src: &str, needle: &str, rest: &str) {
+    let e = err(src);
+    assert_eq!(e.to_string(), format!("t.toml:{}: {rest}", pos(src, needle)));
+}
+
+#[test]
+fn pos_helper_is_right() {
+    assert_eq!(pos("ab\ncd", "a"), "1:1");
+    assert_eq!(pos("ab\ncd", "b"), "1:2");
+    assert_eq!(pos("ab\ncd", "c"), "2:1");
+    assert_eq!(pos("ab\n\nxd", "d"), "3:2");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Valid files
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn base_scenario_expands_and_links() {
+    let s = ok(BASE);
+    assert_eq!(s.name(), "t");
+    assert_eq!(s.seed(), 0);
+    assert_eq!(s.published(), None);
+    let names: Vec<&str> = s.nodes().iter().map(|n| n.name.as_str()).collect();
+    assert_eq!(names, ["us-0", "us-1", "eu"]);
+    for (i, n) in s.nodes().iter().enumerate() {
+        assert_eq!(n.id, NodeId(i as u32));
+        assert_eq!(s.node(n.id), Some(n));
+    }
+    assert_eq!(s.nodes()[1].entry, 0);
+    assert_eq!(s.nodes()[2].entry, 1);
+    let us = s.region_by_name("us").unwrap().id;
+    let eu = s.region_by_name("eu").unwrap().id;
+    assert_eq!((us, eu), (RegionId(0), RegionId(1)));
+    assert_eq!(s.nodes()[2].region, eu);
+    // The us-eu link serves both directions; within a region its own link.
+    let ue = s.link(us, eu).unwrap();
+    assert_eq!(ue.bandwidth, Varying::Fixed(Rate::from_bits_per_sec(1e9).unwrap()));
+    assert_eq!(ue.latency, Varying::Fixed(Duration::from_millis(40)));
+    assert_eq!(s.link(eu, us), Some(ue));
+    assert_eq!(s.link(us, us).unwrap().bandwidth.at(Duration::ZERO).unwrap().bits_per_sec(), 4e9);
+    assert_eq!(s.node_link(NodeId(0), NodeId(2)), Some(ue));
+    assert_eq!(s.node_link(NodeId(0), NodeId(9)), None);
+    assert_eq!(s.coordinator_region(), us);
+    assert_eq!(s.total_gpus(), 3);
+    assert_eq!(s.stop(), Stop { outer_steps: Some(3), time: None });
+    assert_eq!(s.initial_nodes().count(), 3);
+    assert!(s.churn().is_empty());
+}
+
+#[test]
+fn defaults_are_the_documented_ones() {
+    let s = ok(BASE);
+    assert_eq!(s.diloco(), &DilocoSpec::default());
+    assert_eq!(s.diloco().inner_steps, 100);
+    assert_eq!(s.diloco().codec, CodecKind::Uint8);
+    assert_eq!(s.mesh(), &MeshConfig::default());
+    assert_eq!(s.sim(), &SimSpec::default());
+    assert_eq!(s.real(), &RealSpec::default());
+    assert_eq!(s.real().secret_env, "LOCO_SECRET");
+    assert_eq!(s.model(), &Preset::Tiny.spec());
+    let n = &s.nodes()[0];
+    assert_eq!(
+        (n.gpus, n.step_jitter, n.start, n.nic, n.peak_flops),
+        (1, 0.0, Duration::ZERO, None, None)
+    );
+    let l = &s.links()[0];
+    assert_eq!((l.oneway, l.jitter, l.streams), (false, Duration::ZERO, 1));
+}
+
+#[test]
+fn every_section_parses() {
+    // Top-level keys first, then BASE's tables without its model, then every other section.
+    let src = "name = \"all\"\ndescription = \"all of it\"\nseed = 7\npublished = \"usa-europe\"\n"
+        .to_owned()
+        + &BASE.replacen("name = \"t\"\n", "", 1).replacen("[model]\npreset = \"tiny\"\n", "", 1)
+        + r#"
+[model]
+preset = "10b"
+seq_len = 2048
+tied_embeddings = true
+norm_eps = 1e-6
+
+[diloco]
+inner_steps = 50
+codec = "int8-block"
+outer_lr = 0.5
+outer_momentum = 0.8
+nesterov = false
+inner_lr = 3e-4
+betas = [0.9, 0.99]
+warmup_steps = 10
+decay_start = 100
+decay_steps = 50
+weight_decay = 0.0
+grad_clip = 0
+z_loss = 0
+batch_tokens = 4096
+segment = "4MiB"
+
+[mesh]
+heartbeat = "1s"
+heartbeat_timeout = "5s"
+barrier_timeout = "10min"
+max_retries = 5
+join_mode = "non-blocking"
+probe = "500ms"
+coordinator_region = "eu"
+min_members = 2
+join_window = 0
+sync_timeout = "1h"
+allreduce_timeout = "2h"
+retry_backoff = "3s"
+state_senders = 2
+
+[sim]
+tick = "10ms"
+numerics = "real"
+elements = 100
+duration_limit = "2d"
+
+[real]
+device = "cuda:1"
+data = "data/x.txt"
+micro_batch = 4
+seq_len = 128
+checkpoint_dir = "ckpt"
+checkpoint_every = 2
+keep = 5
+secret_env = "MY_SECRET"
+"#;
+    let s = ok(&src);
+    assert_eq!(s.name(), "all");
+    assert_eq!(s.description(), Some("all of it"));
+    assert_eq!(s.seed(), 7);
+    assert_eq!(s.published(), Some(Published::UsaEu));
+    let m = s.model();
+    assert_eq!(
+        (m.preset, m.layers, m.seq_len, m.tied_embeddings, m.norm_eps),
+        (Some(Preset::B10), 42, 2048, true, 1e-6)
+    );
+    let d = s.diloco();
+    assert_eq!(d.inner_steps, 50);
+    assert_eq!(d.codec, CodecKind::Int8Block);
+    assert_eq!((d.outer_lr, d.outer_momentum, d.nesterov, d.inner_lr), (0.5, 0.8, false, 3e-4));
+    assert_eq!(d.betas, (0.9, 0.99));
+    assert_eq!(d.decay, Some(Decay { start: 100, steps: 50 }));
+    assert_eq!((d.weight_decay, d.grad_clip, d.z_loss, d.batch_tokens), (0.0, 0.0, 0.0, 4096));
+    assert_eq!(d.segment, Some(4 << 20));
+    let mesh = s.mesh();
+    assert_eq!(mesh.heartbeat_interval, Duration::from_secs(1));
+    assert_eq!(mesh.heartbeat_timeout, Duration::from_secs(5));
+    // Derived default: 3 x heartbeat_timeout.
+    assert_eq!(mesh.coordinator_timeout, Duration::from_secs(15));
+    assert_eq!(mesh.barrier_timeout, Duration::from_secs(600));
+    assert_eq!(mesh.max_retries, 5);
+    assert_eq!(mesh.join_mode, JoinMode::NonBlocking);
+    assert_eq!(mesh.probe_duration, Duration::from_millis(500));
+    assert_eq!(mesh.min_members, 2);
+    assert_eq!(mesh.join_window, Duration::ZERO);
+    assert_eq!(mesh.sync_timeout, Duration::from_secs(3600));
+    assert_eq!(mesh.allreduce_timeout, Duration::from_secs(7200));
+    assert_eq!(mesh.retry_backoff, Duration::from_secs(3));
+    assert_eq!(mesh.state_senders, 2);
+    assert_eq!(s.coordinator_region(), RegionId(1));
+    assert_eq!(
+        s.sim(),
+        &SimSpec {
+            tick: Some(Duration::from_millis(10)),
+            numerics: Numerics::Real,
+            elements: 100,
+            duration_limit: Some(Duration::from_secs(172_800)),
+        }
+    );
+    let r = s.real();
+    assert_eq!(r.device, Device::Cuda(1));
+    assert_eq!(r.device.to_string(), "cuda:1");
+    assert_eq!((r.data.as_deref(), r.micro_batch, r.seq_len), (Some("data/x.txt"), 4, Some(128)));
+    assert_eq!((r.checkpoint_dir.as_deref(), r.checkpoint_every, r.keep), (Some("ckpt"), 2, 5));
+    assert_eq!(r.secret_env, "MY_SECRET");
+    // The validated scenario serialises (summary.json echoes it).
+    let json = serde_json::to_value(&s).unwrap();
+    assert_eq!(json["diloco"]["codec"], "int8-block");
+    assert_eq!(json["published"], "usa-eu");
+}
+
+#[test]
+fn model_without_preset_and_overrides() {
+    let src = edit(
+        "preset = \"tiny\"",
+        "layers = 3\ndim = 96\nheads = 6\nkv_heads = 3\nffn = 256\nvocab = 512\nseq_len = 32",
+    );
+    let m = ok(&src).model().clone();
+    assert_eq!(m.preset, None);
+    assert_eq!(
+        (m.layers, m.dim, m.heads, m.kv_heads, m.ffn, m.vocab, m.seq_len),
+        (3, 96, 6, 3, 256, 512, 32)
+    );
+    assert_eq!((m.rope_theta, m.norm_eps, m.tied_embeddings), (500_000.0, 1e-5, false));
+    assert_eq!(m.head_dim(), 16);
+    // A preset with an override keeps the rest of the preset.
+    let m = ok(&edit("preset = \"tiny\"", "preset = \"10b\"\nlayers = 2")).model().clone();
+    assert_eq!((m.layers, m.dim, m.vocab), (2, 4096, 128_256));
+    assert!(m.param_count() < Preset::B10.spec().param_count());
+}
+
+#[test]
+fn units_in_fields() {
+    let src = edit(
+        "step_time = \"1s\"\n[[nodes]]",
+        "step_time = 22.8\nstart = \"1h30min\"\nnic = \"10Gbps\"\n[[nodes]]",
+    );
+    let s = ok(&src);
+    let n = &s.nodes()[0];
+    assert_eq!(n.step_time, Duration::from_millis(22_800));
+    assert_eq!(n.start, Duration::from_secs(5400));
+    assert_eq!(n.nic.unwrap().bits_per_sec(), 10e9);
+    // Both us nodes start late: one join event for the entry, with both.
+    assert_eq!(s.churn().len(), 1);
+    assert_eq!(s.churn()[0].action, ChurnAction::Join(vec![NodeId(0), NodeId(1)]));
+    assert_eq!(s.churn()[0].source, EventSource::NodeStart(0));
+    let initial: Vec<NodeId> = s.initial_nodes().map(|n| n.id).collect();
+    assert_eq!(initial, [NodeId(2)]);
+}
+
+#[test]
+fn varying_links() {
+    let src = edit(
+        "bandwidth = \"1Gbit/s\"\nlatency = \"40ms\"",
+        "bandwidth = { uniform = [\"500Mbit/s\", \"4Gbit/s\"], resample = \"1h\" }\nlatency = { trace = [[\"0s\", \"40ms\"], [\"2h\", 0.1]] }\njitter = \"5ms\"\nstreams = 8",
+    );
+    let s = ok(&src);
+    let l = &s.links()[1];
+    let r = |x: f64| Rate::from_bits_per_sec(x).unwrap();
+    assert_eq!(
+        l.bandwidth,
+        Varying::Uniform { low: r(500e6), high: r(4e9), resample: Some(Duration::from_secs(3600)) }
+    );
+    assert_eq!(l.bandwidth.at(Duration::ZERO), None);
+    assert_eq!(l.bandwidth.range(), Some((r(500e6), r(4e9))));
+    assert_eq!(l.latency.at(Duration::from_secs(3600)), Some(Duration::from_millis(40)));
+    assert_eq!(l.latency.at(Duration::from_secs(7200)), Some(Duration::from_millis(100)));
+    assert_eq!(l.latency.range(), Some((Duration::from_millis(40), Duration::from_millis(100))));
+    assert_eq!(Varying::<Duration>::Trace(Vec::new()).range(), None);
+    assert_eq!((l.jitter, l.streams), (Duration::from_millis(5), 8));
+}
+
+#[test]
+fn oneway_links_need_both_directions() {
+    let src = edit(
+        "to = \"eu\"\nbandwidth = \"1Gbit/s\"",
+        "to = \"eu\"\noneway = true\nbandwidth = \"1Gbit/s\"",
+    );
+    let e = err(&src);
+    assert_eq!(
+        *e.kind,
+        ErrorKind::NoLink {
+            from: "eu".into(),
+            to: "us".into(),
+            needed_by: "needed by the coordinator and node \"eu\"".into()
+        }
+    );
+    let src = src
+        + "[[links]]\nfrom = \"eu\"\nto = \"us\"\noneway = true\nbandwidth = \"600Mbit/s\"\nlatency = \"45ms\"\n";
+    let s = ok(&src);
+    let (us, eu) = (RegionId(0), RegionId(1));
+    assert_eq!(s.link(us, eu).unwrap().latency, Varying::Fixed(Duration::from_millis(40)));
+    assert_eq!(s.link(eu, us).unwrap().latency, Varying::Fixed(Duration::from_millis(45)));
+}
+
+#[test]
+fn churn_is_resolved_sorted_and_desugared() {
+    let src = BASE.to_owned()
+        + r#"
+[[churn]]
+at = "2h"
+kind = "crash"
+nodes = ["eu", "us-1"]
+[[churn]]
+at = "1h"
+kind = "hang"
+node = "us-0"
+for = "10min"
+[[churn]]
+at = "3h"
+kind = "restart"
+node = "eu"
+[[churn]]
+at = "1h"
+kind = "partition"
+from = "eu"
+to = "us"
+for = "30min"
+[[churn]]
+at = "4h"
+kind = "degrade"
+from = "us"
+to = "eu"
+bandwidth = "100Mbit/s"
+for = "1h"
+[[churn]]
+at = "6h"
+kind = "partition"
+nodes = ["us-0"]
+[[churn]]
+at = "7h"
+kind = "heal"
+[[churn]]
+at = "8h"
+kind = "coordinator-crash"
+"#;
+    let s = ok(&src);
+    let h = |x: u64| Duration::from_secs(x * 3600);
+    let m = |x: u64| Duration::from_secs(x * 60);
+    let got: Vec<(Duration, ChurnAction, EventSource)> =
+        s.churn().iter().map(|e| (e.at, e.action.clone(), e.source)).collect();
+    let (us, eu) = (RegionId(0), RegionId(1));
+    let cut = Cut::Regions { from: us, to: eu, oneway: false };
+    let r100 = Rate::from_bits_per_sec(100e6).unwrap();
+    let expected = vec![
+        (h(1), ChurnAction::Hang(vec![NodeId(0)]), EventSource::Churn(1)),
+        (h(1), ChurnAction::Partition(cut.clone()), EventSource::Churn(3)),
+        (h(1) + m(10), ChurnAction::Resume(vec![NodeId(0)]), EventSource::ChurnEnd(1)),
+        (h(1) + m(30), ChurnAction::Heal(Some(cut.clone())), EventSource::ChurnEnd(3)),
+        (h(2), ChurnAction::Crash(vec![NodeId(2), NodeId(1)]), EventSource::Churn(0)),
+        (h(3), ChurnAction::Restart(vec![NodeId(2)]), EventSource::Churn(2)),
+        (
+            h(4),
+            ChurnAction::Degrade {
+                from: us,
+                to: eu,
+                oneway: false,
+                bandwidth: Some(Varying::Fixed(r100)),
+                latency: None,
+                jitter: None,
+            },
+            EventSource::Churn(4),
+        ),
+        (h(5), ChurnAction::Restore { from: us, to: eu, oneway: false }, EventSource::ChurnEnd(4)),
+        (h(6), ChurnAction::Partition(Cut::Nodes(vec![NodeId(0)])), EventSource::Churn(5)),
+        (h(7), ChurnAction::Heal(None), EventSource::Churn(6)),
+        (h(8), ChurnAction::CoordinatorCrash, EventSource::Churn(7)),
+    ];
+    assert_eq!(got, expected);
+}
+
+#[test]
+fn join_events_start_declared_nodes() {
+    let src = BASE.replace("name = \"eu\"\nregion", "name = \"late\"\nregion")
+        + "[[churn]]\nat = \"30min\"\nkind = \"join\"\nnode = \"late\"\n[[churn]]\nat = \"1h\"\nkind = \"crash\"\nnode = \"late\"\n";
+    let s = ok(&src);
+    let late = s.node_by_name("late").unwrap();
+    assert_eq!(late.start, Duration::from_secs(1800));
+    assert_eq!(s.churn()[0].action, ChurnAction::Join(vec![late.id]));
+    assert_eq!(s.churn()[0].source, EventSource::Churn(0));
+    assert_eq!(s.initial_nodes().count(), 2);
+}
+
+#[test]
+fn events_at_equal_times_keep_file_order_after_node_starts() {
+    let src = edit("step_time = \"1s\"\n\n[stop]", "step_time = \"1s\"\nstart = \"1h\"\n\n[stop]")
+        + "[[churn]]\nat = \"1h\"\nkind = \"crash\"\nnode = \"us-1\"\n[[churn]]\nat = \"1h\"\nkind = \"crash\"\nnode = \"eu\"\n";
+    let s = ok(&src);
+    let sources: Vec<EventSource> = s.churn().iter().map(|e| e.source).collect();
+    // The eu node starts at 1h and crashes at 1h: its join comes first.
+    assert_eq!(sources, [EventSource::NodeStart(1), EventSource::Churn(0), EventSource::Churn(1)]);
+}
+
+#[test]
+fn seed_can_be_overridden() {
+    let mut s = ok(&format!("seed = 42\n{BASE}"));
+    assert_eq!(s.seed(), 42);
+    s.set_seed(7);
+    assert_eq!(s.seed(), 7);
+}
+
+#[test]
+fn inner_lr_schedule() {
+    let d = DilocoSpec {
+        warmup_steps: 10,
+        decay: Some(Decay { start: 100, steps: 100 }),
+        inner_lr: 1.0,
+        ..DilocoSpec::default()
+    };
+    assert_eq!(d.inner_lr_at(0), 0.0);
+    assert_eq!(d.inner_lr_at(5), 0.5);
+    assert_eq!(d.inner_lr_at(10), 1.0);
+    assert_eq!(d.inner_lr_at(99), 1.0);
+    assert_eq!(d.inner_lr_at(100), 1.0);
+    assert!((d.inner_lr_at(125) - 0.5).abs() < 1e-12);
+    assert_eq!(d.inner_lr_at(200), 0.0);
+    assert_eq!(d.inner_lr_at(10_000), 0.0);
+    let flat = DilocoSpec { warmup_steps: 0, ..DilocoSpec::default() };
+    assert_eq!(flat.inner_lr_at(0), 7.5e-5);
+}
+
+#[test]
+fn load_reads_a_file_and_reports_io_errors() {
+    let e = Scenario::load("/nonexistent/loco/x.toml").unwrap_err();
+    assert_eq!(e.location, None);
+    assert!(matches!(*e.kind, ErrorKind::Io { .. }));
+    assert!(e.to_string().starts_with("/nonexistent/loco/x.toml: cannot read the file: "), "{e}");
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../scenarios/small.toml");
+    if let Ok(s) = Scenario::load(path) {
+        assert_eq!(s.name(), "small");
+    } else {
+        // scenarios/ is checked by tests/scenarios.rs; here only the reading path matters.
+        assert!(!std::path::Path::new(path).exists());
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors: file, line:column, field path, what was expected
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn rate_error_names_everything() {
+    let src = edit("bandwidth = \"1Gbit/s\"", "bandwidth = \"fast\"");
+    assert_msg(
+        &src,
+        "\"fast\"",
+        r#"links[1].bandwidth: expected a rate like "500Mbit/s", got "fast""#,
+    );
+    let e = err(&src);
+    assert_eq!(e.file, "t.toml");
+    assert_eq!(e.location, Some(Location { line: 18, column: 13 }));
+    assert_eq!(e.path.to_string(), "links[1].bandwidth");
+    assert_eq!(
+        *e.kind,
+        ErrorKind::Expected {
+            expected: r#"a rate like "500Mbit/s""#.into(),
+            got: "\"fast\"".into()
+        }
+    );
+    // A bare number is not a rate.
+    let src = edit("bandwidth = \"1Gbit/s\"", "bandwidth = 1000");
+    assert_msg(
+        &src,
+        "1000",
+        r#"links[1].bandwidth: expected a rate with its unit, like "500Mbit/s" or "100MB/s", got 1000"#,
+    );
+    let src = edit("bandwidth = \"1Gbit/s\"", "bandwidth = \"0Gbit/s\"");
+    assert_msg(
+        &src,
+        "\"0Gbit/s\"",
+        r#"links[1].bandwidth: expected a positive rate like "500Mbit/s", got "0Gbit/s""#,
+    );
+}
+
+#[test]
+fn errors_inside_varying_values() {
+    let src = edit("bandwidth = \"1Gbit/s\"", "bandwidth = { trace = [[\"1h\", \"1Gbit/s\"]] }");
+    assert_msg(
+        &src,
+        "\"1h\"",
+        r#"links[1].bandwidth.trace[0][0]: expected "0s" (a trace starts at the start of the run), got "1h""#,
+    );
+    let src = edit(
+        "bandwidth = \"1Gbit/s\"",
+        "bandwidth = { trace = [[0, \"1Gbit/s\"], [\"2h\", \"slow\"]] }",
+    );
+    assert_msg(
+        &src,
+        "\"slow\"",
+        r#"links[1].bandwidth.trace[1][1]: expected a rate like "500Mbit/s", got "slow""#,
+    );
+    let src = edit(
+        "bandwidth = \"1Gbit/s\"",
+        "bandwidth = { trace = [[0, \"1Gbit/s\"], [0, \"2Gbit/s\"]] }",
+    );
+    assert_msg(
+        &src,
+        "0, \"2G",
+        r#"links[1].bandwidth.trace[1][0]: expected a time after 0s (the previous point), got 0"#,
+    );
+    let src = edit("bandwidth = \"1Gbit/s\"", "bandwidth = { uniform = [\"1Gbit/s\"] }");
+    assert_msg(
+        &src,
+        "[\"1Gbit/s\"]",
+        "links[1].bandwidth.uniform: expected two values [low, high], got 1 values",
+    );
+    let src =
+        edit("bandwidth = \"1Gbit/s\"", "bandwidth = { uniform = [\"2Gbit/s\", \"1Gbit/s\"] }");
+    assert_msg(
+        &src,
+        "\"1Gbit/s\"]",
+        r#"links[1].bandwidth.uniform[1]: expected an upper bound >= the lower bound "2Gbit/s", got "1Gbit/s""#,
+    );
+    let src =
+        edit("latency = \"40ms\"", "latency = { trace = [[0, \"40ms\"]], resample = \"1h\" }");
+    assert_msg(&src, "\"1h\"", "links[1].latency.resample: resample applies to uniform only");
+    let src = edit(
+        "bandwidth = \"1Gbit/s\"",
+        "bandwidth = { uniform = [\"1Gbit/s\", \"2Gbit/s\"], seed = 3 }",
+    );
+    let e = err(&src);
+    assert_eq!(e.path.to_string(), "links[1].bandwidth.seed", "{e}");
+    assert_eq!(e.location.unwrap().to_string(), pos(&src, "seed"));
+    assert!(e.to_string().contains("unknown field `seed`"), "{e}");
+}
+
+#[test]
+fn toml_syntax_errors_have_positions() {
+    let src = "name = \"t\nseed = 1\n";
+    let e = err(src);
+    assert_eq!(e.file, "t.toml");
+    assert_eq!(e.location.map(|l| l.line), Some(1));
+    assert!(matches!(*e.kind, ErrorKind::Toml { .. }));
+}
+
+#[test]
+fn unknown_keys_are_rejected_with_their_path() {
+    let src = format!("nmae = \"x\"\n{BASE}");
+    let e = err(&src);
+    assert_eq!(e.path.to_string(), "nmae");
+    assert_eq!(e.location, Some(Location { line: 1, column: 1 }));
+    assert!(
+        e.to_string().starts_with("t.toml:1:1: nmae: unknown field `nmae`, expected one of"),
+        "{e}"
+    );
+    let src = edit("latency = \"40ms\"", "latency = \"40ms\"\nbandwith = \"1Gbit/s\"");
+    let e = err(&src);
+    assert_eq!(e.path.to_string(), "links[1].bandwith");
+    assert_eq!(e.location.unwrap().to_string(), pos(&src, "bandwith"));
+    let src = edit("count = 2", "count = 2\ngpu = 8");
+    let e = err(&src);
+    assert_eq!(e.path.to_string(), "nodes[0].gpu");
+    assert_eq!(e.location.unwrap().to_string(), pos(&src, "gpu ="));
+}
+
+#[test]
+fn wrong_toml_types_say_what_was_expected() {
+    let src = format!("seed = \"x\"\n{BASE}");
+    let e = err(&src);
+    assert_eq!(e.path.to_string(), "seed");
+    assert_eq!(e.location.unwrap().to_string(), pos(&src, "\"x\""));
+    assert!(e.to_string().contains("expected a non-negative integer, got string \"x\""), "{e}");
+    let src = edit("count = 2", "count = -2");
+    let e = err(&src);
+    assert_eq!(e.path.to_string(), "nodes[0].count");
+    assert_eq!(e.location.unwrap().to_string(), pos(&src, "-2"));
+    let src = edit("bandwidth = \"1Gbit/s\"", "bandwidth = [1, 2]");
+    let e = err(&src);
+    assert_eq!(e.path.to_string(), "links[1].bandwidth");
+    assert!(e.to_string().contains("got sequence"), "{e}");
+}
+
+#[test]
+fn missing_required_fields() {
+    let src = BASE.replacen("name = \"t\"\n", "", 1);
+    assert_msg(
+        &src,
+        "[model]",
+        "name: missing required field, expected the scenario's name, a string",
+    );
+    let src = BASE.replace("[stop]\nouter_steps = 3\n", "");
+    let e = err(&src);
+    assert_eq!(e.location, Some(Location { line: 1, column: 1 }));
+    assert_eq!(e.path.to_string(), "stop");
+    let src = BASE.replace("outer_steps = 3\n", "");
+    assert_msg(
+        &src,
+        "[stop]",
+        r#"stop: missing required field, expected outer_steps = N, time = "24h", or both (the run stops at the first reached)"#,
+    );
+    let src = edit("preset = \"tiny\"", "layers = 2");
+    assert_msg(
+        &src,
+        "[model]",
+        "model.dim: missing required field, expected an integer >= 1 (or set model.preset)",
+    );
+    let src = edit("region = \"eu\"\nstep_time = \"1s\"", "region = \"eu\"");
+    assert_msg(
+        &src,
+        "[[nodes]]\nname = \"eu\"",
+        r#"nodes[1].step_time: missing required field, expected the time of one inner step, like "22.8s""#,
+    );
+    let src = edit("to = \"eu\"\nbandwidth = \"1Gbit/s\"\n", "to = \"eu\"\n");
+    assert_msg(
+        &src,
+        "[[links]]\nfrom = \"us\"\nto = \"eu\"",
+        r#"links[1].bandwidth: missing required field, expected a rate like "500Mbit/s""#,
+    );
+}
+
+#[test]
+fn unknown_and_duplicate_names() {
+    let src = edit("region = \"eu\"", "region = \"asia\"");
+    assert_msg(
+        &src,
+        "\"asia\"",
+        r#"nodes[1].region: unknown region "asia", expected one of "us", "eu""#,
+    );
+    let src = edit("name = \"eu\"\nregion", "name = \"us-1\"\nregion");
+    assert_msg(&src, "\"us-1\"", r#"nodes[1].name: duplicate node "us-1" (first at nodes[0])"#);
+    let src = edit("[[regions]]\nname = \"eu\"", "[[regions]]\nname = \"us\"");
+    assert_msg(
+        &src,
+        "\"us\"\n\n",
+        r#"regions[1].name: duplicate region "us" (first at regions[0])"#,
+    );
+    let src = edit("name = \"eu\"\nregion", "name = \"e u\"\nregion");
+    assert_msg(
+        &src,
+        "\"e u\"",
+        r#"nodes[1].name: expected a name of letters, digits, '-', '_' or '.', got "e u""#,
+    );
+    let src = BASE.to_owned()
+        + "[[links]]\nfrom = \"eu\"\nto = \"us\"\nbandwidth = \"1Gbit/s\"\nlatency = \"1ms\"\n";
+    let e = err(&src);
+    assert_eq!(e.path.to_string(), "links[3].to");
+    assert_eq!(
+        *e.kind,
+        ErrorKind::Duplicate { what: "link", name: "eu -> us".into(), first: "links[1]".into() }
+    );
+}
+
+#[test]
+fn missing_link_names_the_regions_and_nodes() {
+    let src = edit(
+        "[[links]]\nfrom = \"us\"\nto = \"eu\"\nbandwidth = \"1Gbit/s\"\nlatency = \"40ms\"\n",
+        "",
+    );
+    assert_msg(
+        &src,
+        "\"eu\"\nstep",
+        r#"nodes[1].region: no link from region "us" to region "eu" (needed by the coordinator and node "eu"); add a [[links]] entry with from = "us", to = "eu""#,
+    );
+    // Two nodes in one region need the region's own link.
+    let src = edit(
+        "[[links]]\nfrom = \"us\"\nto = \"us\"\nbandwidth = \"4Gbit/s\"\nlatency = \"5ms\"\n",
+        "",
+    );
+    let e = err(&src);
+    assert_eq!(
+        *e.kind,
+        ErrorKind::NoLink {
+            from: "us".into(),
+            to: "us".into(),
+            needed_by: "needed by the coordinator and node \"us-0\"".into()
+        }
+    );
+    assert_eq!(e.location.unwrap().to_string(), pos(&src, "\"us\"\nstep"));
+}
+
+#[test]
+fn value_constraints() {
+    let src = edit("step_time = \"1s\"\n[[nodes]]", "step_time = \"0s\"\n[[nodes]]");
+    assert_msg(&src, "\"0s\"", r#"nodes[0].step_time: expected a duration above 0, got "0s""#);
+    let src = edit("step_time = \"1s\"\n[[nodes]]", "step_time = -1\n[[nodes]]");
+    assert_msg(&src, "-1", "nodes[0].step_time: expected a non-negative duration, got -1");
+    let src = edit("step_time = \"1s\"\n[[nodes]]", "step_time = \"soon\"\n[[nodes]]");
+    assert_msg(
+        &src,
+        "\"soon\"",
+        r#"nodes[0].step_time: expected a duration like "22.8s" or "38min", got "soon""#,
+    );
+    let src = format!("{BASE}[diloco]\ninner_steps = 0\n");
+    assert_msg(&src, "0\n", "diloco.inner_steps: expected an integer >= 1, got 0");
+    let src = format!("{BASE}[diloco]\nouter_lr = -0.5\n");
+    assert_msg(&src, "-0.5", "diloco.outer_lr: expected a number > 0, got -0.5");
+    let src = format!("{BASE}[diloco]\nouter_momentum = 1.0\n");
+    assert_msg(&src, "1.0", "diloco.outer_momentum: expected a number in [0, 1), got 1");
+    let src = format!("{BASE}[diloco]\ncodec = \"int4\"\n");
+    assert_msg(
+        &src,
+        "\"int4\"",
+        r#"diloco.codec: expected one of "fp32", "fp16", "bf16", "uint8", "int8-block", got "int4""#,
+    );
+    let src = format!("{BASE}[diloco]\ndecay_start = 2000\n");
+    assert_msg(
+        &src,
+        "[diloco]",
+        "diloco.decay_steps: missing required field, expected the length of the decay in inner steps (with decay_start)",
+    );
+    let src = format!("{BASE}[diloco]\ndecay_start = 10\ndecay_steps = 5\n");
+    assert_msg(&src, "10\n", "diloco.decay_start: expected a step >= warmup_steps (1000), got 10");
+    let src = format!("{BASE}[diloco]\nsegment = \"4Mb\"\n");
+    assert_msg(&src, "\"4Mb\"", r#"diloco.segment: expected a size like "4MiB", got "4Mb""#);
+    let src = format!("published = \"europe\"\n{BASE}");
+    assert_msg(
+        &src,
+        "\"europe\"",
+        r#"published: expected one of "no-communication", "usa", "usa-eu", "global", got "europe""#,
+    );
+    let src = edit("preset = \"tiny\"", "preset = \"7b\"");
+    assert_msg(
+        &src,
+        "\"7b\"",
+        r#"model.preset: expected one of "tiny", "150m", "1b", "10b", got "7b""#,
+    );
+    let src = edit("preset = \"tiny\"", "preset = \"tiny\"\nheads = 5");
+    assert_msg(&src, "5", "model.heads: expected a divisor of dim (64), got 5");
+    let src = edit("preset = \"tiny\"", "preset = \"tiny\"\nkv_heads = 3");
+    assert_msg(&src, "3", "model.kv_heads: expected a divisor of heads (4), got 3");
+    let src = edit("count = 2", "count = 2\nstep_jitter = 1.5");
+    assert_msg(&src, "1.5", "nodes[0].step_jitter: expected a number in [0, 1), got 1.5");
+    let src = edit("count = 2", "count = 100000");
+    assert_msg(
+        &src,
+        "100000",
+        "nodes[0].count: expected at most 65536 nodes in all, got 100000 (making 100000)",
+    );
+}
+
+#[test]
+fn mesh_constraints() {
+    let src = format!("{BASE}[mesh]\nheartbeat = \"2s\"\nheartbeat_timeout = \"2s\"\n");
+    assert_msg_last(
+        &src,
+        "\"2s\"",
+        r#"mesh.heartbeat_timeout: expected a duration longer than mesh.heartbeat (2s), got "2s""#,
+    );
+    let src = format!("{BASE}[mesh]\nheartbeat = \"10s\"\n");
+    assert_msg(
+        &src,
+        "[mesh]",
+        "mesh.heartbeat_timeout: expected a duration longer than mesh.heartbeat (10s), got 6s",
+    );
+    let src = format!("{BASE}[mesh]\njoin_mode = \"eager\"\n");
+    assert_msg(
+        &src,
+        "\"eager\"",
+        r#"mesh.join_mode: expected one of "blocking", "non-blocking", got "eager""#,
+    );
+    let src = format!("{BASE}[mesh]\ncoordinator_region = \"mars\"\n");
+    assert_msg(
+        &src,
+        "\"mars\"",
+        r#"mesh.coordinator_region: unknown region "mars", expected one of "us", "eu""#,
+    );
+    let src = format!("{BASE}[mesh]\nmax_retries = 5000\n");
+    let e = err(&src);
+    assert_eq!(e.path.to_string(), "mesh");
+    assert_eq!(e.location.unwrap().to_string(), pos(&src, "[mesh]"));
+    assert!(matches!(*e.kind, ErrorKind::Conflict { .. }));
+}
+
+#[test]
+fn backend_section_constraints() {
+    let src = format!("{BASE}[sim]\nnumerics = \"exact\"\n");
+    assert_msg(
+        &src,
+        "\"exact\"",
+        r#"sim.numerics: expected one of "virtual", "real", got "exact""#,
+    );
+    let src = BASE.replace("outer_steps = 3", "time = \"2d\"") + "[sim]\nduration_limit = \"1d\"\n";
+    assert_msg(
+        &src,
+        "\"1d\"",
+        r#"sim.duration_limit: expected a limit >= stop.time (2d), got "1d""#,
+    );
+    let src = format!("{BASE}[real]\ndevice = \"gpu\"\n");
+    assert_msg(&src, "\"gpu\"", r#"real.device: expected "cpu", "cuda" or "cuda:N", got "gpu""#);
+    let src = format!("{BASE}[real]\nkeep = 0\n");
+    assert_msg(&src, "0\n", "real.keep: expected an integer >= 1, got 0");
+    let s = ok(&format!("{BASE}[real]\ndevice = \"cuda\"\n"));
+    assert_eq!(s.real().device, Device::Cuda(0));
+}
+
+#[test]
+fn churn_field_errors() {
+    let churn = |body: &str| format!("{BASE}[[churn]]\n{body}");
+    let src = churn("at = \"1h\"\nkind = \"explode\"\nnode = \"eu\"\n");
+    assert_msg(
+        &src,
+        "\"explode\"",
+        r#"churn[0].kind: expected one of "join", "leave", "crash", "hang", "resume", "restart", "partition", "heal", "degrade", "restore", "coordinator-crash", got "explode""#,
+    );
+    let src = churn("at = \"1h\"\nkind = \"crash\"\nnodes = [\"eu\", \"us-7\"]\n");
+    assert_msg(
+        &src,
+        "\"us-7\"",
+        r#"churn[0].nodes[1]: unknown node "us-7", expected one of "us-0", "us-1", "eu""#,
+    );
+    let src = churn("at = \"1h\"\nkind = \"crash\"\nnodes = [\"eu\", \"eu\"]\n");
+    assert_msg(
+        &src,
+        "\"eu\"]",
+        r#"churn[0].nodes[1]: duplicate node "eu" (first at churn[0].nodes[0])"#,
+    );
+    let src = churn("at = \"1h\"\nkind = \"crash\"\nnode = \"eu\"\nbandwidth = \"1Gbit/s\"\n");
+    assert_msg_last(
+        &src,
+        "\"1Gbit/s\"",
+        "churn[0].bandwidth: `bandwidth` does not apply to a crash event",
+    );
+    let src = churn("at = \"1h\"\nkind = \"crash\"\n");
+    assert_msg(
+        &src,
+        "[[churn]]",
+        r#"churn[0].node: missing required field, expected node = "name" or nodes = ["a", "b"]"#,
+    );
+    let src = churn("kind = \"crash\"\nnode = \"eu\"\n");
+    assert_msg(
+        &src,
+        "[[churn]]",
+        r#"churn[0].at: missing required field, expected the time of the event, like "3h""#,
+    );
+    let src = churn("at = \"1h\"\nkind = \"partition\"\nfrom = \"us\"\n");
+    assert_msg(&src, "[[churn]]", "churn[0].to: missing required field, expected the other region");
+    let src = churn("at = \"1h\"\nkind = \"partition\"\nfrom = \"us\"\nto = \"us\"\n");
+    assert_msg_last(
+        &src,
+        "\"us\"\n",
+        r#"churn[0].to: expected a region other than `from`, got "us""#,
+    );
+    let src = churn("at = \"1h\"\nkind = \"degrade\"\nfrom = \"us\"\nto = \"eu\"\n");
+    assert_msg(
+        &src,
+        "[[churn]]",
+        "churn[0].bandwidth: missing required field, expected bandwidth, latency or jitter: what the link changes to",
+    );
+    let src = edit("step_time = \"1s\"\n\n[stop]", "step_time = \"1s\"\nstart = \"0s\"\n\n[stop]")
+        + "[[churn]]\nat = \"1h\"\nkind = \"join\"\nnode = \"eu\"\n";
+    assert_msg_last(
+        &src,
+        "\"eu\"\n",
+        r#"churn[0].node: node "eu" already has a start (nodes[1].start = 0s); a join event cannot start it again (restart brings back a node that crashed or left)"#,
+    );
+}
+
+fn assert_msg_last(src: &str, needle: &str, rest: &str) {
+    let e = err(src);
+    assert_eq!(e.to_string(), format!("t.toml:{}: {rest}", pos_last(src, needle)));
+}
+
+fn event(at: &str, kind: &str, extra: &str) -> String {
+    format!("[[churn]]\nat = \"{at}\"\nkind = \"{kind}\"\n{extra}")
+}
+
+#[test]
+fn impossible_churn_sequences() {
+    let eu = "node = \"eu\"\n";
+    let src = BASE.to_owned() + &event("1h", "crash", eu) + &event("2h", "crash", eu);
+    assert_msg_last(
+        &src,
+        "\"eu\"",
+        r#"churn[1].node: cannot crash node "eu" at 2h: it crashed at 1h"#,
+    );
+    let src = BASE.to_owned() + &event("1h", "restart", eu);
+    assert_msg_last(
+        &src,
+        "\"eu\"",
+        r#"churn[0].node: cannot restart node "eu" at 1h: it is running"#,
+    );
+    let src = BASE.to_owned() + &event("1h", "hang", eu) + &event("2h", "leave", eu);
+    assert_msg_last(
+        &src,
+        "\"eu\"",
+        r#"churn[1].node: cannot stop node "eu" at 2h: it hangs since 1h"#,
+    );
+    let src = BASE.to_owned() + &event("1h", "resume", "nodes = [\"us-0\", \"eu\"]\n");
+    assert_msg_last(
+        &src,
+        "\"us-0\"",
+        r#"churn[0].nodes[0]: cannot resume node "us-0" at 1h: it is running"#,
+    );
+    let late = edit("step_time = \"1s\"\n\n[stop]", "step_time = \"1s\"\nstart = \"2h\"\n\n[stop]");
+    let src = late.clone() + &event("1h", "crash", eu);
+    assert_msg_last(
+        &src,
+        "\"eu\"",
+        r#"churn[0].node: cannot crash node "eu" at 1h: it has not started yet (it starts at 2h)"#,
+    );
+    // The end of a hang resumes a node that crashed meanwhile: blamed on `for`.
+    let src = BASE.to_owned()
+        + &event("1h", "hang", "node = \"eu\"\nfor = \"1h\"\n")
+        + &event("90min", "crash", eu);
+    assert_msg_last(
+        &src,
+        "\"1h\"",
+        r#"churn[0].for: cannot resume node "eu" at 2h: it crashed at 1h30min"#,
+    );
+    let src = BASE.to_owned() + &event("1h", "heal", "");
+    assert_msg_last(&src, "[[churn]]", "churn[0]: no partition is in place at 1h");
+    let src = BASE.to_owned()
+        + &event("1h", "partition", "from = \"us\"\nto = \"eu\"\n")
+        + &event("2h", "heal", "from = \"eu\"\nto = \"us\"\noneway = true\n");
+    assert_msg_last(&src, "[[churn]]", "churn[1]: no such partition is in place at 2h");
+    let src = BASE.to_owned()
+        + &event("1h", "partition", "from = \"us\"\nto = \"eu\"\n")
+        + &event("2h", "partition", "from = \"eu\"\nto = \"us\"\n");
+    assert_msg_last(&src, "[[churn]]", "churn[1]: this partition is already in place at 2h");
+    let src = BASE.to_owned() + &event("1h", "restore", "from = \"us\"\nto = \"eu\"\n");
+    assert_msg_last(&src, "[[churn]]", r#"churn[0]: the link "us" -> "eu" is not degraded at 1h"#);
+    let src = BASE.to_owned()
+        + &event("1h", "coordinator-crash", "")
+        + &event("2h", "coordinator-crash", "");
+    assert_msg_last(&src, "[[churn]]", "churn[1]: the coordinator already crashed at 1h");
+    let src = late + &event("0s", "join", "node = \"us-0\"\n");
+    assert_msg_last(
+        &src,
+        "\"0s\"",
+        r#"churn[0].at: expected a time after 0s (nodes present from the start need no join event), got "0s""#,
+    );
+}
+
+#[test]
+fn a_healed_region_partition_matches_either_order() {
+    let src = BASE.to_owned()
+        + &event("1h", "partition", "from = \"us\"\nto = \"eu\"\n")
+        + &event("2h", "heal", "from = \"eu\"\nto = \"us\"\n")
+        + &event("3h", "partition", "nodes = [\"eu\", \"us-0\"]\n")
+        + &event("4h", "heal", "nodes = [\"us-0\", \"eu\"]\n");
+    let s = ok(&src);
+    assert_eq!(s.churn().len(), 4);
+    assert_eq!(s.churn()[2].action, ChurnAction::Partition(Cut::Nodes(vec![NodeId(0), NodeId(2)])));
+}
+
+#[test]
+fn inline_tables_and_dotted_keys_are_located() {
+    let src = BASE.replacen("[model]\npreset = \"tiny\"\n", "model = { preset = \"7b\" }\n", 1);
+    assert_msg(
+        &src,
+        "\"7b\"",
+        r#"model.preset: expected one of "tiny", "150m", "1b", "10b", got "7b""#,
+    );
+    let src = BASE.replacen("[model]\npreset = \"tiny\"\n", "model.preset = \"7b\"\n", 1);
+    assert_msg(
+        &src,
+        "\"7b\"",
+        r#"model.preset: expected one of "tiny", "150m", "1b", "10b", got "7b""#,
+    );
+}

@@ -1,0 +1,856 @@
+//! The second layer: raw values to a [`Scenario`], with the path of the field at fault in every
+//! error (the position is added from the path by the caller).
+
+use super::error::{ErrorKind, FieldPath, PathError};
+use super::raw::{
+    RawDiloco, RawLink, RawMesh, RawModel, RawNode, RawReal, RawRegion, RawScalar, RawScenario,
+    RawSim, RawStop, RawVarying,
+};
+use super::units::{
+    UnitError, duration_from_secs_f64, format_duration, parse_duration, parse_rate, parse_size,
+};
+use super::{
+    Decay, Device, DilocoSpec, LinkSpec, ModelSpec, NodeSpec, Numerics, Preset, Published,
+    RealSpec, Region, RegionId, Scenario, SimSpec, Stop, Varying,
+};
+use crate::codec::CodecKind;
+use crate::ids::NodeId;
+use crate::mesh::{JoinMode, MeshConfig};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+pub(super) type R<T> = Result<T, PathError>;
+
+/// The most nodes a scenario may expand to (a typo in `count` must not exhaust memory).
+pub(crate) const MAX_NODES: u64 = 65_536;
+/// How many declared names an "unknown name" error lists.
+const MAX_KNOWN: usize = 16;
+
+const DURATION: &str = r#"a duration like "22.8s" or "38min""#;
+const RATE: &str = r#"a rate like "500Mbit/s""#;
+const SIZE: &str = r#"a size like "4MiB""#;
+const NAME: &str = "a name of letters, digits, '-', '_' or '.'";
+
+pub(super) fn expected(
+    path: &FieldPath,
+    expected: impl Into<String>,
+    got: impl fmt::Display,
+) -> PathError {
+    PathError::new(
+        path.clone(),
+        ErrorKind::Expected { expected: expected.into(), got: got.to_string() },
+    )
+}
+
+pub(super) fn missing(path: &FieldPath, expected: impl Into<String>) -> PathError {
+    PathError::new(path.clone(), ErrorKind::Missing { expected: expected.into() })
+}
+
+pub(super) fn conflict(path: &FieldPath, reason: impl Into<String>) -> PathError {
+    PathError::new(path.clone(), ErrorKind::Conflict { reason: reason.into() })
+}
+
+pub(super) fn unknown(
+    path: &FieldPath,
+    what: &'static str,
+    name: &str,
+    known: Vec<String>,
+) -> PathError {
+    let mut known = known;
+    if known.len() > MAX_KNOWN {
+        known.truncate(MAX_KNOWN);
+        known.push("...".to_owned());
+    }
+    PathError::new(path.clone(), ErrorKind::Unknown { what, name: name.to_owned(), known })
+}
+
+pub(super) fn quoted(s: &str) -> String {
+    format!("{s:?}")
+}
+
+pub(super) fn one_of_text(names: &[&str]) -> String {
+    let q: Vec<String> = names.iter().map(|n| quoted(n)).collect();
+    format!("one of {}", q.join(", "))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scalars with units
+// ---------------------------------------------------------------------------------------------
+
+pub(super) fn duration(path: &FieldPath, raw: &RawScalar) -> R<Duration> {
+    let parsed = match raw {
+        RawScalar::Str(s) => parse_duration(s),
+        RawScalar::Int(i) => {
+            u64::try_from(*i).map(Duration::from_secs).map_err(|_| UnitError::Negative)
+        }
+        RawScalar::Float(f) => duration_from_secs_f64(*f),
+    };
+    parsed.map_err(|e| match e {
+        UnitError::Negative => expected(path, "a non-negative duration", raw),
+        UnitError::Overflow => expected(path, "a duration that fits 64-bit seconds", raw),
+        UnitError::Syntax | UnitError::Zero => expected(path, DURATION, raw),
+    })
+}
+
+pub(super) fn positive_duration(path: &FieldPath, raw: &RawScalar) -> R<Duration> {
+    let d = duration(path, raw)?;
+    if d.is_zero() {
+        return Err(expected(path, "a duration above 0", raw));
+    }
+    Ok(d)
+}
+
+pub(super) fn rate(path: &FieldPath, raw: &RawScalar) -> R<super::Rate> {
+    match raw {
+        RawScalar::Str(s) => parse_rate(s).map_err(|e| match e {
+            UnitError::Negative | UnitError::Zero => {
+                expected(path, r#"a positive rate like "500Mbit/s""#, raw)
+            }
+            UnitError::Overflow => expected(path, "a finite rate", raw),
+            UnitError::Syntax => expected(path, RATE, raw),
+        }),
+        RawScalar::Int(_) | RawScalar::Float(_) => {
+            Err(expected(path, r#"a rate with its unit, like "500Mbit/s" or "100MB/s""#, raw))
+        }
+    }
+}
+
+fn size(path: &FieldPath, raw: &RawScalar) -> R<u64> {
+    let parsed = match raw {
+        RawScalar::Str(s) => parse_size(s),
+        RawScalar::Int(i) => u64::try_from(*i).map_err(|_| UnitError::Negative),
+        RawScalar::Float(_) => Err(UnitError::Syntax),
+    };
+    parsed.map_err(|e| match e {
+        UnitError::Negative => expected(path, "a non-negative size", raw),
+        UnitError::Overflow => expected(path, "a size that fits 64 bits", raw),
+        UnitError::Syntax | UnitError::Zero => expected(path, SIZE, raw),
+    })
+}
+
+pub(super) fn varying<T: Copy + PartialOrd>(
+    path: &FieldPath,
+    raw: &RawVarying,
+    parse: fn(&FieldPath, &RawScalar) -> R<T>,
+) -> R<Varying<T>> {
+    let table = match raw {
+        RawVarying::Scalar(s) => return parse(path, s).map(Varying::Fixed),
+        RawVarying::Table(t) => t,
+    };
+    match (&table.uniform, &table.trace) {
+        (Some(u), None) => {
+            let up = path.key("uniform");
+            if u.len() != 2 {
+                return Err(expected(&up, "two values [low, high]", format!("{} values", u.len())));
+            }
+            let low = parse(&up.index(0), &u[0])?;
+            let high = parse(&up.index(1), &u[1])?;
+            if high < low {
+                return Err(expected(
+                    &up.index(1),
+                    format!("an upper bound >= the lower bound {}", u[0]),
+                    &u[1],
+                ));
+            }
+            let resample =
+                table.resample.as_ref().map(|r| positive_duration(&path.key("resample"), r));
+            Ok(Varying::Uniform { low, high, resample: resample.transpose()? })
+        }
+        (None, Some(trace)) => {
+            let tp = path.key("trace");
+            if table.resample.is_some() {
+                return Err(conflict(&path.key("resample"), "resample applies to uniform only"));
+            }
+            if trace.is_empty() {
+                return Err(expected(&tp, "at least one [time, value] pair", "[]"));
+            }
+            let mut points: Vec<(Duration, T)> = Vec::with_capacity(trace.len());
+            for (i, pair) in trace.iter().enumerate() {
+                let ep = tp.index(i);
+                if pair.len() != 2 {
+                    return Err(expected(
+                        &ep,
+                        "a pair [time, value]",
+                        format!("{} values", pair.len()),
+                    ));
+                }
+                let at = duration(&ep.index(0), &pair[0])?;
+                match points.last() {
+                    None if !at.is_zero() => {
+                        return Err(expected(
+                            &ep.index(0),
+                            r#""0s" (a trace starts at the start of the run)"#,
+                            &pair[0],
+                        ));
+                    }
+                    Some((prev, _)) if at <= *prev => {
+                        return Err(expected(
+                            &ep.index(0),
+                            format!("a time after {} (the previous point)", format_duration(*prev)),
+                            &pair[0],
+                        ));
+                    }
+                    _ => {}
+                }
+                points.push((at, parse(&ep.index(1), &pair[1])?));
+            }
+            Ok(Varying::Trace(points))
+        }
+        (Some(_), Some(_)) => Err(conflict(&path.key("trace"), "give uniform or trace, not both")),
+        (None, None) => Err(expected(
+            path,
+            "a value, { uniform = [low, high] } or { trace = [[time, value], ...] }",
+            "a table with neither",
+        )),
+    }
+}
+
+fn check_name(path: &FieldPath, s: &str) -> R<String> {
+    let ok = !s.is_empty()
+        && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if ok { Ok(s.to_owned()) } else { Err(expected(path, NAME, quoted(s))) }
+}
+
+fn finite_at_least(path: &FieldPath, v: f64, min: f64, inclusive: bool) -> R<f64> {
+    let ok = v.is_finite() && if inclusive { v >= min } else { v > min };
+    if ok {
+        Ok(v)
+    } else {
+        let op = if inclusive { ">=" } else { ">" };
+        Err(expected(path, format!("a number {op} {min}"), v))
+    }
+}
+
+fn unit_interval(path: &FieldPath, v: f64) -> R<f64> {
+    if v.is_finite() && (0.0..1.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(expected(path, "a number in [0, 1)", v))
+    }
+}
+
+fn at_least_one<T: Into<u64> + Copy + fmt::Display>(path: &FieldPath, v: T) -> R<T> {
+    if v.into() >= 1 { Ok(v) } else { Err(expected(path, "an integer >= 1", v)) }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sections
+// ---------------------------------------------------------------------------------------------
+
+pub(crate) fn validate(raw: RawScenario) -> R<Scenario> {
+    let root = FieldPath::root();
+    let name = match &raw.name {
+        Some(n) => check_name(&root.key("name"), n)?,
+        None => return Err(missing(&root.key("name"), "the scenario's name, a string")),
+    };
+    let published = match &raw.published {
+        Some(p) => Some(Published::from_name(p).ok_or_else(|| {
+            let names: Vec<&str> = Published::ALL.iter().map(|p| p.name()).collect();
+            expected(&root.key("published"), one_of_text(&names), quoted(p))
+        })?),
+        None => None,
+    };
+    let model = model(raw.model.as_ref())?;
+    let diloco = diloco(&raw.diloco.clone().unwrap_or_default())?;
+    let regions = regions(&raw.regions)?;
+    let (mesh, coordinator_region) = mesh(&raw.mesh.clone().unwrap_or_default(), &regions)?;
+    let links = links(&raw.links, &regions)?;
+    let (mut nodes, start_given) = nodes(&raw.nodes, &regions)?;
+    check_coverage(&nodes, &links, &regions, coordinator_region)?;
+    let stop = stop(raw.stop.as_ref())?;
+    let churn = super::churn::churn(&raw.churn, &mut nodes, &start_given, &regions, &links)?;
+    let sim = sim(&raw.sim.clone().unwrap_or_default(), &stop)?;
+    let real = real(&raw.real.clone().unwrap_or_default())?;
+    Ok(Scenario {
+        name,
+        description: raw.description,
+        seed: raw.seed.unwrap_or(0),
+        published,
+        model,
+        diloco,
+        mesh,
+        coordinator_region,
+        regions,
+        links,
+        nodes,
+        churn,
+        stop,
+        sim,
+        real,
+    })
+}
+
+fn model(raw: Option<&RawModel>) -> R<ModelSpec> {
+    let p = FieldPath::root().key("model");
+    let Some(m) = raw else {
+        return Err(missing(
+            &p,
+            r#"a [model] table with preset = "tiny" | "150m" | "1b" | "10b", or the shape fields"#,
+        ));
+    };
+    let preset = match &m.preset {
+        Some(name) => Some(Preset::from_name(name).ok_or_else(|| {
+            let names: Vec<&str> = Preset::ALL.iter().map(|p| p.name()).collect();
+            expected(&p.key("preset"), one_of_text(&names), quoted(name))
+        })?),
+        None => None,
+    };
+    let base = preset.map(Preset::spec);
+    let size = |key: &str, given: Option<u32>, from_preset: Option<u32>| -> R<u32> {
+        match given.or(from_preset) {
+            None => Err(missing(&p.key(key), "an integer >= 1 (or set model.preset)")),
+            Some(v) => at_least_one(&p.key(key), v),
+        }
+    };
+    let b = base.as_ref();
+    let layers = size("layers", m.layers, b.map(|s| s.layers))?;
+    let dim = size("dim", m.dim, b.map(|s| s.dim))?;
+    let heads = size("heads", m.heads, b.map(|s| s.heads))?;
+    let kv_heads = size("kv_heads", m.kv_heads, b.map(|s| s.kv_heads))?;
+    let ffn = size("ffn", m.ffn, b.map(|s| s.ffn))?;
+    let vocab = size("vocab", m.vocab, b.map(|s| s.vocab))?;
+    let seq_len = size("seq_len", m.seq_len, b.map(|s| s.seq_len))?;
+    if dim % heads != 0 {
+        return Err(if m.heads.is_some() || m.dim.is_none() {
+            expected(&p.key("heads"), format!("a divisor of dim ({dim})"), heads)
+        } else {
+            expected(&p.key("dim"), format!("a multiple of heads ({heads})"), dim)
+        });
+    }
+    if heads % kv_heads != 0 {
+        return Err(if m.kv_heads.is_some() || m.heads.is_none() {
+            expected(&p.key("kv_heads"), format!("a divisor of heads ({heads})"), kv_heads)
+        } else {
+            expected(&p.key("heads"), format!("a multiple of kv_heads ({kv_heads})"), heads)
+        });
+    }
+    let rope_theta = match m.rope_theta {
+        Some(v) => finite_at_least(&p.key("rope_theta"), v, 0.0, false)?,
+        None => b.map_or(super::DEFAULT_ROPE_THETA, |s| s.rope_theta),
+    };
+    let norm_eps = match m.norm_eps {
+        Some(v) => finite_at_least(&p.key("norm_eps"), v, 0.0, false)?,
+        None => b.map_or(super::DEFAULT_NORM_EPS, |s| s.norm_eps),
+    };
+    let spec = ModelSpec {
+        preset,
+        layers,
+        dim,
+        heads,
+        kv_heads,
+        ffn,
+        vocab,
+        seq_len,
+        rope_theta,
+        norm_eps,
+        tied_embeddings: m.tied_embeddings.or(b.map(|s| s.tied_embeddings)).unwrap_or(false),
+    };
+    if !spec.counts_fit() {
+        return Err(conflict(
+            &p,
+            "the model is too large: its parameter or flop count overflows 64 bits",
+        ));
+    }
+    Ok(spec)
+}
+
+fn diloco(d: &RawDiloco) -> R<DilocoSpec> {
+    let p = FieldPath::root().key("diloco");
+    let def = DilocoSpec::default();
+    let codec = match &d.codec {
+        Some(c) => c.parse::<CodecKind>().map_err(|_| {
+            let names: Vec<&str> = CodecKind::ALL.iter().map(|k| k.name()).collect();
+            expected(&p.key("codec"), one_of_text(&names), quoted(c))
+        })?,
+        None => def.codec,
+    };
+    let betas = match &d.betas {
+        Some(b) if b.len() == 2 => (
+            unit_interval(&p.key("betas").index(0), b[0])?,
+            unit_interval(&p.key("betas").index(1), b[1])?,
+        ),
+        Some(b) => {
+            return Err(expected(
+                &p.key("betas"),
+                "two numbers [beta1, beta2]",
+                format!("{} numbers", b.len()),
+            ));
+        }
+        None => def.betas,
+    };
+    let warmup_steps = d.warmup_steps.unwrap_or(def.warmup_steps);
+    let decay = match (d.decay_start, d.decay_steps) {
+        (Some(start), Some(steps)) => {
+            if start < warmup_steps {
+                return Err(expected(
+                    &p.key("decay_start"),
+                    format!("a step >= warmup_steps ({warmup_steps})"),
+                    start,
+                ));
+            }
+            Some(Decay { start, steps: at_least_one(&p.key("decay_steps"), steps)? })
+        }
+        (Some(_), None) => {
+            return Err(missing(
+                &p.key("decay_steps"),
+                "the length of the decay in inner steps (with decay_start)",
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(missing(
+                &p.key("decay_start"),
+                "the inner step the decay starts at (with decay_steps)",
+            ));
+        }
+        (None, None) => None,
+    };
+    Ok(DilocoSpec {
+        inner_steps: at_least_one(&p.key("inner_steps"), d.inner_steps.unwrap_or(def.inner_steps))?,
+        codec,
+        outer_lr: finite_at_least(
+            &p.key("outer_lr"),
+            d.outer_lr.unwrap_or(def.outer_lr),
+            0.0,
+            false,
+        )?,
+        outer_momentum: unit_interval(
+            &p.key("outer_momentum"),
+            d.outer_momentum.unwrap_or(def.outer_momentum),
+        )?,
+        nesterov: d.nesterov.unwrap_or(def.nesterov),
+        inner_lr: finite_at_least(
+            &p.key("inner_lr"),
+            d.inner_lr.unwrap_or(def.inner_lr),
+            0.0,
+            false,
+        )?,
+        betas,
+        warmup_steps,
+        decay,
+        weight_decay: finite_at_least(
+            &p.key("weight_decay"),
+            d.weight_decay.unwrap_or(def.weight_decay),
+            0.0,
+            true,
+        )?,
+        grad_clip: finite_at_least(
+            &p.key("grad_clip"),
+            d.grad_clip.unwrap_or(def.grad_clip),
+            0.0,
+            true,
+        )?,
+        z_loss: finite_at_least(&p.key("z_loss"), d.z_loss.unwrap_or(def.z_loss), 0.0, true)?,
+        batch_tokens: at_least_one(
+            &p.key("batch_tokens"),
+            d.batch_tokens.unwrap_or(def.batch_tokens),
+        )?,
+        segment: match &d.segment {
+            Some(s) => {
+                let sp = p.key("segment");
+                let bytes = size(&sp, s)?;
+                if bytes == 0 {
+                    return Err(expected(&sp, "a size above 0", s));
+                }
+                Some(bytes)
+            }
+            None => None,
+        },
+    })
+}
+
+fn regions(raw: &[RawRegion]) -> R<Vec<Region>> {
+    let p = FieldPath::root().key("regions");
+    if raw.is_empty() {
+        return Err(missing(&p, "at least one [[regions]] entry with a name"));
+    }
+    let mut out: Vec<Region> = Vec::with_capacity(raw.len());
+    for (i, r) in raw.iter().enumerate() {
+        let np = p.index(i).key("name");
+        let name = match &r.name {
+            Some(n) => check_name(&np, n)?,
+            None => return Err(missing(&np, "the region's name")),
+        };
+        if let Some(first) = out.iter().position(|o| o.name == name) {
+            return Err(PathError::new(
+                np,
+                ErrorKind::Duplicate { what: "region", name, first: p.index(first).to_string() },
+            ));
+        }
+        // At most as many regions as entries in a parsed file: fits u32 in any real file.
+        let id = RegionId(u32::try_from(i).map_err(|_| conflict(&p, "too many regions"))?);
+        out.push(Region { id, name });
+    }
+    Ok(out)
+}
+
+pub(super) fn region_ref(path: &FieldPath, name: &str, regions: &[Region]) -> R<RegionId> {
+    regions.iter().find(|r| r.name == name).map(|r| r.id).ok_or_else(|| {
+        unknown(path, "region", name, regions.iter().map(|r| r.name.clone()).collect())
+    })
+}
+
+fn mesh(m: &RawMesh, regions: &[Region]) -> R<(MeshConfig, RegionId)> {
+    let p = FieldPath::root().key("mesh");
+    let def = MeshConfig::default();
+    let opt_pos = |key: &str, v: &Option<RawScalar>, default: Duration| -> R<Duration> {
+        v.as_ref().map_or(Ok(default), |r| positive_duration(&p.key(key), r))
+    };
+    let heartbeat_interval = opt_pos("heartbeat", &m.heartbeat, def.heartbeat_interval)?;
+    let heartbeat_timeout =
+        opt_pos("heartbeat_timeout", &m.heartbeat_timeout, def.heartbeat_timeout)?;
+    if heartbeat_timeout <= heartbeat_interval {
+        let got = m
+            .heartbeat_timeout
+            .as_ref()
+            .map_or(format_duration(heartbeat_timeout), |r| r.to_string());
+        return Err(expected(
+            &p.key("heartbeat_timeout"),
+            format!(
+                "a duration longer than mesh.heartbeat ({})",
+                format_duration(heartbeat_interval)
+            ),
+            got,
+        ));
+    }
+    let coordinator_timeout =
+        opt_pos("coordinator_timeout", &m.coordinator_timeout, heartbeat_timeout * 3)?;
+    if coordinator_timeout <= heartbeat_interval {
+        let got = m
+            .coordinator_timeout
+            .as_ref()
+            .map_or(format_duration(coordinator_timeout), |r| r.to_string());
+        return Err(expected(
+            &p.key("coordinator_timeout"),
+            format!(
+                "a duration longer than mesh.heartbeat ({})",
+                format_duration(heartbeat_interval)
+            ),
+            got,
+        ));
+    }
+    let join_mode = match m.join_mode.as_deref() {
+        None => def.join_mode,
+        Some("blocking") => JoinMode::Blocking,
+        Some("non-blocking") => JoinMode::NonBlocking,
+        Some(other) => {
+            return Err(expected(
+                &p.key("join_mode"),
+                one_of_text(&["blocking", "non-blocking"]),
+                quoted(other),
+            ));
+        }
+    };
+    let coordinator_region = match &m.coordinator_region {
+        Some(name) => region_ref(&p.key("coordinator_region"), name, regions)?,
+        None => RegionId(0),
+    };
+    let usize_at_least_one = |key: &str, v: Option<u32>, default: usize| -> R<usize> {
+        match v {
+            Some(n) => Ok(at_least_one(&p.key(key), n)? as usize),
+            None => Ok(default),
+        }
+    };
+    let config = MeshConfig {
+        heartbeat_interval,
+        heartbeat_timeout,
+        barrier_timeout: opt_pos("barrier_timeout", &m.barrier_timeout, def.barrier_timeout)?,
+        max_retries: m.max_retries.unwrap_or(def.max_retries),
+        join_mode,
+        probe_duration: opt_pos("probe", &m.probe, def.probe_duration)?,
+        coordinator_timeout,
+        min_members: usize_at_least_one("min_members", m.min_members, def.min_members)?,
+        join_window: m
+            .join_window
+            .as_ref()
+            .map_or(Ok(def.join_window), |r| duration(&p.key("join_window"), r))?,
+        sync_timeout: opt_pos("sync_timeout", &m.sync_timeout, def.sync_timeout)?,
+        allreduce_timeout: opt_pos(
+            "allreduce_timeout",
+            &m.allreduce_timeout,
+            def.allreduce_timeout,
+        )?,
+        retry_backoff: m
+            .retry_backoff
+            .as_ref()
+            .map_or(Ok(def.retry_backoff), |r| duration(&p.key("retry_backoff"), r))?,
+        state_senders: usize_at_least_one("state_senders", m.state_senders, def.state_senders)?,
+    };
+    // The mesh's own rules, for any this function does not check itself.
+    config.validate().map_err(|e| conflict(&p, e.to_string()))?;
+    Ok((config, coordinator_region))
+}
+
+fn links(raw: &[RawLink], regions: &[Region]) -> R<Vec<LinkSpec>> {
+    let p = FieldPath::root().key("links");
+    let mut out = Vec::with_capacity(raw.len());
+    // Which entry serves each direction, for duplicates.
+    let mut served: BTreeMap<(RegionId, RegionId), usize> = BTreeMap::new();
+    for (i, l) in raw.iter().enumerate() {
+        let lp = p.index(i);
+        let end = |key: &str, v: &Option<String>| -> R<RegionId> {
+            match v {
+                Some(name) => region_ref(&lp.key(key), name, regions),
+                None => Err(missing(&lp.key(key), "a region name")),
+            }
+        };
+        let from = end("from", &l.from)?;
+        let to = end("to", &l.to)?;
+        let oneway = l.oneway.unwrap_or(false);
+        let bandwidth = match &l.bandwidth {
+            Some(b) => varying(&lp.key("bandwidth"), b, rate)?,
+            None => return Err(missing(&lp.key("bandwidth"), RATE)),
+        };
+        let latency = match &l.latency {
+            Some(v) => varying(&lp.key("latency"), v, duration)?,
+            None => return Err(missing(&lp.key("latency"), r#"a one-way latency like "40ms""#)),
+        };
+        let jitter =
+            l.jitter.as_ref().map_or(Ok(Duration::ZERO), |j| duration(&lp.key("jitter"), j))?;
+        let streams = at_least_one(&lp.key("streams"), l.streams.unwrap_or(1))?;
+        let mut dirs = vec![(from, to)];
+        if !oneway && from != to {
+            dirs.push((to, from));
+        }
+        for dir in dirs {
+            if let Some(first) = served.insert(dir, i) {
+                let name = format!(
+                    "{} -> {}",
+                    regions[dir.0.0 as usize].name, regions[dir.1.0 as usize].name
+                );
+                return Err(PathError::new(
+                    lp.key("to"),
+                    ErrorKind::Duplicate { what: "link", name, first: p.index(first).to_string() },
+                ));
+            }
+        }
+        out.push(LinkSpec { from, to, oneway, bandwidth, latency, jitter, streams });
+    }
+    Ok(out)
+}
+
+/// The nodes, expanded, and for each whether its `start` was written in the file.
+fn nodes(raw: &[RawNode], regions: &[Region]) -> R<(Vec<NodeSpec>, Vec<bool>)> {
+    let p = FieldPath::root().key("nodes");
+    if raw.is_empty() {
+        return Err(missing(&p, "at least one [[nodes]] entry"));
+    }
+    let mut out: Vec<NodeSpec> = Vec::new();
+    let mut start_given = Vec::new();
+    let mut total: u64 = 0;
+    for (i, n) in raw.iter().enumerate() {
+        let np = p.index(i);
+        let base = match &n.name {
+            Some(s) => check_name(&np.key("name"), s)?,
+            None => return Err(missing(&np.key("name"), "the node's name")),
+        };
+        let count = at_least_one(&np.key("count"), n.count.unwrap_or(1))?;
+        total += u64::from(count);
+        if total > MAX_NODES {
+            return Err(expected(
+                &np.key("count"),
+                format!("at most {MAX_NODES} nodes in all"),
+                format!("{count} (making {total})"),
+            ));
+        }
+        let region = match &n.region {
+            Some(name) => region_ref(&np.key("region"), name, regions)?,
+            None if regions.len() == 1 => RegionId(0),
+            None => {
+                return Err(missing(
+                    &np.key("region"),
+                    "a region name (there are several regions)",
+                ));
+            }
+        };
+        let gpus = at_least_one(&np.key("gpus"), n.gpus.unwrap_or(1))?;
+        let step_time = match &n.step_time {
+            Some(s) => positive_duration(&np.key("step_time"), s)?,
+            None => {
+                return Err(missing(
+                    &np.key("step_time"),
+                    r#"the time of one inner step, like "22.8s""#,
+                ));
+            }
+        };
+        let step_jitter = unit_interval(&np.key("step_jitter"), n.step_jitter.unwrap_or(0.0))?;
+        let start =
+            n.start.as_ref().map_or(Ok(Duration::ZERO), |s| duration(&np.key("start"), s))?;
+        let nic = n.nic.as_ref().map(|r| rate(&np.key("nic"), r)).transpose()?;
+        let peak_flops = n
+            .peak_flops
+            .map(|f| finite_at_least(&np.key("peak_flops"), f, 0.0, false))
+            .transpose()?;
+        for k in 0..count {
+            let name = if count == 1 { base.clone() } else { format!("{base}-{k}") };
+            if let Some(first) = out.iter().find(|o| o.name == name) {
+                return Err(PathError::new(
+                    np.key("name"),
+                    ErrorKind::Duplicate {
+                        what: "node",
+                        name,
+                        first: p.index(first.entry).to_string(),
+                    },
+                ));
+            }
+            let id = NodeId(u32::try_from(out.len()).map_err(|_| conflict(&p, "too many nodes"))?);
+            out.push(NodeSpec {
+                id,
+                name,
+                region,
+                gpus,
+                step_time,
+                step_jitter,
+                start,
+                nic,
+                peak_flops,
+                entry: i,
+            });
+            start_given.push(n.start.is_some());
+        }
+    }
+    Ok((out, start_given))
+}
+
+/// Every pair of regions that must talk has a link in each direction.
+fn check_coverage(
+    nodes: &[NodeSpec],
+    links: &[LinkSpec],
+    regions: &[Region],
+    coord: RegionId,
+) -> R<()> {
+    // Each region used by nodes: (region, first node, second node), by first appearance.
+    let mut used: Vec<(RegionId, usize, Option<usize>)> = Vec::new();
+    for (i, n) in nodes.iter().enumerate() {
+        match used.iter_mut().find(|u| u.0 == n.region) {
+            Some(u) if u.2.is_none() => u.2 = Some(i),
+            Some(_) => {}
+            None => used.push((n.region, i, None)),
+        }
+    }
+    let has = |a: RegionId, b: RegionId| links.iter().any(|l| l.serves(a, b));
+    let rname = |r: RegionId| regions[r.0 as usize].name.clone();
+    let at_node = |i: usize| FieldPath::root().key("nodes").index(nodes[i].entry).key("region");
+    let need = |a: RegionId, b: RegionId, blame: usize, needed_by: &dyn Fn() -> String| -> R<()> {
+        for (x, y) in [(a, b), (b, a)] {
+            if !has(x, y) {
+                return Err(PathError::new(
+                    at_node(blame),
+                    ErrorKind::NoLink { from: rname(x), to: rname(y), needed_by: needed_by() },
+                ));
+            }
+        }
+        Ok(())
+    };
+    for (k, &(r, first, second)) in used.iter().enumerate() {
+        let n1 = &nodes[first].name;
+        need(coord, r, first, &|| format!("needed by the coordinator and node {n1:?}"))?;
+        if let Some(second) = second {
+            let n2 = &nodes[second].name;
+            need(r, r, second, &|| format!("needed by nodes {n1:?} and {n2:?}"))?;
+        }
+        for &(r2, other, _) in &used[..k] {
+            let m = &nodes[other].name;
+            need(r2, r, first, &|| format!("needed by nodes {m:?} and {n1:?}"))?;
+        }
+    }
+    Ok(())
+}
+
+fn stop(raw: Option<&RawStop>) -> R<Stop> {
+    let p = FieldPath::root().key("stop");
+    let what = "outer_steps = N, time = \"24h\", or both (the run stops at the first reached)";
+    let Some(s) = raw else { return Err(missing(&p, format!("a [stop] table with {what}"))) };
+    let outer_steps = s.outer_steps.map(|n| at_least_one(&p.key("outer_steps"), n)).transpose()?;
+    let time = s.time.as_ref().map(|t| positive_duration(&p.key("time"), t)).transpose()?;
+    if outer_steps.is_none() && time.is_none() {
+        return Err(missing(&p, what));
+    }
+    Ok(Stop { outer_steps, time })
+}
+
+fn sim(s: &RawSim, stop: &Stop) -> R<SimSpec> {
+    let p = FieldPath::root().key("sim");
+    let def = SimSpec::default();
+    let numerics = match s.numerics.as_deref() {
+        None => def.numerics,
+        Some("virtual") => Numerics::Virtual,
+        Some("real") => Numerics::Real,
+        Some(other) => {
+            return Err(expected(
+                &p.key("numerics"),
+                one_of_text(&["virtual", "real"]),
+                quoted(other),
+            ));
+        }
+    };
+    let duration_limit = match &s.duration_limit {
+        Some(raw) => {
+            let lp = p.key("duration_limit");
+            let d = positive_duration(&lp, raw)?;
+            if let Some(t) = stop.time
+                && d < t
+            {
+                return Err(expected(
+                    &lp,
+                    format!("a limit >= stop.time ({})", format_duration(t)),
+                    raw,
+                ));
+            }
+            Some(d)
+        }
+        None => None,
+    };
+    Ok(SimSpec {
+        tick: s.tick.as_ref().map(|t| positive_duration(&p.key("tick"), t)).transpose()?,
+        numerics,
+        elements: at_least_one(&p.key("elements"), s.elements.unwrap_or(def.elements))?,
+        duration_limit,
+    })
+}
+
+fn real(r: &RawReal) -> R<RealSpec> {
+    let p = FieldPath::root().key("real");
+    let def = RealSpec::default();
+    let device = match r.device.as_deref() {
+        None => def.device,
+        Some("cpu") => Device::Cpu,
+        Some("cuda") => Device::Cuda(0),
+        Some(other) => match other.strip_prefix("cuda:").and_then(|n| n.parse::<u32>().ok()) {
+            Some(i) => Device::Cuda(i),
+            None => {
+                return Err(expected(
+                    &p.key("device"),
+                    r#""cpu", "cuda" or "cuda:N""#,
+                    quoted(other),
+                ));
+            }
+        },
+    };
+    let path_field = |key: &str, v: &Option<String>| -> R<Option<String>> {
+        match v {
+            Some(s) if s.is_empty() => Err(expected(&p.key(key), "a path", quoted(s))),
+            other => Ok(other.clone()),
+        }
+    };
+    let secret_env = match &r.secret_env {
+        Some(s) if s.is_empty() || s.contains('=') || s.contains('\0') => {
+            return Err(expected(&p.key("secret_env"), "an environment variable name", quoted(s)));
+        }
+        Some(s) => s.clone(),
+        None => def.secret_env,
+    };
+    Ok(RealSpec {
+        device,
+        data: path_field("data", &r.data)?,
+        micro_batch: at_least_one(&p.key("micro_batch"), r.micro_batch.unwrap_or(def.micro_batch))?,
+        seq_len: r.seq_len.map(|s| at_least_one(&p.key("seq_len"), s)).transpose()?,
+        checkpoint_dir: path_field("checkpoint_dir", &r.checkpoint_dir)?,
+        checkpoint_every: at_least_one(
+            &p.key("checkpoint_every"),
+            r.checkpoint_every.unwrap_or(def.checkpoint_every),
+        )?,
+        keep: at_least_one(&p.key("keep"), r.keep.unwrap_or(def.keep))?,
+        secret_env,
+    })
+}

@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""torch.distributed gloo all_reduce on loopback: the peer figure for `loco bench allreduce`.
+
+Starts WORLD processes on 127.0.0.1, each with ELEMENTS float32 values, does a small warm-up
+all_reduce, then times one all_reduce (SUM, then divide: the same average loco computes) and
+prints one JSON line with the slowest rank's time.
+
+Usage: gloo_allreduce.py [--world 4] [--elements 25000000]
+"""
+import argparse
+import json
+import os
+import socket
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_main(rank: int, world: int, elements: int, port: int, out) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(elements, generator=g) * 10
+    warm = torch.ones(world * 16)
+    dist.all_reduce(warm)
+    dist.barrier()
+    t0 = time.perf_counter()
+    dist.all_reduce(x)
+    x /= world
+    seconds = time.perf_counter() - t0
+    out.put((rank, seconds))
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--world", type=int, default=4)
+    p.add_argument("--elements", type=int, default=25_000_000)
+    a = p.parse_args()
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = free_port()
+    procs = [
+        ctx.Process(target=rank_main, args=(r, a.world, a.elements, port, out))
+        for r in range(a.world)
+    ]
+    for pr in procs:
+        pr.start()
+    times = [out.get(timeout=600) for _ in procs]
+    for pr in procs:
+        pr.join(timeout=60)
+    print(json.dumps({
+        "backend": "gloo",
+        "codec": "fp32",
+        "world": a.world,
+        "elements": a.elements,
+        "seconds": max(t for _, t in times),
+        "torch": torch.__version__,
+    }))
+
+
+if __name__ == "__main__":
+    main()
