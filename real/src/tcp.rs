@@ -8,14 +8,20 @@
 //! frames round-robin (the ring all-reduce accepts its frames in any order); control frames always
 //! use the first, so their order is kept.
 //!
+//! The handshake also carries the port the dialer listens on, so the acceptor learns where to
+//! reach it; the coordinator passes what it learned on to the members as a *directory* (a
+//! transport-level message, invisible to the mesh protocol), so that only the coordinator's
+//! address has to be configured.
+//!
 //! Wire format of a frame, after the handshake (little endian):
 //!
 //! | bytes | field |
 //! |---|---|
+//! | 1 | kind: 0 = a core frame, 1 = a directory of peer addresses |
 //! | 4 | header length H |
 //! | 8 | body length B |
 //! | 4 | CRC-32 of header and body |
-//! | H | header, `postcard`-encoded [`Header`] |
+//! | H | header, `postcard`-encoded [`Header`] (or the directory) |
 //! | B | body |
 //!
 //! A frame, once its first byte has arrived, must complete within [`TcpConfig::frame_timeout`];
@@ -39,7 +45,10 @@ use tokio::task::JoinHandle;
 /// Version of the wire protocol; peers with another version are refused at the handshake.
 pub const PROTOCOL_VERSION: u16 = 1;
 const MAGIC: [u8; 4] = *b"LOCO";
-const HELLO_LEN: usize = 4 + 2 + 4 + 32;
+const HELLO_LEN: usize = 4 + 2 + 4 + 2 + 32;
+const PREFIX_LEN: usize = 17;
+const KIND_FRAME: u8 = 0;
+const KIND_DIRECTORY: u8 = 1;
 const MAX_HEADER: u32 = 1 << 20;
 
 /// Settings of the TCP transport.
@@ -110,8 +119,22 @@ enum HelloStatus {
     BadMagic = 3,
 }
 
+/// What a writer task sends.
+enum Outgoing {
+    Frame(Frame),
+    Directory(Vec<(NodeId, SocketAddr)>),
+}
+
+/// What a reader task delivers.
+enum Incoming {
+    Frame(Frame),
+    Directory(Vec<(NodeId, SocketAddr)>),
+}
+
+type Directory = Arc<std::sync::Mutex<BTreeMap<NodeId, SocketAddr>>>;
+
 struct Peer {
-    streams: Vec<mpsc::UnboundedSender<Frame>>,
+    streams: Vec<mpsc::UnboundedSender<Outgoing>>,
     next: usize,
     failed: Arc<AtomicBool>,
 }
@@ -121,7 +144,7 @@ pub struct TcpTransport {
     id: NodeId,
     local_addr: SocketAddr,
     cfg: Arc<TcpConfig>,
-    addrs: BTreeMap<NodeId, SocketAddr>,
+    addrs: Directory,
     peers: BTreeMap<NodeId, Peer>,
     inbox: mpsc::Receiver<(NodeId, Frame)>,
     stats: Arc<TcpStats>,
@@ -143,12 +166,15 @@ impl TcpTransport {
         let cfg = Arc::new(cfg);
         let stats = Arc::new(TcpStats::default());
         let (tx, inbox) = mpsc::channel(cfg.inbox_frames.max(1));
-        let accept_task = tokio::spawn(accept_loop(id, listener, cfg.clone(), stats.clone(), tx));
+        let addrs = Directory::default();
+        let ctx =
+            AcceptCtx { me: id, cfg: cfg.clone(), stats: stats.clone(), addrs: addrs.clone() };
+        let accept_task = tokio::spawn(accept_loop(listener, ctx, tx));
         Ok(TcpTransport {
             id,
             local_addr,
             cfg,
-            addrs: BTreeMap::new(),
+            addrs,
             peers: BTreeMap::new(),
             inbox,
             stats,
@@ -163,9 +189,31 @@ impl TcpTransport {
 
     /// Tells this endpoint where `peer` listens (replacing an older address, e.g. a restart).
     pub fn set_peer_addr(&mut self, peer: NodeId, addr: SocketAddr) {
-        if self.addrs.insert(peer, addr) != Some(addr) {
+        let old = self.addrs.lock().expect("poisoned").insert(peer, addr);
+        if old != Some(addr) {
             self.peers.remove(&peer);
         }
+    }
+
+    /// Where each known peer listens: set by hand, learned from their handshakes, or received
+    /// in a directory.
+    pub fn peer_addrs(&self) -> BTreeMap<NodeId, SocketAddr> {
+        self.addrs.lock().expect("poisoned").clone()
+    }
+
+    /// Sends `to` a directory of peer addresses (the coordinator tells members where the others
+    /// listen). Travels on the control stream, so it arrives before later control frames.
+    pub async fn send_directory(
+        &mut self,
+        to: NodeId,
+        entries: Vec<(NodeId, SocketAddr)>,
+    ) -> Result<(), TransportError> {
+        let peer = self.connect(to).await?;
+        if peer.streams[0].send(Outgoing::Directory(entries)).is_err() {
+            self.peers.remove(&to);
+            return Err(TransportError::Unreachable(to));
+        }
+        Ok(())
     }
 
     /// Forgets the connections to `peer` (it left or was evicted).
@@ -203,13 +251,14 @@ impl TcpTransport {
             self.peers.remove(&to);
         }
         if !self.peers.contains_key(&to) {
-            let addr = *self.addrs.get(&to).ok_or(TransportError::Unreachable(to))?;
+            let addr = self.addrs.lock().expect("poisoned").get(&to).copied();
+            let addr = addr.ok_or(TransportError::Unreachable(to))?;
             let failed = Arc::new(AtomicBool::new(false));
             let mut streams = Vec::with_capacity(self.cfg.streams.max(1));
             for _ in 0..self.cfg.streams.max(1) {
                 let stream = tokio::time::timeout(
                     self.cfg.connect_timeout,
-                    dial(self.id, to, addr, &self.cfg),
+                    dial(self.id, self.local_addr.port(), to, addr, &self.cfg),
                 )
                 .await
                 .map_err(|_| TransportError::Unreachable(to))??;
@@ -244,7 +293,9 @@ impl Transport for TcpTransport {
             }
             Header::Mesh(_) => 0,
         };
-        if peer.streams[i].send(frame).is_err() || peer.failed.load(Ordering::Relaxed) {
+        if peer.streams[i].send(Outgoing::Frame(frame)).is_err()
+            || peer.failed.load(Ordering::Relaxed)
+        {
             self.peers.remove(&to);
             return Err(TransportError::Unreachable(to));
         }
@@ -270,6 +321,7 @@ fn auth_tag(secret: Option<&[u8]>, from: NodeId) -> [u8; 32] {
 
 async fn dial(
     me: NodeId,
+    listen_port: u16,
     to: NodeId,
     addr: SocketAddr,
     cfg: &TcpConfig,
@@ -281,6 +333,7 @@ async fn dial(
     hello.extend_from_slice(&MAGIC);
     hello.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
     hello.extend_from_slice(&me.0.to_le_bytes());
+    hello.extend_from_slice(&listen_port.to_le_bytes());
     hello.extend_from_slice(&auth_tag(cfg.secret.as_deref(), me));
     s.write_all(&hello).await.map_err(unreachable)?;
     let mut reply = [0u8; 3];
@@ -298,27 +351,36 @@ async fn dial(
     Err(TransportError::Corrupt { from: to, reason })
 }
 
-async fn accept_loop(
+#[derive(Clone)]
+struct AcceptCtx {
     me: NodeId,
-    listener: TcpListener,
     cfg: Arc<TcpConfig>,
     stats: Arc<TcpStats>,
-    inbox: mpsc::Sender<(NodeId, Frame)>,
-) {
+    addrs: Directory,
+}
+
+async fn accept_loop(listener: TcpListener, ctx: AcceptCtx, inbox: mpsc::Sender<(NodeId, Frame)>) {
     loop {
         let Ok((stream, addr)) = listener.accept().await else { continue };
-        let (cfg, stats, inbox) = (cfg.clone(), stats.clone(), inbox.clone());
+        let (ctx, inbox) = (ctx.clone(), inbox.clone());
         tokio::spawn(async move {
             let _ = stream.set_nodelay(true);
-            let hs = tokio::time::timeout(cfg.connect_timeout, accept_handshake(stream, &cfg));
+            let hs =
+                tokio::time::timeout(ctx.cfg.connect_timeout, accept_handshake(stream, &ctx.cfg));
             match hs.await {
-                Ok(Ok((from, stream))) => read_loop(me, from, stream, &cfg, &stats, &inbox).await,
+                Ok(Ok((from, port, stream))) => {
+                    if port != 0 {
+                        let learned = SocketAddr::new(addr.ip(), port);
+                        ctx.addrs.lock().expect("poisoned").insert(from, learned);
+                    }
+                    read_loop(from, stream, &ctx, &inbox).await;
+                }
                 Ok(Err(reason)) => {
-                    stats.rejected_handshakes.fetch_add(1, Ordering::Relaxed);
+                    ctx.stats.rejected_handshakes.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(%addr, "refused a connection: {reason}");
                 }
                 Err(_) => {
-                    stats.rejected_handshakes.fetch_add(1, Ordering::Relaxed);
+                    ctx.stats.rejected_handshakes.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(%addr, "handshake timed out");
                 }
             }
@@ -329,16 +391,17 @@ async fn accept_loop(
 async fn accept_handshake(
     mut s: TcpStream,
     cfg: &TcpConfig,
-) -> Result<(NodeId, TcpStream), String> {
+) -> Result<(NodeId, u16, TcpStream), String> {
     let mut hello = [0u8; HELLO_LEN];
     s.read_exact(&mut hello).await.map_err(|e| format!("reading the handshake: {e}"))?;
     let version = u16::from_le_bytes([hello[4], hello[5]]);
     let from = NodeId(u32::from_le_bytes([hello[6], hello[7], hello[8], hello[9]]));
+    let port = u16::from_le_bytes([hello[10], hello[11]]);
     let status = if hello[..4] != MAGIC {
         HelloStatus::BadMagic
     } else if version != PROTOCOL_VERSION {
         HelloStatus::BadVersion
-    } else if cfg.secret.is_some() && hello[10..] != auth_tag(cfg.secret.as_deref(), from) {
+    } else if cfg.secret.is_some() && hello[12..] != auth_tag(cfg.secret.as_deref(), from) {
         HelloStatus::BadSecret
     } else {
         HelloStatus::Ok
@@ -347,7 +410,7 @@ async fn accept_handshake(
     reply[1..].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
     s.write_all(&reply).await.map_err(|e| format!("answering the handshake: {e}"))?;
     match status {
-        HelloStatus::Ok => Ok((from, s)),
+        HelloStatus::Ok => Ok((from, port, s)),
         HelloStatus::BadVersion => {
             Err(format!("{from} speaks protocol version {version}, this node {PROTOCOL_VERSION}"))
         }
@@ -357,25 +420,31 @@ async fn accept_handshake(
 }
 
 async fn read_loop(
-    me: NodeId,
     from: NodeId,
     mut s: TcpStream,
-    cfg: &TcpConfig,
-    stats: &TcpStats,
+    ctx: &AcceptCtx,
     inbox: &mpsc::Sender<(NodeId, Frame)>,
 ) {
     loop {
-        match read_frame(&mut s, cfg).await {
-            Ok(Some(frame)) => {
-                stats.frames_received.fetch_add(1, Ordering::Relaxed);
+        match read_frame(&mut s, &ctx.cfg).await {
+            Ok(Some(Incoming::Frame(frame))) => {
+                ctx.stats.frames_received.fetch_add(1, Ordering::Relaxed);
                 if inbox.send((from, frame)).await.is_err() {
                     return; // this endpoint is gone
                 }
             }
+            Ok(Some(Incoming::Directory(entries))) => {
+                let mut addrs = ctx.addrs.lock().expect("poisoned");
+                for (id, addr) in entries {
+                    if id != ctx.me {
+                        addrs.insert(id, addr);
+                    }
+                }
+            }
             Ok(None) => return, // clean close between frames
             Err(reason) => {
-                stats.corrupt_frames.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(node = %me, peer = %from, "dropped a corrupt frame and its connection: {reason}");
+                ctx.stats.corrupt_frames.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(node = %ctx.me, peer = %from, "dropped a corrupt frame and its connection: {reason}");
                 return;
             }
         }
@@ -386,8 +455,8 @@ async fn read_loop(
 async fn read_frame<R: AsyncRead + Unpin>(
     s: &mut R,
     cfg: &TcpConfig,
-) -> Result<Option<Frame>, String> {
-    let mut prefix = [0u8; 16];
+) -> Result<Option<Incoming>, String> {
+    let mut prefix = [0u8; PREFIX_LEN];
     // Idle for as long as the peer likes before the first byte ...
     let n = s.read(&mut prefix[..1]).await.map_err(|e| e.to_string())?;
     if n == 0 {
@@ -396,9 +465,13 @@ async fn read_frame<R: AsyncRead + Unpin>(
     // ... then the frame must complete in time.
     let rest = async {
         s.read_exact(&mut prefix[1..]).await.map_err(|e| e.to_string())?;
-        let hlen = u32::from_le_bytes(prefix[0..4].try_into().expect("4 bytes"));
-        let blen = u64::from_le_bytes(prefix[4..12].try_into().expect("8 bytes"));
-        let crc = u32::from_le_bytes(prefix[12..16].try_into().expect("4 bytes"));
+        let kind = prefix[0];
+        let hlen = u32::from_le_bytes(prefix[1..5].try_into().expect("4 bytes"));
+        let blen = u64::from_le_bytes(prefix[5..13].try_into().expect("8 bytes"));
+        let crc = u32::from_le_bytes(prefix[13..17].try_into().expect("4 bytes"));
+        if kind != KIND_FRAME && kind != KIND_DIRECTORY {
+            return Err(format!("unknown frame kind {kind}"));
+        }
         if hlen == 0 || hlen > MAX_HEADER {
             return Err(format!("header length {hlen}"));
         }
@@ -421,9 +494,18 @@ async fn read_frame<R: AsyncRead + Unpin>(
         if h.finalize() != crc {
             return Err("checksum mismatch".into());
         }
+        if kind == KIND_DIRECTORY {
+            let entries: Vec<(u32, String)> =
+                postcard::from_bytes(&header).map_err(|e| format!("undecodable directory: {e}"))?;
+            let entries = entries
+                .into_iter()
+                .map(|(id, a)| Ok((NodeId(id), a.parse().map_err(|_| format!("bad address {a}"))?)))
+                .collect::<Result<Vec<_>, String>>()?;
+            return Ok(Incoming::Directory(entries));
+        }
         let header: Header =
             postcard::from_bytes(&header).map_err(|e| format!("undecodable header: {e}"))?;
-        Ok(Frame { header, body: Body::Bytes(body.freeze()) })
+        Ok(Incoming::Frame(Frame { header, body: Body::Bytes(body.freeze()) }))
     };
     match tokio::time::timeout(cfg.frame_timeout, rest).await {
         Ok(r) => r.map(Some),
@@ -431,14 +513,24 @@ async fn read_frame<R: AsyncRead + Unpin>(
     }
 }
 
-/// Encodes the prefix and header of a frame (the body is written as it is).
-fn encode_prefix(frame: &Frame) -> Result<Vec<u8>, String> {
-    let header = postcard::to_allocvec(&frame.header).map_err(|e| e.to_string())?;
-    let Body::Bytes(body) = &frame.body else { return Err("virtual body".into()) };
+/// Encodes the prefix and header of a message (a frame's body is written as it is).
+fn encode_prefix(msg: &Outgoing) -> Result<Vec<u8>, String> {
+    let (kind, header, body): (u8, Vec<u8>, &[u8]) = match msg {
+        Outgoing::Frame(frame) => {
+            let Body::Bytes(body) = &frame.body else { return Err("virtual body".into()) };
+            (KIND_FRAME, postcard::to_allocvec(&frame.header).map_err(|e| e.to_string())?, body)
+        }
+        Outgoing::Directory(entries) => {
+            let list: Vec<(u32, String)> =
+                entries.iter().map(|(n, a)| (n.0, a.to_string())).collect();
+            (KIND_DIRECTORY, postcard::to_allocvec(&list).map_err(|e| e.to_string())?, &[])
+        }
+    };
     let mut h = crc32fast::Hasher::new();
     h.update(&header);
     h.update(body);
-    let mut out = Vec::with_capacity(16 + header.len());
+    let mut out = Vec::with_capacity(PREFIX_LEN + header.len());
+    out.push(kind);
     out.extend_from_slice(&(header.len() as u32).to_le_bytes());
     out.extend_from_slice(&(body.len() as u64).to_le_bytes());
     out.extend_from_slice(&h.finalize().to_le_bytes());
@@ -446,24 +538,26 @@ fn encode_prefix(frame: &Frame) -> Result<Vec<u8>, String> {
     Ok(out)
 }
 
-async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, frame: &Frame) -> Result<u64, String> {
-    let prefix = encode_prefix(frame)?;
+async fn write_msg<W: AsyncWrite + Unpin>(w: &mut W, msg: &Outgoing) -> Result<u64, String> {
+    let prefix = encode_prefix(msg)?;
     w.write_all(&prefix).await.map_err(|e| e.to_string())?;
-    if let Body::Bytes(b) = &frame.body {
+    let mut n = prefix.len() as u64;
+    if let Outgoing::Frame(Frame { body: Body::Bytes(b), .. }) = msg {
         w.write_all(b).await.map_err(|e| e.to_string())?;
+        n += b.len() as u64;
     }
-    Ok(prefix.len() as u64 + frame.body.len())
+    Ok(n)
 }
 
 async fn write_loop(
     to: NodeId,
     mut s: TcpStream,
-    mut rx: mpsc::UnboundedReceiver<Frame>,
+    mut rx: mpsc::UnboundedReceiver<Outgoing>,
     failed: Arc<AtomicBool>,
     stats: Arc<TcpStats>,
 ) {
-    while let Some(frame) = rx.recv().await {
-        match write_frame(&mut s, &frame).await {
+    while let Some(msg) = rx.recv().await {
+        match write_msg(&mut s, &msg).await {
             Ok(n) => {
                 stats.bytes_sent.fetch_add(n, Ordering::Relaxed);
             }

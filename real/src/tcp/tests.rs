@@ -102,13 +102,14 @@ async fn a_corrupt_frame_is_dropped_counted_and_the_link_recovers() {
     hello.extend_from_slice(&MAGIC);
     hello.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
     hello.extend_from_slice(&0u32.to_le_bytes());
+    hello.extend_from_slice(&0u16.to_le_bytes());
     hello.extend_from_slice(&[0; 32]);
     raw.write_all(&hello).await.unwrap();
     let mut reply = [0u8; 3];
     raw.read_exact(&mut reply).await.unwrap();
     assert_eq!(reply[0], HelloStatus::Ok as u8);
-    let mut bytes = encode_prefix(&collective(7)).unwrap();
-    bytes[12] ^= 0xff; // break the checksum
+    let mut bytes = encode_prefix(&Outgoing::Frame(collective(7))).unwrap();
+    bytes[13] ^= 0xff; // break the checksum
     bytes.extend_from_slice(&[7u8; 1007]);
     raw.write_all(&bytes).await.unwrap();
     // The connection is closed by the receiver.
@@ -131,6 +132,7 @@ async fn a_peer_speaking_another_version_is_refused_with_a_reason() {
     hello.extend_from_slice(&MAGIC);
     hello.extend_from_slice(&(PROTOCOL_VERSION - 1).to_le_bytes());
     hello.extend_from_slice(&5u32.to_le_bytes());
+    hello.extend_from_slice(&0u16.to_le_bytes());
     hello.extend_from_slice(&[0; 32]);
     raw.write_all(&hello).await.unwrap();
     let mut reply = [0u8; 3];
@@ -190,4 +192,33 @@ async fn an_unreachable_peer_fails_the_send_in_bounded_time() {
     assert_eq!(r.expect("bounded"), Err(TransportError::Unreachable(NodeId(1))));
     let r = a.send(NodeId(9), collective(0)).await;
     assert_eq!(r, Err(TransportError::Unreachable(NodeId(9))));
+}
+
+#[tokio::test]
+async fn addresses_are_learned_from_handshakes_and_passed_on_in_directories() {
+    // Only the coordinator's address is configured; members learn each other's from it.
+    let cfg = TcpConfig::default();
+    let mut coord = TcpTransport::bind(NodeId::COORDINATOR, loopback(), cfg.clone()).await.unwrap();
+    let mut m: Vec<TcpTransport> = Vec::new();
+    for i in 0..2 {
+        let mut t = TcpTransport::bind(NodeId(i), loopback(), cfg.clone()).await.unwrap();
+        t.set_peer_addr(NodeId::COORDINATOR, coord.local_addr());
+        t.send(NodeId::COORDINATOR, collective(i)).await.unwrap();
+        recv_within(&mut coord).await.expect("hello frame");
+        m.push(t);
+    }
+    let learned = coord.peer_addrs();
+    assert_eq!(learned.get(&NodeId(0)), Some(&m[0].local_addr()));
+    assert_eq!(learned.get(&NodeId(1)), Some(&m[1].local_addr()));
+    let entries: Vec<_> = learned.into_iter().collect();
+    for i in 0..2 {
+        coord.send_directory(NodeId(i), entries.clone()).await.unwrap();
+        coord.send(NodeId(i), collective(9)).await.unwrap();
+        recv_within(&mut m[i as usize]).await.expect("frame after the directory");
+    }
+    assert_eq!(m[0].peer_addrs().get(&NodeId(1)), Some(&m[1].local_addr()));
+    let (a, b) = m.split_at_mut(1);
+    a[0].send(NodeId(1), collective(5)).await.unwrap();
+    let (from, f) = recv_within(&mut b[0]).await.expect("peer frame");
+    assert_eq!((from, f), (NodeId(0), collective(5)));
 }
