@@ -201,6 +201,19 @@ impl OuterState {
         &mut self.pseudo_gradient
     }
 
+    /// Moves the pseudo-gradient buffer out (for an all-reduce that owns its payload); put it
+    /// back with [`put_pseudo_gradient`](Self::put_pseudo_gradient).
+    pub fn take_pseudo_gradient(&mut self) -> Vec<f32> {
+        std::mem::take(&mut self.pseudo_gradient)
+    }
+
+    /// Puts the pseudo-gradient buffer back.
+    pub fn put_pseudo_gradient(&mut self, g: Vec<f32>) -> Result<(), DilocoError> {
+        self.check("pseudo-gradient", g.len())?;
+        self.pseudo_gradient = g;
+        Ok(())
+    }
+
     /// The layer buckets.
     pub fn buckets(&self) -> &[Bucket] {
         &self.buckets

@@ -79,6 +79,22 @@ pub struct CollectiveHeader {
     pub weight_sum: f64,
 }
 
+/// Header of one piece of a training-state transfer to a joiner (live recovery). The body is
+/// `[offset, offset + body.len())` of the serialised state, whose BLAKE3 digest is `digest`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateHeader {
+    /// Epoch of the transfer assignment.
+    pub epoch: Epoch,
+    /// The last committed outer step the state belongs to.
+    pub outer_step: u64,
+    /// Where this piece starts in the serialised state.
+    pub offset: u64,
+    /// Length of the whole serialised state.
+    pub total: u64,
+    /// Hex BLAKE3 digest of the whole serialised state.
+    pub digest: String,
+}
+
 /// The typed header of a frame.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Header {
@@ -86,6 +102,8 @@ pub enum Header {
     Mesh(crate::mesh::MeshMsg),
     /// One segment of a ring all-reduce.
     Collective(CollectiveHeader),
+    /// One piece of the training state sent to a joiner.
+    State(StateHeader),
 }
 
 /// A message between two nodes.

@@ -3,6 +3,16 @@
 //! loco's real backend: TCP transport, libtorch trainer, checkpoints, launcher. (Being built: issue 6.)
 #![warn(missing_docs)]
 
+pub mod data;
+pub mod memory;
+pub mod model;
+pub mod train;
+
+pub mod coord;
+pub mod inner;
+pub mod node;
+pub mod tcp;
+
 /// Facts about the libtorch this binary was built with, when built with the `torch` feature.
 #[cfg(feature = "torch")]
 pub mod torch_info {

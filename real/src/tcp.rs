@@ -29,7 +29,6 @@
 //! steps). A corrupt frame (bad checksum, impossible length, undecodable header) is dropped,
 //! logged and counted, and its connection closed; the dialer reconnects on its next send.
 
-use bytes::Bytes;
 use loco_core::ids::NodeId;
 use loco_core::transport::{Body, Frame, Header, Transport, TransportError};
 use std::collections::BTreeMap;
@@ -291,7 +290,7 @@ impl Transport for TcpTransport {
                 peer.next = (peer.next + 1) % peer.streams.len();
                 peer.next
             }
-            Header::Mesh(_) => 0,
+            Header::Mesh(_) | Header::State(_) => 0,
         };
         if peer.streams[i].send(Outgoing::Frame(frame)).is_err()
             || peer.failed.load(Ordering::Relaxed)

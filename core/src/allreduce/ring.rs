@@ -54,6 +54,9 @@ pub enum Payload<'a> {
     /// Real values; on success they hold the weighted average. On failure their content is
     /// unspecified: callers keep or recompute their contribution for a retry.
     Real(&'a mut [f32]),
+    /// Real values owned by the collective (reduced in place; take them back with
+    /// [`RingAllReduce::into_payload`]). For drivers that keep the machine across awaits.
+    Owned(Vec<f32>),
     /// Only a length: the same schedule moves virtual bodies.
     Virtual(usize),
 }
@@ -62,7 +65,24 @@ impl Payload<'_> {
     fn len(&self) -> usize {
         match self {
             Payload::Real(d) => d.len(),
+            Payload::Owned(d) => d.len(),
             Payload::Virtual(n) => *n,
+        }
+    }
+
+    fn values(&self) -> Option<&[f32]> {
+        match self {
+            Payload::Real(d) => Some(d),
+            Payload::Owned(d) => Some(d),
+            Payload::Virtual(_) => None,
+        }
+    }
+
+    fn values_mut(&mut self) -> Option<&mut [f32]> {
+        match self {
+            Payload::Real(d) => Some(d),
+            Payload::Owned(d) => Some(d),
+            Payload::Virtual(_) => None,
         }
     }
 }
@@ -207,7 +227,7 @@ impl<'a> RingAllReduce<'a> {
         m.cfg.segment_elems = seg;
         if world == 1 {
             if m.weight == 0.0 {
-                if let Payload::Real(d) = &mut m.payload {
+                if let Some(d) = m.payload.values_mut() {
                     d.fill(0.0);
                 }
             }
@@ -228,6 +248,15 @@ impl<'a> RingAllReduce<'a> {
     /// The configuration.
     pub fn config(&self) -> &RingConfig {
         &self.cfg
+    }
+
+    /// Ends the collective and returns an owned payload ([`Payload::Owned`]); `None` for
+    /// borrowed or virtual payloads. After [`is_done`](Self::is_done) it holds the result.
+    pub fn into_payload(self) -> Option<Vec<f32>> {
+        match self.payload {
+            Payload::Owned(v) => Some(v),
+            _ => None,
+        }
     }
 
     /// Counters so far.
@@ -321,7 +350,7 @@ impl<'a> RingAllReduce<'a> {
         let range = self.segment(chunk, seg);
         let want = self.codec.encoded_len(range.len()) as u64;
         match (&frame.body, &self.payload) {
-            (Body::Bytes(b), Payload::Real(_)) if b.len() as u64 == want => {}
+            (Body::Bytes(b), Payload::Real(_) | Payload::Owned(_)) if b.len() as u64 == want => {}
             (Body::Virtual(n), Payload::Virtual(_)) if *n == want => {}
             (b, _) => {
                 return Err(unexpected(format!(
@@ -379,7 +408,9 @@ impl<'a> RingAllReduce<'a> {
         // Last reduce-scatter step: this node owns the chunk. Average, encode once, and take
         // the decoded bytes as its own result, exactly as every other rank will.
         debug_assert_eq!(chunk, owned_chunk(self.world, self.rank));
-        if weight_sum > 0.0 {
+        if matches!(self.payload, Payload::Virtual(_)) {
+            // No values to average.
+        } else if weight_sum > 0.0 {
             let ws = weight_sum as f32;
             for v in &mut self.scratch[..n] {
                 *v /= ws;
@@ -388,7 +419,7 @@ impl<'a> RingAllReduce<'a> {
             self.scratch[..n].fill(0.0);
         }
         let body = self.encode_scratch(n);
-        if let (Payload::Real(d), Body::Bytes(b)) = (&mut self.payload, &body) {
+        if let (Some(d), Body::Bytes(b)) = (self.payload.values_mut(), &body) {
             self.codec.decode(b, &mut d[range]);
         }
         let f = self.frame(Phase::AllGather, 0, chunk, seg, weight_sum, body);
@@ -404,7 +435,7 @@ impl<'a> RingAllReduce<'a> {
         range: Range<usize>,
         body: &Body,
     ) {
-        if let (Payload::Real(d), Body::Bytes(b)) = (&mut self.payload, body) {
+        if let (Some(d), Body::Bytes(b)) = (self.payload.values_mut(), body) {
             self.codec.decode(b, &mut d[range]);
         }
         if step + 2 < self.world {
@@ -433,12 +464,13 @@ impl<'a> RingAllReduce<'a> {
     /// scratch[..n] = weight * own[range] (0 for weight 0, whatever the values).
     fn load_weighted_own(&mut self, range: Range<usize>) {
         let n = range.len();
+        // Virtual payloads never touch values: no scratch (a 10B ring would allocate GBs).
+        let Some(d) = self.payload.values() else {
+            return;
+        };
         if self.scratch.len() < n {
             self.scratch.resize(n, 0.0);
         }
-        let Payload::Real(d) = &self.payload else {
-            return;
-        };
         let out = &mut self.scratch[..n];
         let w = self.weight;
         if w == 0.0 {
@@ -456,7 +488,7 @@ impl<'a> RingAllReduce<'a> {
         let len = self.codec.encoded_len(n);
         match self.payload {
             Payload::Virtual(_) => Body::Virtual(len as u64),
-            Payload::Real(_) => {
+            Payload::Real(_) | Payload::Owned(_) => {
                 let mut buf = vec![0u8; len];
                 self.codec.encode(&self.scratch[..n], &mut buf);
                 Body::Bytes(Bytes::from(buf))

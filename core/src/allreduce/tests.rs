@@ -359,3 +359,21 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn owned_payload_gives_the_same_result_back() {
+    let ring = ids(3);
+    let inputs: Vec<Vec<f32>> = (0..3).map(|r| gaussian(1000, r, 1.0)).collect();
+    let (want, _) = reduce(&inputs, &[1.0; 3], CodecKind::Uint8, 100);
+    let mut ms: Vec<_> = inputs
+        .iter()
+        .zip(&ring)
+        .map(|(x, &me)| {
+            RingAllReduce::new(cfg(&ring, me, CodecKind::Uint8, 100), Payload::Owned(x.clone()), Weight::ONE)
+                .unwrap()
+        })
+        .collect();
+    pump(&mut ms);
+    let got: Vec<Vec<f32>> = ms.into_iter().map(|m| m.into_payload().unwrap()).collect();
+    assert_eq!(got, want);
+}

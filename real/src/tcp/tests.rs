@@ -1,6 +1,7 @@
 //! Loopback tests of the TCP transport (127.0.0.1 only; every loop is bounded).
 
 use super::*;
+use bytes::Bytes;
 use loco_core::allreduce::{RingConfig, run_ring};
 use loco_core::codec::CodecKind;
 use loco_core::ids::{Epoch, Weight};

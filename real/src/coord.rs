@@ -1,0 +1,204 @@
+//! The real coordinator process: the mesh [`Coordinator`] over TCP.
+//!
+//! It learns where members listen from their handshakes and sends each member the directory of
+//! the others before any message that may make it dial them. It ends the run (telling every
+//! member to stop) when the scenario's stop condition is reached.
+
+use crate::node::MetricsLine;
+use crate::tcp::{TcpConfig, TcpError, TcpTransport};
+use loco_core::ids::NodeId;
+use loco_core::mesh::{Coordinator, CoordinatorAction, MeshConfig, MeshEvent, MeshMsg, padded_frame};
+use loco_core::metrics::{EventKind, EventRow};
+use loco_core::time::Time;
+use loco_core::transport::{Header, Transport};
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// How the coordinator runs.
+#[derive(Clone, Debug)]
+pub struct CoordinatorOptions {
+    /// Where it listens.
+    pub listen: SocketAddr,
+    /// Mesh settings.
+    pub mesh: MeshConfig,
+    /// TCP settings.
+    pub tcp: TcpConfig,
+    /// Stop after this many committed (or skipped) outer steps.
+    pub stop_outer_steps: Option<u64>,
+    /// Stop after this long.
+    pub stop_time: Option<Duration>,
+    /// Names of the nodes, for the metrics.
+    pub names: BTreeMap<NodeId, String>,
+    /// Where to append the coordinator's events (JSON lines of [`MetricsLine`]).
+    pub metrics: Option<PathBuf>,
+    /// Offset of this process's clock in the metrics (seconds since the launch started).
+    pub time_offset_s: f64,
+}
+
+/// How the coordinator ended.
+#[derive(Clone, Debug)]
+pub struct CoordinatorReport {
+    /// Outer steps committed.
+    pub outer_steps: u64,
+    /// Epochs formed.
+    pub epochs: u64,
+}
+
+/// Failures of the coordinator process.
+#[derive(Debug, thiserror::Error)]
+pub enum CoordinatorError {
+    /// The listening socket.
+    #[error(transparent)]
+    Tcp(#[from] TcpError),
+    /// The transport closed.
+    #[error("transport: {0}")]
+    Transport(#[from] loco_core::transport::TransportError),
+    /// Writing the metrics.
+    #[error("writing metrics to {path}: {source}")]
+    Metrics {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+/// Binds the coordinator's socket; returns it with its address (for launchers that pick port 0).
+pub async fn bind(opts: &CoordinatorOptions) -> Result<TcpTransport, CoordinatorError> {
+    Ok(TcpTransport::bind(NodeId::COORDINATOR, opts.listen, opts.tcp.clone()).await?)
+}
+
+/// Runs the coordinator on a bound transport until the stop condition, or until `shutdown`
+/// resolves (then it tells every member to stop).
+pub async fn run_coordinator(
+    opts: CoordinatorOptions,
+    mut t: TcpTransport,
+    shutdown: impl Future<Output = ()>,
+) -> Result<CoordinatorReport, CoordinatorError> {
+    let start = tokio::time::Instant::now();
+    let now = || Time::from_nanos(start.elapsed().as_nanos() as u64);
+    let secs = || opts.time_offset_s + start.elapsed().as_secs_f64();
+    let mut metrics = match &opts.metrics {
+        None => None,
+        Some(p) => {
+            if let Some(d) = p.parent() {
+                std::fs::create_dir_all(d)
+                    .map_err(|source| CoordinatorError::Metrics { path: p.clone(), source })?;
+            }
+            let f = std::fs::OpenOptions::new().create(true).append(true).open(p);
+            Some(f.map_err(|source| CoordinatorError::Metrics { path: p.clone(), source })?)
+        }
+    };
+    let name = |n: NodeId| opts.names.get(&n).cloned().unwrap_or_else(|| n.to_string());
+    let mut write = |e: EventRow| -> Result<(), CoordinatorError> {
+        tracing::info!(kind = e.kind.as_str(), node = e.node.as_deref().unwrap_or(""), "{}", e.detail);
+        if let Some(f) = metrics.as_mut() {
+            let mut s = serde_json::to_string(&MetricsLine::Event(e)).expect("serialise");
+            s.push('\n');
+            let path = opts.metrics.clone().unwrap_or_default();
+            f.write_all(s.as_bytes()).map_err(|source| CoordinatorError::Metrics { path, source })?;
+        }
+        Ok(())
+    };
+    let mut c = Coordinator::new(opts.mesh.clone());
+    let mut sent_dirs: BTreeMap<NodeId, BTreeMap<NodeId, SocketAddr>> = BTreeMap::new();
+    let mut committed = 0u64;
+    let mut epochs = 0u64;
+    let mut stopping = false;
+    let mut shutdown = std::pin::pin!(shutdown);
+    let deadline = opts.stop_time.map(|d| start + d);
+    loop {
+        while let Some(a) = c.poll_action() {
+            match a {
+                CoordinatorAction::Send { to, msg } => {
+                    // Members dial each other after these: make sure they know where.
+                    if matches!(msg, MeshMsg::Release { .. } | MeshMsg::Sync { .. } | MeshMsg::View { .. } | MeshMsg::ProbeRequest { .. }) {
+                        let dir = t.peer_addrs();
+                        if sent_dirs.get(&to) != Some(&dir) {
+                            let entries = dir.iter().map(|(k, v)| (*k, *v)).collect();
+                            if t.send_directory(to, entries).await.is_ok() {
+                                sent_dirs.insert(to, dir);
+                            }
+                        }
+                    }
+                    if let Err(e) = t.send(to, padded_frame(msg, 0, false)).await {
+                        tracing::debug!(peer = %to, "send failed: {e}");
+                    }
+                }
+                CoordinatorAction::Event(ev) => {
+                    let at = secs();
+                    let epoch = c.epoch().0;
+                    let row = |kind, node: Option<NodeId>, detail: String| {
+                        let mut r = EventRow::new(at, kind).epoch(epoch).detail(detail);
+                        if let Some(n) = node {
+                            r = r.node(name(n));
+                        }
+                        r
+                    };
+                    match &ev {
+                        MeshEvent::JoinQueued { node, .. } => write(row(EventKind::JoinRequest, Some(*node), ev.to_string()))?,
+                        MeshEvent::EpochFormed { admitted, evicted, .. } => {
+                            epochs += 1;
+                            write(row(EventKind::Epoch, None, ev.to_string()))?;
+                            for a in admitted {
+                                write(row(EventKind::Join, Some(*a), format!("admitted into {}", c.epoch())))?;
+                            }
+                            for (n, why) in evicted {
+                                write(row(EventKind::Evict, Some(*n), why.to_string()))?;
+                            }
+                        }
+                        MeshEvent::Released { attempt, .. } if *attempt > 0 => {
+                            write(row(EventKind::Retry, None, ev.to_string()))?
+                        }
+                        MeshEvent::AllReduceFailed { node, .. } => {
+                            write(row(EventKind::AllreduceFailed, Some(*node), ev.to_string()))?
+                        }
+                        MeshEvent::Committed { .. } => committed += 1,
+                        MeshEvent::StepSkipped { .. } => {
+                            committed += 1;
+                            write(row(EventKind::SkipStep, None, ev.to_string()))?;
+                        }
+                        MeshEvent::Shutdown => write(row(EventKind::Stop, None, ev.to_string()))?,
+                        _ => tracing::debug!("{ev}"),
+                    }
+                }
+            }
+        }
+        if c.is_stopped() {
+            // Let the shutdown messages leave.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            return Ok(CoordinatorReport { outer_steps: committed, epochs });
+        }
+        let reached = opts.stop_outer_steps.is_some_and(|n| committed >= n)
+            || deadline.is_some_and(|d| tokio::time::Instant::now() >= d);
+        if reached && !stopping {
+            stopping = true;
+            c.shutdown(now());
+            continue;
+        }
+        let next = c.poll_timeout().map(|t| start + Duration::from_nanos(t.as_nanos()));
+        let next = match (next, deadline) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        tokio::select! {
+            r = t.recv() => {
+                let (from, frame) = r?;
+                if let Header::Mesh(msg) = frame.header {
+                    c.handle_message(now(), from, msg);
+                }
+            }
+            () = tokio::time::sleep_until(next.unwrap_or_else(tokio::time::Instant::now)), if next.is_some() => {
+                c.handle_timeout(now());
+            }
+            () = &mut shutdown, if !stopping => {
+                stopping = true;
+                c.shutdown(now());
+            }
+        }
+    }
+}

@@ -1,0 +1,203 @@
+//! The inner loop a worker runs between outer steps, behind one trait so that the worker's
+//! protocol code is the same for the libtorch trainer and for a synthetic objective (tests and
+//! machines without libtorch).
+
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, StandardNormal};
+
+/// What one inner step reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct InnerStats {
+    /// Training loss before the update, when there is one.
+    pub loss: Option<f64>,
+    /// Tokens (or samples) processed.
+    pub tokens: u64,
+}
+
+/// Failure of the inner loop.
+#[derive(Debug, thiserror::Error)]
+pub enum InnerError {
+    /// A parameter vector of the wrong length.
+    #[error("parameter vector of {got} values, expected {expected}")]
+    Length {
+        /// Expected length.
+        expected: usize,
+        /// Given length.
+        got: usize,
+    },
+    /// The trainer or the data failed.
+    #[error("{0}")]
+    Backend(String),
+}
+
+/// The inner optimisation of one worker. Moved into a blocking task while it computes.
+pub trait InnerLoop: Send + 'static {
+    /// `(name, numel)` of every parameter tensor, in the flat order.
+    fn param_layout(&self) -> Vec<(String, usize)>;
+    /// Total parameter count.
+    fn num_params(&self) -> usize {
+        self.param_layout().iter().map(|(_, n)| n).sum()
+    }
+    /// Copies the parameters into `out` (flat, fp32).
+    fn params_into(&self, out: &mut [f32]) -> Result<(), InnerError>;
+    /// Overwrites the parameters.
+    fn set_params(&mut self, params: &[f32]) -> Result<(), InnerError>;
+    /// One inner optimisation step.
+    fn step(&mut self) -> Result<InnerStats, InnerError>;
+    /// Serialised inner-optimiser state (for live recovery); empty when there is none.
+    fn export_optimizer(&self) -> Result<Vec<u8>, InnerError> {
+        Ok(Vec::new())
+    }
+    /// Restores what [`export_optimizer`](Self::export_optimizer) produced.
+    fn import_optimizer(&mut self, _bytes: &[u8]) -> Result<(), InnerError> {
+        Ok(())
+    }
+}
+
+/// A synthetic objective: noisy gradient descent on `0.5 * |x - target|^2`, with a target per
+/// node (non-i.i.d. data in small). All nodes start from the same seeded point.
+pub struct Quadratic {
+    x: Vec<f32>,
+    target: Vec<f32>,
+    lr: f32,
+    noise: f32,
+    rng: ChaCha8Rng,
+}
+
+impl Quadratic {
+    /// `n` parameters, seeded start shared by all nodes, target and noise from `(seed, node)`.
+    pub fn new(n: usize, seed: u64, node: u32) -> Quadratic {
+        let mut start = ChaCha8Rng::seed_from_u64(seed);
+        let x = (0..n).map(|_| sample(&mut start)).collect();
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ (u64::from(node) + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let target = (0..n).map(|_| 1.0 + 0.5 * sample(&mut rng)).collect();
+        Quadratic { x, target, lr: 0.05, noise: 0.01, rng }
+    }
+}
+
+fn sample(rng: &mut ChaCha8Rng) -> f32 {
+    let v: f64 = StandardNormal.sample(rng);
+    v as f32
+}
+
+impl InnerLoop for Quadratic {
+    fn param_layout(&self) -> Vec<(String, usize)> {
+        vec![("x".to_string(), self.x.len())]
+    }
+
+    fn params_into(&self, out: &mut [f32]) -> Result<(), InnerError> {
+        if out.len() != self.x.len() {
+            return Err(InnerError::Length { expected: self.x.len(), got: out.len() });
+        }
+        out.copy_from_slice(&self.x);
+        Ok(())
+    }
+
+    fn set_params(&mut self, params: &[f32]) -> Result<(), InnerError> {
+        if params.len() != self.x.len() {
+            return Err(InnerError::Length { expected: self.x.len(), got: params.len() });
+        }
+        self.x.copy_from_slice(params);
+        Ok(())
+    }
+
+    fn step(&mut self) -> Result<InnerStats, InnerError> {
+        let mut loss = 0.0f64;
+        for (x, t) in self.x.iter_mut().zip(&self.target) {
+            let g = *x - t;
+            loss += 0.5 * f64::from(g * g);
+            *x -= self.lr * (g + self.noise * sample(&mut self.rng));
+        }
+        Ok(InnerStats { loss: Some(loss / self.x.len().max(1) as f64), tokens: self.x.len() as u64 })
+    }
+}
+
+/// The libtorch trainer on a data loader.
+#[cfg(feature = "torch")]
+pub struct TchInner {
+    trainer: crate::train::Trainer,
+    data: crate::data::DataLoader,
+}
+
+#[cfg(feature = "torch")]
+impl TchInner {
+    /// Wraps a trainer and this node's data.
+    pub fn new(trainer: crate::train::Trainer, data: crate::data::DataLoader) -> TchInner {
+        TchInner { trainer, data }
+    }
+
+    /// The trainer.
+    pub fn trainer(&self) -> &crate::train::Trainer {
+        &self.trainer
+    }
+}
+
+#[cfg(feature = "torch")]
+impl InnerLoop for TchInner {
+    fn param_layout(&self) -> Vec<(String, usize)> {
+        self.trainer.param_layout()
+    }
+
+    fn params_into(&self, out: &mut [f32]) -> Result<(), InnerError> {
+        self.trainer.flat_params_into(out).map_err(|e| InnerError::Backend(e.to_string()))
+    }
+
+    fn set_params(&mut self, params: &[f32]) -> Result<(), InnerError> {
+        self.trainer.set_flat_params(params).map_err(|e| InnerError::Backend(e.to_string()))
+    }
+
+    fn step(&mut self) -> Result<InnerStats, InnerError> {
+        let rows = self.trainer.config().batch_rows;
+        let batch = self.data.next_batch(rows).map_err(|e| InnerError::Backend(e.to_string()))?;
+        let s = self.trainer.inner_step(&batch).map_err(|e| InnerError::Backend(e.to_string()))?;
+        Ok(InnerStats { loss: Some(s.loss), tokens: s.tokens })
+    }
+
+    fn export_optimizer(&self) -> Result<Vec<u8>, InnerError> {
+        let st = self.trainer.export_state().map_err(|e| InnerError::Backend(e.to_string()))?;
+        let pos = self.data.position();
+        postcard::to_allocvec(&(st, pos)).map_err(|e| InnerError::Backend(e.to_string()))
+    }
+
+    fn import_optimizer(&mut self, bytes: &[u8]) -> Result<(), InnerError> {
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        let (st, pos): (crate::train::TrainerState, crate::data::DataPosition) =
+            postcard::from_bytes(bytes).map_err(|e| InnerError::Backend(e.to_string()))?;
+        self.trainer.import_state(&st).map_err(|e| InnerError::Backend(e.to_string()))?;
+        // The data position is the joiner's own shard: keep its own position (its shard differs);
+        // the sender's position is carried for checkpoints.
+        let _ = pos;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quadratic_descends_and_round_trips_its_parameters() {
+        let mut q = Quadratic::new(64, 7, 0);
+        let first = q.step().unwrap().loss.unwrap();
+        for _ in 0..50 {
+            q.step().unwrap();
+        }
+        let last = q.step().unwrap().loss.unwrap();
+        assert!(last < first * 0.1, "{first} -> {last}");
+        let mut p = vec![0.0; 64];
+        q.params_into(&mut p).unwrap();
+        let mut other = Quadratic::new(64, 7, 1);
+        other.set_params(&p).unwrap();
+        let mut p2 = vec![0.0; 64];
+        other.params_into(&mut p2).unwrap();
+        assert_eq!(p, p2);
+        assert!(other.set_params(&p[..3]).is_err());
+        // Same seed, same start on every node.
+        let (a, b) = (Quadratic::new(8, 3, 0), Quadratic::new(8, 3, 5));
+        assert_eq!(a.x, b.x);
+        assert_ne!(a.target, b.target);
+    }
+}

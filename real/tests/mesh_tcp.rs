@@ -1,0 +1,178 @@
+//! Real processes' protocol in one test process: a coordinator and workers over loopback TCP,
+//! with the synthetic inner loop (no libtorch). Every wait is bounded.
+
+use loco_core::codec::CodecKind;
+use loco_core::diloco::OuterConfig;
+use loco_core::ids::NodeId;
+use loco_core::mesh::{MeshConfig, StopReason};
+use loco_real::coord::{CoordinatorOptions, bind, run_coordinator};
+use loco_real::inner::Quadratic;
+use loco_real::node::{MetricsLine, WorkerOptions, WorkerReport, run_worker};
+use loco_real::tcp::TcpConfig;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+fn mesh() -> MeshConfig {
+    MeshConfig {
+        heartbeat_interval: Duration::from_millis(100),
+        heartbeat_timeout: Duration::from_millis(600),
+        barrier_timeout: Duration::from_secs(10),
+        coordinator_timeout: Duration::from_secs(3),
+        min_members: 3,
+        join_window: Duration::from_millis(200),
+        allreduce_timeout: Duration::from_secs(10),
+        retry_backoff: Duration::from_millis(50),
+        probe_duration: Duration::from_millis(50),
+        ..MeshConfig::default()
+    }
+}
+
+fn worker(id: u32, coordinator: std::net::SocketAddr, dir: &std::path::Path) -> WorkerOptions {
+    WorkerOptions {
+        id: NodeId(id),
+        name: format!("w{id}"),
+        incarnation: 1,
+        coordinator,
+        listen: "127.0.0.1:0".parse().unwrap(),
+        mesh: mesh(),
+        inner_steps: 5,
+        codec: CodecKind::Uint8,
+        outer: OuterConfig::default(),
+        segment_elems: 1000,
+        tcp: TcpConfig::default(),
+        metrics: Some(dir.join(format!("w{id}.jsonl"))),
+        time_offset_s: 0.0,
+    }
+}
+
+fn rows(path: &std::path::Path) -> Vec<loco_core::metrics::OuterStepRow> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| match serde_json::from_str::<MetricsLine>(l).ok()? {
+            MetricsLine::Row(r) => Some(r),
+            MetricsLine::Event(_) => None,
+        })
+        .collect()
+}
+
+/// Slows a worker's inner steps down so a crash can land mid-run.
+struct Slow(Quadratic, Duration);
+
+impl loco_real::inner::InnerLoop for Slow {
+    fn param_layout(&self) -> Vec<(String, usize)> {
+        self.0.param_layout()
+    }
+    fn params_into(&self, out: &mut [f32]) -> Result<(), loco_real::inner::InnerError> {
+        self.0.params_into(out)
+    }
+    fn set_params(&mut self, p: &[f32]) -> Result<(), loco_real::inner::InnerError> {
+        self.0.set_params(p)
+    }
+    fn step(&mut self) -> Result<loco_real::inner::InnerStats, loco_real::inner::InnerError> {
+        std::thread::sleep(self.1);
+        self.0.step()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_workers_train_and_end_bit_identical_after_every_outer_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let copts = CoordinatorOptions {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        mesh: mesh(),
+        tcp: TcpConfig::default(),
+        stop_outer_steps: Some(4),
+        stop_time: None,
+        names: BTreeMap::new(),
+        metrics: Some(dir.path().join("coordinator.jsonl")),
+        time_offset_s: 0.0,
+    };
+    let t = bind(&copts).await.unwrap();
+    let addr = t.local_addr();
+    let coord = tokio::spawn(run_coordinator(copts, t, std::future::pending()));
+    let mut ws = Vec::new();
+    for id in 0..3 {
+        let o = worker(id, addr, dir.path());
+        ws.push(tokio::spawn(run_worker(o, Quadratic::new(10_000, 1, id), std::future::pending())));
+    }
+    let reports: Vec<WorkerReport> = tokio::time::timeout(Duration::from_secs(60), async {
+        let mut out = Vec::new();
+        for w in ws {
+            out.push(w.await.unwrap().unwrap());
+        }
+        out
+    })
+    .await
+    .expect("the run ends");
+    let c = coord.await.unwrap().unwrap();
+    assert_eq!(c.outer_steps, 4);
+    for r in &reports {
+        assert_eq!(r.stop, StopReason::Shutdown);
+        assert_eq!(r.committed, 4);
+        assert_eq!(r.weights_hash, reports[0].weights_hash);
+    }
+    // A hash per worker per outer step, equal across workers; and the loss goes down.
+    let per: Vec<_> = (0..3).map(|i| rows(&dir.path().join(format!("w{i}.jsonl")))).collect();
+    for step in 0..4 {
+        let hashes: Vec<_> = per.iter().map(|r| r[step].weights_hash.clone()).collect();
+        assert!(hashes.iter().all(|h| *h == hashes[0] && !h.is_empty()), "step {step}: {hashes:?}");
+    }
+    let first = per[0][0].loss.unwrap();
+    let last = per[0][3].loss.unwrap();
+    assert!(last < first, "loss {first} -> {last}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_worker_is_evicted_and_the_survivors_agree() {
+    let dir = tempfile::tempdir().unwrap();
+    let copts = CoordinatorOptions {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        mesh: mesh(),
+        tcp: TcpConfig::default(),
+        stop_outer_steps: Some(5),
+        stop_time: None,
+        names: BTreeMap::new(),
+        metrics: Some(dir.path().join("coordinator.jsonl")),
+        time_offset_s: 0.0,
+    };
+    let t = bind(&copts).await.unwrap();
+    let addr = t.local_addr();
+    let coord = tokio::spawn(run_coordinator(copts, t, std::future::pending()));
+    let mut ws = Vec::new();
+    for id in 0..4 {
+        let o = worker(id, addr, dir.path());
+        let inner = Slow(Quadratic::new(5_000, 1, id), Duration::from_millis(20));
+        ws.push(tokio::spawn(run_worker(o, inner, std::future::pending())));
+    }
+    // Crash worker 3 (abort its task: its sockets close, no deathrattle) after its first step.
+    let crash_after = dir.path().join("w3.jsonl");
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while rows(&crash_after).is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("worker 3 finished a step");
+    let victim = ws.pop().unwrap();
+    victim.abort();
+    let reports = tokio::time::timeout(Duration::from_secs(60), async {
+        let mut out = Vec::new();
+        for w in ws {
+            out.push(w.await.unwrap().unwrap());
+        }
+        out
+    })
+    .await
+    .expect("the survivors finish");
+    coord.await.unwrap().unwrap();
+    for r in &reports {
+        assert_eq!(r.stop, StopReason::Shutdown);
+        assert_eq!(r.weights_hash, reports[0].weights_hash, "survivors agree");
+    }
+    let events = std::fs::read_to_string(dir.path().join("coordinator.jsonl")).unwrap();
+    assert!(events.contains(r#""kind":"evict","node":"n3""#), "{events}");
+    // The steps after the eviction ran on 3 members.
+    let last = rows(&dir.path().join("w0.jsonl"));
+    assert_eq!(last.last().unwrap().world, 3);
+}
