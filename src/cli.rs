@@ -21,6 +21,15 @@ pub(crate) struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
+    /// Run a scenario on real processes on this machine: a coordinator and the scenario's
+    /// workers over loopback TCP, training the scenario's model (libtorch), with its churn
+    /// played by real signals (SIGKILL, SIGTERM, SIGSTOP/SIGCONT) and new processes. Writes the
+    /// same files as `replay` into DIR.
+    Launch(LaunchArgs),
+    /// Run the coordinator of a real run (workers connect to it).
+    Coordinator(CoordinatorArgs),
+    /// Run one worker of a real run.
+    Worker(WorkerArgs),
     /// Redraw the report (report.html, plots, CSV summaries) of finished runs from their
     /// metrics files. With several directories, also a side-by-side Table-2-style comparison
     /// (comparison.html, comparison.csv) in the first.
@@ -28,6 +37,73 @@ pub(crate) enum Command {
     /// Performance figures: codecs, the ring all-reduce, the simulator.
     #[command(subcommand)]
     Bench(BenchCommand),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct LaunchArgs {
+    /// The scenario file.
+    pub(crate) scenario: PathBuf,
+    /// Output directory (default out/<scenario name>).
+    #[arg(long, value_name = "DIR")]
+    pub(crate) out: Option<PathBuf>,
+    /// Stop after this many outer steps (overrides the scenario's stop).
+    #[arg(long)]
+    pub(crate) max_outer_steps: Option<u64>,
+    /// Replace the model by a synthetic objective with this many parameters (tests the
+    /// protocol without libtorch).
+    #[arg(long, value_name = "N")]
+    pub(crate) synthetic_params: Option<usize>,
+    /// Give up after this many seconds (default: the scenario's stop time plus a minute).
+    #[arg(long, value_name = "SECS")]
+    pub(crate) timeout: Option<u64>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct CoordinatorArgs {
+    /// The scenario file.
+    pub(crate) scenario: PathBuf,
+    /// Address to listen on.
+    #[arg(long, default_value = "0.0.0.0:7700")]
+    pub(crate) listen: std::net::SocketAddr,
+    /// Write the bound address to this file (useful with port 0).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) addr_file: Option<PathBuf>,
+    /// Append events as JSON lines to this file.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) metrics: Option<PathBuf>,
+    /// Unix time (seconds) the run started, the time base of the metrics.
+    #[arg(long, hide = true)]
+    pub(crate) run_start: Option<f64>,
+    /// Stop after this many outer steps (overrides the scenario's stop).
+    #[arg(long)]
+    pub(crate) max_outer_steps: Option<u64>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct WorkerArgs {
+    /// The scenario file.
+    pub(crate) scenario: PathBuf,
+    /// The coordinator's address.
+    #[arg(long)]
+    pub(crate) coordinator: std::net::SocketAddr,
+    /// This worker's node: its name in the scenario (e.g. `us-3`) or its index.
+    #[arg(long)]
+    pub(crate) id: String,
+    /// Address to listen on for peers (its port is announced through the coordinator).
+    #[arg(long, default_value = "0.0.0.0:0")]
+    pub(crate) listen: std::net::SocketAddr,
+    /// Restart counter of this node (a restarted node must use a larger one).
+    #[arg(long, default_value_t = 1)]
+    pub(crate) incarnation: u64,
+    /// Append outer-step rows and events as JSON lines to this file.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) metrics: Option<PathBuf>,
+    /// Unix time (seconds) the run started, the time base of the metrics.
+    #[arg(long, hide = true)]
+    pub(crate) run_start: Option<f64>,
+    /// Replace the model by a synthetic objective with this many parameters.
+    #[arg(long, value_name = "N")]
+    pub(crate) synthetic_params: Option<usize>,
 }
 
 #[derive(Debug, Args)]

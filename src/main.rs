@@ -3,6 +3,7 @@
 mod bench;
 mod cli;
 mod clock;
+mod real_cmd;
 
 use anyhow::Result;
 use clap::Parser;
@@ -63,6 +64,13 @@ fn init_logging(filter: Option<&str>) {
 
 fn run(cli: Cli) -> Result<Outcome> {
     match cli.command {
+        Command::Launch(a) => {
+            if !real_cmd::launch(&a)? {
+                return Ok(Outcome::InvariantsBroken);
+            }
+        }
+        Command::Coordinator(a) => real_cmd::coordinator(&a)?,
+        Command::Worker(a) => real_cmd::worker(&a)?,
         Command::Report(a) => {
             let rendered = loco_reports::render(&a.dirs).map_err(|e| InputError(e.into()))?;
             for r in &rendered.reports {
@@ -110,6 +118,39 @@ fn run(cli: Cli) -> Result<Outcome> {
         }
     }
     Ok(Outcome::Success)
+}
+
+/// Prints the end-of-run table and where the files are.
+pub(crate) fn print_summary(s: &loco_core::metrics::Summary, dir: &std::path::Path) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "scenario            {} ({} backend, seed {})", s.scenario, s.backend, s.seed);
+    let _ = writeln!(out, "outer steps         {}", s.outer_steps);
+    let _ = writeln!(out, "run time            {:.1} s (wall {:.1} s)", s.simulated_seconds, s.wall_seconds);
+    let _ = writeln!(out, "utilisation         {:.1}% (compute / wall)", 100.0 * s.utilization.mean);
+    let _ = writeln!(
+        out,
+        "all-reduce          median {:.2} s, p5 {:.2} s, p95 {:.2} s",
+        s.allreduce_seconds.median, s.allreduce_seconds.p5, s.allreduce_seconds.p95
+    );
+    let _ = writeln!(out, "bytes sent          {}", s.bytes_sent_total);
+    let m = &s.membership;
+    let _ = writeln!(
+        out,
+        "membership          max {} nodes, {} joins, {} leaves, {} evictions, {} epochs",
+        m.max_nodes, m.joins, m.leaves, m.evictions, m.epochs
+    );
+    if let Some(l) = s.final_loss {
+        let _ = writeln!(out, "final loss          {l:.4}");
+    }
+    if s.invariants.ok {
+        let _ = writeln!(out, "invariants          ok");
+    } else {
+        let _ = writeln!(out, "invariants          BROKEN");
+        for v in &s.invariants.violations {
+            let _ = writeln!(out, "  - {v}");
+        }
+    }
+    let _ = writeln!(out, "report              {}", dir.join("report.html").display());
 }
 
 fn print_report<T: serde::Serialize>(

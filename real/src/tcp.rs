@@ -133,6 +133,7 @@ enum Incoming {
 type Directory = Arc<std::sync::Mutex<BTreeMap<NodeId, SocketAddr>>>;
 
 struct Peer {
+    addr: SocketAddr,
     streams: Vec<mpsc::UnboundedSender<Outgoing>>,
     next: usize,
     failed: Arc<AtomicBool>,
@@ -245,7 +246,12 @@ impl TcpTransport {
     }
 
     async fn connect(&mut self, to: NodeId) -> Result<&mut Peer, TransportError> {
-        let stale = self.peers.get(&to).is_some_and(|p| p.failed.load(Ordering::Relaxed));
+        let current = self.addrs.lock().expect("poisoned").get(&to).copied();
+        // A failed connection, or a peer that moved (a restarted process): dial again.
+        let stale = self
+            .peers
+            .get(&to)
+            .is_some_and(|p| p.failed.load(Ordering::Relaxed) || Some(p.addr) != current);
         if stale {
             self.peers.remove(&to);
         }
@@ -265,7 +271,7 @@ impl TcpTransport {
                 tokio::spawn(write_loop(to, stream, rx, failed.clone(), self.stats.clone()));
                 streams.push(tx);
             }
-            self.peers.insert(to, Peer { streams, next: 0, failed });
+            self.peers.insert(to, Peer { addr, streams, next: 0, failed });
         }
         Ok(self.peers.get_mut(&to).expect("inserted"))
     }

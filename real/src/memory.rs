@@ -1,0 +1,307 @@
+//! How much memory training a model needs, computed from its shape alone (nothing is
+//! allocated), to refuse a run that cannot fit before it starts. Needs no libtorch.
+//!
+//! # What is counted
+//!
+//! On the training device (the CPU or one CUDA device):
+//! - weights: fp32 master copy, 4 bytes per parameter;
+//! - gradients: fp32, 4 bytes per parameter;
+//! - AdamW state: two fp32 moments, 8 bytes per parameter;
+//! - activations kept for the backward pass of one micro-batch of `micro_batch x seq_len` tokens,
+//!   in the compute precision `e` bytes: per token and layer `10 dim + 4 ffn + 2 kv_dim` values
+//!   (norm inputs and outputs, q/k/v after RoPE with k and v expanded to every query head,
+//!   attention output, the SwiGLU gate, up and product), plus the logits, their log-softmax and
+//!   their gradient, `3 vocab` fp32 values per token (flash-style attention: no `seq^2` term);
+//! - optimizer temporaries: three fp32 copies of the largest parameter tensor (AdamW's
+//!   intermediate tensors).
+//!
+//! On the host, always: the DiLoCo outer state (outer weights, pseudo-gradient, Nesterov
+//! momentum: 3 x 4 bytes per parameter, `loco_core::diloco::OuterState`) and the flat fp32 copy
+//! of the inner weights the pseudo-gradient is computed from (4 bytes per parameter).
+//!
+//! Not counted: libtorch's own runtime (hundreds of MiB; more with CUDA), allocator
+//! fragmentation, and the transport's buffers. Treat the totals as a lower bound.
+
+use crate::model::{ModelSpec, Precision};
+use loco_core::scenario::Device;
+use std::fmt;
+
+/// Where memory is used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Place {
+    /// Host memory.
+    Host,
+    /// The memory of CUDA device `i`.
+    Cuda(u32),
+}
+
+impl fmt::Display for Place {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Place::Host => f.write_str("cpu"),
+            Place::Cuda(i) => write!(f, "cuda:{i}"),
+        }
+    }
+}
+
+impl From<Device> for Place {
+    fn from(d: Device) -> Place {
+        match d {
+            Device::Cpu => Place::Host,
+            Device::Cuda(i) => Place::Cuda(i),
+        }
+    }
+}
+
+/// One use of memory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemoryItem {
+    /// What it holds.
+    pub what: &'static str,
+    /// Where.
+    pub place: Place,
+    /// How many bytes.
+    pub bytes: u64,
+}
+
+/// The memory one node needs to train a model (see the module docs for what is counted).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MemoryPlan {
+    /// The model: its preset's name, or `a custom model`.
+    pub model: String,
+    /// Its parameter count.
+    pub params: u64,
+    /// The training device.
+    pub device: Device,
+    /// Rows per micro-batch.
+    pub micro_batch: u32,
+    /// Tokens per row.
+    pub seq_len: u32,
+    /// Every use, device first, then host.
+    pub items: Vec<MemoryItem>,
+}
+
+/// What [`MemoryPlan::fits`] answers when the plan does not fit: its `Display` is the message.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MemoryShortfall {
+    /// The plan.
+    pub plan: MemoryPlan,
+    /// Where it does not fit.
+    pub place: Place,
+    /// Bytes available there.
+    pub available: u64,
+}
+
+impl MemoryPlan {
+    /// The plan for training `spec` on `device` with micro-batches of `micro_batch` rows of
+    /// `seq_len` tokens, computing in `precision`.
+    pub fn new(
+        spec: &ModelSpec,
+        device: Device,
+        micro_batch: u32,
+        seq_len: u32,
+        precision: Precision,
+    ) -> MemoryPlan {
+        let n = spec.param_count();
+        let d = u64::from(spec.dim);
+        let kv = u64::from(spec.kv_heads) * u64::from(spec.head_dim());
+        let f = u64::from(spec.ffn);
+        let v = u64::from(spec.vocab);
+        let tokens = u64::from(micro_batch) * u64::from(seq_len);
+        let per_token = u64::from(spec.layers)
+            .saturating_mul((10 * d + 4 * f + 2 * kv) * precision.bytes())
+            .saturating_add(3 * v * 4)
+            .saturating_add(3 * d * 4);
+        // The largest tensor: the embedding (vocab x dim), an FFN matrix or wq/wo (dim x dim).
+        let largest = v.saturating_mul(d).max(d.saturating_mul(f)).max(d.saturating_mul(d));
+        let at = Place::from(device);
+        let item = |what, place, bytes| MemoryItem { what, place, bytes };
+        let items = vec![
+            item("weights", at, n.saturating_mul(4)),
+            item("gradients", at, n.saturating_mul(4)),
+            item("AdamW state", at, n.saturating_mul(8)),
+            item("activations", at, tokens.saturating_mul(per_token)),
+            item("optimizer temporaries", at, largest.saturating_mul(12)),
+            item("outer weights", Place::Host, n.saturating_mul(4)),
+            item("pseudo-gradient", Place::Host, n.saturating_mul(4)),
+            item("outer momentum", Place::Host, n.saturating_mul(4)),
+            item("flat inner copy", Place::Host, n.saturating_mul(4)),
+        ];
+        let model = match spec.preset {
+            Some(p) => format!("the {p} preset"),
+            None => "a custom model".to_owned(),
+        };
+        MemoryPlan { model, params: n, device, micro_batch, seq_len, items }
+    }
+
+    /// Bytes of `what` (an item's name), summed over places; 0 if absent.
+    pub fn bytes(&self, what: &str) -> u64 {
+        self.items.iter().filter(|i| i.what == what).map(|i| i.bytes).sum()
+    }
+
+    /// Bytes needed at `place`.
+    pub fn total(&self, place: Place) -> u64 {
+        self.items.iter().filter(|i| i.place == place).fold(0, |a, i| a.saturating_add(i.bytes))
+    }
+
+    /// The places used, device first.
+    pub fn places(&self) -> Vec<Place> {
+        let mut out: Vec<Place> = Vec::new();
+        for i in &self.items {
+            if !out.contains(&i.place) {
+                out.push(i.place);
+            }
+        }
+        out
+    }
+
+    /// Whether `place` has room: `Err` holds the message to show when `available` bytes there
+    /// are fewer than [`MemoryPlan::total`].
+    pub fn fits(&self, place: Place, available: u64) -> Result<(), MemoryShortfall> {
+        if self.total(place) <= available {
+            Ok(())
+        } else {
+            Err(MemoryShortfall { plan: self.clone(), place, available })
+        }
+    }
+
+    /// One line for `place`: "~X GiB on P for weights A, gradients B, ... (GiB)".
+    pub fn describe(&self, place: Place) -> String {
+        let parts: Vec<String> = self
+            .items
+            .iter()
+            .filter(|i| i.place == place)
+            .map(|i| {
+                let note = if i.what == "activations" {
+                    format!(" ({} x {} tokens)", self.micro_batch, self.seq_len)
+                } else {
+                    String::new()
+                };
+                format!("{} {}{note}", i.what, gib(i.bytes))
+            })
+            .collect();
+        format!("~{} GiB on {place} for {} (GiB)", gib(self.total(place)), parts.join(", "))
+    }
+}
+
+impl fmt::Display for MemoryPlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let places: Vec<String> = self.places().into_iter().map(|p| self.describe(p)).collect();
+        write!(
+            f,
+            "{} ({:.4e} parameters) needs {}",
+            self.model,
+            self.params as f64,
+            places.join(" and ")
+        )
+    }
+}
+
+impl fmt::Display for MemoryShortfall {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = if self.place == Place::Host { "this machine" } else { "the device" };
+        write!(
+            f,
+            "{} ({:.4e} parameters) needs {}; {what} has {} GiB available",
+            self.plan.model,
+            self.plan.params as f64,
+            self.plan.describe(self.place),
+            gib(self.available)
+        )
+    }
+}
+
+impl std::error::Error for MemoryShortfall {}
+
+/// Bytes as GiB with one decimal.
+fn gib(bytes: u64) -> String {
+    format!("{:.1}", bytes as f64 / (1u64 << 30) as f64)
+}
+
+/// Host memory available for new allocations (`MemAvailable` of `/proc/meminfo`), if known.
+pub fn host_available_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    parse_mem_available(&text)
+}
+
+fn parse_mem_available(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use loco_core::scenario::Preset;
+
+    #[test]
+    fn meminfo_parses() {
+        let text = "MemTotal:       24000000 kB\nMemAvailable:   1000 kB\n";
+        assert_eq!(parse_mem_available(text), Some(1_024_000));
+        assert_eq!(parse_mem_available("MemTotal: 1 kB\n"), None);
+        assert_eq!(parse_mem_available("MemAvailable: lots kB\n"), None);
+    }
+
+    #[test]
+    fn tiny_plan_by_hand() {
+        let spec = Preset::Tiny.spec();
+        let plan = MemoryPlan::new(&spec, Device::Cpu, 4, 64, Precision::F32);
+        let n = 131_392u64;
+        assert_eq!(plan.params, n);
+        assert_eq!(plan.bytes("weights"), 4 * n);
+        assert_eq!(plan.bytes("AdamW state"), 8 * n);
+        // Per token: 2 layers x (640 + 768 + 64) x 4 B + 3 x 256 x 4 + 3 x 64 x 4.
+        let per_token = 2 * (10 * 64 + 4 * 192 + 2 * 32) * 4 + 3 * 256 * 4 + 3 * 64 * 4;
+        assert_eq!(plan.bytes("activations"), 256 * per_token);
+        // Largest tensor: the embedding, 256 x 64.
+        assert_eq!(plan.bytes("optimizer temporaries"), 12 * 256 * 64);
+        // On the CPU everything is on the host.
+        assert_eq!(plan.places(), vec![Place::Host]);
+        assert_eq!(plan.total(Place::Host), plan.items.iter().map(|i| i.bytes).sum::<u64>());
+        assert!(plan.fits(Place::Host, 1 << 30).is_ok());
+        let bf16 = MemoryPlan::new(&spec, Device::Cpu, 4, 64, Precision::Bf16);
+        assert!(bf16.bytes("activations") < plan.bytes("activations"));
+    }
+
+    #[test]
+    fn ten_b_plan_without_allocating() {
+        let spec = Preset::B10.spec();
+        let plan = MemoryPlan::new(&spec, Device::Cuda(0), 1, 8192, Precision::Bf16);
+        let n = plan.params as f64;
+        assert!((n / 10.21e9 - 1.0).abs() < 0.01, "{n}");
+        // 16 bytes per parameter on the device before activations: 163 GB, more than an H100's
+        // 80 GB (INTELLECT-1 sharded it over 8 GPUs with FSDP).
+        let device = plan.total(Place::Cuda(0));
+        assert!(device > 16 * plan.params, "{device}");
+        let err = plan.fits(Place::Cuda(0), 80 << 30).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.starts_with("the 10b preset (1.0211e10 parameters) needs ~"), "{msg}");
+        assert!(
+            msg.contains("on cuda:0 for weights 38.0, gradients 38.0, AdamW state 76.1"),
+            "{msg}"
+        );
+        assert!(msg.ends_with("the device has 80.0 GiB available"), "{msg}");
+        // The host holds the outer state and the flat copy: 16 bytes per parameter.
+        assert_eq!(plan.total(Place::Host), 16 * plan.params);
+        let host = plan.fits(Place::Host, 24 << 30).unwrap_err().to_string();
+        assert!(
+            host.contains("~152.2 GiB on cpu for outer weights 38.0, pseudo-gradient 38.0, outer momentum 38.0, flat inner copy 38.0 (GiB); this machine has 24.0 GiB available"),
+            "{host}"
+        );
+        assert!(plan.fits(Place::Host, 200 << 30).is_ok());
+        let shown = plan.to_string();
+        assert!(shown.contains(" and ~152.2 GiB on cpu"), "{shown}");
+    }
+
+    #[test]
+    fn ten_b_plan_is_fast() {
+        // Computing a plan allocates nothing the size of the model: a thousand 10B plans take
+        // well under a second (the bound is loose for slow CI machines).
+        let spec = Preset::B10.spec();
+        let total: u64 = (0..1000)
+            .map(|i| MemoryPlan::new(&spec, Device::Cpu, 1 + i % 4, 8192, Precision::F32).params)
+            .sum();
+        assert_eq!(total, 1000 * spec.param_count());
+    }
+}

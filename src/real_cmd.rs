@@ -1,0 +1,515 @@
+//! `loco coordinator`, `loco worker` and `loco launch`: the real backend from a scenario file.
+
+use crate::InputError;
+use anyhow::{Context, Result, anyhow, bail};
+use loco_core::ids::NodeId;
+use loco_core::metrics::{EventKind, EventRow, OuterStepRow, RunMeta, summarize};
+use loco_core::scenario::{ChurnAction, Scenario};
+use loco_real::coord::{CoordinatorOptions, bind, run_coordinator};
+use loco_real::inner::{InnerError, InnerLoop, InnerStats, Quadratic};
+use loco_real::node::{MetricsLine, WorkerOptions, run_worker};
+use loco_real::tcp::TcpConfig;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// Seconds since the Unix epoch: the shared time base of a launch's processes (metrics only;
+/// no decision reads it).
+#[allow(clippy::disallowed_methods)] // the real backend's one wall clock, for metrics
+pub(crate) fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+pub(crate) fn load(path: &Path) -> Result<Scenario> {
+    Scenario::load(path).map_err(|e| InputError(anyhow!(e)).into())
+}
+
+fn secret(s: &Scenario) -> Option<Vec<u8>> {
+    std::env::var(&s.real().secret_env).ok().filter(|v| !v.is_empty()).map(String::into_bytes)
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?)
+}
+
+async fn terminate_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) =
+        (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+    else {
+        std::future::pending::<()>().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+/// `loco coordinator`.
+pub(crate) fn coordinator(a: &crate::cli::CoordinatorArgs) -> Result<()> {
+    let s = load(&a.scenario)?;
+    let names: BTreeMap<NodeId, String> = s.nodes().iter().map(|n| (n.id, n.name.clone())).collect();
+    let opts = CoordinatorOptions {
+        listen: a.listen,
+        mesh: s.mesh().clone(),
+        tcp: TcpConfig { secret: secret(&s), ..TcpConfig::default() },
+        stop_outer_steps: a.max_outer_steps.or(s.stop().outer_steps),
+        stop_time: s.stop().time,
+        names,
+        metrics: a.metrics.clone(),
+        time_offset_s: a.run_start.map_or(0.0, |t| unix_now() - t),
+    };
+    runtime()?.block_on(async {
+        let t = bind(&opts).await?;
+        let addr = t.local_addr();
+        eprintln!("loco: coordinator of `{}` listening on {addr}", s.name());
+        if let Some(f) = &a.addr_file {
+            write_atomic(f, addr.to_string().as_bytes())?;
+        }
+        let r = run_coordinator(opts, t, terminate_signal()).await?;
+        eprintln!("loco: coordinator done: {} outer steps, {} epochs", r.outer_steps, r.epochs);
+        anyhow::Ok(())
+    })
+}
+
+/// Writes `bytes` to `path` through a temporary file and a rename.
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
+    Ok(())
+}
+
+/// The inner loop a worker runs: the libtorch trainer, or the synthetic objective.
+enum AnyInner {
+    Synthetic(Quadratic),
+    #[cfg(feature = "torch")]
+    Torch(Box<loco_real::inner::TchInner>),
+}
+
+impl InnerLoop for AnyInner {
+    fn param_layout(&self) -> Vec<(String, usize)> {
+        match self {
+            AnyInner::Synthetic(q) => q.param_layout(),
+            #[cfg(feature = "torch")]
+            AnyInner::Torch(t) => t.param_layout(),
+        }
+    }
+    fn params_into(&self, out: &mut [f32]) -> Result<(), InnerError> {
+        match self {
+            AnyInner::Synthetic(q) => q.params_into(out),
+            #[cfg(feature = "torch")]
+            AnyInner::Torch(t) => t.params_into(out),
+        }
+    }
+    fn set_params(&mut self, p: &[f32]) -> Result<(), InnerError> {
+        match self {
+            AnyInner::Synthetic(q) => q.set_params(p),
+            #[cfg(feature = "torch")]
+            AnyInner::Torch(t) => t.set_params(p),
+        }
+    }
+    fn step(&mut self) -> Result<InnerStats, InnerError> {
+        match self {
+            AnyInner::Synthetic(q) => q.step(),
+            #[cfg(feature = "torch")]
+            AnyInner::Torch(t) => t.step(),
+        }
+    }
+    fn export_optimizer(&self) -> Result<Vec<u8>, InnerError> {
+        match self {
+            AnyInner::Synthetic(q) => q.export_optimizer(),
+            #[cfg(feature = "torch")]
+            AnyInner::Torch(t) => t.export_optimizer(),
+        }
+    }
+    fn import_optimizer(&mut self, b: &[u8]) -> Result<(), InnerError> {
+        match self {
+            AnyInner::Synthetic(q) => q.import_optimizer(b),
+            #[cfg(feature = "torch")]
+            AnyInner::Torch(t) => t.import_optimizer(b),
+        }
+    }
+}
+
+fn make_inner(
+    s: &Scenario,
+    scenario_path: &Path,
+    node: &loco_core::scenario::NodeSpec,
+    synthetic: Option<usize>,
+) -> Result<AnyInner> {
+    if let Some(n) = synthetic {
+        return Ok(AnyInner::Synthetic(Quadratic::new(n, s.seed(), node.id.0)));
+    }
+    #[cfg(feature = "torch")]
+    {
+        use loco_real::data::{DataLoader, DataSource, Order, Shard, Synthetic};
+        use loco_real::train::{TrainConfig, Trainer};
+        let cfg = TrainConfig::from_scenario(s.model(), s.diloco(), s.real());
+        let device = loco_real::model::tch_device(s.real().device)?;
+        tch::manual_seed(s.seed() as i64);
+        if matches!(s.real().device, loco_core::scenario::Device::Cpu) {
+            // Several workers share this machine's cores: one intra-op thread each.
+            tch::set_num_threads(1);
+        }
+        let trainer = Trainer::new(s.model(), cfg.clone(), device, s.seed())?;
+        let source = match &s.real().data {
+            Some(d) => {
+                let base = scenario_path.parent().unwrap_or(Path::new("."));
+                DataSource::File(base.join(d))
+            }
+            None => DataSource::Synthetic(Synthetic { seed: s.seed(), sequences: 1 << 20 }),
+        };
+        let count = s.nodes().len() as u32;
+        let shard = Shard::new(node.id.0 % count, count)?;
+        let data = DataLoader::new(&source, cfg.seq_len, s.model().vocab, shard, Order::Sequential)?;
+        Ok(AnyInner::Torch(Box::new(loco_real::inner::TchInner::new(trainer, data))))
+    }
+    #[cfg(not(feature = "torch"))]
+    {
+        let _ = scenario_path;
+        Err(InputError(anyhow!(
+            "this loco was built without libtorch: rebuild with `--features torch` \
+             (see README), or pass --synthetic-params N to train a synthetic objective"
+        ))
+        .into())
+    }
+}
+
+/// `loco worker`.
+pub(crate) fn worker(a: &crate::cli::WorkerArgs) -> Result<()> {
+    let s = load(&a.scenario)?;
+    let node = s
+        .node_by_name(&a.id)
+        .or_else(|| a.id.parse::<u32>().ok().and_then(|i| s.nodes().get(i as usize)))
+        .ok_or_else(|| {
+            InputError(anyhow!(
+                "--id {}: no such node in {} (nodes: {})",
+                a.id,
+                a.scenario.display(),
+                s.nodes().iter().map(|n| n.name.as_str()).collect::<Vec<_>>().join(", ")
+            ))
+        })?
+        .clone();
+    let inner = make_inner(&s, &a.scenario, &node, a.synthetic_params)?;
+    let opts = WorkerOptions {
+        id: node.id,
+        name: node.name.clone(),
+        incarnation: a.incarnation,
+        coordinator: a.coordinator,
+        listen: a.listen,
+        mesh: s.mesh().clone(),
+        inner_steps: u32::try_from(s.diloco().inner_steps).unwrap_or(u32::MAX),
+        codec: s.diloco().codec,
+        outer: loco_core::diloco::OuterConfig {
+            lr: s.diloco().outer_lr as f32,
+            momentum: s.diloco().outer_momentum as f32,
+            nesterov: s.diloco().nesterov,
+        },
+        segment_elems: loco_core::allreduce::DEFAULT_SEGMENT_ELEMS,
+        tcp: TcpConfig { secret: secret(&s), ..TcpConfig::default() },
+        metrics: a.metrics.clone(),
+        time_offset_s: a.run_start.map_or(0.0, |t| unix_now() - t),
+    };
+    let report = runtime()?.block_on(run_worker(opts, inner, terminate_signal()))?;
+    eprintln!(
+        "loco: worker {} stopped: {} ({} outer steps, weights {})",
+        node.name, report.stop, report.committed, report.weights_hash
+    );
+    Ok(())
+}
+
+/// One child process of a launch.
+struct Proc {
+    name: String,
+    child: Child,
+    stopped: bool,
+}
+
+fn signal(p: &mut Proc, sig: nix::sys::signal::Signal) {
+    let pid = nix::unistd::Pid::from_raw(p.child.id() as i32);
+    if let Err(e) = nix::sys::signal::kill(pid, sig) {
+        tracing::warn!(process = %p.name, "signal {sig}: {e}");
+    }
+}
+
+/// `loco launch`.
+pub(crate) fn launch(a: &crate::cli::LaunchArgs) -> Result<bool> {
+    let s = load(&a.scenario)?;
+    if a.synthetic_params.is_none() {
+        check_memory(&s)?;
+    }
+    let out = a.out.clone().unwrap_or_else(|| PathBuf::from("out").join(s.name()));
+    let nodes_dir = out.join("nodes");
+    std::fs::create_dir_all(&nodes_dir).with_context(|| format!("creating {}", nodes_dir.display()))?;
+    for e in std::fs::read_dir(&nodes_dir)? {
+        let p = e?.path();
+        if p.extension().is_some_and(|x| x == "jsonl" || x == "addr") {
+            std::fs::remove_file(&p)?;
+        }
+    }
+    let exe = std::env::current_exe()?;
+    let run_start = unix_now();
+    let addr_file = nodes_dir.join("coordinator.addr");
+    let mut coord = Proc {
+        name: "coordinator".into(),
+        child: Command::new(&exe)
+            .arg("coordinator")
+            .arg(&a.scenario)
+            .args(["--listen", "127.0.0.1:0"])
+            .arg("--addr-file")
+            .arg(&addr_file)
+            .arg("--metrics")
+            .arg(nodes_dir.join("coordinator.jsonl"))
+            .args(["--run-start", &run_start.to_string()])
+            .args(a.max_outer_steps.map(|n| vec!["--max-outer-steps".to_string(), n.to_string()]).unwrap_or_default())
+            .stdin(Stdio::null())
+            .spawn()
+            .context("starting the coordinator")?,
+        stopped: false,
+    };
+    let addr: SocketAddr = {
+        let mut waited = 0;
+        loop {
+            if let Ok(t) = std::fs::read_to_string(&addr_file) {
+                break t.trim().parse().context("the coordinator's address")?;
+            }
+            if let Some(st) = coord.child.try_wait()? {
+                bail!("the coordinator exited at start ({st})");
+            }
+            waited += 1;
+            if waited > 600 {
+                bail!("the coordinator did not start within 30 s");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let mut incarnation: BTreeMap<NodeId, u64> = BTreeMap::new();
+    let mut spawn = |node: &loco_core::scenario::NodeSpec| -> Result<Proc> {
+        let inc = incarnation.entry(node.id).and_modify(|i| *i += 1).or_insert(1);
+        let mut cmd = Command::new(&exe);
+        cmd.arg("worker")
+            .arg(&a.scenario)
+            .args(["--coordinator", &addr.to_string(), "--id", &node.name])
+            .args(["--listen", "127.0.0.1:0", "--incarnation", &inc.to_string()])
+            .arg("--metrics")
+            .arg(nodes_dir.join(format!("{}.jsonl", node.name)))
+            .args(["--run-start", &run_start.to_string()])
+            .stdin(Stdio::null());
+        if let Some(n) = a.synthetic_params {
+            cmd.args(["--synthetic-params", &n.to_string()]);
+        }
+        let child = cmd.spawn().with_context(|| format!("starting worker {}", node.name))?;
+        Ok(Proc { name: node.name.clone(), child, stopped: false })
+    };
+    let mut workers: BTreeMap<NodeId, Proc> = BTreeMap::new();
+    let mut launch_events = Vec::new();
+    // The scenario's churn already holds the starts of late nodes (as joins), sorted by time.
+    let timeline: Vec<(Duration, ChurnAction)> =
+        s.churn().iter().map(|c| (c.at, c.action.clone())).collect();
+    for n in s.initial_nodes() {
+        workers.insert(n.id, spawn(n)?);
+        launch_events.push(EventRow::new(0.0, EventKind::Start).node(n.name.clone()).detail("process started"));
+    }
+    let limit = a.timeout.map(Duration::from_secs).or(s.stop().time.map(|t| t + Duration::from_secs(60)));
+    let mut next = 0;
+    let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    loop {
+        let elapsed = Duration::from_secs_f64((unix_now() - run_start).max(0.0));
+        while next < timeline.len() && timeline[next].0 <= elapsed {
+            let (_, action) = timeline[next].clone();
+            next += 1;
+            let at = elapsed.as_secs_f64();
+            let name = |id: &NodeId| s.node(*id).map(|n| n.name.clone()).unwrap_or_default();
+            use nix::sys::signal::Signal;
+            match &action {
+                ChurnAction::Join(ids) | ChurnAction::Restart(ids) => {
+                    for id in ids {
+                        if let Some(n) = s.node(*id) {
+                            workers.insert(*id, spawn(n)?);
+                            launch_events.push(EventRow::new(at, EventKind::Restart).node(n.name.clone()).detail("process started"));
+                        }
+                    }
+                }
+                ChurnAction::Crash(ids) => {
+                    for id in ids {
+                        if let Some(p) = workers.get_mut(id) {
+                            signal(p, Signal::SIGKILL);
+                            launch_events.push(EventRow::new(at, EventKind::Crash).node(name(id)).detail("SIGKILL"));
+                        }
+                    }
+                }
+                ChurnAction::Leave(ids) => {
+                    for id in ids {
+                        if let Some(p) = workers.get_mut(id) {
+                            signal(p, Signal::SIGTERM);
+                        }
+                    }
+                }
+                ChurnAction::Hang(ids) => {
+                    for id in ids {
+                        if let Some(p) = workers.get_mut(id) {
+                            signal(p, Signal::SIGSTOP);
+                            launch_events.push(EventRow::new(at, EventKind::Hang).node(name(id)).detail("SIGSTOP"));
+                        }
+                    }
+                }
+                ChurnAction::Resume(ids) => {
+                    for id in ids {
+                        if let Some(p) = workers.get_mut(id) {
+                            signal(p, Signal::SIGCONT);
+                        }
+                    }
+                }
+                ChurnAction::CoordinatorCrash => {
+                    signal(&mut coord, Signal::SIGKILL);
+                    launch_events.push(EventRow::new(at, EventKind::CoordinatorCrash).detail("SIGKILL"));
+                }
+                other => {
+                    tracing::info!("the real backend on one machine ignores {other:?} (network faults are the simulator's)");
+                }
+            }
+        }
+        for p in workers.values_mut() {
+            if !p.stopped && p.child.try_wait()?.is_some() {
+                p.stopped = true;
+            }
+        }
+        if coord.child.try_wait()?.is_some() {
+            coord.stopped = true;
+        }
+        let all_workers_done = workers.values().all(|p| p.stopped);
+        if coord.stopped && all_workers_done {
+            break;
+        }
+        if coord.stopped && !all_workers_done {
+            // The coordinator is gone: members stop on their own within the coordinator timeout.
+            let grace = s.mesh().coordinator_timeout + Duration::from_secs(10);
+            let deadline = unix_now() + grace.as_secs_f64();
+            while unix_now() < deadline && workers.values_mut().any(|p| matches!(p.child.try_wait(), Ok(None))) {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            break;
+        }
+        if limit.is_some_and(|l| elapsed > l) {
+            eprintln!("loco: the run exceeded its time limit; stopping it");
+            signal(&mut coord, nix::sys::signal::Signal::SIGTERM);
+            std::thread::sleep(Duration::from_secs(3));
+            break;
+        }
+        if progress {
+            let steps = count_commits(&nodes_dir.join("coordinator.jsonl"));
+            eprint!("\rloco: {:>6.1}s, {steps} outer steps committed   ", elapsed.as_secs_f64());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    if progress {
+        eprintln!();
+    }
+    for p in workers.values_mut().chain(std::iter::once(&mut coord)) {
+        if matches!(p.child.try_wait(), Ok(None)) {
+            let _ = p.child.kill();
+            let _ = p.child.wait();
+        }
+    }
+    let wall = unix_now() - run_start;
+    finish(&s, &out, &nodes_dir, launch_events, wall)
+}
+
+fn count_commits(path: &Path) -> usize {
+    std::fs::read_to_string(path).map(|t| t.matches("committed").count()).unwrap_or(0)
+}
+
+fn check_memory(s: &Scenario) -> Result<()> {
+    use loco_real::memory::{MemoryPlan, Place, host_available_bytes};
+    let seq = s.real().seq_len.unwrap_or(s.model().seq_len);
+    let plan = MemoryPlan::new(s.model(), s.real().device, s.real().micro_batch, seq, loco_real::model::Precision::F32);
+    let nodes = s.initial_nodes().count().max(1) as u64;
+    if let Some(avail) = host_available_bytes() {
+        let need = plan.total(Place::Host).saturating_mul(nodes);
+        if need > avail {
+            return Err(InputError(anyhow!(
+                "{}: {} processes of this model do not fit this machine: {} each\n{}",
+                s.name(),
+                nodes,
+                plan.describe(Place::Host),
+                plan.fits(Place::Host, avail / nodes).err().map(|e| e.to_string()).unwrap_or_default()
+            ))
+            .into());
+        }
+    }
+    Ok(())
+}
+
+fn read_lines(path: &Path) -> Result<Vec<MetricsLine>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    // A process killed mid-write may leave a torn last line: skip lines that do not parse.
+    Ok(text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect())
+}
+
+/// Merges the processes' metrics, checks the invariants, writes the run directory.
+fn finish(s: &Scenario, out: &Path, nodes_dir: &Path, mut events: Vec<EventRow>, wall: f64) -> Result<bool> {
+    let mut rows: Vec<OuterStepRow> = Vec::new();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(nodes_dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+        .collect();
+    files.sort();
+    for f in &files {
+        for line in read_lines(f)? {
+            match line {
+                MetricsLine::Row(r) => rows.push(r),
+                MetricsLine::Event(e) => events.push(e),
+            }
+        }
+    }
+    events.sort_by(|a, b| a.time_s.total_cmp(&b.time_s));
+    // Invariant: after each outer step, every node holds the same outer weights.
+    let mut by_step: BTreeMap<u64, BTreeMap<String, String>> = BTreeMap::new();
+    for r in &rows {
+        by_step.entry(r.outer_step).or_default().insert(r.node.clone(), r.weights_hash.clone());
+    }
+    let mut violations = Vec::new();
+    for (step, hashes) in &by_step {
+        let distinct: std::collections::BTreeSet<&String> = hashes.values().collect();
+        if distinct.len() > 1 {
+            violations.push(format!("outer step {step}: replicas differ: {hashes:?}"));
+        }
+    }
+    let flops = loco_core::metrics::flops_per_token(
+        s.model().non_embedding_params() as f64,
+        s.model().layers,
+        s.model().heads,
+        s.model().head_dim(),
+        s.real().seq_len.unwrap_or(s.model().seq_len),
+    );
+    let meta = RunMeta {
+        scenario: s.name().to_string(),
+        seed: s.seed(),
+        backend: "real".into(),
+        wall_seconds: wall,
+        published: None,
+        inner_steps_per_outer: Some(s.diloco().inner_steps),
+        mfu_basis: s.nodes().first().and_then(|n| n.peak_flops).map(|peak| loco_core::metrics::MfuBasis {
+            flops_per_token: flops,
+            peak_flops_per_gpu: peak,
+            gpus_per_node: 1,
+        }),
+        violations,
+        extra: BTreeMap::new(),
+    };
+    let summary = summarize(&meta, &rows, &events);
+    loco_reports::write_run(out, &summary, &rows, &events).map_err(|e| anyhow!(e))?;
+    crate::print_summary(&summary, out);
+    Ok(summary.invariants.ok)
+}
