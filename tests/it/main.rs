@@ -2,3 +2,4 @@
 
 mod bench;
 mod common;
+mod launch;
