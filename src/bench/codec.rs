@@ -14,7 +14,7 @@
 //! `repeats` timed runs after one untimed warm-up run (page faults, caches).
 
 use anyhow::{Context, Result, ensure};
-use loco_core::codec::{Codec, CodecKind};
+use loco_core::codec::CodecKind;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::StandardNormal;
@@ -423,16 +423,3 @@ mod tests {
         }
     }
 }
-// TEMPORARY-BENCH-BEGIN
-#[cfg(test)]
-mod tmp_bench {
-    #[test]
-    fn tmp_full() {
-        let Ok(n) = std::env::var("TMP_BENCH_N") else { return };
-        let threads: usize = std::env::var("TMP_BENCH_T").map_or(2, |t| t.parse().unwrap());
-        let args = super::CodecBenchArgs { elements: n.parse().unwrap(), threads, ..Default::default() };
-        let r = super::run(&args).unwrap();
-        r.print_table(&mut std::io::stdout()).unwrap();
-    }
-}
-// TEMPORARY-BENCH-END

@@ -1,8 +1,16 @@
 //! The exact codec: little-endian f32.
+//!
+//! # Scheme, layout and defined results
+//!
+//! Each value is sent as its four bytes, little endian, in input order: `encoded_len(n) = 4 n`,
+//! 4 bytes per value. Decoding gives back the same bits, NaN payloads, infinities and signed zeros
+//! included; `decode_accumulate` adds them with ordinary f32 addition (so a NaN or inf in the
+//! input propagates into the sum, as it would without a codec). The loops compile to plain vector
+//! copies and adds.
 
 use super::{Codec, CodecKind};
 
-/// 32-bit floats, little endian; exact.
+/// 32-bit floats, little endian; exact (4 bytes per value).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Fp32;
 

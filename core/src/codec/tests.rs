@@ -1,0 +1,220 @@
+//! Tests every codec shares: lengths, accumulation, degenerate input, relative accuracy, and
+//! property tests. Codec-specific rules are tested in each codec's file.
+
+use super::*;
+use proptest::prelude::*;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rand_distr::StandardNormal;
+
+/// Lengths that divide by nothing in particular, around the block and chunk sizes.
+const LENGTHS: [usize; 10] = [0, 1, 3, 255, 256, 257, 1023, 4097, 4096 * 2 + 5, 70_001];
+
+fn normal(n: usize, seed: u64) -> Vec<f32> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    (0..n).map(|_| rng.sample::<f32, _>(StandardNormal)).collect()
+}
+
+/// Encodes into a buffer pre-filled with `fill`.
+fn encode_over(c: &dyn Codec, x: &[f32], fill: u8) -> Vec<u8> {
+    let mut e = vec![fill; c.encoded_len(x.len())];
+    c.encode(x, &mut e);
+    e
+}
+
+fn decode(c: &dyn Codec, e: &[u8], n: usize) -> Vec<f32> {
+    let mut d = vec![f32::NAN; n];
+    c.decode(e, &mut d);
+    d
+}
+
+fn rel_rms(x: &[f32], y: &[f32]) -> f64 {
+    let (mut err, mut norm) = (0.0f64, 0.0f64);
+    for (a, b) in x.iter().zip(y) {
+        err += (f64::from(*a) - f64::from(*b)).powi(2);
+        norm += f64::from(*a).powi(2);
+    }
+    (err / norm).sqrt()
+}
+
+#[test]
+fn kinds_and_lengths_agree() {
+    for kind in CodecKind::ALL {
+        let c = kind.codec();
+        assert_eq!(c.kind(), kind);
+        assert_eq!(kind.name().parse::<CodecKind>(), Ok(kind));
+        for n in LENGTHS {
+            let x = normal(n, n as u64);
+            // Every byte is written: the result does not depend on the buffer's old content.
+            let a = encode_over(c, &x, 0x00);
+            let b = encode_over(c, &x, 0xff);
+            assert_eq!(a, b, "{kind} n {n}");
+            assert_eq!(a.len(), c.encoded_len(n));
+        }
+    }
+    let per_value = |k: CodecKind, n: usize| k.codec().encoded_len(n) as f64 / n as f64;
+    assert_eq!(per_value(CodecKind::Fp32, 1000), 4.0);
+    assert_eq!(per_value(CodecKind::Fp16, 1000), 2.0);
+    assert_eq!(per_value(CodecKind::Bf16, 1000), 2.0);
+    assert_eq!(Uint8.encoded_len(1000), 1024 + 1000);
+    assert_eq!(Int8Block.encoded_len(1000), 1000 + 4 * 4);
+    assert_eq!(Int8Block.encoded_len(1024), 1024 + 4 * 4);
+    assert_eq!(Int8Block.encoded_len(0), 0);
+}
+
+#[test]
+fn decode_accumulate_adds_decode_to_what_was_there() {
+    for kind in CodecKind::ALL {
+        let c = kind.codec();
+        for n in LENGTHS {
+            let x = normal(n, 100 + n as u64);
+            let prev = normal(n, 200 + n as u64);
+            let e = encode_over(c, &x, 0);
+            let d = decode(c, &e, n);
+            let mut acc = prev.clone();
+            c.decode_accumulate(&e, &mut acc);
+            for i in 0..n {
+                assert_eq!(acc[i].to_bits(), (prev[i] + d[i]).to_bits(), "{kind} n {n} i {i}");
+            }
+        }
+    }
+}
+
+#[test]
+fn fp32_round_trip_is_bit_exact() {
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let x: Vec<f32> = (0..10_007).map(|_| f32::from_bits(rng.random())).collect();
+    let e = encode_over(&Fp32, &x, 0);
+    assert_eq!(&e[..4], &x[0].to_le_bytes());
+    let d = decode(&Fp32, &e, x.len());
+    assert!(x.iter().zip(&d).all(|(a, b)| a.to_bits() == b.to_bits()));
+}
+
+/// The codecs rank as documented on N(0,1) data: fp32 exact, then bf16 < fp16 in bits kept, and
+/// int8-block more accurate than PRIME's uint8 for about the same bytes.
+#[test]
+fn accuracy_ranks_as_documented() {
+    let n = 300_000;
+    let x = normal(n, 5);
+    let err = |k: CodecKind| rel_rms(&x, &decode(k.codec(), &encode_over(k.codec(), &x, 0), n));
+    let (fp32, fp16, bf16, uint8, int8) = (
+        err(CodecKind::Fp32),
+        err(CodecKind::Fp16),
+        err(CodecKind::Bf16),
+        err(CodecKind::Uint8),
+        err(CodecKind::Int8Block),
+    );
+    assert_eq!(fp32, 0.0);
+    // Uniform rounding error of relative half-ulp 2^-11 / 2^-8: RMS about a third of it.
+    assert!(fp16 > 1e-4 && fp16 < 3e-4, "fp16 {fp16}");
+    assert!(bf16 > 1e-3 && bf16 < 2.5e-3, "bf16 {bf16}");
+    assert!(int8 < uint8 * 0.8, "int8-block {int8} uint8 {uint8}");
+    assert!(bf16 < int8, "bf16 {bf16} int8-block {int8}");
+    assert!(Int8Block.encoded_len(n) <= Uint8.encoded_len(n) + n / 50);
+}
+
+/// reference.md test case 2 for every codec: degenerate input gives the documented result.
+#[test]
+fn degenerate_input_is_defined_for_every_codec() {
+    for kind in CodecKind::ALL {
+        let c = kind.codec();
+        // Empty.
+        let e = encode_over(c, &[], 0);
+        assert_eq!(e.len(), c.encoded_len(0));
+        let mut nothing: [f32; 0] = [];
+        c.decode_accumulate(&e, &mut nothing);
+        // All zeros of odd lengths decode to zeros.
+        for n in [1usize, 3, 255, 257, 1023, 4097] {
+            let d = decode(c, &encode_over(c, &vec![0.0; n], 0), n);
+            assert!(d.iter().all(|&v| v == 0.0), "{kind} zeros n {n}");
+        }
+        // One element of a representable value is exact.
+        for v in [1.0f32, -0.5, 0.25, -3.0] {
+            assert_eq!(decode(c, &encode_over(c, &[v], 0), 1), vec![v], "{kind} {v}");
+        }
+        // NaN/inf: the 8-bit codecs always decode to finite values, the float codecs keep them.
+        let x = [0.5f32, f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.25];
+        let d = decode(c, &encode_over(c, &x, 0), x.len());
+        match kind {
+            CodecKind::Uint8 | CodecKind::Int8Block => {
+                assert!(d.iter().all(|v| v.is_finite()), "{kind} {d:?}")
+            }
+            CodecKind::Fp32 | CodecKind::Fp16 | CodecKind::Bf16 => {
+                assert!(d[1].is_nan(), "{kind}");
+                assert_eq!(&d[2..4], &[f32::INFINITY, f32::NEG_INFINITY], "{kind}");
+                assert_eq!(d[0], 0.5);
+            }
+        }
+    }
+}
+
+/// Finite values of any magnitude the codec can represent.
+fn finite_values(max_len: usize) -> impl Strategy<Value = Vec<f32>> {
+    let scaled = (-1.0f32..1.0, -45i32..39).prop_map(|(m, e)| m * 10f32.powi(e));
+    let any = prop::num::f32::NORMAL | prop::num::f32::SUBNORMAL | prop::num::f32::ZERO;
+    prop::collection::vec(prop_oneof![4 => scaled, 1 => any, 1 => Just(0.0f32)], 0..max_len)
+}
+
+/// Largest magnitude each codec maps to a finite value.
+fn finite_range(kind: CodecKind) -> f32 {
+    match kind {
+        CodecKind::Fp16 => 65504.0,
+        CodecKind::Bf16 => f32::from_bits(0x7f7f_7fff),
+        _ => f32::MAX,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Encode never panics, writes exactly `encoded_len` bytes whatever was in the buffer, and a
+    /// finite input in the codec's range decodes to finite values.
+    #[test]
+    fn encode_is_total_and_decode_finite(x in finite_values(5000)) {
+        for kind in CodecKind::ALL {
+            let c = kind.codec();
+            let e = encode_over(c, &x, 0xa5);
+            prop_assert_eq!(e.len(), c.encoded_len(x.len()));
+            prop_assert_eq!(&e, &encode_over(c, &x, 0x5a));
+            let d = decode(c, &e, x.len());
+            let range = finite_range(kind);
+            for (a, b) in x.iter().zip(&d) {
+                if a.abs() <= range {
+                    prop_assert!(b.is_finite(), "{} {:e} -> {:e}", kind, a, b);
+                }
+            }
+        }
+    }
+
+    /// Int8Block: every value is within half its block's scale (plus f32 rounding).
+    #[test]
+    fn int8_block_error_is_at_most_half_a_step(x in finite_values(5000)) {
+        let e = encode_over(&Int8Block, &x, 0);
+        let d = decode(&Int8Block, &e, x.len());
+        for (b, (xs, ds)) in x.chunks(256).zip(d.chunks(256)).enumerate() {
+            let h = &e[b * 260..b * 260 + 4];
+            let scale = f32::from_le_bytes([h[0], h[1], h[2], h[3]]);
+            let absmax = xs.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            prop_assert!((scale - absmax / 127.0).abs() <= scale * 1e-6);
+            // f64: the bound itself must not round.
+            let bound = f64::from(scale) * (0.5 + 1e-4) + 128.0 * 2f64.powi(-150);
+            for (a, r) in xs.iter().zip(ds) {
+                let err = (f64::from(*a) - f64::from(*r)).abs();
+                prop_assert!(err <= bound, "block {} {:e} -> {:e}, scale {:e}", b, a, r, scale);
+            }
+        }
+    }
+
+    /// Decoding arbitrary bytes (corrupt or hostile input) never panics.
+    #[test]
+    fn decode_of_arbitrary_bytes_never_panics(n in 0usize..2000, seed in any::<u64>()) {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        for kind in CodecKind::ALL {
+            let c = kind.codec();
+            let bytes: Vec<u8> = (0..c.encoded_len(n)).map(|_| rng.random()).collect();
+            let mut d = vec![0.0f32; n];
+            c.decode_accumulate(&bytes, &mut d);
+            c.decode(&bytes, &mut d);
+        }
+    }
+}
