@@ -18,11 +18,11 @@
 //! ([`set_clock_offset`](Network::set_clock_offset)).
 
 use crate::ids::NodeId;
+use crate::mesh::Member;
 use crate::mesh::{
     Command, Coordinator, CoordinatorAction, LeaveReason, MemberAction, MeshConfig, MeshError,
     MeshEvent, padded_frame,
 };
-use crate::mesh::Member;
 use crate::time::Time;
 use crate::transport::{Frame, Header};
 use rand::{Rng, SeedableRng};
@@ -113,9 +113,8 @@ impl Driver for Workload {
                 self.pending.push((now + self.allreduce, c));
             }
             MemberAction::AbortAllReduce { epoch, op } => {
-                self.pending.retain(|(_, c)| {
-                    *c != Command::AllReduceDone { epoch: *epoch, op: *op }
-                });
+                self.pending
+                    .retain(|(_, c)| *c != Command::AllReduceDone { epoch: *epoch, op: *op });
             }
             MemberAction::FetchState { .. } => {
                 self.pending.retain(|(_, c)| *c != Command::SyncDone);
@@ -362,7 +361,8 @@ impl<D: Driver> Network<D> {
         let incarnation = self.nodes.get(&id).map_or(0, |n| n.incarnation + 1);
         let member = Member::new(id, incarnation, self.cfg.clone(), shards);
         let offset_ns = (offset_secs * 1e9) as i64;
-        let node = Node { member: Some(member), driver, offset_ns, hung: false, incarnation, shards };
+        let node =
+            Node { member: Some(member), driver, offset_ns, hung: false, incarnation, shards };
         self.nodes.insert(id, node);
         let now = self.local(id, self.now);
         if let Some(m) = self.nodes.get_mut(&id).and_then(|n| n.member.as_mut()) {
@@ -412,7 +412,9 @@ impl<D: Driver> Network<D> {
         self.fault(id, "hang".into());
     }
 
-    /// Sets a node's clock offset in seconds (positive: ahead).
+    /// Sets a node's clock offset in seconds (positive: ahead). For a skew between processes, give
+    /// it at [`add_node_with`](Self::add_node_with); on a running node this is a jump of its clock,
+    /// which a monotonic clock never does.
     pub fn set_clock_offset(&mut self, id: NodeId, offset_secs: f64) {
         if let Some(n) = self.nodes.get_mut(&id) {
             n.offset_ns = (offset_secs * 1e9) as i64;
@@ -621,7 +623,11 @@ impl<D: Driver> Network<D> {
                         continue;
                     }
                 }
-                self.trace.push(Traced { at: self.now, node: id, what: TraceKind::Member(a.clone()) });
+                self.trace.push(Traced {
+                    at: self.now,
+                    node: id,
+                    what: TraceKind::Member(a.clone()),
+                });
                 if matches!(a, MemberAction::Send { .. }) {
                     continue;
                 }

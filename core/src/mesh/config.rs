@@ -15,6 +15,22 @@ pub enum JoinMode {
 }
 
 /// Settings of the elastic mesh. `Default` gives the values of the INTELLECT-1 report.
+///
+/// | field | default | source |
+/// |---|---|---|
+/// | `heartbeat_interval` | 2 s | report |
+/// | `heartbeat_timeout` | 6 s | report (PRIME's code: 10 s) |
+/// | `barrier_timeout` | 600 s | PRIME (3600 s in production) |
+/// | `max_retries` | 3 | PRIME |
+/// | `join_mode` | blocking | PRIME's production mode |
+/// | `probe_duration` | 1 s | PRIME's iperf runs |
+/// | `coordinator_timeout` | 18 s | 3 x heartbeat timeout |
+/// | `min_members` | 1 | loco |
+/// | `join_window` | 5 s | loco |
+/// | `sync_timeout` | 3600 s | PRIME's transfers took 30-60 min for 10B |
+/// | `allreduce_timeout` | 3600 s | global all-reduces took up to ~1400 s |
+/// | `retry_backoff` | 8 s | heartbeat timeout + one interval |
+/// | `state_senders` | 1 | loco |
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct MeshConfig {
     /// How often a member sends a heartbeat to the coordinator (default 2 s).
@@ -23,18 +39,65 @@ pub struct MeshConfig {
     /// (default 6 s, as in the report; PRIME's code defaulted to 10 s).
     pub heartbeat_timeout: Duration,
     /// Deadline of the barrier before each all-reduce; a member that misses it is evicted even if
-    /// it still sends heartbeats (default 600 s).
+    /// it still sends heartbeats (default 600 s). The deadline runs from the first arrival.
     pub barrier_timeout: Duration,
-    /// How many times a failed all-reduce is retried on a new epoch (default 3).
+    /// How many times a failed all-reduce is retried on a new epoch (default 3). Past this bound
+    /// every member skips the outer update of that step, and the skip is logged.
     pub max_retries: u32,
     /// How joiners receive the state (default blocking).
     pub join_mode: JoinMode,
     /// Duration of the bandwidth probe between two members when the ring order is measured
-    /// (default 1 s, like PRIME's iperf runs).
+    /// (default 1 s, like PRIME's iperf runs). The probe grows its payload until one transfer
+    /// takes about a quarter of this.
     pub probe_duration: Duration,
     /// Members notice a dead coordinator after this long without any message from it
     /// (default 3 x heartbeat_timeout).
     pub coordinator_timeout: Duration,
+    /// The first epoch forms only once this many joiners are queued (default 1).
+    #[serde(default = "defaults::min_members")]
+    pub min_members: usize,
+    /// The first epoch forms this long after the first join, so that nodes starting together
+    /// land in it together (default 5 s; 0 forms it as soon as `min_members` are queued).
+    #[serde(default = "defaults::join_window")]
+    pub join_window: Duration,
+    /// In blocking mode, a joiner that has not received the state this long after its admission
+    /// is evicted and the all-reduce goes on without it (default 3600 s).
+    #[serde(default = "defaults::sync_timeout")]
+    pub sync_timeout: Duration,
+    /// An all-reduce not finished by every member this long after its release, with nobody
+    /// evicted meanwhile, is given up: every member skips that step (default 3600 s).
+    #[serde(default = "defaults::allreduce_timeout")]
+    pub allreduce_timeout: Duration,
+    /// After a member reports a failed all-reduce, the coordinator waits this long for the cause
+    /// (a dead peer) to be evicted by its heartbeat timeout before it retries with the same
+    /// members (default 8 s). An eviction in the meantime retries at once.
+    #[serde(default = "defaults::retry_backoff")]
+    pub retry_backoff: Duration,
+    /// How many peers send the state to one joiner (default 1).
+    #[serde(default = "defaults::state_senders")]
+    pub state_senders: usize,
+}
+
+mod defaults {
+    use std::time::Duration;
+    pub(super) fn min_members() -> usize {
+        1
+    }
+    pub(super) fn join_window() -> Duration {
+        Duration::from_secs(5)
+    }
+    pub(super) fn sync_timeout() -> Duration {
+        Duration::from_secs(3600)
+    }
+    pub(super) fn allreduce_timeout() -> Duration {
+        Duration::from_secs(3600)
+    }
+    pub(super) fn retry_backoff() -> Duration {
+        Duration::from_secs(8)
+    }
+    pub(super) fn state_senders() -> usize {
+        1
+    }
 }
 
 impl Default for MeshConfig {
@@ -47,6 +110,148 @@ impl Default for MeshConfig {
             join_mode: JoinMode::Blocking,
             probe_duration: Duration::from_secs(1),
             coordinator_timeout: Duration::from_secs(18),
+            min_members: defaults::min_members(),
+            join_window: defaults::join_window(),
+            sync_timeout: defaults::sync_timeout(),
+            allreduce_timeout: defaults::allreduce_timeout(),
+            retry_backoff: defaults::retry_backoff(),
+            state_senders: defaults::state_senders(),
         }
+    }
+}
+
+/// A [`MeshConfig`] whose fields contradict each other.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MeshConfigError {
+    /// A duration that must be positive is zero.
+    #[error("mesh.{field} must be greater than zero")]
+    Zero {
+        /// The field.
+        field: &'static str,
+    },
+    /// The heartbeat timeout does not leave room for one missed heartbeat.
+    #[error(
+        "mesh.heartbeat_timeout ({timeout:?}) must be greater than mesh.heartbeat_interval ({interval:?})"
+    )]
+    TimeoutBelowInterval {
+        /// The heartbeat timeout.
+        timeout: Duration,
+        /// The heartbeat interval.
+        interval: Duration,
+    },
+    /// The members would stop before the coordinator could answer two heartbeats.
+    #[error(
+        "mesh.coordinator_timeout ({coordinator:?}) must be greater than mesh.heartbeat_interval ({interval:?})"
+    )]
+    CoordinatorTimeoutTooShort {
+        /// The coordinator timeout.
+        coordinator: Duration,
+        /// The heartbeat interval.
+        interval: Duration,
+    },
+    /// More retries than the op id can number.
+    #[error("mesh.max_retries is {got}, at most {max} is allowed")]
+    TooManyRetries {
+        /// The value given.
+        got: u32,
+        /// The largest allowed.
+        max: u32,
+    },
+}
+
+/// The largest `max_retries` [`MeshConfig::validate`] accepts (attempts are numbered in 16 bits
+/// of the collective's op id).
+pub const MAX_RETRIES_LIMIT: u32 = 1000;
+
+impl MeshConfig {
+    /// Checks that the settings make sense together; the error names the field.
+    pub fn validate(&self) -> Result<(), MeshConfigError> {
+        let positive = [
+            ("heartbeat_interval", self.heartbeat_interval),
+            ("heartbeat_timeout", self.heartbeat_timeout),
+            ("barrier_timeout", self.barrier_timeout),
+            ("probe_duration", self.probe_duration),
+            ("coordinator_timeout", self.coordinator_timeout),
+            ("sync_timeout", self.sync_timeout),
+            ("allreduce_timeout", self.allreduce_timeout),
+        ];
+        for (field, d) in positive {
+            if d.is_zero() {
+                return Err(MeshConfigError::Zero { field });
+            }
+        }
+        if self.min_members == 0 {
+            return Err(MeshConfigError::Zero { field: "min_members" });
+        }
+        if self.state_senders == 0 {
+            return Err(MeshConfigError::Zero { field: "state_senders" });
+        }
+        if self.heartbeat_timeout <= self.heartbeat_interval {
+            return Err(MeshConfigError::TimeoutBelowInterval {
+                timeout: self.heartbeat_timeout,
+                interval: self.heartbeat_interval,
+            });
+        }
+        if self.coordinator_timeout <= self.heartbeat_interval {
+            return Err(MeshConfigError::CoordinatorTimeoutTooShort {
+                coordinator: self.coordinator_timeout,
+                interval: self.heartbeat_interval,
+            });
+        }
+        if self.max_retries > MAX_RETRIES_LIMIT {
+            return Err(MeshConfigError::TooManyRetries {
+                got: self.max_retries,
+                max: MAX_RETRIES_LIMIT,
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_match_the_report() {
+        let c = MeshConfig::default();
+        assert_eq!(c.validate(), Ok(()));
+        assert_eq!(c.heartbeat_interval, Duration::from_secs(2));
+        assert_eq!(c.heartbeat_timeout, Duration::from_secs(6));
+        assert_eq!(c.max_retries, 3);
+    }
+
+    #[test]
+    fn validate_names_the_field() {
+        let c = MeshConfig { heartbeat_timeout: Duration::from_secs(1), ..MeshConfig::default() };
+        let e = c.validate().unwrap_err();
+        assert!(matches!(e, MeshConfigError::TimeoutBelowInterval { .. }));
+        assert!(e.to_string().contains("mesh.heartbeat_timeout"), "{e}");
+        let c = MeshConfig { barrier_timeout: Duration::ZERO, ..MeshConfig::default() };
+        assert_eq!(c.validate(), Err(MeshConfigError::Zero { field: "barrier_timeout" }));
+        let c = MeshConfig { max_retries: 5000, ..MeshConfig::default() };
+        assert_eq!(
+            c.validate(),
+            Err(MeshConfigError::TooManyRetries { got: 5000, max: MAX_RETRIES_LIMIT })
+        );
+    }
+
+    #[test]
+    fn old_serialised_configs_still_load() {
+        // A config written before the later fields existed gets their defaults.
+        let mut v = serde_json::to_value(MeshConfig::default()).unwrap();
+        let o = v.as_object_mut().unwrap();
+        for k in [
+            "min_members",
+            "join_window",
+            "sync_timeout",
+            "allreduce_timeout",
+            "retry_backoff",
+            "state_senders",
+        ] {
+            o.remove(k);
+        }
+        let c: MeshConfig = serde_json::from_value(v).unwrap();
+        assert_eq!(c, MeshConfig::default());
     }
 }

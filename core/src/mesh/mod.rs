@@ -1,13 +1,411 @@
-//! The ElasticDeviceMesh: membership that changes without a restart. (Being built: issue 3.)
+//! The ElasticDeviceMesh: membership that changes without a restart.
+//!
+//! Two sans-IO state machines speak the typed protocol [`MeshMsg`] over any
+//! [`Transport`](crate::transport::Transport): one [`Coordinator`] and one [`Member`] per node.
+//! Neither owns a socket, a clock or a thread. In quinn's naming scheme, each has
+//!
+//! - `handle_message(now, from, msg)` and `handle_timeout(now)` for events (an early
+//!   `handle_timeout` is a harmless no-op),
+//! - commands from the application ([`Member::barrier_arrive`], [`Member::leave`],
+//!   [`Member::report_allreduce_done`], ...),
+//! - `poll_action()` for outputs ([`MemberAction`], [`CoordinatorAction`]), to be drained after
+//!   every call, in order, and `poll_timeout()` for the next deadline.
+//!
+//! The backends (the simulator, the real TCP backend, the in-memory harness in
+//! `loco_core::testing`) only execute actions and report back. The coordinator's decisions are
+//! one pure function, [`decide`]`(now, &MeshState, &MeshConfig) -> Decision`.
+//!
+//! # The protocol
+//!
+//! Liveness is judged only by the coordinator's own receive time: no message carries a clock.
+//!
+//! **Join.** A node sends `Join { incarnation }` (repeated with its heartbeats until answered);
+//! the coordinator queues it (`Queued`). Before the first epoch, the queued joiners form it once
+//! [`MeshConfig::min_members`] are queued and [`MeshConfig::join_window`] has passed (`View`).
+//! Afterwards joiners are admitted only at an outer-step boundary, all queued ones at once, each
+//! once; a joiner that arrives while a boundary is being processed waits for the next one.
+//!
+//! **Outer step k.** Each member runs its inner steps ([`MemberAction::Compute`]), then sends
+//! `Barrier { k }`. When every member has arrived, or [`MeshConfig::barrier_timeout`] after the
+//! first arrival (evicting the missing ones, even if they still beat), the coordinator
+//! - admits the queued joiners and forms a new epoch if anything changed;
+//! - in blocking mode with joiners, sends `Sync` naming the peers that send each joiner the state
+//!   ([`MemberAction::FetchState`], [`MemberAction::SendState`]) and waits for `Synced`;
+//! - sends `Release { epoch, k, attempt, ring, weights }`: every member runs the all-reduce
+//!   ([`MemberAction::StartAllReduce`], one ring per local shard, all in this epoch) and answers
+//!   `Done` (or `Failed`);
+//! - when every member is done, sends `Commit { k }`: every member applies the outer update
+//!   ([`MemberAction::Commit`]) and computes step k + 1. Nobody applies a result before this,
+//!   so a failure at any point of the all-reduce leaves every replica in the same state.
+//!
+//! **Failure during the all-reduce.** An eviction (heartbeat timeout, deathrattle) or a reported
+//! failure (after [`MeshConfig::retry_backoff`]) makes the coordinator form a new epoch and send
+//! a new `Release` with `attempt + 1`: the survivors abort ([`MemberAction::AbortAllReduce`]) and
+//! start again from their kept pseudo-gradients; the all-reduce divides by the sum of the weights
+//! in its frames, so the divisor is the survivors'. Frames of the old epoch are rejected by the
+//! all-reduce. Past [`MeshConfig::max_retries`], or past [`MeshConfig::allreduce_timeout`] with
+//! nobody evicted, the coordinator sends `Skip`: every member skips the outer update of step k
+//! (outer weights unchanged, inner weights reset to them), logged as [`MeshEvent::StepSkipped`].
+//!
+//! **Lost messages.** The transport delivers in order or not at all. Joins repeat until
+//! answered; every heartbeat carries the member's epoch and phase, and the coordinator repairs
+//! what a lost message broke: it records an arrival, a `Done` or a `Synced` it missed, and sends
+//! again the `View`, `Sync`, `Release`, `Commit` or `Skip` the member missed. Both sides treat a
+//! repeated message as a no-op (a repeated `Release` of the running collective does not restart
+//! it).
+//!
+//! **Leaving.** `Leave { reason }` (the deathrattle: graceful exit, panic or signal) evicts at once;
+//! silence evicts after [`MeshConfig::heartbeat_timeout`].
+//!
+//! **Ring order.** While the members compute, the coordinator measures the links not measured
+//! yet, in rounds in which each node takes part in at most one probe: it sends
+//! `ProbeRequest { peer }` to each prober of the round. The prober sends the peer a `Probe` with an
+//! empty body, then `Probe`s with growing bodies, each echoed by an empty `ProbeAck`; the
+//! difference of the round-trip times on the prober's own clock gives the bandwidth
+//! (`ProbeReport`). Each release orders the ring by [`ring_order`] over the measured
+//! [`BandwidthMatrix`].
+//!
+//! **Coordinator failure.** Members stop cleanly ([`StopReason::CoordinatorLost`]) when they have
+//! heard nothing from the coordinator for [`MeshConfig::coordinator_timeout`]; the coordinator
+//! answers every heartbeat, so this cannot fire while it lives and the link works. There is no
+//! standby (see [`StopReason::CoordinatorLost`]).
 
+use crate::ids::{Epoch, NodeId, Weight};
+use crate::transport::{Body, Frame, Header};
 use serde::{Deserialize, Serialize};
+use std::fmt;
 
 mod config;
-pub use config::{JoinMode, MeshConfig};
+mod coordinator;
+mod decide;
+mod member;
+mod probe;
+mod ring;
+mod state;
+mod timer;
 
-/// A control-plane message of the mesh protocol.
+pub use config::{JoinMode, MAX_RETRIES_LIMIT, MeshConfig, MeshConfigError};
+pub use coordinator::{Coordinator, CoordinatorAction, MeshEvent};
+pub use decide::{Decision, EpochPlan, Reason, Round, Then, decide, next_deadline};
+pub use member::{AllReduceStart, Command, Member, MemberAction, MemberPhase, StopReason};
+pub use probe::{PROBE_MAX_BYTES, PROBE_START_BYTES};
+pub use ring::{
+    BandwidthMatrix, EXACT_MAX_NODES, bottleneck, ring_order, solve, solve_exact, solve_heuristic,
+};
+pub use state::{Joiner, MemberInfo, MeshState, Outcome, Phase};
+
+/// Why a member leaves on its own (its deathrattle).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum LeaveReason {
+    /// The process is exiting normally.
+    Graceful,
+    /// The process panicked (sent from the panic hook).
+    Panic,
+    /// The process received SIGTERM or SIGINT.
+    Signal,
+}
+
+impl fmt::Display for LeaveReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LeaveReason::Graceful => "graceful exit",
+            LeaveReason::Panic => "panic",
+            LeaveReason::Signal => "signal",
+        })
+    }
+}
+
+/// Why the coordinator removed a node from the mesh.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum EvictReason {
+    /// No message for [`MeshConfig::heartbeat_timeout`] by the coordinator's clock.
+    HeartbeatTimeout,
+    /// It sent its deathrattle.
+    Deathrattle(LeaveReason),
+    /// It did not reach the barrier within [`MeshConfig::barrier_timeout`] (even if it beat).
+    BarrierMissed,
+    /// As a joiner in blocking mode, it did not receive the state within
+    /// [`MeshConfig::sync_timeout`].
+    SyncTimeout,
+    /// It joined again with a new incarnation: the old process is gone.
+    Restarted,
+    /// It sent a member's message but is not a member (evicted earlier, or unknown).
+    NotAMember,
+}
+
+impl fmt::Display for EvictReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EvictReason::HeartbeatTimeout => f.write_str("heartbeat timeout"),
+            EvictReason::Deathrattle(r) => write!(f, "deathrattle ({r})"),
+            EvictReason::BarrierMissed => f.write_str("missed the barrier deadline"),
+            EvictReason::SyncTimeout => f.write_str("did not receive the state in time"),
+            EvictReason::Restarted => f.write_str("restarted"),
+            EvictReason::NotAMember => f.write_str("not a member"),
+        }
+    }
+}
+
+/// Which peers send the training state to one joiner. The backend splits the state among the
+/// senders (any split both sides agree on) and verifies it by hash.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Transfer {
+    /// The node receiving the state.
+    pub joiner: NodeId,
+    /// The members sending it, in id order.
+    pub senders: Vec<NodeId>,
+}
+
+/// One measured link.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProbeResult {
+    /// The peer probed (the receiving end of the link).
+    pub peer: NodeId,
+    /// Bandwidth from the prober to the peer, bytes per second.
+    pub bytes_per_sec: f64,
+}
+
+/// A control-plane message of the mesh protocol (the header of a [`Frame`] with `Header::Mesh`).
+/// Only `Probe` has a body (padding whose length is measured).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum MeshMsg {
-    /// Placeholder until the protocol lands.
-    Heartbeat,
+    // ---- member -> coordinator ----
+    /// Asks to join the mesh. Repeated until the coordinator answers; idempotent.
+    Join {
+        /// Distinguishes restarts of the same node id: a join with a new incarnation from a
+        /// member evicts the old process.
+        incarnation: u64,
+    },
+    /// "I am alive", and where the sender is. Judged by the coordinator's own receive time;
+    /// carries no clock. The state lets the coordinator repair a lost message: it records a
+    /// barrier arrival, a `Done` or a `Synced` it missed, and sends again a `View`, `Sync`,
+    /// `Release`, `Commit` or `Skip` the member missed.
+    Heartbeat {
+        /// Counts the sender's heartbeats (for traces only).
+        seq: u64,
+        /// The sender's epoch.
+        epoch: Option<Epoch>,
+        /// The sender's phase.
+        phase: MemberPhase,
+        /// Whether the sender holds the training state.
+        synced: bool,
+    },
+    /// The sender finished its inner steps of `outer_step` and waits at the barrier.
+    Barrier {
+        /// The outer step.
+        outer_step: u64,
+    },
+    /// The sender finished the all-reduce of this epoch and attempt (on every shard).
+    Done {
+        /// Epoch of the release.
+        epoch: Epoch,
+        /// Outer step.
+        outer_step: u64,
+        /// Attempt of the release.
+        attempt: u32,
+    },
+    /// The sender's all-reduce of this epoch and attempt failed.
+    Failed {
+        /// Epoch of the release.
+        epoch: Epoch,
+        /// Outer step.
+        outer_step: u64,
+        /// Attempt of the release.
+        attempt: u32,
+    },
+    /// The sender (a joiner) holds the training state.
+    Synced {
+        /// The sender's epoch when it finished.
+        epoch: Epoch,
+    },
+    /// Measured bandwidth to peers.
+    ProbeReport {
+        /// The round of the request answered.
+        round: u64,
+        /// One entry per peer that answered.
+        results: Vec<ProbeResult>,
+    },
+    /// The deathrattle: the sender is leaving now.
+    Leave {
+        /// Why.
+        reason: LeaveReason,
+    },
+
+    // ---- coordinator -> member ----
+    /// The join is queued; admission happens at the next boundary.
+    Queued {
+        /// Position in the queue (0-based).
+        position: u32,
+    },
+    /// Answer to a heartbeat (members notice a dead coordinator by the lack of these).
+    HeartbeatAck,
+    /// A new epoch while members compute (formation, or a member left): for a queued joiner in
+    /// `members`, its admission; compute `outer_step`.
+    View {
+        /// The new epoch.
+        epoch: Epoch,
+        /// The outer step being computed.
+        outer_step: u64,
+        /// Members of the epoch, in id order.
+        members: Vec<NodeId>,
+    },
+    /// Blocking mode: a new epoch with joiners that first receive the state from the named
+    /// senders; the all-reduce waits for them.
+    Sync {
+        /// The new epoch.
+        epoch: Epoch,
+        /// The outer step whose all-reduce waits.
+        outer_step: u64,
+        /// Members of the epoch, in id order.
+        members: Vec<NodeId>,
+        /// Who sends the state to whom.
+        transfers: Vec<Transfer>,
+    },
+    /// Start (or restart) the all-reduce of `outer_step` on this ring.
+    Release {
+        /// Epoch of the collective: every frame carries it.
+        epoch: Epoch,
+        /// The outer step.
+        outer_step: u64,
+        /// 0 for the first try, then 1, 2, ... for retries.
+        attempt: u32,
+        /// The ring order (also the members of the epoch).
+        ring: Vec<NodeId>,
+        /// Each ring member's weight, aligned with `ring`.
+        weights: Vec<Weight>,
+        /// Non-blocking mode: state transfers that run alongside.
+        transfers: Vec<Transfer>,
+    },
+    /// Every member finished the all-reduce: apply the outer update and compute the next step.
+    Commit {
+        /// The epoch of the finished all-reduce.
+        epoch: Epoch,
+        /// The outer step committed.
+        outer_step: u64,
+    },
+    /// Retries are exhausted: every member skips the outer update of this step.
+    Skip {
+        /// The new epoch.
+        epoch: Epoch,
+        /// The outer step skipped.
+        outer_step: u64,
+        /// Members of the epoch, in id order.
+        members: Vec<NodeId>,
+        /// Attempts made.
+        attempts: u32,
+    },
+    /// The receiver is no longer a member.
+    Evicted {
+        /// Why.
+        reason: EvictReason,
+    },
+    /// Measure the bandwidth to these peers and report it.
+    ProbeRequest {
+        /// Round number; a new round supersedes the previous one.
+        round: u64,
+        /// Peers to probe, in this order.
+        peers: Vec<NodeId>,
+    },
+    /// The run is over: stop.
+    Shutdown,
+
+    // ---- member <-> member ----
+    /// A bandwidth probe; its body is padding of a known length.
+    Probe {
+        /// The probe round.
+        round: u64,
+        /// Sequence number within the round.
+        seq: u32,
+    },
+    /// Echo of a probe, with an empty body.
+    ProbeAck {
+        /// The probe round.
+        round: u64,
+        /// The sequence number echoed.
+        seq: u32,
+    },
+}
+
+/// The frame for a [`MemberAction::Send`] or [`CoordinatorAction::Send`]: `msg` with a body of
+/// `padding` bytes, virtual (a length only, for the simulator) or real zeros (for TCP). The
+/// padding is capped at [`PROBE_MAX_BYTES`].
+pub fn padded_frame(msg: MeshMsg, padding: u64, virtual_body: bool) -> Frame {
+    let padding = padding.min(PROBE_MAX_BYTES);
+    let body = if padding == 0 {
+        Body::empty()
+    } else if virtual_body {
+        Body::Virtual(padding)
+    } else {
+        Body::Bytes(bytes::Bytes::from(vec![0u8; usize::try_from(padding).unwrap_or(0)]))
+    };
+    Frame { header: Header::Mesh(msg), body }
+}
+
+/// The op id of a collective (see [`CollectiveHeader::op`](crate::transport::CollectiveHeader)):
+/// the outer step in the high bits, the attempt in the low 16.
+pub fn op_id(outer_step: u64, attempt: u32) -> u64 {
+    (outer_step << 16) | u64::from(attempt & 0xffff)
+}
+
+/// A command given to a [`Member`] that does not fit its state.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MeshError {
+    /// The command names an epoch other than the member's current one.
+    #[error("stale epoch {got}, current is {current:?}")]
+    StaleEpoch {
+        /// The epoch in the command.
+        got: Epoch,
+        /// The member's epoch.
+        current: Option<Epoch>,
+    },
+    /// The command names another collective than the one running.
+    #[error("unknown collective op {got}, running is {running:?}")]
+    UnknownOp {
+        /// The op in the command.
+        got: u64,
+        /// The op running, if any.
+        running: Option<u64>,
+    },
+    /// The command names another outer step than the one being computed.
+    #[error("wrong outer step {got}, expected {expected:?}")]
+    WrongStep {
+        /// The step in the command.
+        got: u64,
+        /// The step expected, if any.
+        expected: Option<u64>,
+    },
+    /// The command does not apply in the member's current phase.
+    #[error("{command} is not possible while {phase}")]
+    WrongPhase {
+        /// The command.
+        command: &'static str,
+        /// The phase, as text.
+        phase: String,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn op_ids_order_by_step_then_attempt() {
+        assert!(op_id(3, 2) < op_id(4, 0));
+        assert!(op_id(3, 1) < op_id(3, 2));
+        assert_eq!(op_id(1, 0), 1 << 16);
+    }
+
+    #[test]
+    fn messages_round_trip_through_serde() {
+        let m = MeshMsg::Release {
+            epoch: Epoch(4),
+            outer_step: 9,
+            attempt: 1,
+            ring: vec![NodeId(2), NodeId(0)],
+            weights: vec![Weight::ONE, Weight::ZERO],
+            transfers: vec![Transfer { joiner: NodeId(2), senders: vec![NodeId(0)] }],
+        };
+        let s = serde_json::to_string(&m).unwrap();
+        assert_eq!(serde_json::from_str::<MeshMsg>(&s).unwrap(), m);
+    }
 }

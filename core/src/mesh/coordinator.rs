@@ -1,0 +1,690 @@
+//! The coordinator: a sans-IO state machine that records the members' messages into a
+//! [`MeshState`], applies [`decide`]'s decisions and emits messages.
+
+use super::decide::{CoordTimer, Decision, EpochPlan, Reason, Round, Then, decide, timers};
+use super::member::MemberPhase;
+use super::probe::ProbePlan;
+use super::state::{Joiner, MemberInfo, MeshState, Outcome, Phase};
+use super::timer::TimerTable;
+use super::{EvictReason, MeshConfig, MeshMsg};
+use crate::ids::{Epoch, NodeId, Weight};
+use crate::time::Time;
+use std::collections::VecDeque;
+use std::fmt;
+
+/// Decisions applied in one call at most; more means a bug in [`decide`] (reported as
+/// [`MeshEvent::DecisionLimit`], never a hang or a panic).
+const MAX_DECISIONS_PER_CALL: usize = 64;
+
+/// Something the coordinator did or saw, for the metrics and the log.
+#[derive(Clone, Debug, PartialEq)]
+pub enum MeshEvent {
+    /// A node asked to join and was queued.
+    JoinQueued {
+        /// The node.
+        node: NodeId,
+        /// Its incarnation.
+        incarnation: u64,
+        /// Its position in the queue.
+        position: u32,
+    },
+    /// A queued joiner went silent or left before its admission.
+    JoinerForgotten {
+        /// The node.
+        node: NodeId,
+    },
+    /// A new epoch was formed.
+    EpochFormed {
+        /// The epoch.
+        epoch: Epoch,
+        /// Its members, in id order.
+        members: Vec<NodeId>,
+        /// Joiners admitted into it.
+        admitted: Vec<NodeId>,
+        /// Members removed, with the reason.
+        evicted: Vec<(NodeId, EvictReason)>,
+    },
+    /// An all-reduce was released (attempt > 0: a retry).
+    Released {
+        /// Its epoch.
+        epoch: Epoch,
+        /// The outer step.
+        outer_step: u64,
+        /// The attempt.
+        attempt: u32,
+        /// The ring.
+        ring: Vec<NodeId>,
+        /// The weights, aligned with the ring.
+        weights: Vec<Weight>,
+    },
+    /// A member reported its all-reduce failed.
+    AllReduceFailed {
+        /// The member.
+        node: NodeId,
+        /// The epoch of the attempt.
+        epoch: Epoch,
+        /// The attempt.
+        attempt: u32,
+    },
+    /// Every member finished the all-reduce; the outer step is committed.
+    Committed {
+        /// The epoch.
+        epoch: Epoch,
+        /// The step.
+        outer_step: u64,
+    },
+    /// Retries were exhausted: every member skips this step's outer update.
+    StepSkipped {
+        /// The epoch in which the skip was decided.
+        epoch: Epoch,
+        /// The step.
+        outer_step: u64,
+        /// Attempts made.
+        attempts: u32,
+    },
+    /// A message that belongs to another epoch, step or attempt was ignored.
+    Stale {
+        /// The sender.
+        from: NodeId,
+        /// The message.
+        msg: MeshMsg,
+        /// The current epoch.
+        current: Epoch,
+    },
+    /// A link was measured.
+    BandwidthMeasured {
+        /// The sending end.
+        from: NodeId,
+        /// The receiving end.
+        to: NodeId,
+        /// Bytes per second.
+        bytes_per_sec: f64,
+    },
+    /// What the coordinator waits for changed (logged only on change).
+    Waiting(Reason),
+    /// More than the allowed number of decisions in one call: the rest waits for the next event.
+    DecisionLimit,
+    /// The coordinator told every node to stop.
+    Shutdown,
+}
+
+impl fmt::Display for MeshEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MeshEvent::JoinQueued { node, position, .. } => {
+                write!(f, "{node} queued to join (position {position})")
+            }
+            MeshEvent::JoinerForgotten { node } => write!(f, "joiner {node} forgotten"),
+            MeshEvent::EpochFormed { epoch, members, admitted, evicted } => {
+                write!(f, "epoch {epoch}: {} members", members.len())?;
+                for a in admitted {
+                    write!(f, ", +{a}")?;
+                }
+                for (e, why) in evicted {
+                    write!(f, ", -{e} ({why})")?;
+                }
+                Ok(())
+            }
+            MeshEvent::Released { epoch, outer_step, attempt, ring, .. } => {
+                write!(
+                    f,
+                    "{epoch}: all-reduce of step {outer_step} attempt {attempt} on {} nodes",
+                    ring.len()
+                )
+            }
+            MeshEvent::AllReduceFailed { node, epoch, attempt } => {
+                write!(f, "{epoch}: {node} reports attempt {attempt} failed")
+            }
+            MeshEvent::Committed { epoch, outer_step } => {
+                write!(f, "{epoch}: step {outer_step} committed")
+            }
+            MeshEvent::StepSkipped { epoch, outer_step, attempts } => write!(
+                f,
+                "{epoch}: step {outer_step} skipped by every member after {attempts} failed attempts"
+            ),
+            MeshEvent::Stale { from, current, .. } => {
+                write!(f, "stale message from {from} ignored (current {current})")
+            }
+            MeshEvent::BandwidthMeasured { from, to, bytes_per_sec } => {
+                write!(f, "link {from}->{to}: {:.1} MB/s", bytes_per_sec / 1e6)
+            }
+            MeshEvent::Waiting(r) => write!(f, "waiting: {r}"),
+            MeshEvent::DecisionLimit => write!(f, "decision limit reached"),
+            MeshEvent::Shutdown => write!(f, "shutdown"),
+        }
+    }
+}
+
+/// An output of the coordinator.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CoordinatorAction {
+    /// Send a control message (empty body).
+    Send {
+        /// Receiver.
+        to: NodeId,
+        /// The message.
+        msg: MeshMsg,
+    },
+    /// Record an event.
+    Event(MeshEvent),
+}
+
+/// The mesh coordinator, sans-IO. Feed it every message addressed to
+/// [`NodeId::COORDINATOR`] with [`handle_message`](Self::handle_message), call
+/// [`handle_timeout`](Self::handle_timeout) at [`poll_timeout`](Self::poll_timeout), and after
+/// every call drain [`poll_action`](Self::poll_action) in order.
+#[derive(Clone, Debug)]
+pub struct Coordinator {
+    cfg: MeshConfig,
+    state: MeshState,
+    actions: VecDeque<CoordinatorAction>,
+    timers: TimerTable<CoordTimer>,
+    last_reason: Option<Reason>,
+    probes: ProbePlan,
+    stopped: bool,
+}
+
+impl Coordinator {
+    /// A coordinator with no members yet.
+    pub fn new(cfg: MeshConfig) -> Self {
+        Coordinator {
+            cfg,
+            state: MeshState::default(),
+            actions: VecDeque::new(),
+            timers: TimerTable::new(),
+            last_reason: None,
+            probes: ProbePlan::default(),
+            stopped: false,
+        }
+    }
+
+    /// Everything the coordinator knows.
+    pub fn state(&self) -> &MeshState {
+        &self.state
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &MeshConfig {
+        &self.cfg
+    }
+
+    /// The current epoch (0 before the first one).
+    pub fn epoch(&self) -> Epoch {
+        self.state.epoch
+    }
+
+    /// Members of the current epoch, in id order.
+    pub fn members(&self) -> Vec<NodeId> {
+        self.state.member_ids()
+    }
+
+    /// The outer step being computed or reduced.
+    pub fn outer_step(&self) -> u64 {
+        self.state.outer_step
+    }
+
+    /// True after [`shutdown`](Self::shutdown).
+    pub fn is_stopped(&self) -> bool {
+        self.stopped
+    }
+
+    /// The next output, if any. Drain after every call.
+    #[must_use]
+    pub fn poll_action(&mut self) -> Option<CoordinatorAction> {
+        self.actions.pop_front()
+    }
+
+    /// When [`handle_timeout`](Self::handle_timeout) must be called next, if ever.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Time> {
+        if self.stopped { None } else { self.timers.next_timeout() }
+    }
+
+    /// Deadlines passed. Calling it early is harmless.
+    pub fn handle_timeout(&mut self, now: Time) {
+        if !self.stopped {
+            self.step(now);
+        }
+    }
+
+    /// Ends the run: tells every member and queued joiner to stop.
+    pub fn shutdown(&mut self, _now: Time) {
+        if self.stopped {
+            return;
+        }
+        let to: Vec<NodeId> = self
+            .state
+            .member_ids()
+            .into_iter()
+            .chain(self.state.queue.iter().map(|j| j.id))
+            .collect();
+        for id in to {
+            self.send(id, MeshMsg::Shutdown);
+        }
+        self.event(MeshEvent::Shutdown);
+        self.stopped = true;
+    }
+
+    /// A message from `from` arrived at `now` (the coordinator's clock).
+    pub fn handle_message(&mut self, now: Time, from: NodeId, msg: MeshMsg) {
+        if self.stopped {
+            return;
+        }
+        // Liveness: stamped with our own receive time, whatever the message.
+        if let Some(m) = self.state.members.get_mut(&from) {
+            m.last_seen = m.last_seen.max(now);
+        }
+        if let Some(j) = self.state.queue.iter_mut().find(|j| j.id == from) {
+            j.last_seen = j.last_seen.max(now);
+        }
+        let is_member = self.state.members.contains_key(&from);
+        match msg {
+            MeshMsg::Join { incarnation } => self.on_join(now, from, incarnation),
+            MeshMsg::Heartbeat { epoch, phase, synced, .. } => {
+                if is_member || self.state.is_queued(from) {
+                    self.send(from, MeshMsg::HeartbeatAck);
+                    if is_member {
+                        self.repair(now, from, epoch, phase, synced);
+                    }
+                } else {
+                    self.send(from, MeshMsg::Evicted { reason: EvictReason::NotAMember });
+                }
+            }
+            MeshMsg::Barrier { outer_step } if is_member => {
+                let cur = self.state.outer_step;
+                match &mut self.state.phase {
+                    Phase::Compute { barrier_opened } if outer_step == cur => {
+                        barrier_opened.get_or_insert(now);
+                        if let Some(m) = self.state.members.get_mut(&from) {
+                            m.arrived = Some(outer_step);
+                        }
+                    }
+                    _ => self.stale(from, MeshMsg::Barrier { outer_step }),
+                }
+            }
+            MeshMsg::Done { epoch, outer_step, attempt } if is_member => {
+                if self.is_current_round(epoch, outer_step, attempt) {
+                    if let Some(m) = self.state.members.get_mut(&from) {
+                        m.done = true;
+                    }
+                } else {
+                    self.stale(from, MeshMsg::Done { epoch, outer_step, attempt });
+                }
+            }
+            MeshMsg::Failed { epoch, outer_step, attempt } if is_member => {
+                if self.is_current_round(epoch, outer_step, attempt) {
+                    if let Some(m) = self.state.members.get_mut(&from) {
+                        m.failed = true;
+                    }
+                    if let Phase::Reduce { failed_at, .. } = &mut self.state.phase {
+                        failed_at.get_or_insert(now);
+                    }
+                    self.event(MeshEvent::AllReduceFailed { node: from, epoch, attempt });
+                } else {
+                    self.stale(from, MeshMsg::Failed { epoch, outer_step, attempt });
+                }
+            }
+            MeshMsg::Synced { .. } if is_member => {
+                if let Some(m) = self.state.members.get_mut(&from) {
+                    m.synced = true;
+                }
+            }
+            MeshMsg::ProbeReport { round, results } if is_member => {
+                self.probes.on_report(from, round);
+                for r in results {
+                    if r.peer != from && r.bytes_per_sec.is_finite() && r.bytes_per_sec > 0.0 {
+                        self.state.bandwidth.set(from, r.peer, r.bytes_per_sec);
+                        self.event(MeshEvent::BandwidthMeasured {
+                            from,
+                            to: r.peer,
+                            bytes_per_sec: r.bytes_per_sec,
+                        });
+                    }
+                }
+            }
+            MeshMsg::Leave { reason } => {
+                if let Some(m) = self.state.members.get_mut(&from) {
+                    m.leaving = Some(reason);
+                } else if self.state.is_queued(from) {
+                    self.state.queue.retain(|j| j.id != from);
+                    self.event(MeshEvent::JoinerForgotten { node: from });
+                }
+            }
+            MeshMsg::Barrier { .. }
+            | MeshMsg::Done { .. }
+            | MeshMsg::Failed { .. }
+            | MeshMsg::Synced { .. }
+            | MeshMsg::ProbeReport { .. } => {
+                // A member's message from a non-member: it was evicted; tell it again.
+                self.send(from, MeshMsg::Evicted { reason: EvictReason::NotAMember });
+            }
+            // Messages meant for members or peers: not ours, ignore.
+            MeshMsg::Queued { .. }
+            | MeshMsg::HeartbeatAck
+            | MeshMsg::View { .. }
+            | MeshMsg::Sync { .. }
+            | MeshMsg::Release { .. }
+            | MeshMsg::Commit { .. }
+            | MeshMsg::Skip { .. }
+            | MeshMsg::Evicted { .. }
+            | MeshMsg::ProbeRequest { .. }
+            | MeshMsg::Shutdown
+            | MeshMsg::Probe { .. }
+            | MeshMsg::ProbeAck { .. } => {}
+        }
+        self.step(now);
+    }
+
+    /// Compares a member's reported state with ours and repairs what a lost message broke:
+    /// records an arrival, a `Done` or a `Synced` we missed; sends again the `View`, `Sync`,
+    /// `Release`, `Commit` or `Skip` it missed. Every repair is idempotent on both sides.
+    fn repair(
+        &mut self,
+        now: Time,
+        from: NodeId,
+        epoch: Option<Epoch>,
+        phase: MemberPhase,
+        synced: bool,
+    ) {
+        let cur = self.state.epoch;
+        let k = self.state.outer_step;
+        let behind = epoch.is_none_or(|e| e < cur);
+        let members = self.state.member_ids();
+        let Some(info) = self.state.members.get_mut(&from) else { return };
+        if synced {
+            info.synced = true;
+        }
+        match self.state.phase.clone() {
+            Phase::Forming => {}
+            Phase::Compute { .. } => match phase {
+                MemberPhase::Reducing { outer_step, .. }
+                | MemberPhase::AtBarrier { outer_step }
+                | MemberPhase::Syncing { outer_step }
+                    if outer_step + 1 == k =>
+                {
+                    // The outcome of the last step was lost.
+                    match self.state.last_outcome {
+                        Some(Outcome::Committed { outer_step: s, epoch: e }) if s == outer_step => {
+                            self.send(from, MeshMsg::Commit { epoch: e, outer_step });
+                        }
+                        Some(Outcome::Skipped { outer_step: s, attempts }) if s == outer_step => {
+                            let msg = MeshMsg::Skip { epoch: cur, outer_step, members, attempts };
+                            self.send(from, msg);
+                        }
+                        _ => {}
+                    }
+                }
+                MemberPhase::AtBarrier { outer_step }
+                    if outer_step == k && info.arrived != Some(k) =>
+                {
+                    // Its `Barrier` was lost.
+                    info.arrived = Some(k);
+                    if let Phase::Compute { barrier_opened } = &mut self.state.phase {
+                        barrier_opened.get_or_insert(now);
+                    }
+                }
+                MemberPhase::Joining => {
+                    self.send(from, MeshMsg::View { epoch: cur, outer_step: k, members });
+                }
+                _ if behind => {
+                    self.send(from, MeshMsg::View { epoch: cur, outer_step: k, members })
+                }
+                _ => {}
+            },
+            Phase::Sync { .. } => {
+                if behind || phase == MemberPhase::Joining {
+                    let transfers = self.state.transfers.clone();
+                    let msg = MeshMsg::Sync { epoch: cur, outer_step: k, members, transfers };
+                    self.send(from, msg);
+                }
+            }
+            Phase::Reduce { attempt, .. } => match phase {
+                MemberPhase::Reducing { outer_step, attempt: a, done }
+                    if outer_step == k && a == attempt && epoch == Some(cur) =>
+                {
+                    // Running; or finished and its `Done` was lost.
+                    info.done |= done;
+                }
+                // It missed the release (or a retry's); or, as a joiner of this boundary in
+                // non-blocking mode, its admission.
+                MemberPhase::AtBarrier { outer_step: s }
+                | MemberPhase::Syncing { outer_step: s }
+                | MemberPhase::Reducing { outer_step: s, .. }
+                    if s == k =>
+                {
+                    self.resend_release(from, attempt);
+                }
+                MemberPhase::Joining => self.resend_release(from, attempt),
+                _ => {}
+            },
+        }
+    }
+
+    fn resend_release(&mut self, to: NodeId, attempt: u32) {
+        let msg = MeshMsg::Release {
+            epoch: self.state.epoch,
+            outer_step: self.state.outer_step,
+            attempt,
+            ring: self.state.ring.clone(),
+            weights: self.state.weights.clone(),
+            transfers: self.state.transfers.clone(),
+        };
+        self.send(to, msg);
+    }
+
+    fn is_current_round(&self, epoch: Epoch, outer_step: u64, attempt: u32) -> bool {
+        matches!(self.state.phase, Phase::Reduce { attempt: a, .. } if a == attempt)
+            && epoch == self.state.epoch
+            && outer_step == self.state.outer_step
+    }
+
+    fn on_join(&mut self, now: Time, from: NodeId, incarnation: u64) {
+        if let Some(m) = self.state.members.get_mut(&from) {
+            if m.incarnation == incarnation {
+                return; // a repeated join that crossed our answer
+            }
+            // The old process is gone; evict it, queue the new one.
+            m.restarted = true;
+        }
+        if self.state.admitted.contains(&(from, incarnation)) {
+            // That process was a member and was removed: it must come back as a new incarnation.
+            self.send(from, MeshMsg::Evicted { reason: EvictReason::NotAMember });
+            return;
+        }
+        if let Some(j) = self.state.queue.iter_mut().find(|j| j.id == from) {
+            if j.incarnation != incarnation {
+                j.incarnation = incarnation;
+                j.queued_at = now;
+            }
+            let position = self.state.queue.iter().position(|j| j.id == from).unwrap_or(0);
+            self.send(from, MeshMsg::Queued { position: position as u32 });
+            return;
+        }
+        let position = self.state.queue.len() as u32;
+        self.state.queue.push(Joiner { id: from, incarnation, queued_at: now, last_seen: now });
+        self.send(from, MeshMsg::Queued { position });
+        self.event(MeshEvent::JoinQueued { node: from, incarnation, position });
+    }
+
+    fn stale(&mut self, from: NodeId, msg: MeshMsg) {
+        let current = self.state.epoch;
+        self.event(MeshEvent::Stale { from, msg, current });
+    }
+
+    fn send(&mut self, to: NodeId, msg: MeshMsg) {
+        self.actions.push_back(CoordinatorAction::Send { to, msg });
+    }
+
+    fn event(&mut self, e: MeshEvent) {
+        self.actions.push_back(CoordinatorAction::Event(e));
+    }
+
+    fn broadcast(&mut self, msg: &MeshMsg) {
+        for id in self.state.member_ids() {
+            self.send(id, msg.clone());
+        }
+    }
+
+    /// Decide and apply until the decision is to wait.
+    fn step(&mut self, now: Time) {
+        let mut applied = 0;
+        loop {
+            let d = decide(now, &self.state, &self.cfg);
+            match d {
+                Decision::Wait(reason) => {
+                    if self.last_reason.as_ref() != Some(&reason) {
+                        self.last_reason = Some(reason.clone());
+                        self.event(MeshEvent::Waiting(reason));
+                    }
+                    break;
+                }
+                _ if applied >= MAX_DECISIONS_PER_CALL => {
+                    self.event(MeshEvent::DecisionLimit);
+                    break;
+                }
+                Decision::ForgetJoiners(ids) => {
+                    self.state.queue.retain(|j| !ids.contains(&j.id));
+                    for node in ids {
+                        self.event(MeshEvent::JoinerForgotten { node });
+                    }
+                }
+                Decision::NewEpoch(plan) => self.apply_epoch(now, plan),
+                Decision::Release(round) => self.start_round(now, round),
+                Decision::Commit { outer_step } => {
+                    let epoch = self.state.epoch;
+                    self.state.last_outcome = Some(Outcome::Committed { outer_step, epoch });
+                    self.broadcast(&MeshMsg::Commit { epoch, outer_step });
+                    self.event(MeshEvent::Committed { epoch, outer_step });
+                    self.next_step(now);
+                }
+            }
+            applied += 1;
+        }
+        self.run_probes(now);
+        self.timers = timers(&self.state, &self.cfg);
+        // Probing pauses outside the compute phase; an expired round is ended when it resumes.
+        if matches!(self.state.phase, Phase::Compute { .. }) {
+            self.timers.set_opt(CoordTimer::ProbeRound, self.probes.deadline());
+        }
+        // `decide` just chose to wait at `now`, so a deadline already passed cannot change its
+        // mind: drop it rather than be woken for it again and again.
+        self.timers.clear_expired(now);
+    }
+
+    fn apply_epoch(&mut self, now: Time, p: EpochPlan) {
+        let forming = self.state.phase == Phase::Forming;
+        self.state.epoch = p.epoch;
+        for &(id, reason) in &p.evicted {
+            self.state.members.remove(&id);
+            self.probes.forget(id);
+            // A restarted node's id now belongs to its new incarnation, and a node that sent its
+            // deathrattle is gone: only the others are told.
+            if !matches!(reason, EvictReason::Restarted | EvictReason::Deathrattle(_)) {
+                self.send(id, MeshMsg::Evicted { reason });
+            }
+        }
+        let step = self.state.outer_step;
+        for &id in &p.admitted {
+            let Some(pos) = self.state.queue.iter().position(|j| j.id == id) else { continue };
+            let j = self.state.queue.remove(pos);
+            let (first_step, synced) = if forming { (step, true) } else { (step + 1, false) };
+            let info = MemberInfo::new(j.incarnation, j.last_seen, p.epoch, first_step, synced);
+            self.state.members.insert(id, info);
+            self.state.admitted.insert((id, j.incarnation));
+        }
+        self.event(MeshEvent::EpochFormed {
+            epoch: p.epoch,
+            members: p.members.clone(),
+            admitted: p.admitted.clone(),
+            evicted: p.evicted.clone(),
+        });
+        let members = self.state.member_ids();
+        match p.then {
+            Then::Forming => {
+                self.state.phase = Phase::Forming;
+                self.state.ring.clear();
+            }
+            Then::Compute => {
+                if forming {
+                    self.state.phase = Phase::Compute { barrier_opened: None };
+                }
+                let epoch = p.epoch;
+                self.broadcast(&MeshMsg::View { epoch, outer_step: step, members });
+                if forming {
+                    self.request_probes();
+                }
+            }
+            Then::Sync { transfers } => {
+                self.state.phase = Phase::Sync { since: now };
+                self.state.transfers = transfers.clone();
+                let msg = MeshMsg::Sync { epoch: p.epoch, outer_step: step, members, transfers };
+                self.broadcast(&msg);
+            }
+            Then::Reduce(round) => self.start_round(now, round),
+            Then::Skip { attempts } => {
+                let epoch = p.epoch;
+                self.state.last_outcome = Some(Outcome::Skipped { outer_step: step, attempts });
+                self.broadcast(&MeshMsg::Skip { epoch, outer_step: step, members, attempts });
+                self.event(MeshEvent::StepSkipped { epoch, outer_step: step, attempts });
+                self.next_step(now);
+            }
+        }
+    }
+
+    fn start_round(&mut self, now: Time, r: Round) {
+        self.state.phase = Phase::Reduce { attempt: r.attempt, since: now, failed_at: None };
+        for m in self.state.members.values_mut() {
+            m.done = false;
+            m.failed = false;
+        }
+        self.state.ring = r.ring.clone();
+        self.state.weights = r.weights.clone();
+        self.state.transfers = r.transfers.clone();
+        let epoch = self.state.epoch;
+        let msg = MeshMsg::Release {
+            epoch,
+            outer_step: r.outer_step,
+            attempt: r.attempt,
+            ring: r.ring.clone(),
+            weights: r.weights.clone(),
+            transfers: r.transfers,
+        };
+        self.broadcast(&msg);
+        self.event(MeshEvent::Released {
+            epoch,
+            outer_step: r.outer_step,
+            attempt: r.attempt,
+            ring: r.ring,
+            weights: r.weights,
+        });
+    }
+
+    /// After a commit or a skip: the next outer step is computed; links not measured yet are.
+    fn next_step(&mut self, _now: Time) {
+        self.state.outer_step += 1;
+        self.state.phase = Phase::Compute { barrier_opened: None };
+        self.state.transfers.clear();
+        for m in self.state.members.values_mut() {
+            m.done = false;
+            m.failed = false;
+        }
+        self.request_probes();
+    }
+
+    /// Queues the links not measured yet among the members.
+    fn request_probes(&mut self) {
+        let members = self.state.member_ids();
+        self.probes.plan(&members, &self.state.bandwidth);
+    }
+
+    /// Starts the next probe round, only while the members compute (probes would slow an
+    /// all-reduce or a state transfer).
+    fn run_probes(&mut self, now: Time) {
+        if !matches!(self.state.phase, Phase::Compute { .. }) {
+            return;
+        }
+        for (prober, round, peer) in self.probes.next_round(now, self.cfg.probe_duration) {
+            self.send(prober, MeshMsg::ProbeRequest { round, peers: vec![peer] });
+        }
+    }
+}

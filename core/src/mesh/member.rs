@@ -1,0 +1,971 @@
+//! A member of the mesh: a sans-IO state machine on one node.
+
+use super::probe::{ProbeOut, Prober};
+use super::timer::{TimerKind, TimerTable};
+use super::{EvictReason, LeaveReason, MeshConfig, MeshError, MeshMsg, Transfer, op_id};
+use crate::ids::{Epoch, NodeId, Weight};
+use crate::time::Time;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeSet, VecDeque};
+use std::fmt;
+use std::time::Duration;
+
+/// Everything a backend needs to start one all-reduce: one ring per local shard
+/// (`0..shards`), all in `epoch`, each with `shard` in its frames' headers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AllReduceStart {
+    /// The epoch every frame carries.
+    pub epoch: Epoch,
+    /// The collective's op id ([`op_id`]`(outer_step, attempt)`).
+    pub op: u64,
+    /// The outer step.
+    pub outer_step: u64,
+    /// 0 for the first try, more for retries.
+    pub attempt: u32,
+    /// The ring order (the same on every node and every shard).
+    pub ring: Vec<NodeId>,
+    /// This node's weight (0: contribute zeros, it has no pseudo-gradient for this step).
+    pub weight: Weight,
+    /// Sum of every ring member's weight: the divisor the all-reduce will use.
+    pub total_weight: f32,
+    /// How many rings this node runs (one per local GPU shard).
+    pub shards: u16,
+}
+
+/// Why a member stopped.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StopReason {
+    /// It left on its own (after sending its deathrattle).
+    Left(LeaveReason),
+    /// The coordinator evicted it.
+    Evicted(EvictReason),
+    /// Nothing was heard from the coordinator for `silent_for`. There is no standby coordinator:
+    /// a takeover needs the standby to hold the coordinator's state at every decision and the
+    /// members to agree on which coordinator is alive, and a wrong guess (a partition, not a
+    /// death) would split the mesh into two that both train. A clean stop cannot make replicas
+    /// disagree: the backend checkpoints the state as of `last_committed` and exits with this
+    /// message, and the run resumes from the checkpoints with a new coordinator.
+    CoordinatorLost {
+        /// How long the coordinator had been silent.
+        silent_for: Duration,
+        /// The last outer step this member committed.
+        last_committed: Option<u64>,
+        /// A step whose all-reduce this member finished but whose commit it did not receive.
+        /// The coordinator may have committed it on other members; every member that finished
+        /// holds the same result, so the checkpoint should keep it alongside.
+        pending: Option<u64>,
+    },
+    /// The coordinator ended the run.
+    Shutdown,
+}
+
+impl fmt::Display for StopReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StopReason::Left(r) => write!(f, "left the mesh ({r})"),
+            StopReason::Evicted(r) => write!(f, "evicted by the coordinator ({r})"),
+            StopReason::CoordinatorLost { silent_for, last_committed, pending } => {
+                write!(
+                    f,
+                    "coordinator lost: nothing heard from it for {:.1}s; ",
+                    silent_for.as_secs_f64()
+                )?;
+                match last_committed {
+                    Some(s) => write!(f, "checkpointing outer step {s}")?,
+                    None => write!(f, "no outer step committed yet")?,
+                }
+                if let Some(p) = pending {
+                    write!(f, " (step {p} reduced, commit not received)")?;
+                }
+                write!(f, " and stopping")
+            }
+            StopReason::Shutdown => write!(f, "the coordinator ended the run"),
+        }
+    }
+}
+
+/// What the backend must do. Drain with [`Member::poll_action`] after every call, in order.
+#[derive(Clone, Debug, PartialEq)]
+pub enum MemberAction {
+    /// Send a control message to `to` (the coordinator or a peer), with a body of `padding`
+    /// bytes (only probes have one; see [`padded_frame`](super::padded_frame)).
+    Send {
+        /// Receiver.
+        to: NodeId,
+        /// The message.
+        msg: MeshMsg,
+        /// Body length in bytes.
+        padding: u64,
+    },
+    /// This node is now a member of `epoch`.
+    Admitted {
+        /// The epoch.
+        epoch: Epoch,
+        /// The outer step at admission.
+        outer_step: u64,
+    },
+    /// The mesh changed (informational).
+    EpochChanged {
+        /// The new epoch.
+        epoch: Epoch,
+        /// Its members, in id order.
+        members: Vec<NodeId>,
+    },
+    /// Run the inner steps of `outer_step`, keep the pseudo-gradient, then call
+    /// [`Member::barrier_arrive`].
+    Compute {
+        /// The epoch.
+        epoch: Epoch,
+        /// The outer step.
+        outer_step: u64,
+    },
+    /// Receive the training state from these peers (supersedes an earlier `FetchState`), then
+    /// call [`Member::report_sync_done`].
+    FetchState {
+        /// The epoch of the assignment.
+        epoch: Epoch,
+        /// The senders.
+        senders: Vec<NodeId>,
+    },
+    /// Send the training state (as of the last commit) to a joiner.
+    SendState {
+        /// The epoch of the assignment.
+        epoch: Epoch,
+        /// The joiner.
+        to: NodeId,
+    },
+    /// Start the all-reduce from the kept pseudo-gradient; report with
+    /// [`Member::report_allreduce_done`] or [`Member::report_allreduce_failed`]. Do not apply
+    /// the result before [`MemberAction::Commit`].
+    StartAllReduce(AllReduceStart),
+    /// Abandon the all-reduce `op` of `epoch` (running or finished but not committed); keep the
+    /// pseudo-gradient for the retry.
+    AbortAllReduce {
+        /// Its epoch.
+        epoch: Epoch,
+        /// Its op id.
+        op: u64,
+    },
+    /// Every member finished: apply the outer update with the all-reduce's result.
+    Commit {
+        /// The epoch of the all-reduce.
+        epoch: Epoch,
+        /// The step committed.
+        outer_step: u64,
+    },
+    /// Retries exhausted: do not apply an outer update for this step (outer weights unchanged,
+    /// inner weights reset to them). Every member does the same.
+    SkipStep {
+        /// The epoch.
+        epoch: Epoch,
+        /// The step skipped.
+        outer_step: u64,
+        /// Attempts made.
+        attempts: u32,
+    },
+    /// Stop: checkpoint if appropriate, log the reason, exit.
+    Stop(StopReason),
+}
+
+/// A command from the application, as data (what [`Member::handle_command`] takes).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Command {
+    /// [`Member::barrier_arrive`].
+    BarrierArrive {
+        /// The outer step.
+        outer_step: u64,
+    },
+    /// [`Member::report_allreduce_done`].
+    AllReduceDone {
+        /// The epoch.
+        epoch: Epoch,
+        /// The op id.
+        op: u64,
+    },
+    /// [`Member::report_allreduce_failed`].
+    AllReduceFailed {
+        /// The epoch.
+        epoch: Epoch,
+        /// The op id.
+        op: u64,
+    },
+    /// [`Member::report_sync_done`].
+    SyncDone,
+    /// [`Member::leave`].
+    Leave(LeaveReason),
+}
+
+/// Where a member is (also reported in its heartbeats).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MemberPhase {
+    /// Created, [`Member::join`] not called yet.
+    Idle,
+    /// Waiting for admission.
+    Joining,
+    /// Admitted in blocking mode: receiving the state before the all-reduce.
+    Syncing {
+        /// The step whose all-reduce waits.
+        outer_step: u64,
+    },
+    /// Running inner steps.
+    Computing {
+        /// The step.
+        outer_step: u64,
+    },
+    /// At the barrier, waiting for the release.
+    AtBarrier {
+        /// The step.
+        outer_step: u64,
+    },
+    /// In the all-reduce (or finished it, waiting for the commit).
+    Reducing {
+        /// The step.
+        outer_step: u64,
+        /// The attempt.
+        attempt: u32,
+        /// This member reported it done.
+        done: bool,
+    },
+    /// Stopped for good.
+    Stopped,
+}
+
+impl fmt::Display for MemberPhase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MemberPhase::Idle => write!(f, "idle"),
+            MemberPhase::Joining => write!(f, "joining"),
+            MemberPhase::Syncing { outer_step } => write!(f, "syncing for step {outer_step}"),
+            MemberPhase::Computing { outer_step } => write!(f, "computing step {outer_step}"),
+            MemberPhase::AtBarrier { outer_step } => {
+                write!(f, "at the barrier of step {outer_step}")
+            }
+            MemberPhase::Reducing { outer_step, attempt, done } => write!(
+                f,
+                "reducing step {outer_step} attempt {attempt}{}",
+                if *done { " (done)" } else { "" }
+            ),
+            MemberPhase::Stopped => write!(f, "stopped"),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum MemberTimer {
+    Heartbeat,
+    CoordinatorDeadline,
+    Probe,
+}
+
+impl TimerKind for MemberTimer {
+    const COUNT: usize = 3;
+    fn all() -> &'static [Self] {
+        &[MemberTimer::Heartbeat, MemberTimer::CoordinatorDeadline, MemberTimer::Probe]
+    }
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// One node's side of the mesh, sans-IO. Call [`join`](Self::join) once, then feed it every
+/// frame with a `Header::Mesh` via [`handle_message`](Self::handle_message), call
+/// [`handle_timeout`](Self::handle_timeout) at [`poll_timeout`](Self::poll_timeout) (an early
+/// call is a harmless no-op), give it the application's commands, and drain
+/// [`poll_action`](Self::poll_action) after every call.
+#[derive(Clone, Debug)]
+pub struct Member {
+    id: NodeId,
+    incarnation: u64,
+    cfg: MeshConfig,
+    shards: u16,
+    phase: MemberPhase,
+    epoch: Option<Epoch>,
+    members: Vec<NodeId>,
+    queued: bool,
+    synced: bool,
+    collective: Option<(Epoch, u64)>,
+    heard: Time,
+    heartbeats: u64,
+    last_committed: Option<u64>,
+    fetching: Option<Vec<NodeId>>,
+    sending: BTreeSet<NodeId>,
+    timers: TimerTable<MemberTimer>,
+    prober: Prober,
+    actions: VecDeque<MemberAction>,
+}
+
+impl Member {
+    /// A member for node `id`. `incarnation` must differ between restarts of the same id (a
+    /// counter, or a number drawn from the run's seeded stream); `shards` is the number of local
+    /// rings (GPUs) it runs in each all-reduce.
+    pub fn new(id: NodeId, incarnation: u64, cfg: MeshConfig, shards: u16) -> Self {
+        Member {
+            id,
+            incarnation,
+            cfg,
+            shards: shards.max(1),
+            phase: MemberPhase::Idle,
+            epoch: None,
+            members: Vec::new(),
+            queued: false,
+            synced: false,
+            collective: None,
+            heard: Time::ZERO,
+            heartbeats: 0,
+            last_committed: None,
+            fetching: None,
+            sending: BTreeSet::new(),
+            timers: TimerTable::new(),
+            prober: Prober::default(),
+            actions: VecDeque::new(),
+        }
+    }
+
+    /// This node.
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+
+    /// Its incarnation.
+    pub fn incarnation(&self) -> u64 {
+        self.incarnation
+    }
+
+    /// Where it is.
+    pub fn phase(&self) -> MemberPhase {
+        self.phase
+    }
+
+    /// The epoch it is in (exactly one, or none before admission).
+    pub fn epoch(&self) -> Option<Epoch> {
+        self.epoch
+    }
+
+    /// Members of its epoch, as last told, in id order.
+    pub fn members(&self) -> &[NodeId] {
+        &self.members
+    }
+
+    /// The last outer step it committed.
+    pub fn last_committed(&self) -> Option<u64> {
+        self.last_committed
+    }
+
+    /// True once stopped.
+    pub fn is_stopped(&self) -> bool {
+        self.phase == MemberPhase::Stopped
+    }
+
+    /// The next output, if any.
+    #[must_use]
+    pub fn poll_action(&mut self) -> Option<MemberAction> {
+        self.actions.pop_front()
+    }
+
+    /// When [`handle_timeout`](Self::handle_timeout) must be called next, if ever.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Time> {
+        self.timers.next_timeout()
+    }
+
+    fn send(&mut self, to: NodeId, msg: MeshMsg) {
+        self.actions.push_back(MemberAction::Send { to, msg, padding: 0 });
+    }
+
+    fn send_coordinator(&mut self, msg: MeshMsg) {
+        self.send(NodeId::COORDINATOR, msg);
+    }
+
+    fn stop(&mut self, reason: StopReason) {
+        self.phase = MemberPhase::Stopped;
+        self.collective = None;
+        self.timers = TimerTable::new();
+        self.actions.push_back(MemberAction::Stop(reason));
+    }
+
+    fn wrong_phase(&self, command: &'static str) -> MeshError {
+        MeshError::WrongPhase { command, phase: self.phase.to_string() }
+    }
+
+    /// Asks to join. Call once, at start.
+    pub fn join(&mut self, now: Time) -> Result<(), MeshError> {
+        if self.phase != MemberPhase::Idle {
+            return Err(self.wrong_phase("join"));
+        }
+        self.phase = MemberPhase::Joining;
+        self.heard = now;
+        self.send_coordinator(MeshMsg::Join { incarnation: self.incarnation });
+        self.timers.set(MemberTimer::Heartbeat, now + self.cfg.heartbeat_interval);
+        self.timers.set(MemberTimer::CoordinatorDeadline, now + self.cfg.coordinator_timeout);
+        Ok(())
+    }
+
+    /// Leaves now: sends the deathrattle and stops. For a graceful exit, a panic hook or a
+    /// signal handler.
+    pub fn leave(&mut self, _now: Time, reason: LeaveReason) {
+        if matches!(self.phase, MemberPhase::Idle | MemberPhase::Stopped) {
+            return;
+        }
+        self.send_coordinator(MeshMsg::Leave { reason });
+        self.stop(StopReason::Left(reason));
+    }
+
+    /// The inner steps of `outer_step` are done and the pseudo-gradient is kept.
+    pub fn barrier_arrive(&mut self, _now: Time, outer_step: u64) -> Result<(), MeshError> {
+        match self.phase {
+            MemberPhase::Computing { outer_step: s } if s == outer_step => {
+                self.phase = MemberPhase::AtBarrier { outer_step };
+                self.send_coordinator(MeshMsg::Barrier { outer_step });
+                Ok(())
+            }
+            MemberPhase::Computing { outer_step: s } => {
+                Err(MeshError::WrongStep { got: outer_step, expected: Some(s) })
+            }
+            _ => Err(self.wrong_phase("barrier_arrive")),
+        }
+    }
+
+    fn check_op(&self, epoch: Epoch, op: u64) -> Result<(u64, u32, bool), MeshError> {
+        let (MemberPhase::Reducing { outer_step, attempt, done }, Some((e, running))) =
+            (self.phase, self.collective)
+        else {
+            return Err(MeshError::UnknownOp { got: op, running: None });
+        };
+        if epoch != e {
+            return Err(MeshError::StaleEpoch { got: epoch, current: Some(e) });
+        }
+        if op != running {
+            return Err(MeshError::UnknownOp { got: op, running: Some(running) });
+        }
+        Ok((outer_step, attempt, done))
+    }
+
+    /// The all-reduce `op` of `epoch` finished on every shard. A report for an aborted epoch is
+    /// refused with [`MeshError::StaleEpoch`].
+    pub fn report_allreduce_done(
+        &mut self,
+        _now: Time,
+        epoch: Epoch,
+        op: u64,
+    ) -> Result<(), MeshError> {
+        let (outer_step, attempt, done) = self.check_op(epoch, op)?;
+        if !done {
+            self.phase = MemberPhase::Reducing { outer_step, attempt, done: true };
+            self.send_coordinator(MeshMsg::Done { epoch, outer_step, attempt });
+        }
+        Ok(())
+    }
+
+    /// The all-reduce `op` of `epoch` failed here (a peer unreachable, a corrupt frame). The
+    /// member waits for the coordinator's retry or skip.
+    pub fn report_allreduce_failed(
+        &mut self,
+        _now: Time,
+        epoch: Epoch,
+        op: u64,
+    ) -> Result<(), MeshError> {
+        let (outer_step, attempt, _) = self.check_op(epoch, op)?;
+        self.phase = MemberPhase::Reducing { outer_step, attempt, done: false };
+        self.send_coordinator(MeshMsg::Failed { epoch, outer_step, attempt });
+        Ok(())
+    }
+
+    /// The state requested by [`MemberAction::FetchState`] has arrived and verified.
+    pub fn report_sync_done(&mut self, _now: Time) -> Result<(), MeshError> {
+        let Some(epoch) = self.epoch else { return Err(self.wrong_phase("report_sync_done")) };
+        if self.fetching.take().is_none() || self.phase == MemberPhase::Stopped {
+            return Err(self.wrong_phase("report_sync_done"));
+        }
+        if let MemberPhase::Syncing { outer_step } = self.phase {
+            self.phase = MemberPhase::AtBarrier { outer_step };
+        }
+        self.synced = true;
+        self.send_coordinator(MeshMsg::Synced { epoch });
+        Ok(())
+    }
+
+    /// Applies a [`Command`].
+    pub fn handle_command(&mut self, now: Time, c: Command) -> Result<(), MeshError> {
+        match c {
+            Command::BarrierArrive { outer_step } => self.barrier_arrive(now, outer_step),
+            Command::AllReduceDone { epoch, op } => self.report_allreduce_done(now, epoch, op),
+            Command::AllReduceFailed { epoch, op } => self.report_allreduce_failed(now, epoch, op),
+            Command::SyncDone => self.report_sync_done(now),
+            Command::Leave(r) => {
+                self.leave(now, r);
+                Ok(())
+            }
+        }
+    }
+
+    /// Deadlines passed (heartbeat due, coordinator silent, probe timed out). Early calls are
+    /// no-ops.
+    pub fn handle_timeout(&mut self, now: Time) {
+        for t in self.timers.expired(now) {
+            match t {
+                MemberTimer::Heartbeat => {
+                    if self.phase == MemberPhase::Joining && !self.queued {
+                        self.send_coordinator(MeshMsg::Join { incarnation: self.incarnation });
+                    } else {
+                        self.heartbeats += 1;
+                        self.send_coordinator(MeshMsg::Heartbeat {
+                            seq: self.heartbeats,
+                            epoch: self.epoch,
+                            phase: self.phase,
+                            synced: self.synced,
+                        });
+                    }
+                    self.timers.set(MemberTimer::Heartbeat, now + self.cfg.heartbeat_interval);
+                }
+                MemberTimer::CoordinatorDeadline => {
+                    let pending = match self.phase {
+                        MemberPhase::Reducing { outer_step, done: true, .. } => Some(outer_step),
+                        _ => None,
+                    };
+                    self.stop(StopReason::CoordinatorLost {
+                        silent_for: now - self.heard,
+                        last_committed: self.last_committed,
+                        pending,
+                    });
+                    return;
+                }
+                MemberTimer::Probe => {
+                    let out = self.prober.on_timeout(now, self.cfg.probe_duration);
+                    self.probe_out(out);
+                }
+            }
+        }
+    }
+
+    fn probe_out(&mut self, out: Vec<ProbeOut>) {
+        for o in out {
+            match o {
+                ProbeOut::Send { to, round, seq, padding } => {
+                    self.actions.push_back(MemberAction::Send {
+                        to,
+                        msg: MeshMsg::Probe { round, seq },
+                        padding,
+                    });
+                }
+                ProbeOut::Report { round, results } => {
+                    self.send_coordinator(MeshMsg::ProbeReport { round, results });
+                }
+            }
+        }
+        self.timers.set_opt(MemberTimer::Probe, self.prober.deadline(self.cfg.probe_duration));
+    }
+
+    /// Takes `epoch` as current unless it is older. Returns whether it changed, `None` if stale.
+    fn accept_epoch(&mut self, epoch: Epoch) -> Option<bool> {
+        if self.epoch.is_some_and(|cur| epoch < cur) {
+            return None;
+        }
+        let changed = self.epoch != Some(epoch);
+        self.epoch = Some(epoch);
+        Some(changed)
+    }
+
+    fn set_members(&mut self, epoch: Epoch, mut members: Vec<NodeId>, changed: bool) {
+        members.sort();
+        members.dedup();
+        self.members = members;
+        if changed {
+            self.actions
+                .push_back(MemberAction::EpochChanged { epoch, members: self.members.clone() });
+        }
+    }
+
+    fn admit_if_joining(&mut self, epoch: Epoch, outer_step: u64) {
+        if self.phase == MemberPhase::Joining {
+            self.actions.push_back(MemberAction::Admitted { epoch, outer_step });
+        }
+    }
+
+    fn transfers(&mut self, epoch: Epoch, transfers: &[Transfer]) {
+        for t in transfers {
+            if t.joiner == self.id && self.fetching.as_ref() != Some(&t.senders) {
+                self.fetching = Some(t.senders.clone());
+                let senders = t.senders.clone();
+                self.actions.push_back(MemberAction::FetchState { epoch, senders });
+            }
+            if t.senders.contains(&self.id) && self.sending.insert(t.joiner) {
+                self.actions.push_back(MemberAction::SendState { epoch, to: t.joiner });
+            }
+        }
+    }
+
+    fn abort_running(&mut self) {
+        if let Some((epoch, op)) = self.collective.take() {
+            self.actions.push_back(MemberAction::AbortAllReduce { epoch, op });
+        }
+    }
+
+    fn compute(&mut self, epoch: Epoch, outer_step: u64) {
+        self.phase = MemberPhase::Computing { outer_step };
+        self.sending.clear();
+        self.actions.push_back(MemberAction::Compute { epoch, outer_step });
+    }
+
+    /// A mesh message from `from` arrived at `now` (this node's clock).
+    pub fn handle_message(&mut self, now: Time, from: NodeId, msg: MeshMsg) {
+        if matches!(self.phase, MemberPhase::Idle | MemberPhase::Stopped) {
+            return;
+        }
+        if from != NodeId::COORDINATOR {
+            self.peer_message(now, from, msg);
+            return;
+        }
+        self.heard = now;
+        self.timers.set(MemberTimer::CoordinatorDeadline, now + self.cfg.coordinator_timeout);
+        match msg {
+            MeshMsg::Queued { .. } => self.queued = true,
+            MeshMsg::HeartbeatAck => {}
+            MeshMsg::View { epoch, outer_step, members } => {
+                let joining = self.phase == MemberPhase::Joining;
+                if joining && !members.contains(&self.id) {
+                    return; // formed without us: we are still queued
+                }
+                let Some(changed) = self.accept_epoch(epoch) else { return };
+                self.admit_if_joining(epoch, outer_step);
+                self.set_members(epoch, members, changed);
+                if joining {
+                    // Admitted into a forming mesh: every member starts from the same state.
+                    self.synced = true;
+                    self.compute(epoch, outer_step);
+                }
+            }
+            MeshMsg::Sync { epoch, outer_step, members, transfers } => {
+                let joining = self.phase == MemberPhase::Joining;
+                if joining && !members.contains(&self.id) {
+                    return;
+                }
+                let Some(changed) = self.accept_epoch(epoch) else { return };
+                self.admit_if_joining(epoch, outer_step);
+                self.set_members(epoch, members, changed);
+                if joining {
+                    let me = self.id;
+                    self.phase = if transfers.iter().any(|t| t.joiner == me) {
+                        MemberPhase::Syncing { outer_step }
+                    } else {
+                        MemberPhase::AtBarrier { outer_step }
+                    };
+                }
+                self.transfers(epoch, &transfers);
+            }
+            MeshMsg::Release { epoch, outer_step, attempt, ring, weights, transfers } => {
+                let Some(pos) = ring.iter().position(|&x| x == self.id) else { return };
+                if self.epoch.is_some_and(|cur| epoch < cur) {
+                    return;
+                }
+                if matches!(self.phase, MemberPhase::Computing { .. }) {
+                    return; // not at the barrier: it has no pseudo-gradient to reduce
+                }
+                let op = op_id(outer_step, attempt);
+                if self.collective == Some((epoch, op)) {
+                    return; // sent again (a repair that crossed our progress): already running
+                }
+                self.abort_running();
+                let Some(changed) = self.accept_epoch(epoch) else { return };
+                self.admit_if_joining(epoch, outer_step);
+                self.set_members(epoch, ring.clone(), changed);
+                self.transfers(epoch, &transfers);
+                let weight = weights.get(pos).copied().unwrap_or(Weight::ZERO);
+                let total_weight = weights.iter().map(|w| w.get()).sum();
+                self.phase = MemberPhase::Reducing { outer_step, attempt, done: false };
+                self.collective = Some((epoch, op));
+                self.actions.push_back(MemberAction::StartAllReduce(AllReduceStart {
+                    epoch,
+                    op,
+                    outer_step,
+                    attempt,
+                    ring,
+                    weight,
+                    total_weight,
+                    shards: self.shards,
+                }));
+            }
+            MeshMsg::Commit { epoch, outer_step } => {
+                // The epoch is the collective's (the membership may have moved on since).
+                let finished = matches!(
+                    self.phase,
+                    MemberPhase::Reducing { outer_step: s, done: true, .. } if s == outer_step
+                );
+                if finished && self.collective.is_some_and(|(e, _)| e == epoch) {
+                    self.collective = None;
+                    self.last_committed = Some(outer_step);
+                    self.actions.push_back(MemberAction::Commit { epoch, outer_step });
+                    let current = self.epoch.unwrap_or(epoch);
+                    self.compute(current, outer_step + 1);
+                }
+            }
+            MeshMsg::Skip { epoch, outer_step, members, attempts } => {
+                let at_step = match self.phase {
+                    MemberPhase::Reducing { outer_step: s, .. }
+                    | MemberPhase::AtBarrier { outer_step: s }
+                    | MemberPhase::Syncing { outer_step: s }
+                    | MemberPhase::Computing { outer_step: s } => s == outer_step,
+                    _ => false,
+                };
+                if !at_step || !members.contains(&self.id) {
+                    return;
+                }
+                self.abort_running();
+                let Some(changed) = self.accept_epoch(epoch) else { return };
+                self.set_members(epoch, members, changed);
+                self.actions.push_back(MemberAction::SkipStep { epoch, outer_step, attempts });
+                self.compute(epoch, outer_step + 1);
+            }
+            MeshMsg::Evicted { reason } => self.stop(StopReason::Evicted(reason)),
+            MeshMsg::ProbeRequest { round, peers } => {
+                let peers: Vec<NodeId> = peers.into_iter().filter(|&p| p != self.id).collect();
+                let out = self.prober.start(now, round, peers, self.cfg.probe_duration);
+                self.probe_out(out);
+            }
+            MeshMsg::Shutdown => self.stop(StopReason::Shutdown),
+            // Member-to-coordinator or peer messages from the coordinator: ignore.
+            MeshMsg::Join { .. }
+            | MeshMsg::Heartbeat { .. }
+            | MeshMsg::Barrier { .. }
+            | MeshMsg::Done { .. }
+            | MeshMsg::Failed { .. }
+            | MeshMsg::Synced { .. }
+            | MeshMsg::ProbeReport { .. }
+            | MeshMsg::Leave { .. }
+            | MeshMsg::Probe { .. }
+            | MeshMsg::ProbeAck { .. } => {}
+        }
+    }
+
+    fn peer_message(&mut self, now: Time, from: NodeId, msg: MeshMsg) {
+        match msg {
+            MeshMsg::Probe { round, seq } => self.send(from, MeshMsg::ProbeAck { round, seq }),
+            MeshMsg::ProbeAck { round, seq } => {
+                let out = self.prober.on_ack(now, from, round, seq, self.cfg.probe_duration);
+                self.probe_out(out);
+            }
+            // Only the coordinator speaks the rest.
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: u64) -> Time {
+        Time::ZERO + Duration::from_secs(s)
+    }
+
+    /// `now - d`: the past, faked.
+    fn ago(now: Time, d: Duration) -> Time {
+        Time::from_nanos(now.as_nanos() - d.as_nanos() as u64)
+    }
+
+    fn drain(m: &mut Member) -> Vec<MemberAction> {
+        std::iter::from_fn(|| m.poll_action()).collect()
+    }
+
+    fn joined(id: u32) -> Member {
+        let mut m = Member::new(NodeId(id), 0, MeshConfig::default(), 1);
+        m.join(t(0)).unwrap();
+        m.handle_message(
+            t(0),
+            NodeId::COORDINATOR,
+            MeshMsg::View { epoch: Epoch(1), outer_step: 0, members: vec![NodeId(0), NodeId(id)] },
+        );
+        drain(&mut m);
+        m
+    }
+
+    fn release(epoch: u64, attempt: u32, ring: &[u32]) -> MeshMsg {
+        MeshMsg::Release {
+            epoch: Epoch(epoch),
+            outer_step: 0,
+            attempt,
+            ring: ring.iter().map(|&i| NodeId(i)).collect(),
+            weights: vec![Weight::ONE; ring.len()],
+            transfers: vec![],
+        }
+    }
+
+    #[test]
+    fn join_then_view_admits_and_computes() {
+        let mut m = Member::new(NodeId(3), 0, MeshConfig::default(), 1);
+        m.join(t(0)).unwrap();
+        assert_eq!(
+            drain(&mut m),
+            vec![MemberAction::Send {
+                to: NodeId::COORDINATOR,
+                msg: MeshMsg::Join { incarnation: 0 },
+                padding: 0
+            }]
+        );
+        let view = MeshMsg::View { epoch: Epoch(1), outer_step: 0, members: vec![NodeId(3)] };
+        m.handle_message(t(1), NodeId::COORDINATOR, view);
+        let a = drain(&mut m);
+        assert_eq!(a[0], MemberAction::Admitted { epoch: Epoch(1), outer_step: 0 });
+        assert!(a.contains(&MemberAction::Compute { epoch: Epoch(1), outer_step: 0 }));
+        assert_eq!(m.phase(), MemberPhase::Computing { outer_step: 0 });
+        assert_eq!(m.epoch(), Some(Epoch(1)));
+    }
+
+    #[test]
+    fn heartbeats_repeat_join_until_queued_then_beat() {
+        let cfg = MeshConfig::default();
+        let mut m = Member::new(NodeId(1), 7, cfg.clone(), 1);
+        m.join(t(0)).unwrap();
+        drain(&mut m);
+        let due = m.poll_timeout().unwrap();
+        assert_eq!(due, t(0) + cfg.heartbeat_interval);
+        m.handle_timeout(ago(due, Duration::from_millis(1))); // early: no-op
+        assert!(drain(&mut m).is_empty());
+        m.handle_timeout(due);
+        assert!(matches!(
+            drain(&mut m)[..],
+            [MemberAction::Send { msg: MeshMsg::Join { incarnation: 7 }, .. }]
+        ));
+        m.handle_message(due, NodeId::COORDINATOR, MeshMsg::Queued { position: 0 });
+        let due = m.poll_timeout().unwrap();
+        m.handle_timeout(due);
+        assert!(matches!(
+            drain(&mut m)[..],
+            [MemberAction::Send {
+                msg: MeshMsg::Heartbeat {
+                    seq: 1,
+                    epoch: None,
+                    phase: MemberPhase::Joining,
+                    synced: false
+                },
+                ..
+            }]
+        ));
+    }
+
+    #[test]
+    fn a_silent_coordinator_stops_the_member_within_the_deadline() {
+        let cfg = MeshConfig::default();
+        let mut m = joined(1);
+        let now = loop {
+            let now = m.poll_timeout().expect("a member always has a deadline until it stops");
+            m.handle_timeout(now);
+            if let Some(MemberAction::Stop(r)) =
+                drain(&mut m).into_iter().find(|a| matches!(a, MemberAction::Stop(_)))
+            {
+                assert_eq!(
+                    r,
+                    StopReason::CoordinatorLost {
+                        silent_for: cfg.coordinator_timeout,
+                        last_committed: None,
+                        pending: None
+                    }
+                );
+                assert!(r.to_string().starts_with("coordinator lost"), "{r}");
+                break now;
+            }
+        };
+        assert_eq!(now, t(0) + cfg.coordinator_timeout);
+        assert!(m.is_stopped());
+        assert_eq!(m.poll_timeout(), None);
+    }
+
+    #[test]
+    fn a_retry_aborts_then_restarts_and_old_reports_are_refused() {
+        let mut m = joined(1);
+        m.barrier_arrive(t(1), 0).unwrap();
+        m.handle_message(t(2), NodeId::COORDINATOR, release(1, 0, &[0, 1, 2]));
+        let a = drain(&mut m);
+        let MemberAction::StartAllReduce(s) = a.last().unwrap().clone() else { panic!("{a:?}") };
+        assert_eq!((s.epoch, s.op, s.total_weight), (Epoch(1), op_id(0, 0), 3.0));
+        m.handle_message(t(3), NodeId::COORDINATOR, release(2, 1, &[0, 1]));
+        let a = drain(&mut m);
+        assert_eq!(a[0], MemberAction::AbortAllReduce { epoch: Epoch(1), op: op_id(0, 0) });
+        assert!(matches!(&a[1], MemberAction::EpochChanged { epoch: Epoch(2), .. }));
+        let MemberAction::StartAllReduce(s) = a[2].clone() else { panic!("{a:?}") };
+        assert_eq!((s.epoch, s.attempt, s.total_weight), (Epoch(2), 1, 2.0));
+        assert_eq!(
+            m.report_allreduce_done(t(4), Epoch(1), op_id(0, 0)),
+            Err(MeshError::StaleEpoch { got: Epoch(1), current: Some(Epoch(2)) })
+        );
+        m.report_allreduce_done(t(4), Epoch(2), op_id(0, 1)).unwrap();
+        // A stale release of the older epoch changes nothing.
+        m.handle_message(t(5), NodeId::COORDINATOR, release(1, 0, &[0, 1]));
+        assert!(matches!(
+            drain(&mut m)[..],
+            [MemberAction::Send { msg: MeshMsg::Done { epoch: Epoch(2), attempt: 1, .. }, .. }]
+        ));
+        m.handle_message(
+            t(6),
+            NodeId::COORDINATOR,
+            MeshMsg::Commit { epoch: Epoch(2), outer_step: 0 },
+        );
+        let a = drain(&mut m);
+        assert_eq!(a[0], MemberAction::Commit { epoch: Epoch(2), outer_step: 0 });
+        assert_eq!(a[1], MemberAction::Compute { epoch: Epoch(2), outer_step: 1 });
+        assert_eq!(m.last_committed(), Some(0));
+    }
+
+    #[test]
+    fn commands_in_the_wrong_phase_are_errors_not_panics() {
+        let mut m = Member::new(NodeId(1), 0, MeshConfig::default(), 1);
+        assert!(matches!(m.barrier_arrive(t(0), 0), Err(MeshError::WrongPhase { .. })));
+        assert!(matches!(m.report_sync_done(t(0)), Err(MeshError::WrongPhase { .. })));
+        let mut m = joined(1);
+        assert_eq!(
+            m.barrier_arrive(t(0), 5),
+            Err(MeshError::WrongStep { got: 5, expected: Some(0) })
+        );
+        assert_eq!(
+            m.report_allreduce_done(t(0), Epoch(1), 0),
+            Err(MeshError::UnknownOp { got: 0, running: None })
+        );
+    }
+
+    #[test]
+    fn probes_are_echoed_and_measured_on_the_local_clock() {
+        let mut a = joined(1);
+        let mut b = joined(2);
+        a.handle_message(
+            t(10),
+            NodeId::COORDINATOR,
+            MeshMsg::ProbeRequest { round: 1, peers: vec![NodeId(2), NodeId(1)] },
+        );
+        let bw = 100e6; // bytes/s
+        let mut now = t(10);
+        for _ in 0..20 {
+            let acts = drain(&mut a);
+            let mut sent = false;
+            for act in acts {
+                match act {
+                    MemberAction::Send { to: NodeId(2), msg, padding } => {
+                        sent = true;
+                        now +=
+                            Duration::from_millis(5) + Duration::from_secs_f64(padding as f64 / bw);
+                        b.handle_message(now, NodeId(1), msg);
+                        let echo = drain(&mut b);
+                        let [MemberAction::Send { to: NodeId(1), msg, padding: 0 }] = &echo[..]
+                        else {
+                            panic!("{echo:?}")
+                        };
+                        now += Duration::from_millis(5);
+                        a.handle_message(now, NodeId(2), msg.clone());
+                    }
+                    MemberAction::Send {
+                        to: NodeId::COORDINATOR,
+                        msg: MeshMsg::ProbeReport { round, results },
+                        ..
+                    } => {
+                        assert_eq!(round, 1);
+                        assert_eq!(results.len(), 1);
+                        assert_eq!(results[0].peer, NodeId(2));
+                        assert!((results[0].bytes_per_sec / bw - 1.0).abs() < 1e-3);
+                        return;
+                    }
+                    other => panic!("{other:?}"),
+                }
+            }
+            assert!(sent);
+        }
+        panic!("no report");
+    }
+}

@@ -1,0 +1,166 @@
+//! The coordinator's view of the mesh, as plain data: what [`decide`](super::decide) reads.
+
+use super::{LeaveReason, Transfer, ring::BandwidthMatrix};
+use crate::ids::{Epoch, NodeId, Weight};
+use crate::time::Time;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// What the coordinator knows about one member of the current epoch.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MemberInfo {
+    /// The incarnation it joined with.
+    pub incarnation: u64,
+    /// When the coordinator last received anything from it, on the coordinator's own clock.
+    pub last_seen: Time,
+    /// The epoch it was admitted in.
+    pub joined_epoch: Epoch,
+    /// The first outer step for which it has a pseudo-gradient: the step being computed when it
+    /// joined a forming mesh, the step after the boundary it was admitted at otherwise (it
+    /// contributes weight 0 to that boundary's all-reduce).
+    pub first_step: u64,
+    /// Whether it holds the training state (always true for members of the first epoch).
+    pub synced: bool,
+    /// The last outer step whose barrier it reached.
+    pub arrived: Option<u64>,
+    /// Its deathrattle, if it sent one.
+    pub leaving: Option<LeaveReason>,
+    /// It joined again with another incarnation: the process this record describes is gone.
+    pub restarted: bool,
+    /// It reported the current all-reduce attempt done.
+    pub done: bool,
+    /// It reported the current all-reduce attempt failed.
+    pub failed: bool,
+}
+
+impl MemberInfo {
+    /// A member admitted now.
+    pub fn new(incarnation: u64, last_seen: Time, epoch: Epoch, step: u64, synced: bool) -> Self {
+        MemberInfo {
+            incarnation,
+            last_seen,
+            joined_epoch: epoch,
+            first_step: step,
+            synced,
+            arrived: None,
+            leaving: None,
+            restarted: false,
+            done: false,
+            failed: false,
+        }
+    }
+}
+
+/// A node waiting in the join queue.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Joiner {
+    /// The node.
+    pub id: NodeId,
+    /// The incarnation it joins with.
+    pub incarnation: u64,
+    /// When its join arrived (coordinator's clock).
+    pub queued_at: Time,
+    /// When the coordinator last heard from it.
+    pub last_seen: Time,
+}
+
+/// Where the mesh is in its cycle.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// No epoch yet (or every member is gone): waiting for enough joiners.
+    Forming,
+    /// Members compute the current outer step; the barrier opens at the first arrival.
+    Compute {
+        /// When the first member reached the barrier of the current step.
+        barrier_opened: Option<Time>,
+    },
+    /// Blocking mode: joiners receive the state before the all-reduce.
+    Sync {
+        /// When the transfers (of this epoch) started.
+        since: Time,
+    },
+    /// The all-reduce of the current step runs.
+    Reduce {
+        /// 0, then 1, 2, ... for retries.
+        attempt: u32,
+        /// When it was released.
+        since: Time,
+        /// When a member first reported this attempt failed.
+        failed_at: Option<Time>,
+    },
+}
+
+/// How an outer step ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Every member finished the all-reduce of `epoch` and applied it.
+    Committed {
+        /// The step.
+        outer_step: u64,
+        /// The epoch of the all-reduce.
+        epoch: Epoch,
+    },
+    /// Every member skipped the step's outer update.
+    Skipped {
+        /// The step.
+        outer_step: u64,
+        /// Attempts made.
+        attempts: u32,
+    },
+}
+
+/// Everything the coordinator knows: plain data, cloned freely, compared in tests.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MeshState {
+    /// The current epoch (0 before the first one forms).
+    pub epoch: Epoch,
+    /// The outer step being computed or reduced.
+    pub outer_step: u64,
+    /// Where the mesh is.
+    pub phase: Phase,
+    /// Members of the current epoch.
+    pub members: BTreeMap<NodeId, MemberInfo>,
+    /// Nodes waiting to join, in arrival order.
+    pub queue: Vec<Joiner>,
+    /// The ring of the current (or last) all-reduce.
+    pub ring: Vec<NodeId>,
+    /// The weights of the current (or last) all-reduce, aligned with `ring`.
+    pub weights: Vec<Weight>,
+    /// How the last finished step ended (sent again to a member that missed it).
+    pub last_outcome: Option<Outcome>,
+    /// The state transfers of the current epoch.
+    pub transfers: Vec<Transfer>,
+    /// Measured bandwidth between nodes.
+    pub bandwidth: BandwidthMatrix,
+    /// Every (node, incarnation) ever admitted, so that none is admitted twice.
+    pub admitted: BTreeSet<(NodeId, u64)>,
+}
+
+impl Default for MeshState {
+    fn default() -> Self {
+        MeshState {
+            epoch: Epoch(0),
+            outer_step: 0,
+            phase: Phase::Forming,
+            members: BTreeMap::new(),
+            queue: Vec::new(),
+            ring: Vec::new(),
+            weights: Vec::new(),
+            last_outcome: None,
+            transfers: Vec::new(),
+            bandwidth: BandwidthMatrix::new(),
+            admitted: BTreeSet::new(),
+        }
+    }
+}
+
+impl MeshState {
+    /// The members of the current epoch, in id order.
+    pub fn member_ids(&self) -> Vec<NodeId> {
+        self.members.keys().copied().collect()
+    }
+
+    /// Whether `id` is queued.
+    pub fn is_queued(&self, id: NodeId) -> bool {
+        self.queue.iter().any(|j| j.id == id)
+    }
+}

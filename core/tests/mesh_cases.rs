@@ -1,0 +1,487 @@
+//! The elastic mesh over the in-memory harness on a virtual clock: reference.md's test cases
+//! 6 to 11, each citing the case and the PRIME defect it guards against.
+
+use loco_core::mesh::{
+    EvictReason, LeaveReason, MemberAction, MemberPhase, MeshConfig, MeshEvent, StopReason,
+    bottleneck,
+};
+use loco_core::testing::{Network, Workload};
+use loco_core::{Epoch, NodeId, Time};
+use std::time::Duration;
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn at(s: u64) -> Time {
+    Time::ZERO + secs(s)
+}
+
+/// 60 s of compute per outer step, 10 s per all-reduce, 20 s to receive the state.
+fn workload() -> Workload {
+    Workload::new(secs(60), secs(10), secs(20))
+}
+
+fn ids(v: &[u32]) -> Vec<NodeId> {
+    v.iter().map(|&i| NodeId(i)).collect()
+}
+
+/// The epochs formed, in order: (time, epoch, members, admitted, evicted).
+type Formed = (Time, Epoch, Vec<NodeId>, Vec<NodeId>, Vec<(NodeId, EvictReason)>);
+
+fn formed(net: &Network) -> Vec<Formed> {
+    net.events()
+        .into_iter()
+        .filter_map(|(t, e)| match e {
+            MeshEvent::EpochFormed { epoch, members, admitted, evicted } => {
+                Some((t, *epoch, members.clone(), admitted.clone(), evicted.clone()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// The time of the first commit of `step`.
+fn committed_at(net: &Network, step: u64) -> Option<Time> {
+    net.events().into_iter().find_map(|(t, e)| match e {
+        MeshEvent::Committed { outer_step, .. } if *outer_step == step => Some(t),
+        _ => None,
+    })
+}
+
+fn starts(net: &Network, id: NodeId) -> Vec<loco_core::mesh::AllReduceStart> {
+    net.actions_of(id)
+        .into_iter()
+        .filter_map(|(_, a)| match a {
+            MemberAction::StartAllReduce(s) => Some(s.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn stops(net: &Network, id: NodeId) -> Vec<(Time, StopReason)> {
+    net.actions_of(id)
+        .into_iter()
+        .filter_map(|(t, a)| match a {
+            MemberAction::Stop(r) => Some((t, r.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Test case 6, first part: N nodes start and form one epoch.
+#[test]
+fn n_nodes_start_and_form_epoch_one() {
+    let mut net = Network::formed(MeshConfig::default(), 4, &workload(), 1);
+    net.run_for(secs(1)).unwrap();
+    let c = net.coordinator().unwrap();
+    assert_eq!(c.epoch(), Epoch(1));
+    assert_eq!(c.members(), ids(&[0, 1, 2, 3]));
+    for id in net.node_ids() {
+        let m = net.member(id).unwrap();
+        assert_eq!(m.epoch(), Some(Epoch(1)));
+        assert_eq!(m.phase(), MemberPhase::Computing { outer_step: 0 });
+    }
+}
+
+/// Test case 6: a joiner queued mid-step is admitted at the next boundary (size N+1, epoch+1)
+/// and not before, with weight 0 for that step (it has no pseudo-gradient); the step's divisor
+/// stays N. Blocking mode: it receives the state from an assigned sender first.
+#[test]
+fn a_joiner_queued_mid_step_is_admitted_at_the_next_boundary_and_not_before() {
+    let mut net = Network::formed(MeshConfig::default(), 3, &workload(), 2);
+    net.run_until(at(20)).unwrap(); // mid-compute of step 0
+    net.add_node(NodeId(7), workload());
+    net.run_until(at(59)).unwrap();
+    // Queued, not admitted: the step has not ended.
+    assert_eq!(net.coordinator().unwrap().members(), ids(&[0, 1, 2]));
+    assert_eq!(net.coordinator().unwrap().epoch(), Epoch(1));
+    assert_eq!(net.member(NodeId(7)).unwrap().phase(), MemberPhase::Joining);
+    net.run_until(at(200)).unwrap();
+
+    let f = formed(&net);
+    assert_eq!(f.len(), 2, "{f:?}");
+    let (t2, e2, members, admitted, evicted) = &f[1];
+    assert_eq!(*e2, Epoch(2));
+    assert_eq!(*members, ids(&[0, 1, 2, 7]));
+    assert_eq!(*admitted, ids(&[7]));
+    assert!(evicted.is_empty());
+    // At the boundary: after the barrier of step 0 (60 s of compute), not before.
+    assert!(*t2 >= at(60) && *t2 < at(61), "{t2}");
+
+    // Blocking: the joiner fetched the state from one sender, and the all-reduce waited for it.
+    let fetch: Vec<_> = net
+        .actions_of(NodeId(7))
+        .into_iter()
+        .filter_map(|(t, a)| match a {
+            MemberAction::FetchState { senders, .. } => Some((t, senders.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(fetch.len(), 1);
+    assert_eq!(fetch[0].1.len(), 1);
+    let sender = fetch[0].1[0];
+    assert!(
+        net.actions_of(sender)
+            .iter()
+            .any(|(_, a)| matches!(a, MemberAction::SendState { to, .. } if *to == NodeId(7)))
+    );
+    let s7 = starts(&net, NodeId(7));
+    assert!(s7[0].outer_step == 0 && s7[0].weight.get() == 0.0, "{:?}", s7[0]);
+    assert_eq!(s7[0].total_weight, 3.0, "the divisor of step 0 is the 3 old members");
+    assert!(s7[0].ring.len() == 4);
+    // Release after the 20 s transfer.
+    let released = net
+        .events()
+        .into_iter()
+        .find_map(|(t, e)| matches!(e, MeshEvent::Released { outer_step: 0, .. }).then_some(t))
+        .unwrap();
+    assert!(released >= *t2 + secs(20), "{released}");
+    // From step 1 on it contributes with weight 1.
+    assert_eq!(s7[1].outer_step, 1);
+    assert_eq!((s7[1].weight.get(), s7[1].total_weight), (1.0, 4.0));
+    // Admitted exactly once.
+    let admitted = net
+        .actions_of(NodeId(7))
+        .into_iter()
+        .filter(|(_, a)| matches!(a, MemberAction::Admitted { .. }))
+        .count();
+    assert_eq!(admitted, 1);
+}
+
+/// Test case 6: a graceful leave (deathrattle) shrinks the mesh at once, without waiting for
+/// the heartbeat timeout.
+#[test]
+fn a_graceful_leave_shrinks_the_mesh_at_once() {
+    let mut net = Network::formed(MeshConfig::default(), 4, &workload(), 3);
+    net.run_until(at(30)).unwrap();
+    net.leave(NodeId(2), LeaveReason::Signal);
+    net.run_for(ms(10)).unwrap(); // one latency, not a timeout
+    let c = net.coordinator().unwrap();
+    assert_eq!(c.epoch(), Epoch(2));
+    assert_eq!(c.members(), ids(&[0, 1, 3]));
+    let f = formed(&net);
+    assert_eq!(f[1].4, vec![(NodeId(2), EvictReason::Deathrattle(LeaveReason::Signal))]);
+    assert_eq!(stops(&net, NodeId(2)), vec![(at(30), StopReason::Left(LeaveReason::Signal))]);
+    // The others learn the new epoch and go on.
+    net.run_until(at(75)).unwrap();
+    for i in [0, 1, 3] {
+        assert_eq!(net.member(NodeId(i)).unwrap().epoch(), Some(Epoch(2)));
+        assert_eq!(net.member(NodeId(i)).unwrap().last_committed(), Some(0));
+    }
+}
+
+/// Test case 6: a crash (SIGKILL, no deathrattle) is evicted after the heartbeat timeout, by the
+/// coordinator's clock, and not before.
+#[test]
+fn a_crash_is_evicted_after_the_heartbeat_timeout() {
+    let cfg = MeshConfig::default();
+    let mut net = Network::formed(cfg.clone(), 3, &workload(), 4);
+    net.run_until(at(31)).unwrap();
+    net.crash(NodeId(1));
+    // Its last heartbeat was sent at 30 s (every 2 s from 0): evicted at 36 s + latency.
+    net.run_until(at(35)).unwrap();
+    assert_eq!(net.coordinator().unwrap().members(), ids(&[0, 1, 2]));
+    net.run_until(at(37)).unwrap();
+    assert_eq!(net.coordinator().unwrap().members(), ids(&[0, 2]));
+    let f = formed(&net);
+    let (t, e, _, _, evicted) = &f[1];
+    assert_eq!((*e, evicted.clone()), (Epoch(2), vec![(NodeId(1), EvictReason::HeartbeatTimeout)]));
+    assert!(*t >= at(36) && *t <= at(36) + ms(10), "{t}");
+}
+
+/// Test case 6 (PRIME defect 3): an all-reduce in flight when a member crashes fails on every
+/// survivor and is retried on the new epoch, with the survivors' weights as the divisor.
+#[test]
+fn an_allreduce_in_flight_is_retried_on_the_new_epoch_with_the_right_divisor() {
+    let mut net = Network::formed(MeshConfig::default(), 4, &workload(), 5);
+    net.run_until(at(65)).unwrap(); // the all-reduce of step 0 runs from 60 s to 70 s
+    net.crash(NodeId(3));
+    net.run_until(at(200)).unwrap();
+    for i in 0..3 {
+        let id = NodeId(i);
+        let s = starts(&net, id);
+        assert_eq!(s[0].epoch, Epoch(1));
+        assert_eq!((s[0].attempt, s[0].total_weight), (0, 4.0));
+        assert_eq!(s[1].epoch, Epoch(2));
+        assert_eq!((s[1].outer_step, s[1].attempt, s[1].total_weight), (0, 1, 3.0));
+        assert_eq!(s[1].ring, ids(&[0, 1, 2]));
+        let aborted = net
+            .actions_of(id)
+            .into_iter()
+            .any(|(_, a)| matches!(a, MemberAction::AbortAllReduce { epoch: Epoch(1), .. }));
+        assert!(aborted, "{id} aborted the epoch-1 all-reduce");
+        assert_eq!(net.member(id).unwrap().last_committed(), Some(1));
+    }
+    // Committed once, in epoch 2.
+    let commits: Vec<_> = net
+        .events()
+        .into_iter()
+        .filter_map(|(_, e)| match e {
+            MeshEvent::Committed { epoch, outer_step: 0 } => Some(*epoch),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(commits, vec![Epoch(2)]);
+}
+
+/// PRIME defect 4: past `max_retries`, every member skips the step (logged), none falls back to
+/// its local pseudo-gradient. Here a second member dies during the retry.
+#[test]
+fn past_the_retry_bound_every_member_skips_the_step() {
+    let cfg = MeshConfig { max_retries: 1, ..MeshConfig::default() };
+    let mut net = Network::formed(cfg, 4, &workload(), 6);
+    net.run_until(at(62)).unwrap();
+    net.crash(NodeId(3)); // last heartbeat at 62 s: evicted at 68 s, attempt 1 released
+    net.run_until(at(69)).unwrap();
+    net.crash(NodeId(2)); // evicted at 74 s, before attempt 1 ends: the bound is reached
+    net.run_until(at(100)).unwrap();
+    let skipped: Vec<_> = net
+        .events()
+        .into_iter()
+        .filter_map(|(t, e)| match e {
+            MeshEvent::StepSkipped { outer_step, attempts, .. } => {
+                Some((t, *outer_step, *attempts))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(skipped.len(), 1);
+    assert_eq!((skipped[0].1, skipped[0].2), (0, 2));
+    for i in 0..2 {
+        let acts = net.actions_of(NodeId(i));
+        let skip = acts
+            .iter()
+            .filter(|(_, a)| matches!(a, MemberAction::SkipStep { outer_step: 0, .. }))
+            .count();
+        let commit = acts
+            .iter()
+            .filter(|(_, a)| matches!(a, MemberAction::Commit { outer_step: 0, .. }))
+            .count();
+        assert_eq!((skip, commit), (1, 0), "n{i}");
+        // It computes step 1 next, like everyone else.
+        assert_eq!(
+            net.member(NodeId(i)).unwrap().phase(),
+            MemberPhase::Computing { outer_step: 1 }
+        );
+    }
+    assert_eq!(net.coordinator().unwrap().members(), ids(&[0, 1]));
+}
+
+/// A member whose application hangs inside the all-reduce while its heartbeats go on: at the
+/// all-reduce deadline every member skips the step (no retry of the stalled ring), and the hung
+/// node is evicted at the next barrier deadline.
+#[test]
+fn an_allreduce_stalled_by_a_hung_member_is_skipped_then_the_member_evicted() {
+    let cfg = MeshConfig {
+        allreduce_timeout: secs(100),
+        barrier_timeout: secs(300),
+        ..MeshConfig::default()
+    };
+    let mut net = Network::formed(cfg, 3, &workload(), 13);
+    net.run_until(at(61)).unwrap();
+    net.hang(NodeId(2));
+    net.run_until(at(161)).unwrap();
+    let skipped: Vec<_> = net
+        .events()
+        .into_iter()
+        .filter_map(|(t, e)| match e {
+            MeshEvent::StepSkipped { outer_step, attempts, .. } => {
+                Some((t, *outer_step, *attempts))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(skipped.len(), 1);
+    assert!(skipped[0].0 >= at(160) && skipped[0].0 < at(161), "{:?}", skipped[0]);
+    assert_eq!((skipped[0].1, skipped[0].2), (0, 1));
+    // Barrier of step 1 opens at 220 s; the hung node is evicted at 520 s.
+    net.run_until(at(519)).unwrap();
+    assert_eq!(net.coordinator().unwrap().members(), ids(&[0, 1, 2]));
+    net.run_until(at(521)).unwrap();
+    assert_eq!(net.coordinator().unwrap().members(), ids(&[0, 1]));
+    net.run_until(at(600)).unwrap();
+    assert_eq!(net.member(NodeId(0)).unwrap().last_committed(), Some(1));
+}
+
+/// Test case 7 (PRIME defect 2): a node that hangs but keeps beating is evicted at the barrier
+/// deadline, not before, and not by its heartbeats.
+#[test]
+fn a_hung_node_that_keeps_beating_is_evicted_at_the_barrier_deadline() {
+    let cfg = MeshConfig { barrier_timeout: secs(300), ..MeshConfig::default() };
+    let mut net = Network::formed(cfg, 3, &workload(), 7);
+    net.run_until(at(30)).unwrap();
+    net.hang(NodeId(1));
+    // The others arrive at 60 s; the deadline is 360 s.
+    net.run_until(at(359)).unwrap();
+    assert_eq!(net.coordinator().unwrap().members(), ids(&[0, 1, 2]));
+    assert_eq!(net.member(NodeId(1)).unwrap().phase(), MemberPhase::Computing { outer_step: 0 });
+    net.run_until(at(361)).unwrap();
+    let f = formed(&net);
+    assert_eq!(f[1].4, vec![(NodeId(1), EvictReason::BarrierMissed)]);
+    assert!(f[1].0 >= at(360), "{}", f[1].0);
+    assert_eq!(net.coordinator().unwrap().members(), ids(&[0, 2]));
+    assert!(matches!(
+        stops(&net, NodeId(1))[..],
+        [(_, StopReason::Evicted(EvictReason::BarrierMissed))]
+    ));
+    net.run_until(at(400)).unwrap();
+    assert_eq!(net.member(NodeId(0)).unwrap().last_committed(), Some(0));
+}
+
+/// Test case 8 (PRIME defect 1): members whose clocks are 30 s ahead and 30 s behind are not
+/// evicted: liveness is judged by the coordinator's receive time only.
+#[test]
+fn clock_skew_of_30_seconds_does_not_evict() {
+    let cfg = MeshConfig { min_members: 3, join_window: Duration::ZERO, ..MeshConfig::default() };
+    let mut net: Network = Network::new(cfg, 8);
+    net.run_until(at(100)).unwrap();
+    net.add_node_with(NodeId(0), workload(), 1, 0.0);
+    net.add_node_with(NodeId(1), workload(), 1, 30.0);
+    net.add_node_with(NodeId(2), workload(), 1, -30.0);
+    net.run_until(at(1100)).unwrap();
+    let f = formed(&net);
+    assert_eq!(f.len(), 1, "no epoch change: {f:?}");
+    assert_eq!(net.coordinator().unwrap().members(), ids(&[0, 1, 2]));
+    let steps: Vec<_> = (0..3).map(|i| net.member(NodeId(i)).unwrap().last_committed()).collect();
+    assert_eq!(steps, vec![Some(13); 3]);
+}
+
+/// Test case 9 (PRIME defect 6): two joiners at once are both admitted, once each, in one
+/// epoch; a third that starts while that change is under way waits for the next boundary.
+#[test]
+fn two_joiners_at_once_are_both_admitted_once_each() {
+    let cfg = MeshConfig::default();
+    let mut net = Network::formed(cfg, 2, &workload(), 9);
+    net.run_until(at(30)).unwrap();
+    net.add_node(NodeId(5), workload());
+    net.add_node(NodeId(6), workload());
+    // The boundary is at 60 s; the joiners then receive the state for 20 s (blocking mode).
+    net.run_until(at(70)).unwrap();
+    assert!(matches!(
+        net.coordinator().unwrap().state().phase,
+        loco_core::mesh::Phase::Sync { .. }
+    ));
+    net.add_node(NodeId(7), workload()); // during the change
+    net.run_until(at(300)).unwrap();
+    let f = formed(&net);
+    assert_eq!(f.len(), 3, "{f:?}");
+    assert_eq!(f[1].3, ids(&[5, 6]));
+    assert_eq!(f[1].2, ids(&[0, 1, 5, 6]));
+    assert_eq!(f[2].3, ids(&[7]));
+    assert!(f[2].0 > committed_at(&net, 0).unwrap(), "n7 waits for the boundary of step 1");
+    for i in [5, 6, 7] {
+        let n = net
+            .actions_of(NodeId(i))
+            .into_iter()
+            .filter(|(_, a)| matches!(a, MemberAction::Admitted { .. }))
+            .count();
+        assert_eq!(n, 1, "n{i} admitted once");
+    }
+    let queued: Vec<_> = net
+        .events()
+        .into_iter()
+        .filter_map(|(_, e)| match e {
+            MeshEvent::JoinQueued { node, .. } => Some(*node),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(queued, ids(&[0, 1, 5, 6, 7]));
+    // The two senders split the joiners.
+    let senders: Vec<NodeId> = [5, 6]
+        .iter()
+        .flat_map(|&i| {
+            net.actions_of(NodeId(i)).into_iter().filter_map(|(_, a)| match a {
+                MemberAction::FetchState { senders, .. } => Some(senders[0]),
+                _ => None,
+            })
+        })
+        .collect();
+    assert_eq!(senders, ids(&[0, 1]));
+}
+
+/// A node that crashes and restarts before its heartbeat timeout: the old process is evicted as
+/// restarted, the new one is admitted once at the next boundary.
+#[test]
+fn a_quick_restart_is_a_new_incarnation() {
+    let mut net = Network::formed(MeshConfig::default(), 3, &workload(), 10);
+    net.run_until(at(20)).unwrap();
+    net.crash(NodeId(2));
+    net.run_until(at(21)).unwrap();
+    net.restart(NodeId(2), workload());
+    net.run_until(at(200)).unwrap();
+    let f = formed(&net);
+    assert_eq!(f[1].4, vec![(NodeId(2), EvictReason::Restarted)]);
+    assert!(f[1].0 < at(22), "evicted as soon as the new incarnation joined");
+    assert_eq!(f[2].3, ids(&[2]));
+    assert_eq!(net.coordinator().unwrap().members(), ids(&[0, 1, 2]));
+    assert_eq!(net.member(NodeId(2)).unwrap().incarnation(), 1);
+}
+
+/// Test case 10 (PRIME defect 8): the coordinator dies; every member notices within the
+/// coordinator timeout and stops with a clear reason; nothing hangs.
+#[test]
+fn coordinator_death_stops_every_member_within_the_deadline() {
+    for crash_at in [30, 65] {
+        let cfg = MeshConfig::default();
+        let mut net = Network::formed(cfg.clone(), 3, &workload(), 11);
+        net.run_until(at(crash_at)).unwrap();
+        net.crash_coordinator();
+        net.run_until(at(crash_at + 600)).unwrap();
+        assert_eq!(net.next_event(), None, "quiescent: nothing waits forever");
+        for i in 0..3 {
+            let s = stops(&net, NodeId(i));
+            assert_eq!(s.len(), 1, "n{i}: {s:?}");
+            let (t, reason) = &s[0];
+            assert!(*t <= at(crash_at) + cfg.coordinator_timeout, "n{i} stopped at {t}");
+            assert!(*t + secs(3) >= at(crash_at) + cfg.coordinator_timeout, "n{i} stopped at {t}");
+            let StopReason::CoordinatorLost { last_committed, .. } = reason else {
+                panic!("{reason}")
+            };
+            assert_eq!(*last_committed, None);
+            assert!(reason.to_string().contains("coordinator lost"), "{reason}");
+        }
+    }
+}
+
+/// Test case 11, end to end: the members' probes measure the harness's links, and the ring of
+/// the first all-reduce avoids the slow ones (the id-order ring would use both).
+#[test]
+fn the_ring_is_ordered_by_measured_bandwidth() {
+    let mut net = Network::formed(MeshConfig::default(), 5, &workload(), 12);
+    net.set_default_bandwidth(100e6);
+    net.set_latency(ms(20));
+    let slow = [(NodeId(0), NodeId(1)), (NodeId(3), NodeId(4))];
+    for (a, b) in slow {
+        net.set_bandwidth(a, b, 1e6);
+    }
+    net.run_until(at(75)).unwrap();
+    let m = &net.coordinator().unwrap().state().bandwidth;
+    assert_eq!(m.len(), 20, "every directed link measured");
+    for a in 0..5 {
+        for b in 0..5 {
+            if a == b {
+                continue;
+            }
+            let (a, b) = (NodeId(a), NodeId(b));
+            let truth = if slow.contains(&(a, b)) { 1e6 } else { 100e6 };
+            let got = m.get(a, b).unwrap();
+            assert!((got / truth - 1.0).abs() < 0.1, "{a}->{b}: {got} vs {truth}");
+        }
+    }
+    let ring = starts(&net, NodeId(0))[0].ring.clone();
+    let idx: Vec<usize> = ring.iter().map(|n| n.0 as usize).collect();
+    let w: Vec<Vec<f64>> = (0..5)
+        .map(|a| {
+            (0..5)
+                .map(|b| if slow.contains(&(NodeId(a), NodeId(b))) { 1e6 } else { 100e6 })
+                .collect()
+        })
+        .collect();
+    assert_eq!(bottleneck(&idx, &w), 100e6, "ring {ring:?}");
+    assert_eq!(bottleneck(&[0, 1, 2, 3, 4], &w), 1e6);
+}
