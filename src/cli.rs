@@ -21,6 +21,11 @@ pub(crate) struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
+    /// Replay a scenario in the deterministic simulator: membership, churn, bandwidth and
+    /// compute of every node, fast and reproducibly. Writes summary.json, outer_steps.csv,
+    /// events.csv, the plots and report.html into DIR. Exit 0 when every invariant held, 1 when
+    /// one broke (summary.json says which), 2 on bad input.
+    Replay(ReplayArgs),
     /// Run a scenario on real processes on this machine: a coordinator and the scenario's
     /// workers over loopback TCP, training the scenario's model (libtorch), with its churn
     /// played by real signals (SIGKILL, SIGTERM, SIGSTOP/SIGCONT) and new processes. Writes the
@@ -37,6 +42,21 @@ pub(crate) enum Command {
     /// Performance figures: codecs, the ring all-reduce, the simulator.
     #[command(subcommand)]
     Bench(BenchCommand),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ReplayArgs {
+    /// The scenario file (default: scenarios/intellect1-global.toml, INTELLECT-1's global run).
+    pub(crate) scenario: Option<PathBuf>,
+    /// Seed of the run (overrides the scenario's).
+    #[arg(long)]
+    pub(crate) seed: Option<u64>,
+    /// Output directory (default out/<scenario name>).
+    #[arg(long, value_name = "DIR")]
+    pub(crate) out: Option<PathBuf>,
+    /// Stop after at most this many outer steps (shortens long scenarios).
+    #[arg(long)]
+    pub(crate) max_outer_steps: Option<u64>,
 }
 
 #[derive(Debug, Args)]
@@ -121,9 +141,30 @@ pub(crate) enum BenchCommand {
     /// One ring all-reduce of W ranks: time, bytes on the wire per rank, error against the exact
     /// average (computed in f64), and whether all replicas ended bit-identical.
     Allreduce(AllreduceBench),
+    /// Simulated seconds per wall second and peak memory of a replay (default: 24 simulated
+    /// hours of the INTELLECT-1 global scenario).
+    Sim(SimBench),
     /// One rank of the TCP all-reduce benchmark.
     #[command(hide = true)]
     AllreduceRank(AllreduceRank),
+    /// DiLoCo's quality on the tiny model, in one process (needs `--features torch`): 1 worker,
+    /// DiLoCo with W workers and the fp32 and uint8 codecs, and data-parallel training with the
+    /// same compute, all with H x outer-steps inner steps per worker; the eval loss on the
+    /// held-out last 5% of the text. Exits 1 when DiLoCo does not beat 1 worker or uint8 ends
+    /// more than 1% from fp32.
+    Quality(QualityBench),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct SimBench {
+    /// The scenario file (default: scenarios/intellect1-global.toml).
+    pub(crate) scenario: Option<PathBuf>,
+    /// Simulated hours to run.
+    #[arg(long, default_value_t = 24.0)]
+    pub(crate) hours: f64,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -178,6 +219,34 @@ pub(crate) struct AllreduceBench {
     #[arg(long, default_value_t = 1)]
     pub(crate) streams: usize,
     /// Seed of the N(0,1) x 10 inputs.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) seed: u64,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct QualityBench {
+    /// DiLoCo workers (W), each on its own shard; also the data-parallel run's.
+    #[arg(long, default_value_t = 4)]
+    pub(crate) workers: usize,
+    /// Inner steps per outer step (H).
+    #[arg(long, default_value_t = 20)]
+    pub(crate) inner_steps: u64,
+    /// Outer steps; every run takes inner-steps x outer-steps inner steps per worker.
+    #[arg(long, default_value_t = 10)]
+    pub(crate) outer_steps: u64,
+    /// Sequences (of 64 bytes) per inner step per worker.
+    #[arg(long, default_value_t = 4)]
+    pub(crate) batch_rows: usize,
+    /// Peak inner AdamW learning rate (after a 10-step warmup), as scenarios/tiny-real.toml.
+    #[arg(long, default_value_t = 1e-3)]
+    pub(crate) inner_lr: f64,
+    /// The text, read byte by byte; its last 5% is held out for evaluation.
+    #[arg(long, value_name = "FILE", default_value = "data/genesis-kjv.txt")]
+    pub(crate) data: PathBuf,
+    /// Seed of the initial weights and of the data order.
     #[arg(long, default_value_t = 0)]
     pub(crate) seed: u64,
     /// Print JSON instead of a table.

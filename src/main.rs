@@ -4,6 +4,7 @@ mod bench;
 mod cli;
 mod clock;
 mod real_cmd;
+mod replay;
 
 use anyhow::Result;
 use clap::Parser;
@@ -64,6 +65,28 @@ fn init_logging(filter: Option<&str>) {
 
 fn run(cli: Cli) -> Result<Outcome> {
     match cli.command {
+        Command::Replay(a) => {
+            if !replay::replay(&a)? {
+                return Ok(Outcome::InvariantsBroken);
+            }
+        }
+        Command::Bench(BenchCommand::Sim(a)) => {
+            let s = replay::scenario_or_default(a.scenario.as_deref())?;
+            let f = loco_sim::bench(&s, a.hours).map_err(|e| anyhow::anyhow!(e))?;
+            print_report(a.json, &f, |out| {
+                writeln!(out, "simulator: {}", f.scenario)?;
+                writeln!(out, "  simulated        {:.0} s ({:.1} h), {} outer steps", f.simulated_seconds, f.simulated_seconds / 3600.0, f.outer_steps)?;
+                writeln!(out, "  wall             {:.2} s", f.wall_seconds)?;
+                writeln!(out, "  speed            {:.0} simulated s per wall s", f.simulated_per_wall_second)?;
+                writeln!(out, "  24 h would take  {:.1} s", 86_400.0 / f.simulated_per_wall_second.max(1e-9))?;
+                writeln!(out, "  frames, ticks    {}, {} (tick {} s)", f.frames, f.ticks, f.tick_seconds)?;
+                match f.peak_rss_bytes {
+                    Some(b) => writeln!(out, "  peak memory      {:.1} MB resident", b as f64 / 1e6)?,
+                    None => writeln!(out, "  peak memory      unknown")?,
+                }
+                writeln!(out, "  invariants       {}", if f.invariants_ok { "ok" } else { "BROKEN" })
+            })?;
+        }
         Command::Launch(a) => {
             if !real_cmd::launch(&a)? {
                 return Ok(Outcome::InvariantsBroken);
@@ -116,6 +139,13 @@ fn run(cli: Cli) -> Result<Outcome> {
             let r = bench::allreduce::run_rank(&a)?;
             println!("{}", serde_json::to_string(&r)?);
         }
+        Command::Bench(BenchCommand::Quality(a)) => {
+            let report = bench::quality::run(&a)?;
+            print_report(a.json, &report, |out| report.print_table(out))?;
+            if !report.claims_hold() {
+                return Ok(Outcome::InvariantsBroken);
+            }
+        }
     }
     Ok(Outcome::Success)
 }
@@ -125,7 +155,11 @@ pub(crate) fn print_summary(s: &loco_core::metrics::Summary, dir: &std::path::Pa
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "scenario            {} ({} backend, seed {})", s.scenario, s.backend, s.seed);
     let _ = writeln!(out, "outer steps         {}", s.outer_steps);
-    let _ = writeln!(out, "run time            {:.1} s (wall {:.1} s)", s.simulated_seconds, s.wall_seconds);
+    if s.wall_seconds > 0.0 {
+        let _ = writeln!(out, "run time            {:.1} s (wall {:.1} s)", s.simulated_seconds, s.wall_seconds);
+    } else {
+        let _ = writeln!(out, "simulated time      {:.1} s ({:.2} h)", s.simulated_seconds, s.simulated_seconds / 3600.0);
+    }
     let _ = writeln!(out, "utilisation         {:.1}% (compute / wall)", 100.0 * s.utilization.mean);
     let _ = writeln!(
         out,
