@@ -323,7 +323,7 @@ impl CodecBenchReport {
             if let Some(t) = &r.threaded {
                 write!(
                     out,
-                    " {:>8.2} ({:>4.2}x) {:>4.1}x1 {:>8.2} ({:>4.2}x) {:>4.1}x1",
+                    " {:>8.2} ({:>4.2}x) {:>4.1}x {:>8.2} ({:>4.2}x) {:>4.1}x",
                     t.encode_gbps,
                     t.encode_vs_memcpy,
                     t.encode_speedup,
