@@ -5,4 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/torch-env.sh
 source scripts/torch-env.sh
-cargo test --workspace --all-features --locked "$@"
+cargo test --workspace --all-features --locked --no-fail-fast "$@"

@@ -3,6 +3,7 @@
 //! loco's real backend: TCP transport, libtorch trainer, checkpoints, launcher. (Being built: issue 6.)
 #![warn(missing_docs)]
 
+pub mod checkpoint;
 pub mod data;
 pub mod memory;
 pub mod model;

@@ -1,0 +1,1175 @@
+//! Checkpoints of a worker's training state, written in the background.
+//!
+//! PRIME wrote its checkpoints to RAM (`/dev/shm`) first and copied them to disk and remote
+//! storage from background processes; a blocking save took up to 20 minutes (reference.md). loco
+//! does the same in one process: the caller copies its vectors into a [`Snapshot`] (the "RAM
+//! first" step, the only part that costs training time), [`Checkpointer::save`] hands it to a
+//! background thread and returns, and that thread writes it to disk and then, optionally, copies it
+//! to a second directory (the "remote"). Nothing here needs libtorch: plain `f32` vectors in and out.
+//!
+//! # Layout on disk
+//!
+//! ```text
+//! DIR/<node>/step-<NNNNNNNN>/model.safetensors   the tensors (safetensors, fp32, little-endian)
+//! DIR/<node>/step-<NNNNNNNN>/meta.json           the metadata (Meta), pretty JSON
+//! ```
+//!
+//! `NNNNNNNN` is the outer step, zero-padded to eight digits (more digits past 99,999,999).
+//! `model.safetensors` holds **one tensor per parameter and buffer**, named `<buffer>/<param>`
+//! (`outer/layers.0.attention.wq.weight`, `exp_avg_sq/norm.weight`, ...), each 1-D of the
+//! parameter's `numel`. One tensor per parameter rather than one per buffer because: a digest
+//! mismatch then names the parameter that is damaged; the file opens in any safetensors reader with
+//! the model's own names; and the writer converts one parameter at a time to bytes, so its extra
+//! memory is the largest parameter, not a whole 40 GB buffer. The buffers are [`Buffer::ALL`]; a
+//! buffer may be absent (an empty vector: an inner loop without AdamW state has no `exp_avg`), and
+//! an absent buffer has no tensors. `meta.json` holds [`Meta`]: format version, scenario, node,
+//! outer and inner steps, the data position (opaque JSON), the layout, the buffers present, a
+//! creation counter, and the BLAKE3 digest (hex) of every tensor's bytes as stored in the file.
+//!
+//! # Durability
+//!
+//! A checkpoint is written into `step-<N>.tmp-<counter>`: the tensors, `fsync`, `meta.json`,
+//! `fsync`, `fsync` of the directory; then the directory is renamed to `step-<N>` and its parent is
+//! `fsync`'d. A crash at any point leaves at worst a `*.tmp-*` directory, which loading ignores and
+//! [`Checkpointer::new`] deletes. Old checkpoints beyond the last `keep` are first renamed to
+//! `*.tmp-deleted-*` and then deleted, so a directory named `step-<N>` is always complete. Saving a
+//! step that already exists replaces it (renamed to `*.tmp-replaced-*`, then the new one is renamed
+//! in, then the old one deleted): a crash between those two renames leaves that step only in the
+//! ignored `*.tmp-replaced-*` directory, with the older steps still loadable.
+//!
+//! # One save at a time: wait, never skip
+//!
+//! If a save is still being written when the next [`Checkpointer::save`] comes, `save` **waits**
+//! for it (and reports that it did, in [`SaveTicket::waited`]). Skipping would make the set of
+//! checkpointed steps depend on disk speed, so the same scenario could resume from different steps
+//! on different machines (test case 15 wants resume to reproduce the run), and a checkpoint the
+//! worker asked for, and paid a RAM copy for, would be lost. Waiting bounds memory to two snapshots;
+//! when the disk cannot keep up with the checkpoint interval, the time shows up in the worker's
+//! `checkpoint_s` metric instead of silently thinning the checkpoints.
+//!
+//! # Loading
+//!
+//! [`load`] reads one checkpoint directory and verifies it: format version, every expected tensor
+//! present with type F32 and the layout's shape, no extra tensors, and every digest. Errors name the
+//! file and, for a tensor, the tensor and the expected and actual digest. [`latest`] loads the
+//! highest complete step of a node and ignores `*.tmp*` directories. A truncated or otherwise
+//! broken file is an error, never a panic. Loading reads the whole tensor file into memory, so it
+//! needs about twice the checkpoint's size in RAM.
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
+
+use safetensors::{Dtype, SafeTensorError, SafeTensors, View};
+use serde::{Deserialize, Serialize};
+
+use crate::train::TrainerState;
+
+/// The value of [`Meta::format`].
+pub const FORMAT: &str = "loco-checkpoint";
+/// The version of the format written, and the only one read.
+pub const FORMAT_VERSION: u32 = 1;
+/// The tensor file of a checkpoint directory.
+pub const MODEL_FILE: &str = "model.safetensors";
+/// The metadata file of a checkpoint directory.
+pub const META_FILE: &str = "meta.json";
+
+/// Floats converted to bytes per hashing chunk (256 KiB).
+const HASH_CHUNK: usize = 1 << 16;
+
+/// A failure to save or load a checkpoint.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// A file-system operation failed.
+    #[error("{}: {op}: {source}", path.display())]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// What was being done ("create directory", "rename to ...").
+        op: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The checkpointer's configuration is unusable.
+    #[error("checkpoint config: {field}: {what}")]
+    Config {
+        /// The field.
+        field: &'static str,
+        /// What is wrong with it.
+        what: String,
+    },
+    /// The snapshot handed to [`Checkpointer::save`] is inconsistent.
+    #[error("checkpoint snapshot: {0}")]
+    Snapshot(String),
+    /// `meta.json` is not valid JSON of the expected shape.
+    #[error("{}: {source}", path.display())]
+    MetaJson {
+        /// The file.
+        path: PathBuf,
+        /// The parse error (with line and column).
+        #[source]
+        source: serde_json::Error,
+    },
+    /// `meta.json` parses but is wrong (format, version, layout, node, step).
+    #[error("{}: {what}", path.display())]
+    Meta {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        what: String,
+    },
+    /// The safetensors crate rejected the tensor file (truncated, bad header, ...).
+    #[error("{}: not a valid safetensors file: {source}", path.display())]
+    SafeTensors {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: SafeTensorError,
+    },
+    /// A tensor is missing, unexpected, or of the wrong type or shape.
+    #[error("{}: tensor `{tensor}`: {what}", path.display())]
+    Tensor {
+        /// The file.
+        path: PathBuf,
+        /// The tensor's name (`<buffer>/<param>`).
+        tensor: String,
+        /// What is wrong.
+        what: String,
+    },
+    /// A tensor's bytes do not match the digest recorded at save time.
+    #[error("{}: tensor `{tensor}`: BLAKE3 digest mismatch: expected {expected}, got {got}", path.display())]
+    Digest {
+        /// The tensor file.
+        path: PathBuf,
+        /// The tensor's name (`<buffer>/<param>`).
+        tensor: String,
+        /// The digest in `meta.json`.
+        expected: String,
+        /// The digest of the bytes found.
+        got: String,
+    },
+    /// The background writer panicked (a bug, not bad input).
+    #[error("checkpoint writer for outer step {outer_step} panicked")]
+    WriterPanicked {
+        /// The outer step it was writing.
+        outer_step: u64,
+    },
+}
+
+fn io_err(path: &Path, op: impl Into<String>) -> impl FnOnce(std::io::Error) -> CheckpointError {
+    let path = path.to_path_buf();
+    let op = op.into();
+    move |source| CheckpointError::Io { path, op, source }
+}
+
+/// The vectors a checkpoint holds, each following the parameter layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Buffer {
+    /// The outer (global) weights.
+    Outer,
+    /// The outer Nesterov momentum.
+    Momentum,
+    /// The inner (local) parameters.
+    Params,
+    /// AdamW's first moment.
+    ExpAvg,
+    /// AdamW's second moment.
+    ExpAvgSq,
+}
+
+impl Buffer {
+    /// Every buffer, in the order of [`Meta::buffers`].
+    pub const ALL: [Buffer; 5] =
+        [Buffer::Outer, Buffer::Momentum, Buffer::Params, Buffer::ExpAvg, Buffer::ExpAvgSq];
+
+    /// The prefix of its tensor names: `outer`, `momentum`, `params`, `exp_avg`, `exp_avg_sq`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Buffer::Outer => "outer",
+            Buffer::Momentum => "momentum",
+            Buffer::Params => "params",
+            Buffer::ExpAvg => "exp_avg",
+            Buffer::ExpAvgSq => "exp_avg_sq",
+        }
+    }
+
+    /// The safetensors name of one parameter of this buffer: `<buffer>/<param>`.
+    pub fn tensor_name(self, param: &str) -> String {
+        format!("{}/{param}", self.name())
+    }
+}
+
+/// The training state of one node at one moment, in memory: what a checkpoint holds.
+///
+/// Each buffer is either empty (absent: not written, and loaded back empty) or exactly the
+/// layout's total length.
+#[derive(Clone, Default)]
+pub struct Snapshot {
+    /// Outer steps applied.
+    pub outer_step: u64,
+    /// Inner steps taken (AdamW's step count and the schedule's position).
+    pub inner_step: u64,
+    /// Where the data loader is; opaque to the checkpoint (the worker stores `DataPosition`).
+    pub data_position: serde_json::Value,
+    /// `(name, numel)` of every parameter tensor; the vectors follow it.
+    pub layout: Vec<(String, usize)>,
+    /// The outer weights.
+    pub outer: Vec<f32>,
+    /// The outer momentum.
+    pub momentum: Vec<f32>,
+    /// The inner parameters.
+    pub params: Vec<f32>,
+    /// AdamW's first moment.
+    pub exp_avg: Vec<f32>,
+    /// AdamW's second moment.
+    pub exp_avg_sq: Vec<f32>,
+}
+
+impl fmt::Debug for Snapshot {
+    /// Lengths, not values: a snapshot may hold billions of floats.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Snapshot")
+            .field("outer_step", &self.outer_step)
+            .field("inner_step", &self.inner_step)
+            .field("data_position", &self.data_position)
+            .field("params_in_layout", &self.layout.len())
+            .field("outer", &self.outer.len())
+            .field("momentum", &self.momentum.len())
+            .field("params", &self.params.len())
+            .field("exp_avg", &self.exp_avg.len())
+            .field("exp_avg_sq", &self.exp_avg_sq.len())
+            .finish()
+    }
+}
+
+impl Snapshot {
+    /// A snapshot of the outer state and a trainer's state (its step becomes the inner step).
+    pub fn from_trainer(
+        outer_step: u64,
+        data_position: serde_json::Value,
+        outer: Vec<f32>,
+        momentum: Vec<f32>,
+        trainer: TrainerState,
+    ) -> Snapshot {
+        Snapshot {
+            outer_step,
+            inner_step: trainer.step,
+            data_position,
+            layout: trainer.layout,
+            outer,
+            momentum,
+            params: trainer.params,
+            exp_avg: trainer.exp_avg,
+            exp_avg_sq: trainer.exp_avg_sq,
+        }
+    }
+
+    /// The trainer's part, for `Trainer::import_state` (copies the vectors).
+    pub fn trainer_state(&self) -> TrainerState {
+        TrainerState {
+            step: self.inner_step,
+            layout: self.layout.clone(),
+            params: self.params.clone(),
+            exp_avg: self.exp_avg.clone(),
+            exp_avg_sq: self.exp_avg_sq.clone(),
+        }
+    }
+
+    /// One buffer.
+    pub fn buffer(&self, b: Buffer) -> &[f32] {
+        match b {
+            Buffer::Outer => &self.outer,
+            Buffer::Momentum => &self.momentum,
+            Buffer::Params => &self.params,
+            Buffer::ExpAvg => &self.exp_avg,
+            Buffer::ExpAvgSq => &self.exp_avg_sq,
+        }
+    }
+
+    fn buffer_mut(&mut self, b: Buffer) -> &mut Vec<f32> {
+        match b {
+            Buffer::Outer => &mut self.outer,
+            Buffer::Momentum => &mut self.momentum,
+            Buffer::Params => &mut self.params,
+            Buffer::ExpAvg => &mut self.exp_avg,
+            Buffer::ExpAvgSq => &mut self.exp_avg_sq,
+        }
+    }
+
+    /// The buffers present (non-empty), in [`Buffer::ALL`] order.
+    pub fn present(&self) -> Vec<Buffer> {
+        Buffer::ALL.into_iter().filter(|&b| !self.buffer(b).is_empty()).collect()
+    }
+
+    /// Checks the layout (non-empty unique names, no overflow) and every buffer's length.
+    pub fn validate(&self) -> Result<(), CheckpointError> {
+        let total = layout_total(&self.layout).map_err(CheckpointError::Snapshot)?;
+        for b in Buffer::ALL {
+            let n = self.buffer(b).len();
+            if n != 0 && n != total {
+                return Err(CheckpointError::Snapshot(format!(
+                    "buffer {} has {n} values, the layout has {total} (or 0 for an absent buffer)",
+                    b.name()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The BLAKE3 digest (hex) of every tensor a checkpoint of this snapshot holds, by tensor name:
+    /// what [`Meta::digests`] records at save and what [`load`] verifies.
+    pub fn digests(&self) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::new();
+        for b in self.present() {
+            let v = self.buffer(b);
+            let mut at = 0;
+            for (name, n) in &self.layout {
+                let end = at + n;
+                if let Some(slice) = v.get(at..end) {
+                    out.insert(b.tensor_name(name), digest_f32(slice));
+                }
+                at = end;
+            }
+        }
+        out
+    }
+}
+
+/// Sum of the layout's sizes; an error for an empty or repeated name or an overflow.
+fn layout_total(layout: &[(String, usize)]) -> Result<usize, String> {
+    let mut seen = BTreeSet::new();
+    let mut total: usize = 0;
+    for (name, n) in layout {
+        if name.is_empty() {
+            return Err("layout: a parameter has an empty name".to_string());
+        }
+        if !seen.insert(name.as_str()) {
+            return Err(format!("layout: parameter `{name}` appears twice"));
+        }
+        total = total
+            .checked_add(*n)
+            .filter(|t| t.checked_mul(4).is_some())
+            .ok_or_else(|| format!("layout: sizes overflow at parameter `{name}`"))?;
+    }
+    Ok(total)
+}
+
+/// BLAKE3 (hex) of the little-endian bytes of `v`, as stored in the tensor file.
+fn digest_f32(v: &[f32]) -> String {
+    let mut h = blake3::Hasher::new();
+    let mut buf = Vec::with_capacity(HASH_CHUNK.min(v.len()) * 4);
+    for chunk in v.chunks(HASH_CHUNK) {
+        buf.clear();
+        for x in chunk {
+            buf.extend_from_slice(&x.to_le_bytes());
+        }
+        h.update(&buf);
+    }
+    h.finalize().to_hex().to_string()
+}
+
+/// The metadata of a checkpoint: `meta.json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Meta {
+    /// Always [`FORMAT`].
+    pub format: String,
+    /// [`FORMAT_VERSION`] when written.
+    pub format_version: u32,
+    /// The scenario's name.
+    pub scenario: String,
+    /// The node's name.
+    pub node: String,
+    /// Outer steps applied.
+    pub outer_step: u64,
+    /// Inner steps taken.
+    pub inner_step: u64,
+    /// Creation order of this node's checkpoints: strictly increasing across saves and restarts.
+    pub counter: u64,
+    /// The data loader's position, as the worker gave it.
+    pub data_position: serde_json::Value,
+    /// `(name, numel)` of every parameter tensor.
+    pub layout: Vec<(String, usize)>,
+    /// The buffers stored, in [`Buffer::ALL`] order.
+    pub buffers: Vec<Buffer>,
+    /// BLAKE3 digest (hex) of every tensor's stored bytes, by tensor name (`<buffer>/<param>`).
+    pub digests: BTreeMap<String, String>,
+}
+
+/// A checkpoint read back and verified.
+#[derive(Clone, Debug)]
+pub struct LoadedCheckpoint {
+    /// Its directory.
+    pub path: PathBuf,
+    /// Its metadata.
+    pub meta: Meta,
+    /// The state.
+    pub snapshot: Snapshot,
+}
+
+/// Where and how a node's checkpoints are kept.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckpointConfig {
+    /// The checkpoint root; this node's checkpoints go to `dir/<node>/`.
+    pub dir: PathBuf,
+    /// The scenario's name, recorded in [`Meta::scenario`].
+    pub scenario: String,
+    /// The node's name: a directory name (not empty, no `/`, `\` or NUL, not `.` or `..`).
+    pub node: String,
+    /// How many complete checkpoints to keep (at least 1); older steps are deleted after a new one
+    /// is complete.
+    pub keep: usize,
+    /// A second root (the "remote") that each complete checkpoint is copied to, in the background,
+    /// with the same layout, protocol and `keep`.
+    pub remote: Option<PathBuf>,
+}
+
+impl CheckpointConfig {
+    /// Checks the node name, `keep` and that the remote differs from the local root.
+    pub fn validate(&self) -> Result<(), CheckpointError> {
+        check_node_name(&self.node)?;
+        if self.keep == 0 {
+            return Err(CheckpointError::Config {
+                field: "keep",
+                what: "must be at least 1".to_string(),
+            });
+        }
+        if self.remote.as_deref() == Some(self.dir.as_path()) {
+            return Err(CheckpointError::Config {
+                field: "remote",
+                what: format!("is the local directory {}", self.dir.display()),
+            });
+        }
+        Ok(())
+    }
+}
+
+fn check_node_name(node: &str) -> Result<(), CheckpointError> {
+    let bad = node.is_empty()
+        || node == "."
+        || node == ".."
+        || node.contains(['/', '\\', '\0'])
+        || node.contains(".tmp");
+    if bad {
+        return Err(CheckpointError::Config {
+            field: "node",
+            what: format!("{node:?} is not usable as a directory name"),
+        });
+    }
+    Ok(())
+}
+
+/// The name of a checkpoint directory: `step-<NNNNNNNN>`.
+pub fn step_dir_name(outer_step: u64) -> String {
+    format!("step-{outer_step:08}")
+}
+
+/// The outer step of a complete checkpoint directory's name, `None` for anything else
+/// (including every `*.tmp*` directory).
+pub fn parse_step_dir(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix("step-")?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// The complete checkpoints of `node` under `dir`, as `(outer step, directory)`, oldest step first.
+/// A missing directory has none.
+pub fn list(dir: &Path, node: &str) -> Result<Vec<(u64, PathBuf)>, CheckpointError> {
+    check_node_name(node)?;
+    list_node_dir(&dir.join(node))
+}
+
+fn list_node_dir(node_dir: &Path) -> Result<Vec<(u64, PathBuf)>, CheckpointError> {
+    let entries = match fs::read_dir(node_dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io_err(node_dir, "list directory")(e)),
+    };
+    let mut out = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(io_err(node_dir, "list directory"))?;
+        let name = entry.file_name();
+        let Some(step) = name.to_str().and_then(parse_step_dir) else { continue };
+        let is_dir = entry.file_type().map_err(io_err(&entry.path(), "stat"))?.is_dir();
+        if is_dir {
+            out.push((step, entry.path()));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Loads and verifies the newest complete checkpoint of `node` under `dir` (`*.tmp*` directories
+/// are ignored); `None` when there is none. A damaged newest checkpoint is an error, not a reason
+/// to fall back silently: [`list`] and [`load`] let a caller choose to try older ones.
+pub fn latest(dir: &Path, node: &str) -> Result<Option<LoadedCheckpoint>, CheckpointError> {
+    let Some((_, path)) = list(dir, node)?.pop() else { return Ok(None) };
+    let ck = load(&path)?;
+    if ck.meta.node != node {
+        return Err(CheckpointError::Meta {
+            path: path.join(META_FILE),
+            what: format!("node is {:?}, expected {node:?}", ck.meta.node),
+        });
+    }
+    Ok(Some(ck))
+}
+
+/// Reads a checkpoint directory and verifies it (format, version, layout, tensors, digests, and the
+/// outer step against a `step-<N>` directory name).
+pub fn load(path: &Path) -> Result<LoadedCheckpoint, CheckpointError> {
+    let meta = read_meta(path)?;
+    let meta_path = path.join(META_FILE);
+    let bad_meta = |what: String| CheckpointError::Meta { path: meta_path.clone(), what };
+    if meta.format != FORMAT {
+        return Err(bad_meta(format!("format is {:?}, expected {FORMAT:?}", meta.format)));
+    }
+    if meta.format_version != FORMAT_VERSION {
+        return Err(bad_meta(format!(
+            "format version {} is not supported (this build reads {FORMAT_VERSION})",
+            meta.format_version
+        )));
+    }
+    if let Some(step) = path.file_name().and_then(|n| n.to_str()).and_then(parse_step_dir)
+        && step != meta.outer_step
+    {
+        return Err(bad_meta(format!(
+            "outer step is {}, but the directory is {}",
+            meta.outer_step,
+            step_dir_name(step)
+        )));
+    }
+    let total = layout_total(&meta.layout).map_err(&bad_meta)?;
+    let buffers: BTreeSet<Buffer> = meta.buffers.iter().copied().collect();
+    if buffers.len() != meta.buffers.len() {
+        return Err(bad_meta("a buffer is listed twice".to_string()));
+    }
+    // Every parameter of every stored buffer has a tensor, zero-sized ones included.
+    let expected: BTreeSet<String> = buffers
+        .iter()
+        .flat_map(|b| meta.layout.iter().map(move |(p, _)| b.tensor_name(p)))
+        .collect();
+    if let Some(name) = expected.iter().find(|n| !meta.digests.contains_key(*n)) {
+        return Err(bad_meta(format!("no digest for tensor `{name}`")));
+    }
+    if let Some(name) = meta.digests.keys().find(|n| !expected.contains(*n)) {
+        return Err(bad_meta(format!("digest for unknown tensor `{name}`")));
+    }
+
+    let model_path = path.join(MODEL_FILE);
+    let bytes = fs::read(&model_path).map_err(io_err(&model_path, "read"))?;
+    let st = SafeTensors::deserialize(&bytes)
+        .map_err(|source| CheckpointError::SafeTensors { path: model_path.clone(), source })?;
+    let tensor_err = |tensor: &str, what: String| CheckpointError::Tensor {
+        path: model_path.clone(),
+        tensor: tensor.to_string(),
+        what,
+    };
+    if let Some(extra) = st.names().into_iter().find(|n| !expected.contains(*n)) {
+        return Err(tensor_err(extra, "is in the file but not in meta.json".to_string()));
+    }
+
+    // First verify everything (so nothing is allocated from a file that lies about sizes), then
+    // convert.
+    for b in &buffers {
+        for (param, n) in &meta.layout {
+            let name = b.tensor_name(param);
+            let view = st.tensor(&name).map_err(|_| tensor_err(&name, "missing".to_string()))?;
+            if view.dtype() != Dtype::F32 {
+                return Err(tensor_err(&name, format!("type {:?}, expected F32", view.dtype())));
+            }
+            if view.shape() != [*n] {
+                return Err(tensor_err(&name, format!("shape {:?}, expected [{n}]", view.shape())));
+            }
+            let got = blake3::hash(view.data()).to_hex().to_string();
+            let want = meta.digests.get(&name).cloned().unwrap_or_default();
+            if got != want {
+                return Err(CheckpointError::Digest {
+                    path: model_path.clone(),
+                    tensor: name,
+                    expected: want,
+                    got,
+                });
+            }
+        }
+    }
+    let mut snapshot = Snapshot {
+        outer_step: meta.outer_step,
+        inner_step: meta.inner_step,
+        data_position: meta.data_position.clone(),
+        layout: meta.layout.clone(),
+        ..Snapshot::default()
+    };
+    for &b in &buffers {
+        let v = snapshot.buffer_mut(b);
+        v.reserve_exact(total);
+        for (param, _) in &meta.layout {
+            let name = b.tensor_name(param);
+            let view = st.tensor(&name).map_err(|_| tensor_err(&name, "missing".to_string()))?;
+            v.extend(
+                view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            );
+        }
+    }
+    Ok(LoadedCheckpoint { path: path.to_path_buf(), meta, snapshot })
+}
+
+fn read_meta(dir: &Path) -> Result<Meta, CheckpointError> {
+    let path = dir.join(META_FILE);
+    let text = fs::read(&path).map_err(io_err(&path, "read"))?;
+    serde_json::from_slice(&text).map_err(|source| CheckpointError::MetaJson { path, source })
+}
+
+/// One parameter of one buffer, as a safetensors view (bytes made on demand, one at a time).
+struct F32View<'a> {
+    data: &'a [f32],
+    shape: [usize; 1],
+}
+
+impl View for F32View<'_> {
+    fn dtype(&self) -> Dtype {
+        Dtype::F32
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        let mut out = Vec::with_capacity(self.data.len() * 4);
+        for x in self.data {
+            out.extend_from_slice(&x.to_le_bytes());
+        }
+        Cow::Owned(out)
+    }
+    fn data_len(&self) -> usize {
+        self.data.len() * 4
+    }
+}
+
+/// What a finished background save did.
+#[derive(Debug)]
+pub struct Saved {
+    /// The creation counter of the checkpoint.
+    pub counter: u64,
+    /// Its outer step.
+    pub outer_step: u64,
+    /// The complete local checkpoint directory.
+    pub path: PathBuf,
+    /// Bytes written locally (tensor file and metadata).
+    pub bytes: u64,
+    /// Older local and remote checkpoints deleted to keep the last `keep`.
+    pub removed: Vec<PathBuf>,
+    /// The complete remote copy, when a remote is configured and the copy succeeded.
+    pub remote: Option<PathBuf>,
+    /// Failures after the local checkpoint was complete (remote copy, deleting old ones): the
+    /// local checkpoint is good, but these need reporting.
+    pub problems: Vec<CheckpointError>,
+}
+
+/// What [`Checkpointer::save`] did before returning.
+#[derive(Debug)]
+pub struct SaveTicket {
+    /// The creation counter the new checkpoint will carry.
+    pub counter: u64,
+    /// Whether `save` had to wait for the previous save to finish writing.
+    pub waited: bool,
+    /// The outcome of the previous save, when it had not been collected yet.
+    pub previous: Option<Result<Saved, CheckpointError>>,
+}
+
+struct Running {
+    outer_step: u64,
+    handle: JoinHandle<Result<Saved, CheckpointError>>,
+}
+
+/// A test-only latch that holds the writer before it touches the disk.
+#[cfg(test)]
+type Gate = std::sync::Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>;
+
+/// Writes one node's checkpoints in the background, one at a time (see the module docs).
+///
+/// Dropping a `Checkpointer` waits for the save in flight (logging its outcome); call
+/// [`flush`](Checkpointer::flush) before exiting to see it.
+pub struct Checkpointer {
+    cfg: CheckpointConfig,
+    next_counter: u64,
+    running: Option<Running>,
+    #[cfg(test)]
+    gate: Option<Gate>,
+}
+
+impl fmt::Debug for Checkpointer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Checkpointer")
+            .field("cfg", &self.cfg)
+            .field("next_counter", &self.next_counter)
+            .field("in_flight", &self.running.as_ref().map(|r| r.outer_step))
+            .finish()
+    }
+}
+
+impl Checkpointer {
+    /// Validates `cfg`, creates `dir/<node>`, deletes `*.tmp*` directories left there (and in the
+    /// remote, if it can be read) by a crash, and continues the creation counter after the highest
+    /// one found.
+    /// Only one `Checkpointer` may use a node's directory at a time.
+    pub fn new(cfg: CheckpointConfig) -> Result<Checkpointer, CheckpointError> {
+        cfg.validate()?;
+        let local = cfg.dir.join(&cfg.node);
+        fs::create_dir_all(&local).map_err(io_err(&local, "create directory"))?;
+        let mut max_counter = clean_and_scan(&local)?;
+        if let Some(remote) = &cfg.remote {
+            // The remote may be a mount that is down for now: its copies are a bonus, so a failure
+            // to scan it is logged, and the copy will report its own error when it runs.
+            match clean_and_scan(&remote.join(&cfg.node)) {
+                Ok(c) => max_counter = max_counter.max(c),
+                Err(e) => tracing::warn!("checkpoint: remote: {e}"),
+            }
+        }
+        Ok(Checkpointer {
+            cfg,
+            next_counter: max_counter + 1,
+            running: None,
+            #[cfg(test)]
+            gate: None,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &CheckpointConfig {
+        &self.cfg
+    }
+
+    /// Whether a save is still being written (its outcome not yet available).
+    pub fn in_flight(&self) -> bool {
+        self.running.as_ref().is_some_and(|r| !r.handle.is_finished())
+    }
+
+    /// Starts writing `snapshot` in the background and returns. If the previous save is still
+    /// being written, waits for it first (see the module docs for why it never skips); its
+    /// outcome is returned in [`SaveTicket::previous`]. An inconsistent snapshot is an error at
+    /// once, and nothing is written.
+    pub fn save(&mut self, snapshot: Snapshot) -> Result<SaveTicket, CheckpointError> {
+        snapshot.validate()?;
+        let waited = self.in_flight();
+        if waited {
+            tracing::info!(
+                node = %self.cfg.node,
+                outer_step = snapshot.outer_step,
+                "checkpoint: waiting for the previous save to finish writing"
+            );
+        }
+        let previous = self.wait();
+        let counter = self.next_counter;
+        self.next_counter += 1;
+        let cfg = self.cfg.clone();
+        let outer_step = snapshot.outer_step;
+        #[cfg(test)]
+        let gate = self.gate.clone();
+        // An OS thread rather than a tokio task: the writer does seconds to minutes of blocking
+        // hashing and file I/O, must make progress whether or not the caller is inside a runtime
+        // (tests, shutdown), and is joined explicitly (wait, flush, Drop). Real backend only.
+        #[allow(clippy::disallowed_methods)]
+        let handle = std::thread::Builder::new()
+            .name(format!("checkpoint-{}", cfg.node))
+            .spawn(move || {
+                #[cfg(test)]
+                if let Some(g) = gate {
+                    let (lock, cv) = &*g;
+                    let mut open = lock.lock().unwrap_or_else(|e| e.into_inner());
+                    while !*open {
+                        open = cv.wait(open).unwrap_or_else(|e| e.into_inner());
+                    }
+                }
+                write_job(&cfg, counter, &snapshot)
+            })
+            .map_err(io_err(&self.cfg.dir, "start the checkpoint writer thread"))?;
+        self.running = Some(Running { outer_step, handle });
+        Ok(SaveTicket { counter, waited, previous })
+    }
+
+    /// The outcome of the save in flight if it has finished; `None` if none is running or it is
+    /// still writing.
+    pub fn poll(&mut self) -> Option<Result<Saved, CheckpointError>> {
+        if self.in_flight() { None } else { self.wait() }
+    }
+
+    /// Waits for the save in flight and returns its outcome; `None` if there is none.
+    pub fn wait(&mut self) -> Option<Result<Saved, CheckpointError>> {
+        let Running { outer_step, handle } = self.running.take()?;
+        let outcome = handle.join().unwrap_or(Err(CheckpointError::WriterPanicked { outer_step }));
+        match &outcome {
+            Ok(s) => {
+                tracing::info!(node = %self.cfg.node, outer_step, path = %s.path.display(), "checkpoint written");
+                for p in &s.problems {
+                    tracing::warn!(node = %self.cfg.node, outer_step, "checkpoint: {p}");
+                }
+            }
+            Err(e) => tracing::error!(node = %self.cfg.node, outer_step, "checkpoint failed: {e}"),
+        }
+        Some(outcome)
+    }
+
+    /// Waits for the save in flight; an error if it failed or had a [problem](Saved::problems).
+    /// Call before exiting.
+    pub fn flush(&mut self) -> Result<Option<Saved>, CheckpointError> {
+        match self.wait() {
+            None => Ok(None),
+            Some(Err(e)) => Err(e),
+            Some(Ok(mut s)) => match s.problems.is_empty() {
+                true => Ok(Some(s)),
+                false => Err(s.problems.remove(0)),
+            },
+        }
+    }
+}
+
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        // `wait` logs the outcome; a dropped checkpointer never abandons a write half-way.
+        let _ = self.wait();
+    }
+}
+
+/// Deletes `*.tmp*` checkpoint directories under `node_dir` and returns the highest creation
+/// counter seen (in `meta.json` of complete checkpoints and in `.tmp-<counter>` names).
+fn clean_and_scan(node_dir: &Path) -> Result<u64, CheckpointError> {
+    #[derive(Deserialize)]
+    struct CounterOnly {
+        counter: u64,
+    }
+    let entries = match fs::read_dir(node_dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(io_err(node_dir, "list directory")(e)),
+    };
+    let mut max = 0;
+    let mut stale = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(io_err(node_dir, "list directory"))?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if parse_step_dir(name).is_some() {
+            let meta = entry.path().join(META_FILE);
+            let parsed =
+                fs::read(&meta).ok().and_then(|t| serde_json::from_slice::<CounterOnly>(&t).ok());
+            match parsed {
+                Some(c) => max = max.max(c.counter),
+                None => tracing::warn!(path = %meta.display(), "checkpoint: unreadable counter"),
+            }
+        } else if name.starts_with("step-") && name.contains(".tmp") {
+            if let Some(c) = name.rsplit('-').next().and_then(|c| c.parse::<u64>().ok()) {
+                max = max.max(c);
+            }
+            stale.push(entry.path());
+        }
+    }
+    stale.sort();
+    for p in stale {
+        tracing::warn!(path = %p.display(), "checkpoint: deleting an incomplete checkpoint left by a crash");
+        remove_any(&p)?;
+    }
+    Ok(max)
+}
+
+fn remove_any(p: &Path) -> Result<(), CheckpointError> {
+    let r = if p.is_dir() { fs::remove_dir_all(p) } else { fs::remove_file(p) };
+    r.map_err(io_err(p, "delete"))
+}
+
+fn sync_path(p: &Path) -> Result<(), CheckpointError> {
+    File::open(p).and_then(|f| f.sync_all()).map_err(io_err(p, "fsync"))
+}
+
+/// The background job: write locally, prune, copy to the remote, prune there.
+fn write_job(
+    cfg: &CheckpointConfig,
+    counter: u64,
+    snap: &Snapshot,
+) -> Result<Saved, CheckpointError> {
+    let node_dir = cfg.dir.join(&cfg.node);
+    let step_name = step_dir_name(snap.outer_step);
+    let tmp = node_dir.join(format!("{step_name}.tmp-{counter}"));
+    let written = write_local(cfg, counter, snap, &node_dir, &tmp);
+    let bytes = match written {
+        Ok(b) => b,
+        Err(e) => {
+            if tmp.exists()
+                && let Err(c) = remove_any(&tmp)
+            {
+                tracing::warn!("checkpoint: cleaning up after a failed save: {c}");
+            }
+            return Err(e);
+        }
+    };
+    let path = node_dir.join(&step_name);
+    let mut saved = Saved {
+        counter,
+        outer_step: snap.outer_step,
+        path: path.clone(),
+        bytes,
+        removed: Vec::new(),
+        remote: None,
+        problems: Vec::new(),
+    };
+    match prune(&node_dir, cfg.keep, &path) {
+        Ok(r) => saved.removed.extend(r),
+        Err(e) => saved.problems.push(e),
+    }
+    if let Some(remote) = &cfg.remote {
+        let remote_node = remote.join(&cfg.node);
+        match copy_to(&path, &remote_node, &step_name, counter) {
+            Ok(p) => {
+                match prune(&remote_node, cfg.keep, &p) {
+                    Ok(r) => saved.removed.extend(r),
+                    Err(e) => saved.problems.push(e),
+                }
+                saved.remote = Some(p);
+            }
+            Err(e) => saved.problems.push(e),
+        }
+    }
+    Ok(saved)
+}
+
+/// Writes the tensors and metadata into `tmp`, syncs, and renames it into place. Returns the
+/// bytes written.
+fn write_local(
+    cfg: &CheckpointConfig,
+    counter: u64,
+    snap: &Snapshot,
+    node_dir: &Path,
+    tmp: &Path,
+) -> Result<u64, CheckpointError> {
+    fs::create_dir_all(node_dir).map_err(io_err(node_dir, "create directory"))?;
+    fs::create_dir(tmp).map_err(io_err(tmp, "create directory"))?;
+
+    let present = snap.present();
+    let mut tensors = Vec::with_capacity(present.len() * snap.layout.len());
+    for &b in &present {
+        let v = snap.buffer(b);
+        let mut at = 0;
+        for (name, n) in &snap.layout {
+            let end = at + n;
+            if let Some(data) = v.get(at..end) {
+                tensors.push((b.tensor_name(name), F32View { data, shape: [*n] }));
+            }
+            at = end;
+        }
+    }
+    let model = tmp.join(MODEL_FILE);
+    let info = HashMap::from([("format".to_string(), format!("{FORMAT} v{FORMAT_VERSION}"))]);
+    safetensors::serialize_to_file(tensors, Some(info), &model).map_err(|e| match e {
+        SafeTensorError::IoError(source) => {
+            CheckpointError::Io { path: model.clone(), op: "write".into(), source }
+        }
+        source => CheckpointError::SafeTensors { path: model.clone(), source },
+    })?;
+    sync_path(&model)?;
+    let model_len = fs::metadata(&model).map_err(io_err(&model, "stat"))?.len();
+
+    let meta = Meta {
+        format: FORMAT.to_string(),
+        format_version: FORMAT_VERSION,
+        scenario: cfg.scenario.clone(),
+        node: cfg.node.clone(),
+        outer_step: snap.outer_step,
+        inner_step: snap.inner_step,
+        counter,
+        data_position: snap.data_position.clone(),
+        layout: snap.layout.clone(),
+        buffers: present,
+        digests: snap.digests(),
+    };
+    let meta_path = tmp.join(META_FILE);
+    let mut text = serde_json::to_vec_pretty(&meta)
+        .map_err(|source| CheckpointError::MetaJson { path: meta_path.clone(), source })?;
+    text.push(b'\n');
+    let mut f = File::create(&meta_path).map_err(io_err(&meta_path, "create"))?;
+    f.write_all(&text).map_err(io_err(&meta_path, "write"))?;
+    f.sync_all().map_err(io_err(&meta_path, "fsync"))?;
+    drop(f);
+    sync_path(tmp)?;
+
+    install(tmp, &node_dir.join(step_dir_name(snap.outer_step)), counter)?;
+    Ok(model_len + text.len() as u64)
+}
+
+/// Renames the complete directory `tmp` to `dst`, replacing an existing `dst`, and syncs the parent.
+fn install(tmp: &Path, dst: &Path, counter: u64) -> Result<(), CheckpointError> {
+    let parent = dst.parent().unwrap_or(Path::new("."));
+    let mut replaced = None;
+    if dst.exists() {
+        let name = dst.file_name().and_then(|n| n.to_str()).unwrap_or("step");
+        let old = parent.join(format!("{name}.tmp-replaced-{counter}"));
+        fs::rename(dst, &old).map_err(io_err(dst, format!("rename to {}", old.display())))?;
+        replaced = Some(old);
+    }
+    fs::rename(tmp, dst).map_err(io_err(tmp, format!("rename to {}", dst.display())))?;
+    sync_path(parent)?;
+    if let Some(old) = replaced {
+        remove_any(&old)?;
+        sync_path(parent)?;
+    }
+    Ok(())
+}
+
+/// Copies the complete checkpoint `src` to `node_dir/step_name` with the same protocol.
+fn copy_to(
+    src: &Path,
+    node_dir: &Path,
+    step_name: &str,
+    counter: u64,
+) -> Result<PathBuf, CheckpointError> {
+    fs::create_dir_all(node_dir).map_err(io_err(node_dir, "create directory"))?;
+    let tmp = node_dir.join(format!("{step_name}.tmp-{counter}"));
+    let result = (|| {
+        fs::create_dir(&tmp).map_err(io_err(&tmp, "create directory"))?;
+        for f in [MODEL_FILE, META_FILE] {
+            let (from, to) = (src.join(f), tmp.join(f));
+            fs::copy(&from, &to).map_err(io_err(&from, format!("copy to {}", to.display())))?;
+            sync_path(&to)?;
+        }
+        sync_path(&tmp)?;
+        let dst = node_dir.join(step_name);
+        install(&tmp, &dst, counter)?;
+        Ok(dst)
+    })();
+    if result.is_err()
+        && tmp.exists()
+        && let Err(c) = remove_any(&tmp)
+    {
+        tracing::warn!("checkpoint: cleaning up after a failed remote copy: {c}");
+    }
+    result
+}
+
+/// Deletes the oldest complete checkpoints under `node_dir` until `keep` remain, never `keep_this`.
+fn prune(node_dir: &Path, keep: usize, keep_this: &Path) -> Result<Vec<PathBuf>, CheckpointError> {
+    let all = list_node_dir(node_dir)?;
+    let excess = all.len().saturating_sub(keep);
+    let mut removed = Vec::new();
+    for (_, p) in all {
+        if removed.len() == excess {
+            break;
+        }
+        if p == keep_this {
+            continue;
+        }
+        let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("step").to_string();
+        let doomed = node_dir.join(format!("{name}.tmp-deleted"));
+        // Renamed first, so that a crash mid-delete leaves a `*.tmp*` directory, never a
+        // `step-<N>` that looks complete but is not.
+        fs::rename(&p, &doomed).map_err(io_err(&p, format!("rename to {}", doomed.display())))?;
+        remove_any(&doomed)?;
+        removed.push(p);
+    }
+    if !removed.is_empty() {
+        sync_path(node_dir)?;
+    }
+    Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Condvar, Mutex};
+
+    fn snapshot(n: usize, step: u64) -> Snapshot {
+        let layout = vec![("a".to_string(), n / 2), ("b".to_string(), n - n / 2)];
+        let v: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 + step as f32).collect();
+        Snapshot {
+            outer_step: step,
+            inner_step: step * 10,
+            data_position: serde_json::json!({"epoch": 0, "offset": step}),
+            layout,
+            outer: v.clone(),
+            momentum: v.clone(),
+            params: v.clone(),
+            exp_avg: v.clone(),
+            exp_avg_sq: v,
+        }
+    }
+
+    #[test]
+    fn step_dir_names_round_trip_and_tmp_names_are_not_steps() {
+        assert_eq!(step_dir_name(7), "step-00000007");
+        assert_eq!(parse_step_dir("step-00000007"), Some(7));
+        assert_eq!(parse_step_dir(&step_dir_name(123_456_789_012)), Some(123_456_789_012));
+        for bad in [
+            "step-",
+            "step-00000007.tmp-3",
+            "step-7x",
+            "step--1",
+            "steps-1",
+            "step-00000007.tmp-deleted",
+        ] {
+            assert_eq!(parse_step_dir(bad), None, "{bad}");
+        }
+    }
+
+    /// Saving is asynchronous: with the writer held at the gate, `save` has returned, the save is
+    /// in flight, and no checkpoint exists; opening the gate lets it complete. No timing involved.
+    #[test]
+    fn save_returns_before_the_write_completes() {
+        let root = tempfile::tempdir().unwrap();
+        let cfg = CheckpointConfig {
+            dir: root.path().to_path_buf(),
+            scenario: "s".into(),
+            node: "n0".into(),
+            keep: 2,
+            remote: None,
+        };
+        let mut ck = Checkpointer::new(cfg).unwrap();
+        let gate: Gate = Arc::new((Mutex::new(false), Condvar::new()));
+        ck.gate = Some(gate.clone());
+        let ticket = ck.save(snapshot(1 << 20, 3)).unwrap();
+        assert!(!ticket.waited);
+        assert!(ticket.previous.is_none());
+        assert!(ck.in_flight());
+        assert!(ck.poll().is_none());
+        assert!(list(root.path(), "n0").unwrap().is_empty());
+        assert!(latest(root.path(), "n0").unwrap().is_none());
+        {
+            let (lock, cv) = &*gate;
+            *lock.lock().unwrap() = true;
+            cv.notify_all();
+        }
+        let saved = ck.wait().unwrap().unwrap();
+        assert_eq!(saved.outer_step, 3);
+        assert!(!ck.in_flight());
+        assert!(ck.wait().is_none());
+        let loaded = latest(root.path(), "n0").unwrap().unwrap();
+        assert_eq!(loaded.meta.outer_step, 3);
+        assert_eq!(loaded.snapshot.params.len(), 1 << 20);
+    }
+
+    #[test]
+    fn bad_configs_are_rejected() {
+        let base = CheckpointConfig {
+            dir: PathBuf::from("/nonexistent-ckpt"),
+            scenario: "s".into(),
+            node: "n".into(),
+            keep: 1,
+            remote: None,
+        };
+        for node in ["", ".", "..", "a/b", "a.tmp-1"] {
+            let cfg = CheckpointConfig { node: node.into(), ..base.clone() };
+            assert!(
+                matches!(cfg.validate(), Err(CheckpointError::Config { field: "node", .. })),
+                "{node:?}"
+            );
+        }
+        let cfg = CheckpointConfig { keep: 0, ..base.clone() };
+        assert!(matches!(cfg.validate(), Err(CheckpointError::Config { field: "keep", .. })));
+        let cfg = CheckpointConfig { remote: Some(base.dir.clone()), ..base.clone() };
+        assert!(matches!(cfg.validate(), Err(CheckpointError::Config { field: "remote", .. })));
+        assert!(base.validate().is_ok());
+    }
+}
