@@ -460,6 +460,7 @@ fn read_lines(path: &Path) -> Result<Vec<MetricsLine>> {
 /// Merges the processes' metrics, checks the invariants, writes the run directory.
 fn finish(s: &Scenario, out: &Path, nodes_dir: &Path, mut events: Vec<EventRow>, wall: f64) -> Result<bool> {
     let mut rows: Vec<OuterStepRow> = Vec::new();
+    let mut peaks: BTreeMap<String, u64> = BTreeMap::new();
     let mut files: Vec<PathBuf> = std::fs::read_dir(nodes_dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
@@ -470,6 +471,12 @@ fn finish(s: &Scenario, out: &Path, nodes_dir: &Path, mut events: Vec<EventRow>,
             match line {
                 MetricsLine::Row(r) => rows.push(r),
                 MetricsLine::Event(e) => events.push(e),
+                MetricsLine::Resources { node, peak_rss_bytes } => {
+                    if let Some(b) = peak_rss_bytes {
+                        let p = peaks.entry(node).or_default();
+                        *p = (*p).max(b);
+                    }
+                }
             }
         }
     }
@@ -506,10 +513,13 @@ fn finish(s: &Scenario, out: &Path, nodes_dir: &Path, mut events: Vec<EventRow>,
             gpus_per_node: 1,
         }),
         violations,
-        extra: BTreeMap::new(),
+        extra: BTreeMap::from([("peak_rss_bytes".to_string(), serde_json::json!(peaks))]),
     };
     let summary = summarize(&meta, &rows, &events);
     loco_reports::write_run(out, &summary, &rows, &events).map_err(|e| anyhow!(e))?;
     crate::print_summary(&summary, out);
+    for (node, b) in &peaks {
+        println!("peak memory         {node}: {:.0} MB resident", *b as f64 / 1e6);
+    }
     Ok(summary.invariants.ok)
 }

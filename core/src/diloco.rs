@@ -234,6 +234,20 @@ impl OuterState {
         Ok(())
     }
 
+    /// Like [`compute_pseudo_gradient`](Self::compute_pseudo_gradient), without a copy of the
+    /// inner weights: `fill` writes them into the pseudo-gradient buffer, which is then turned
+    /// into `outer - inner` in place. Keeps the outer state at three fp32 copies of the model.
+    pub fn compute_pseudo_gradient_with<E>(
+        &mut self,
+        fill: impl FnOnce(&mut [f32]) -> Result<(), E>,
+    ) -> Result<(), E> {
+        fill(&mut self.pseudo_gradient)?;
+        for (g, o) in self.pseudo_gradient.iter_mut().zip(&self.outer) {
+            *g = o - *g;
+        }
+        Ok(())
+    }
+
     /// Applies the averaged pseudo-gradient held in the buffer: one outer SGD step with torch's
     /// semantics (`buf = m*buf + g`; Nesterov: `outer -= lr*(g + m*buf)`; else `outer -= lr*buf`).
     /// Afterwards the backend copies [`outer`](Self::outer) into the inner model.
@@ -376,6 +390,20 @@ mod tests {
         plain.pseudo_gradient_mut()[0] = 1.0;
         plain.apply_outer_step();
         assert_eq!(plain.outer()[0], -0.5);
+    }
+
+    #[test]
+    fn pseudo_gradient_in_place_equals_the_copying_form() {
+        let mut a = OuterState::new(OuterConfig::default(), vec![1.0, 2.0, 3.0], vec![]).unwrap();
+        let mut b = a.clone();
+        a.compute_pseudo_gradient(&[0.5, 2.5, 3.0]).unwrap();
+        b.compute_pseudo_gradient_with(|buf: &mut [f32]| {
+            buf.copy_from_slice(&[0.5, 2.5, 3.0]);
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+        assert_eq!(a.pseudo_gradient(), b.pseudo_gradient());
+        assert_eq!(a.pseudo_gradient(), &[0.5, -0.5, 0.0]);
     }
 
     /// reference.md test case 13: after every outer step the inner weights equal the outer

@@ -110,6 +110,21 @@ pub enum MetricsLine {
     Row(OuterStepRow),
     /// An event seen by this node.
     Event(EventRow),
+    /// The process's peak resident memory, written when it stops.
+    Resources {
+        /// The node.
+        node: String,
+        /// Peak resident set size in bytes (Linux `VmHWM`), when known.
+        peak_rss_bytes: Option<u64>,
+    },
+}
+
+/// Peak resident set size of this process in bytes (Linux: `VmHWM` of /proc/self/status).
+pub fn peak_rss_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
 }
 
 /// The training state a joiner receives (and a checkpoint holds).
@@ -312,6 +327,25 @@ impl<L: InnerLoop> Worker<L> {
         Ok(p)
     }
 
+    /// `pseudo_gradient = outer - inner`, written in place (no copy of the weights).
+    fn refresh_pseudo_gradient(&mut self) -> Result<(), WorkerError> {
+        let inner = self.inner.as_ref().ok_or_else(|| {
+            InnerError::Backend("the inner loop is busy computing".into())
+        })?;
+        let outer = self.outer.as_mut().ok_or(InnerError::Backend("no outer state".into()))?;
+        outer.compute_pseudo_gradient_with(|buf| inner.params_into(buf))?;
+        Ok(())
+    }
+
+    /// Copies the outer weights into the inner model; returns their digest.
+    fn sync_inner_to_outer(&mut self) -> Result<String, WorkerError> {
+        let outer = self.outer.as_ref().ok_or(InnerError::Backend("no outer state".into()))?;
+        if let Some(inner) = self.inner.as_mut() {
+            inner.set_params(outer.outer())?;
+        }
+        Ok(weights_digest(outer.outer()))
+    }
+
     fn ensure_outer(&mut self) -> Result<(), WorkerError> {
         if self.outer.is_none() {
             let layout = self.inner.as_ref().map(|i| i.param_layout()).unwrap_or_default();
@@ -395,21 +429,15 @@ impl<L: InnerLoop> Worker<L> {
             MemberAction::Commit { epoch, outer_step } => {
                 let outer = self.outer.as_mut().ok_or(InnerError::Backend("commit without outer state".into()))?;
                 outer.apply_outer_step();
-                let weights = outer.outer().to_vec();
-                if let Some(inner) = self.inner.as_mut() {
-                    inner.set_params(&weights)?;
-                }
-                self.finish_step(epoch, outer_step, weights_digest(&weights))?;
+                let hash = self.sync_inner_to_outer()?;
+                self.finish_step(epoch, outer_step, hash)?;
             }
             MemberAction::SkipStep { epoch, outer_step, attempts } => {
                 let outer = self.outer.as_mut().ok_or(InnerError::Backend("skip without outer state".into()))?;
                 outer.skip_outer_step();
-                let weights = outer.outer().to_vec();
-                if let Some(inner) = self.inner.as_mut() {
-                    inner.set_params(&weights)?;
-                }
+                let hash = self.sync_inner_to_outer()?;
                 self.event(EventKind::SkipStep, format!("outer step {outer_step} skipped after {attempts} attempts"))?;
-                self.finish_step(epoch, outer_step, weights_digest(&weights))?;
+                self.finish_step(epoch, outer_step, hash)?;
             }
             MemberAction::Stop(reason) => {
                 let kind = match &reason {
@@ -419,6 +447,8 @@ impl<L: InnerLoop> Worker<L> {
                     StopReason::Shutdown => EventKind::Stop,
                 };
                 self.event(kind, reason.to_string())?;
+                let node = self.opts.name.clone();
+                self.write(&MetricsLine::Resources { node, peak_rss_bytes: peak_rss_bytes() })?;
                 // Let the deathrattle and the last frames leave before the process exits.
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 self.stop = Some(reason);
@@ -431,8 +461,7 @@ impl<L: InnerLoop> Worker<L> {
         self.step.compute_end = self.clock.secs();
         self.step.loss = stats.last().and_then(|s| s.loss);
         self.step.tokens = stats.iter().map(|s| s.tokens).sum();
-        let p = self.params()?;
-        self.outer.as_mut().expect("outer state").compute_pseudo_gradient(&p)?;
+        self.refresh_pseudo_gradient()?;
         let outer_step = match self.member.phase() {
             loco_core::mesh::MemberPhase::Computing { outer_step } => outer_step,
             _ => return Ok(()), // stopped or evicted meanwhile
@@ -477,10 +506,9 @@ impl<L: InnerLoop> Worker<L> {
     async fn start_ring(&mut self, s: AllReduceStart) -> Result<(), WorkerError> {
         self.ensure_outer()?;
         // Recompute the pseudo-gradient: a retry starts again from the kept inputs.
-        let p = self.params()?;
-        let outer = self.outer.as_mut().expect("outer state");
-        outer.compute_pseudo_gradient(&p)?;
-        let g = outer.take_pseudo_gradient();
+        self.refresh_pseudo_gradient()?;
+        let g = self.outer.as_mut().expect("outer state").take_pseudo_gradient();
+        let n = g.len();
         if self.step.ring_start.is_none() {
             self.step.ring_start = Some(self.clock.secs());
         }
@@ -488,11 +516,12 @@ impl<L: InnerLoop> Worker<L> {
         self.step.weight = f64::from(s.weight.get());
         let mut cfg = RingConfig::new(s.epoch, s.op, s.ring.clone(), self.opts.id, self.opts.codec);
         cfg.segment_elems = self.opts.segment_elems;
-        let ring = match RingAllReduce::new(cfg, Payload::Owned(g.clone()), s.weight) {
+        let ring = match RingAllReduce::new(cfg, Payload::Owned(g), s.weight) {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(node = %self.opts.name, "cannot start the all-reduce: {e}");
-                self.outer.as_mut().expect("outer state").put_pseudo_gradient(g)?;
+                // The buffer went with the refused collective; the next attempt recomputes it.
+                self.outer.as_mut().expect("outer state").put_pseudo_gradient(vec![0.0; n])?;
                 self.member.report_allreduce_failed(self.clock.now(), s.epoch, s.op)?;
                 return Ok(());
             }

@@ -179,14 +179,6 @@ fn rank_input(seed: u64, rank: usize, n: usize) -> Vec<f32> {
         .collect()
 }
 
-/// Peak resident set size of this process (Linux), from /proc/self/status.
-pub(crate) fn peak_rss_bytes() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
-
 /// Runs one rank: listen on its port, connect to the others, a small warm-up all-reduce (which
 /// also lines the ranks up), then the timed one.
 pub(crate) fn run_rank(a: &crate::cli::AllreduceRank) -> Result<RankResult> {
@@ -242,7 +234,7 @@ pub(crate) fn run_rank(a: &crate::cli::AllreduceRank) -> Result<RankResult> {
             body_bytes_sent: stats.body_bytes_sent,
             result_hash: h.finalize().to_hex()[..16].to_string(),
             rel_rms_error,
-            peak_rss_bytes: peak_rss_bytes(),
+            peak_rss_bytes: loco_real::node::peak_rss_bytes(),
         })
     })
 }
