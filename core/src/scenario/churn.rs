@@ -543,8 +543,11 @@ fn play(events: &[Pending], nodes: &[NodeSpec], regions: &[Region]) -> R<()> {
                 }
             }
             ChurnAction::Restore { from, to, oneway } => {
-                let dirs =
-                    if *oneway { vec![(*from, *to)] } else { vec![(*from, *to), (*to, *from)] };
+                let dirs = if *oneway || from == to {
+                    vec![(*from, *to)]
+                } else {
+                    vec![(*from, *to), (*to, *from)]
+                };
                 for (x, y) in dirs {
                     if !degraded.remove(&(x, y)) {
                         return Err(conflict(

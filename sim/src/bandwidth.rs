@@ -1,0 +1,738 @@
+//! Bandwidth, which turmoil lacks: a deterministic fluid model of every transfer in flight.
+//!
+//! Every frame body is a *flow* from a sender to a receiver. A flow crosses three shared
+//! resources, each with a capacity in bytes per second:
+//!
+//! - the sender's egress NIC (`nic` of the node; unlimited when absent),
+//! - the directed node pair (`bandwidth x streams` of the link between their regions; unlimited
+//!   when `streams` is absent),
+//! - the receiver's ingress NIC,
+//!
+//! and is itself capped at the rate of one connection (the link's `bandwidth`). Rates are the
+//! max-min fair allocation (progressive filling): all unfrozen flows grow at the same pace until a
+//! resource saturates or a flow reaches its cap, then the flows on it freeze, and so on. Rates are
+//! recomputed whenever a flow starts or ends or a capacity changes, and the model is advanced
+//! lazily to the time of each call, processing completions in time order on the way.
+//!
+//! The model owns no clock and no task: callers pass the simulated time. Calls with a time
+//! earlier than the model's (two turmoil hosts run one after the other through the same tick)
+//! are taken at the model's time, so the model never goes backwards; the error is at most one
+//! tick. Waiters learn about a completion that moved earlier through [`BandwidthModel::eta_changed`].
+
+use loco_core::{NodeId, Time};
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+
+/// Identifies one flow of a [`BandwidthModel`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FlowId(u64);
+
+/// Where a flow stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FlowStatus {
+    /// The last byte left at this time.
+    Done(Time),
+    /// Still sending; at the current rates it will be done at `eta` (`Time::MAX` when its rate
+    /// is zero).
+    Pending {
+        /// Predicted completion.
+        eta: Time,
+    },
+    /// The flow was cancelled (its sender or receiver crashed) or is unknown.
+    Cancelled,
+}
+
+/// Capacities of the connections from one node to another.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PairCaps {
+    /// Rate of one connection, bytes per second (> 0, finite).
+    pub per_stream: f64,
+    /// How many concurrent connections each get `per_stream`; `None` for no limit.
+    pub streams: Option<u32>,
+}
+
+impl PairCaps {
+    fn total(&self) -> f64 {
+        match self.streams {
+            Some(s) => self.per_stream * f64::from(s.max(1)),
+            None => f64::INFINITY,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum ResKey {
+    Egress(NodeId),
+    Ingress(NodeId),
+    Pair(NodeId, NodeId),
+}
+
+/// A queue of flows sent one after the other (one connection's frames): the next starts the
+/// instant the previous one ends, whatever the sender's timer resolution.
+pub type LaneKey = (NodeId, NodeId, u64);
+
+struct Flow {
+    from: NodeId,
+    to: NodeId,
+    /// Waiting behind another flow of its lane (no rate yet).
+    queued: bool,
+    lane: Option<LaneKey>,
+    res: [usize; 3],
+    remaining: f64,
+    rate: f64,
+    eta: Time,
+    /// Bumped when the predicted completion moves earlier (or the flow ends).
+    generation: u64,
+    waker: Option<Waker>,
+}
+
+/// The fluid model. See the module documentation.
+#[derive(Default)]
+pub struct BandwidthModel {
+    now: Time,
+    /// Capacity of each resource, bytes per second (`INFINITY` for none).
+    capacity: Vec<f64>,
+    /// Resource index by key.
+    index: BTreeMap<(u8, NodeId, NodeId), usize>,
+    nic: BTreeMap<NodeId, Option<f64>>,
+    pairs: BTreeMap<(NodeId, NodeId), PairCaps>,
+    flows: BTreeMap<FlowId, Flow>,
+    finished: BTreeMap<FlowId, Time>,
+    /// Per lane, the flows waiting behind its active one, in order.
+    lanes: BTreeMap<LaneKey, std::collections::VecDeque<FlowId>>,
+    next_id: u64,
+    dirty: bool,
+    /// Scratch for the progressive filling.
+    residual: Vec<f64>,
+    count: Vec<u32>,
+    recomputes: u64,
+    bytes_done: f64,
+}
+
+/// Bytes below which a flow counts as finished (floating-point residue).
+const EPS_BYTES: f64 = 1e-3;
+
+impl BandwidthModel {
+    /// An empty model at time zero.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The model's time (the latest time it was advanced to).
+    pub fn now(&self) -> Time {
+        self.now
+    }
+
+    /// Flows in flight.
+    pub fn active_flows(&self) -> usize {
+        self.flows.len()
+    }
+
+    /// How many times rates were recomputed (a cost counter).
+    pub fn recomputes(&self) -> u64 {
+        self.recomputes
+    }
+
+    /// Sets a node's NIC cap per direction, in bytes per second (`None`: unlimited).
+    pub fn set_nic(&mut self, now: Time, node: NodeId, bytes_per_sec: Option<f64>) {
+        self.advance(now);
+        self.nic.insert(node, bytes_per_sec);
+        let cap = bytes_per_sec.unwrap_or(f64::INFINITY);
+        let e = self.resource(ResKey::Egress(node));
+        let i = self.resource(ResKey::Ingress(node));
+        self.capacity[e] = cap;
+        self.capacity[i] = cap;
+        self.dirty = true;
+        self.refresh();
+    }
+
+    /// Sets the connections from `from` to `to`.
+    pub fn set_pair(&mut self, now: Time, from: NodeId, to: NodeId, caps: PairCaps) {
+        self.advance(now);
+        self.pairs.insert((from, to), caps);
+        let p = self.resource(ResKey::Pair(from, to));
+        self.capacity[p] = caps.total();
+        self.dirty = true;
+        self.refresh();
+    }
+
+    /// Sets many pairs at once (one recomputation of the rates).
+    pub fn set_pairs(
+        &mut self,
+        now: Time,
+        pairs: impl IntoIterator<Item = (NodeId, NodeId, PairCaps)>,
+    ) {
+        self.advance(now);
+        for (from, to, caps) in pairs {
+            self.pairs.insert((from, to), caps);
+            let p = self.resource(ResKey::Pair(from, to));
+            self.capacity[p] = caps.total();
+        }
+        self.dirty = true;
+        self.refresh();
+    }
+
+    /// The connections from `from` to `to`, if set.
+    pub fn pair(&self, from: NodeId, to: NodeId) -> Option<PairCaps> {
+        self.pairs.get(&(from, to)).copied()
+    }
+
+    /// Starts a flow of `bytes` from `from` to `to` at `now`. A pair never set gets an unlimited
+    /// rate (the flow completes at once).
+    pub fn start(&mut self, now: Time, from: NodeId, to: NodeId, bytes: u64) -> FlowId {
+        self.start_in(now, None, from, to, bytes)
+    }
+
+    /// Queues a flow on `lane` (whose sender and receiver are `lane.0` and `lane.1`): it starts
+    /// at `now` if the lane is idle, else the instant the lane's previous flow ends.
+    pub fn start_in_lane(&mut self, now: Time, lane: LaneKey, bytes: u64) -> FlowId {
+        self.start_in(now, Some(lane), lane.0, lane.1, bytes)
+    }
+
+    fn start_in(
+        &mut self,
+        now: Time,
+        lane: Option<LaneKey>,
+        from: NodeId,
+        to: NodeId,
+        bytes: u64,
+    ) -> FlowId {
+        self.advance(now);
+        let id = FlowId(self.next_id);
+        self.next_id += 1;
+        let busy = lane.is_some_and(|l| self.lanes.contains_key(&l));
+        if !busy && (bytes == 0 || !self.pairs.contains_key(&(from, to))) {
+            self.finished.insert(id, self.now);
+            return id;
+        }
+        let res = [
+            self.resource(ResKey::Egress(from)),
+            self.resource(ResKey::Pair(from, to)),
+            self.resource(ResKey::Ingress(to)),
+        ];
+        if let Some(l) = lane {
+            // A lane with an entry has an active (or queued) flow; an idle lane has none.
+            self.lanes.entry(l).or_default().push_back(id);
+        }
+        self.flows.insert(
+            id,
+            Flow {
+                from,
+                to,
+                queued: busy,
+                lane,
+                res,
+                remaining: bytes as f64,
+                rate: 0.0,
+                eta: Time::MAX,
+                generation: 0,
+                waker: None,
+            },
+        );
+        if !busy {
+            self.dirty = true;
+            self.refresh();
+        }
+        id
+    }
+
+    /// Forgets `id` in its lane and starts the next flow of the lane, if any.
+    fn release_lane(&mut self, id: FlowId, lane: Option<LaneKey>) {
+        let Some(l) = lane else { return };
+        let Some(q) = self.lanes.get_mut(&l) else { return };
+        q.retain(|x| *x != id);
+        loop {
+            let Some(&next) = q.front() else {
+                self.lanes.remove(&l);
+                return;
+            };
+            match self.flows.get_mut(&next) {
+                Some(f) if f.queued => {
+                    f.queued = false;
+                    if f.remaining <= EPS_BYTES || !self.pairs.contains_key(&(f.from, f.to)) {
+                        // Nothing to send: done at once.
+                        if let Some(mut f) = self.flows.remove(&next) {
+                            if let Some(w) = f.waker.take() {
+                                w.wake();
+                            }
+                        }
+                        self.finished.insert(next, self.now);
+                        q.pop_front();
+                        continue;
+                    }
+                    self.dirty = true;
+                    return;
+                }
+                Some(_) => return,
+                None => {
+                    q.pop_front();
+                }
+            }
+        }
+    }
+
+    /// Where flow `id` stands at `now`. A finished flow is forgotten once reported `Done`.
+    pub fn poll(&mut self, now: Time, id: FlowId) -> FlowStatus {
+        self.advance(now);
+        if let Some(t) = self.finished.remove(&id) {
+            return FlowStatus::Done(t);
+        }
+        match self.flows.get(&id) {
+            Some(f) => FlowStatus::Pending { eta: f.eta },
+            None => FlowStatus::Cancelled,
+        }
+    }
+
+    /// The current rate of flow `id`, bytes per second (0 when not in flight).
+    pub fn rate(&self, id: FlowId) -> f64 {
+        self.flows.get(&id).map_or(0.0, |f| f.rate)
+    }
+
+    /// Cancels flow `id` (its sender gave up). Unknown ids are ignored.
+    pub fn cancel(&mut self, now: Time, id: FlowId) {
+        self.advance(now);
+        self.finished.remove(&id);
+        if let Some(mut f) = self.flows.remove(&id) {
+            if let Some(w) = f.waker.take() {
+                w.wake();
+            }
+            self.release_lane(id, f.lane);
+            self.dirty = true;
+            self.refresh();
+        }
+    }
+
+    /// Cancels every flow from or to `node` (it crashed).
+    pub fn cancel_node(&mut self, now: Time, node: NodeId) {
+        self.advance(now);
+        let ids: Vec<FlowId> = self
+            .flows
+            .iter()
+            .filter(|(_, f)| f.from == node || f.to == node)
+            .map(|(i, _)| *i)
+            .collect();
+        for id in ids {
+            if let Some(mut f) = self.flows.remove(&id) {
+                if let Some(w) = f.waker.take() {
+                    w.wake();
+                }
+            }
+            self.dirty = true;
+        }
+        self.lanes.retain(|l, _| l.0 != node && l.1 != node);
+        self.refresh();
+    }
+
+    /// A future that resolves when flow `id`'s predicted completion moves earlier than what
+    /// the caller last saw, or the flow ends. Pair it with a timer at the last `eta`.
+    pub fn eta_changed(model: &std::rc::Rc<std::cell::RefCell<Self>>, id: FlowId) -> EtaChanged {
+        let generation = model.borrow().flows.get(&id).map(|f| f.generation);
+        EtaChanged { model: model.clone(), id, generation }
+    }
+
+    /// Advances the model to `now` (no-op when `now` is not later than the model's time).
+    pub fn advance(&mut self, now: Time) {
+        loop {
+            if self.dirty {
+                self.recompute();
+            }
+            let next = self.flows.values().map(|f| f.eta).min().unwrap_or(Time::MAX);
+            if next > now || next == Time::MAX {
+                break;
+            }
+            self.step_to(next);
+            let done: Vec<FlowId> = self
+                .flows
+                .iter()
+                .filter(|(_, f)| !f.queued && (f.eta <= next || f.remaining <= EPS_BYTES))
+                .map(|(i, _)| *i)
+                .collect();
+            for id in done {
+                if let Some(mut f) = self.flows.remove(&id) {
+                    self.bytes_done += f.remaining.max(0.0);
+                    if let Some(w) = f.waker.take() {
+                        w.wake();
+                    }
+                    self.finished.insert(id, next);
+                    self.release_lane(id, f.lane);
+                }
+            }
+            self.dirty = true;
+        }
+        if now > self.now {
+            self.step_to(now);
+        }
+    }
+
+    /// Moves every flow forward to `t` at its current rate (no event in between).
+    fn step_to(&mut self, t: Time) {
+        let dt = t.as_nanos().saturating_sub(self.now.as_nanos()) as f64 * 1e-9;
+        if dt > 0.0 {
+            for f in self.flows.values_mut() {
+                let sent = (f.rate * dt).min(f.remaining);
+                f.remaining -= sent;
+                self.bytes_done += sent;
+            }
+        }
+        self.now = self.now.max(t);
+    }
+
+    fn refresh(&mut self) {
+        if self.dirty {
+            self.recompute();
+        }
+    }
+
+    fn resource(&mut self, key: ResKey) -> usize {
+        let k = match key {
+            ResKey::Egress(n) => (0u8, n, n),
+            ResKey::Ingress(n) => (1u8, n, n),
+            ResKey::Pair(a, b) => (2u8, a, b),
+        };
+        if let Some(&i) = self.index.get(&k) {
+            return i;
+        }
+        let cap = match key {
+            ResKey::Egress(n) | ResKey::Ingress(n) => {
+                self.nic.get(&n).copied().flatten().unwrap_or(f64::INFINITY)
+            }
+            ResKey::Pair(a, b) => self.pairs.get(&(a, b)).map_or(f64::INFINITY, PairCaps::total),
+        };
+        let i = self.capacity.len();
+        self.capacity.push(cap);
+        self.residual.push(0.0);
+        self.count.push(0);
+        self.index.insert(k, i);
+        i
+    }
+
+    /// Max-min fair rates by progressive filling, then the new completion times.
+    fn recompute(&mut self) {
+        self.dirty = false;
+        self.recomputes += 1;
+        let now = self.now;
+        // (rate cap, frozen) per flow, in id order.
+        let mut caps: Vec<f64> = Vec::with_capacity(self.flows.len());
+        for f in self.flows.values_mut() {
+            f.rate = 0.0;
+            caps.push(self.pairs.get(&(f.from, f.to)).map_or(f64::INFINITY, |p| p.per_stream));
+            for &r in &f.res {
+                self.residual[r] = self.capacity[r];
+                self.count[r] = 0;
+            }
+        }
+        // Flows queued behind another of their lane take no share.
+        let mut frozen: Vec<bool> = self.flows.values().map(|f| f.queued).collect();
+        for f in self.flows.values().filter(|f| !f.queued) {
+            for &r in &f.res {
+                self.count[r] += 1;
+            }
+        }
+        let mut unfrozen = frozen.iter().filter(|q| !**q).count();
+        while unfrozen > 0 {
+            let mut delta = f64::INFINITY;
+            for (i, f) in self.flows.values().enumerate() {
+                if frozen[i] {
+                    continue;
+                }
+                delta = delta.min(caps[i] - f.rate);
+                for &r in &f.res {
+                    if self.residual[r].is_finite() {
+                        delta = delta.min(self.residual[r] / f64::from(self.count[r]));
+                    }
+                }
+            }
+            if !delta.is_finite() {
+                // No cap anywhere: cannot happen with a finite per-connection rate; treat as
+                // instantaneous.
+                delta = f64::MAX / 4.0;
+            }
+            let delta = delta.max(0.0);
+            // Grow every unfrozen flow by delta and charge its resources.
+            for (i, f) in self.flows.values_mut().enumerate() {
+                if frozen[i] {
+                    continue;
+                }
+                f.rate += delta;
+                for &r in &f.res {
+                    self.residual[r] -= delta;
+                }
+            }
+            // Freeze flows at their cap or on a saturated resource.
+            let mut any = false;
+            for (i, f) in self.flows.values().enumerate() {
+                if frozen[i] {
+                    continue;
+                }
+                let at_cap = f.rate >= caps[i] * (1.0 - 1e-12);
+                let saturated = f.res.iter().any(|&r| {
+                    self.capacity[r].is_finite() && self.residual[r] <= self.capacity[r] * 1e-12
+                });
+                if at_cap || saturated {
+                    frozen[i] = true;
+                    any = true;
+                }
+            }
+            // Recount the unfrozen flows per resource.
+            for f in self.flows.values() {
+                for &r in &f.res {
+                    self.count[r] = 0;
+                }
+            }
+            unfrozen = 0;
+            for (i, f) in self.flows.values().enumerate() {
+                if !frozen[i] {
+                    unfrozen += 1;
+                    for &r in &f.res {
+                        self.count[r] += 1;
+                    }
+                }
+            }
+            if !any {
+                // Numerical corner: nothing froze although delta was the minimum; stop here.
+                break;
+            }
+        }
+        for f in self.flows.values_mut() {
+            let old = f.eta;
+            f.eta = if f.rate > 0.0 {
+                let ns = (f.remaining / f.rate * 1e9).ceil();
+                if ns >= (u64::MAX / 2) as f64 {
+                    Time::MAX
+                } else {
+                    Time::from_nanos(now.as_nanos().saturating_add(ns as u64))
+                }
+            } else {
+                Time::MAX
+            };
+            if f.eta < old {
+                f.generation += 1;
+                if let Some(w) = f.waker.take() {
+                    w.wake();
+                }
+            }
+        }
+    }
+}
+
+/// Resolves when a flow's predicted completion moved earlier or the flow ended; see
+/// [`BandwidthModel::eta_changed`].
+pub struct EtaChanged {
+    model: std::rc::Rc<std::cell::RefCell<BandwidthModel>>,
+    id: FlowId,
+    generation: Option<u64>,
+}
+
+impl Future for EtaChanged {
+    type Output = ();
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let mut m = self.model.borrow_mut();
+        match (m.flows.get_mut(&self.id), self.generation) {
+            (Some(f), Some(g)) if f.generation == g => {
+                f.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+            _ => Poll::Ready(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MB: f64 = 1e6;
+
+    fn secs(t: Time) -> f64 {
+        t.as_secs_f64()
+    }
+
+    fn n(i: u32) -> NodeId {
+        NodeId(i)
+    }
+
+    fn run_to_done(m: &mut BandwidthModel, ids: &[FlowId]) -> Vec<f64> {
+        let mut out = vec![f64::NAN; ids.len()];
+        let mut left = ids.len();
+        while left > 0 {
+            let next = ids
+                .iter()
+                .filter_map(|&id| m.flows.get(&id).map(|f| f.eta))
+                .min()
+                .unwrap_or(m.now());
+            m.advance(next);
+            for (k, &id) in ids.iter().enumerate() {
+                if out[k].is_nan() {
+                    if let FlowStatus::Done(t) = m.poll(next, id) {
+                        out[k] = secs(t);
+                        left -= 1;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn caps(mbps: f64, streams: Option<u32>) -> PairCaps {
+        PairCaps { per_stream: mbps * MB, streams }
+    }
+
+    #[test]
+    fn one_flow_takes_bytes_over_rate() {
+        let mut m = BandwidthModel::new();
+        m.set_pair(Time::ZERO, n(0), n(1), caps(100.0, None));
+        let f = m.start(Time::ZERO, n(0), n(1), 250_000_000);
+        assert_eq!(m.rate(f), 100.0 * MB);
+        let t = run_to_done(&mut m, &[f]);
+        assert!((t[0] - 2.5).abs() < 1e-9, "{t:?}");
+    }
+
+    #[test]
+    fn two_flows_share_a_pair_limited_to_one_stream() {
+        // streams = 1: the pair carries 100 MB/s in total, 50 each; when the short flow ends
+        // the long one gets all 100.
+        let mut m = BandwidthModel::new();
+        m.set_pair(Time::ZERO, n(0), n(1), caps(100.0, Some(1)));
+        let a = m.start(Time::ZERO, n(0), n(1), 100_000_000);
+        let b = m.start(Time::ZERO, n(0), n(1), 300_000_000);
+        assert_eq!(m.rate(a), 50.0 * MB);
+        let t = run_to_done(&mut m, &[a, b]);
+        // a: 100 MB at 50 MB/s = 2 s; b: 100 MB by then, 200 MB left at 100 MB/s = +2 s.
+        assert!((t[0] - 2.0).abs() < 1e-9, "{t:?}");
+        assert!((t[1] - 4.0).abs() < 1e-9, "{t:?}");
+    }
+
+    #[test]
+    fn parallel_streams_each_get_the_connection_rate() {
+        // streams = 8: eight flows each get the full connection rate.
+        let mut m = BandwidthModel::new();
+        m.set_pair(Time::ZERO, n(0), n(1), caps(10.0, Some(8)));
+        let ids: Vec<_> = (0..8).map(|_| m.start(Time::ZERO, n(0), n(1), 10_000_000)).collect();
+        for &id in &ids {
+            assert_eq!(m.rate(id), 10.0 * MB);
+        }
+        // A ninth shares: 80 MB/s over 9 flows.
+        let extra = m.start(Time::ZERO, n(0), n(1), 10_000_000);
+        assert!((m.rate(extra) - 80.0 * MB / 9.0).abs() < 1e-3);
+    }
+
+    #[test]
+    fn nic_is_the_bottleneck() {
+        // Node 0 sends to 1 and 2 over fast links, but its NIC does 100 MB/s: 50 each. Node 3
+        // also sends to 2, whose ingress NIC (100 MB/s) is then shared by 0->2 and 3->2; max-min
+        // fairness gives 0->2 and 3->2 50 each and 0->1 the rest of 0's egress (50).
+        let mut m = BandwidthModel::new();
+        for i in 0..4 {
+            m.set_nic(Time::ZERO, n(i), Some(100.0 * MB));
+        }
+        for (a, b) in [(0, 1), (0, 2), (3, 2)] {
+            m.set_pair(Time::ZERO, n(a), n(b), caps(1000.0, None));
+        }
+        let f01 = m.start(Time::ZERO, n(0), n(1), 100_000_000);
+        let f02 = m.start(Time::ZERO, n(0), n(2), 100_000_000);
+        assert_eq!(m.rate(f01), 50.0 * MB);
+        assert_eq!(m.rate(f02), 50.0 * MB);
+        let f32_ = m.start(Time::ZERO, n(3), n(2), 100_000_000);
+        assert!((m.rate(f32_) - 50.0 * MB).abs() < 1e-3);
+        assert!((m.rate(f02) - 50.0 * MB).abs() < 1e-3);
+        assert!((m.rate(f01) - 50.0 * MB).abs() < 1e-3);
+        // Node 4 with no NIC cap, a slow pair: 4 -> 1 at 10 MB/s; 0 -> 1 keeps 50 (1's ingress
+        // has 100 - 50 - 10 spare, 0's egress is full).
+        m.set_pair(Time::ZERO, n(4), n(1), caps(10.0, None));
+        let f41 = m.start(Time::ZERO, n(4), n(1), 10_000_000);
+        assert!((m.rate(f41) - 10.0 * MB).abs() < 1e-3);
+        assert!((m.rate(f01) - 50.0 * MB).abs() < 1e-3);
+    }
+
+    #[test]
+    fn max_min_gives_spare_capacity_to_unconstrained_flows() {
+        // Ingress of 1 is 90 MB/s; 0->1 is capped at 20 (its connection), 2->1 uncapped:
+        // 2->1 gets 70.
+        let mut m = BandwidthModel::new();
+        m.set_nic(Time::ZERO, n(1), Some(90.0 * MB));
+        m.set_pair(Time::ZERO, n(0), n(1), caps(20.0, None));
+        m.set_pair(Time::ZERO, n(2), n(1), caps(1000.0, None));
+        let a = m.start(Time::ZERO, n(0), n(1), 1_000_000);
+        let b = m.start(Time::ZERO, n(2), n(1), 1_000_000);
+        assert!((m.rate(a) - 20.0 * MB).abs() < 1e-3);
+        assert!((m.rate(b) - 70.0 * MB).abs() < 1e-3);
+    }
+
+    #[test]
+    fn capacity_change_midway_and_late_callers() {
+        // 100 MB at 10 MB/s; at 5 s the link drops to 5 MB/s: 50 MB left take 10 s more.
+        let mut m = BandwidthModel::new();
+        m.set_pair(Time::ZERO, n(0), n(1), caps(10.0, None));
+        let f = m.start(Time::ZERO, n(0), n(1), 100_000_000);
+        assert_eq!(
+            m.poll(Time::from_secs_f64(1.0), f),
+            FlowStatus::Pending { eta: Time::from_secs_f64(10.0) }
+        );
+        m.set_pair(Time::from_secs_f64(5.0), n(0), n(1), caps(5.0, None));
+        // A caller at an earlier time is taken at the model's time.
+        assert_eq!(
+            m.poll(Time::from_secs_f64(4.0), f),
+            FlowStatus::Pending { eta: Time::from_secs_f64(15.0) }
+        );
+        assert_eq!(
+            m.poll(Time::from_secs_f64(20.0), f),
+            FlowStatus::Done(Time::from_secs_f64(15.0))
+        );
+        assert_eq!(m.poll(Time::from_secs_f64(20.0), f), FlowStatus::Cancelled);
+    }
+
+    #[test]
+    fn cancel_node_frees_capacity() {
+        let mut m = BandwidthModel::new();
+        m.set_nic(Time::ZERO, n(1), Some(100.0 * MB));
+        m.set_pair(Time::ZERO, n(0), n(1), caps(1000.0, None));
+        m.set_pair(Time::ZERO, n(2), n(1), caps(1000.0, None));
+        let a = m.start(Time::ZERO, n(0), n(1), 100_000_000);
+        let b = m.start(Time::ZERO, n(2), n(1), 100_000_000);
+        assert_eq!(m.rate(a), 50.0 * MB);
+        m.cancel_node(Time::from_secs_f64(1.0), n(2));
+        assert_eq!(m.poll(Time::from_secs_f64(1.0), b), FlowStatus::Cancelled);
+        // a: 50 MB sent in the first second, 50 MB left at 100 MB/s.
+        assert_eq!(
+            m.poll(Time::from_secs_f64(1.0), a),
+            FlowStatus::Pending { eta: Time::from_secs_f64(1.5) }
+        );
+    }
+
+    #[test]
+    fn a_lane_sends_its_flows_back_to_back() {
+        // Three 10 MB frames on one lane at 10 MB/s end at exactly 1, 2 and 3 s, however late
+        // their sender looks; a flow on another lane shares the pair meanwhile.
+        let mut m = BandwidthModel::new();
+        m.set_pair(Time::ZERO, n(0), n(1), caps(10.0, Some(2)));
+        let lane = (n(0), n(1), 7);
+        let ids: Vec<_> = (0..3).map(|_| m.start_in_lane(Time::ZERO, lane, 10_000_000)).collect();
+        assert_eq!(m.rate(ids[0]), 10.0 * MB);
+        assert_eq!(m.rate(ids[1]), 0.0);
+        assert_eq!(m.poll(Time::ZERO, ids[1]), FlowStatus::Pending { eta: Time::MAX });
+        // Polled late (at 2.5 s): the first ended at 1 s, the second at 2 s, the third is
+        // halfway.
+        let late = Time::from_secs_f64(2.5);
+        assert_eq!(m.poll(late, ids[0]), FlowStatus::Done(Time::from_secs_f64(1.0)));
+        assert_eq!(m.poll(late, ids[1]), FlowStatus::Done(Time::from_secs_f64(2.0)));
+        assert_eq!(m.poll(late, ids[2]), FlowStatus::Pending { eta: Time::from_secs_f64(3.0) });
+        // Cancelling a queued flow lets the next one through.
+        let a = m.start_in_lane(late, lane, 10_000_000);
+        let b = m.start_in_lane(late, lane, 10_000_000);
+        m.cancel(late, a);
+        assert_eq!(m.poll(late, a), FlowStatus::Cancelled);
+        assert_eq!(m.poll(Time::from_secs_f64(4.0), b), FlowStatus::Done(Time::from_secs_f64(4.0)));
+    }
+
+    #[test]
+    fn zero_bytes_and_unknown_pairs_finish_at_once() {
+        let mut m = BandwidthModel::new();
+        let t = Time::from_secs_f64(3.0);
+        let a = m.start(t, n(0), n(1), 0);
+        let b = m.start(t, n(5), n(6), 1000);
+        assert_eq!(m.poll(t, a), FlowStatus::Done(t));
+        assert_eq!(m.poll(t, b), FlowStatus::Done(t));
+    }
+}

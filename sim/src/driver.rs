@@ -1,0 +1,602 @@
+//! The replay loop: builds the turmoil simulation of a scenario, steps it tick by tick, plays the
+//! churn between ticks, watches the stop conditions and the deadlock bound, and summarises.
+
+use crate::bandwidth::BandwidthModel;
+use crate::clock;
+use crate::coord;
+use crate::ctx::{NodeCtl, RealSetup, RunCtx};
+use crate::links::{LatencySetting, Links};
+use crate::net::{NetShared, host_name};
+use crate::node::Node;
+use crate::numerics;
+use crate::record::Recorder;
+use crate::rng::{Purpose, derive};
+use crate::{Progress, ReplayOptions, RunOutput, SimError};
+use loco_core::codec::CodecKind;
+use loco_core::metrics::{EventKind, MfuBasis, RunMeta, sort_events, sort_outer_steps, summarize};
+use loco_core::scenario::{ChurnAction, Cut, Numerics, RegionId, Scenario};
+use loco_core::{NodeId, Time};
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, BTreeSet};
+use std::rc::Rc;
+use std::time::Duration;
+use tokio::sync::Notify;
+
+/// Ticks a default tick aims at over a whole run (each tick polls every host).
+const TICK_BUDGET: u64 = 400_000;
+
+/// Settings derived from a scenario and the options.
+#[derive(Clone, Debug)]
+pub(crate) struct Plan {
+    pub(crate) seed: u64,
+    pub(crate) tick: Duration,
+    pub(crate) stop_steps: Option<u64>,
+    pub(crate) stop_time: Option<Duration>,
+    pub(crate) duration_limit: Duration,
+    pub(crate) stall_limit: Duration,
+}
+
+impl Plan {
+    pub(crate) fn of(s: &Scenario, opts: &ReplayOptions) -> Result<Plan, SimError> {
+        let seed = opts.seed.unwrap_or(s.seed());
+        let stop = s.stop();
+        let (stop_steps, stop_time) = match opts.run_for {
+            Some(t) => (None, Some(t)),
+            None => (
+                match (stop.outer_steps, opts.max_outer_steps) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                },
+                match (stop.time, opts.max_time) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                },
+            ),
+        };
+        let d = s.diloco();
+        let m = s.mesh();
+        let slowest = s
+            .nodes()
+            .iter()
+            .map(|n| n.step_time.mul_f64(1.0 + n.step_jitter))
+            .max()
+            .unwrap_or(Duration::ZERO);
+        let compute = slowest.saturating_mul(u32::try_from(d.inner_steps).unwrap_or(u32::MAX));
+        let retries = m.max_retries.saturating_add(1);
+        // The longest an outer step can take while the mesh keeps its promises: compute, the
+        // barrier deadline, a blocking state transfer, every attempt of the all-reduce with its
+        // backoff, and the heartbeat timeouts that trigger them.
+        let stall_limit = compute.saturating_mul(2)
+            + m.barrier_timeout
+            + m.sync_timeout
+            + (m.allreduce_timeout + m.retry_backoff + m.heartbeat_timeout.saturating_mul(2))
+                .saturating_mul(retries)
+            + m.join_window
+            + Duration::from_secs(60);
+        let steps = stop_steps.unwrap_or(1);
+        let estimate = match stop_time {
+            Some(t) => t,
+            None => (compute + Duration::from_secs(600))
+                .saturating_mul(u32::try_from(steps).unwrap_or(u32::MAX)),
+        };
+        let duration_limit = match opts.run_for {
+            Some(t) => t,
+            None => s.sim().duration_limit.unwrap_or(match stop_time {
+                Some(t) => t,
+                None => (compute + stall_limit)
+                    .saturating_mul(u32::try_from(steps + 1).unwrap_or(u32::MAX)),
+            }),
+        };
+        let tick = s.sim().tick.unwrap_or_else(|| default_tick(estimate));
+        if tick.is_zero() {
+            return Err(SimError::Scenario("sim.tick must be greater than zero".into()));
+        }
+        Ok(Plan { seed, tick, stop_steps, stop_time, duration_limit, stall_limit })
+    }
+}
+
+/// A tick that keeps a run of `estimate` within [`TICK_BUDGET`] ticks: between 1 ms and 200 ms,
+/// in whole milliseconds.
+pub(crate) fn default_tick(estimate: Duration) -> Duration {
+    let ms = (estimate.as_millis() / u128::from(TICK_BUDGET)).clamp(1, 200);
+    Duration::from_millis(u64::try_from(ms).unwrap_or(200))
+}
+
+/// Which directed pairs of hosts a cut covers.
+fn covers(cut: &Cut, regions: &BTreeMap<NodeId, RegionId>, a: NodeId, b: NodeId) -> bool {
+    match cut {
+        Cut::Regions { from, to, oneway } => {
+            let (ra, rb) = (regions.get(&a), regions.get(&b));
+            (ra == Some(from) && rb == Some(to)) || (!oneway && ra == Some(to) && rb == Some(from))
+        }
+        Cut::Nodes(nodes) => nodes.contains(&a) != nodes.contains(&b),
+    }
+}
+
+struct Driver<'a> {
+    sim: turmoil::Sim<'a>,
+    run: Rc<RunCtx>,
+    links: Links,
+    regions: BTreeMap<NodeId, RegionId>,
+    /// Hosts registered with turmoil, the coordinator included.
+    hosts: Vec<NodeId>,
+    cuts: Vec<Cut>,
+    coordinator_alive: bool,
+}
+
+impl Driver<'_> {
+    fn now(&self) -> Time {
+        clock::from_duration(self.sim.elapsed())
+    }
+
+    fn host_cmp(&mut self) -> Vec<NodeId> {
+        self.hosts.clone()
+    }
+
+    fn set_latencies(&mut self, l: &[LatencySetting]) {
+        for s in l {
+            self.sim.set_link_latency(host_name(s.a), host_name(s.b), s.min);
+            self.sim.set_link_max_message_latency(host_name(s.a), host_name(s.b), s.max);
+        }
+    }
+
+    fn register(&mut self, id: NodeId) {
+        let run = self.run.clone();
+        run.net.set_down(id, false);
+        if id == NodeId::COORDINATOR {
+            self.sim.host(host_name(id), move || coord::run(run.clone()));
+        } else {
+            self.sim.host(host_name(id), move || {
+                let run = run.clone();
+                async move {
+                    let node = Node::start(run, id).await?;
+                    node.run().await
+                }
+            });
+        }
+        let now = self.now();
+        let hosts = self.host_cmp();
+        let lat = self.links.host_latencies(id, &hosts, now);
+        self.set_latencies(&lat);
+        for cut in self.cuts.clone() {
+            for &o in &hosts {
+                if covers(&cut, &self.regions, id, o) {
+                    self.cut(id, o);
+                }
+                if covers(&cut, &self.regions, o, id) {
+                    self.cut(o, id);
+                }
+            }
+        }
+        self.hosts.push(id);
+    }
+
+    fn cut(&mut self, a: NodeId, b: NodeId) {
+        self.run.net.cut(a, b);
+        self.sim.partition_oneway(host_name(a), host_name(b));
+    }
+
+    fn partition(&mut self, cut: &Cut) {
+        let hosts = self.hosts.clone();
+        for &a in &hosts {
+            for &b in &hosts {
+                if a != b && covers(cut, &self.regions, a, b) {
+                    self.cut(a, b);
+                }
+            }
+        }
+        self.cuts.push(cut.clone());
+    }
+
+    fn heal(&mut self, cut: &Cut) {
+        let Some(i) = self.cuts.iter().position(|c| c == cut) else { return };
+        self.cuts.remove(i);
+        let hosts = self.hosts.clone();
+        for &a in &hosts {
+            for &b in &hosts {
+                if a != b && covers(cut, &self.regions, a, b) && self.run.net.uncut(a, b) {
+                    self.sim.repair_oneway(host_name(a), host_name(b));
+                }
+            }
+        }
+    }
+
+    fn reset_node_links(&mut self, id: NodeId) {
+        for &h in &self.hosts {
+            if h != id {
+                self.run.net.reset_pair(id, h);
+            }
+        }
+    }
+
+    fn describe_cut(&self, cut: &Cut) -> String {
+        let region = |r: &RegionId| {
+            self.run.scenario.region(*r).map_or_else(|| r.to_string(), |x| x.name.clone())
+        };
+        match cut {
+            Cut::Regions { from, to, oneway } => {
+                format!("{} {} {}", region(from), if *oneway { "->" } else { "<->" }, region(to))
+            }
+            Cut::Nodes(n) => {
+                let rec = self.run.rec.borrow();
+                let names: Vec<String> = n.iter().map(|i| rec.name(*i)).collect();
+                format!("{} | everyone else", names.join(" "))
+            }
+        }
+    }
+
+    fn apply(&mut self, action: &ChurnAction) {
+        let now = self.now();
+        let run = self.run.clone();
+        match action {
+            ChurnAction::Join(nodes) => {
+                for &id in nodes {
+                    if !self.hosts.contains(&id) {
+                        self.register(id);
+                    }
+                }
+            }
+            ChurnAction::Leave(nodes) => {
+                for &id in nodes {
+                    let ctl = run.node(id);
+                    ctl.leave.set(true);
+                    ctl.wake.notify_one();
+                    run.event(now, EventKind::Leave, Some(id), None, "graceful exit (deathrattle)");
+                }
+            }
+            ChurnAction::Crash(nodes) => {
+                for &id in nodes {
+                    if !self.hosts.contains(&id) {
+                        continue;
+                    }
+                    run.event(now, EventKind::Crash, Some(id), None, "killed");
+                    let ctl = run.node(id);
+                    ctl.member.set(false);
+                    ctl.hung.set(false);
+                    run.net.bandwidth.borrow_mut().cancel_node(now, id);
+                    run.net.set_down(id, true);
+                    self.reset_node_links(id);
+                    self.sim.crash(host_name(id));
+                }
+            }
+            ChurnAction::Hang(nodes) | ChurnAction::Resume(nodes) => {
+                let hang = matches!(action, ChurnAction::Hang(_));
+                for &id in nodes {
+                    let ctl = run.node(id);
+                    ctl.hung.set(hang);
+                    ctl.wake.notify_one();
+                    let detail = if hang { "hangs (keeps beating)" } else { "resumes" };
+                    run.event(now, EventKind::Hang, Some(id), None, detail);
+                }
+            }
+            ChurnAction::Restart(nodes) => {
+                for &id in nodes {
+                    let ctl = run.node(id);
+                    ctl.incarnation.set(ctl.incarnation.get() + 1);
+                    ctl.hung.set(false);
+                    ctl.leave.set(false);
+                    ctl.member.set(false);
+                    run.event(
+                        now,
+                        EventKind::Restart,
+                        Some(id),
+                        None,
+                        format!("incarnation {}", ctl.incarnation.get()),
+                    );
+                    if self.hosts.contains(&id) {
+                        run.net.bandwidth.borrow_mut().cancel_node(now, id);
+                        run.net.set_down(id, false);
+                        self.reset_node_links(id);
+                        self.sim.bounce(host_name(id));
+                    } else {
+                        self.register(id);
+                    }
+                }
+            }
+            ChurnAction::Partition(cut) => {
+                let d = self.describe_cut(cut);
+                run.event(now, EventKind::Partition, None, None, d);
+                self.partition(cut);
+            }
+            ChurnAction::Heal(cut) => {
+                let cuts: Vec<Cut> = match cut {
+                    Some(c) => vec![c.clone()],
+                    None => self.cuts.clone(),
+                };
+                for c in cuts {
+                    let d = self.describe_cut(&c);
+                    run.event(now, EventKind::Heal, None, None, d);
+                    self.heal(&c);
+                }
+            }
+            ChurnAction::Degrade { from, to, oneway, bandwidth, latency, jitter } => {
+                self.links.degrade(
+                    *from,
+                    *to,
+                    *oneway,
+                    bandwidth.as_ref(),
+                    latency.as_ref(),
+                    *jitter,
+                );
+                let d = self.describe_cut(&Cut::Regions { from: *from, to: *to, oneway: *oneway });
+                run.event(now, EventKind::Degrade, None, None, format!("link {d} degraded"));
+            }
+            ChurnAction::Restore { from, to, oneway } => {
+                self.links.restore(*from, *to, *oneway);
+                let d = self.describe_cut(&Cut::Regions { from: *from, to: *to, oneway: *oneway });
+                run.event(now, EventKind::Degrade, None, None, format!("link {d} restored"));
+            }
+            ChurnAction::CoordinatorCrash => {
+                run.event(now, EventKind::CoordinatorCrash, None, None, "killed");
+                self.coordinator_alive = false;
+                run.net.set_down(NodeId::COORDINATOR, true);
+                self.reset_node_links(NodeId::COORDINATOR);
+                self.sim.crash(host_name(NodeId::COORDINATOR));
+            }
+        }
+    }
+
+    fn refresh_links(&mut self) {
+        let now = self.now();
+        let steps = self.run.rec.borrow().steps_done();
+        if !self.links.due(now, steps) {
+            return;
+        }
+        let nodes: Vec<NodeId> = self.run.scenario.nodes().iter().map(|n| n.id).collect();
+        let hosts = self.hosts.clone();
+        let (rates, lats) = self.links.refresh(now, steps, &nodes, &hosts);
+        if !rates.is_empty() {
+            self.run.net.bandwidth.borrow_mut().set_pairs(now, rates);
+        }
+        self.set_latencies(&lats);
+    }
+
+    fn node_running(&mut self, id: NodeId) -> bool {
+        self.hosts.contains(&id) && self.sim.is_host_running(host_name(id))
+    }
+}
+
+/// Replays `scenario` (see [`crate::replay`]).
+pub(crate) fn replay(scenario: &Scenario, mut opts: ReplayOptions) -> Result<RunOutput, SimError> {
+    let plan = Plan::of(scenario, &opts)?;
+    let seed = plan.seed;
+    let mut s = scenario.clone();
+    s.set_seed(seed);
+    let names: BTreeMap<NodeId, String> = s
+        .nodes()
+        .iter()
+        .map(|n| (n.id, n.name.clone()))
+        .chain(std::iter::once((NodeId::COORDINATOR, "coordinator".to_owned())))
+        .collect();
+    let rec = Rc::new(RefCell::new(Recorder::new(names)));
+    let real = match s.sim().numerics {
+        Numerics::Virtual => None,
+        Numerics::Real => {
+            let n = usize::try_from(s.sim().elements)
+                .map_err(|_| SimError::Scenario("sim.elements does not fit this machine".into()))?;
+            Some(RealSetup { initial: numerics::initial_weights(seed, n) })
+        }
+    };
+    let segment_elems = s.diloco().segment.map(|bytes| {
+        let per = match s.diloco().codec {
+            CodecKind::Fp32 => 4,
+            CodecKind::Fp16 | CodecKind::Bf16 => 2,
+            CodecKind::Uint8 | CodecKind::Int8Block => 1,
+        };
+        usize::try_from((bytes / per).max(1)).unwrap_or(usize::MAX)
+    });
+    let net = NetShared::new();
+    {
+        let mut bw: std::cell::RefMut<'_, BandwidthModel> = net.bandwidth.borrow_mut();
+        for n in s.nodes() {
+            bw.set_nic(Time::ZERO, n.id, n.nic.map(|r| r.bytes_per_sec()));
+        }
+    }
+    let nodes: Vec<NodeCtl> = s
+        .nodes()
+        .iter()
+        .map(|n| NodeCtl {
+            spec: n.clone(),
+            incarnation: Cell::new(0),
+            hung: Cell::new(false),
+            leave: Cell::new(false),
+            wake: Notify::new(),
+            member: Cell::new(false),
+        })
+        .collect();
+    let run = Rc::new(RunCtx {
+        mesh: s.mesh().clone(),
+        params: s.model().param_count(),
+        scenario: s.clone(),
+        seed,
+        net,
+        rec: rec.clone(),
+        nodes,
+        real,
+        segment_elems,
+        frames: Cell::new(0),
+    });
+    let sim = turmoil::Builder::new()
+        .tick_duration(plan.tick)
+        .simulation_duration(Duration::from_secs(u64::from(u32::MAX)))
+        .min_message_latency(Duration::ZERO)
+        .max_message_latency(Duration::ZERO)
+        .rng_seed(derive(seed, 0, Purpose::Turmoil))
+        .build();
+    let mut regions: BTreeMap<NodeId, RegionId> =
+        s.nodes().iter().map(|n| (n.id, n.region)).collect();
+    regions.insert(NodeId::COORDINATOR, s.coordinator_region());
+    let mut d = Driver {
+        sim,
+        run: run.clone(),
+        links: Links::new(&s, seed),
+        regions,
+        hosts: Vec::new(),
+        cuts: Vec::new(),
+        coordinator_alive: true,
+    };
+    run.event(
+        Time::ZERO,
+        EventKind::Start,
+        None,
+        None,
+        format!("seed {seed}, tick {} ms", plan.tick.as_millis()),
+    );
+    d.refresh_links();
+    d.register(NodeId::COORDINATOR);
+    for n in s.initial_nodes() {
+        d.register(n.id);
+    }
+    let churn = s.churn().to_vec();
+    let mut next_churn = 0;
+    let mut ticks: u64 = 0;
+    let mut reported_steps = u64::MAX;
+    let future_starts = |i: usize| {
+        churn[i..]
+            .iter()
+            .any(|e| matches!(e.action, ChurnAction::Join(_) | ChurnAction::Restart(_)))
+    };
+    let stop_reason: String;
+    loop {
+        let now = d.now();
+        while next_churn < churn.len() && Time::ZERO + churn[next_churn].at <= now {
+            let a = churn[next_churn].action.clone();
+            d.apply(&a);
+            next_churn += 1;
+        }
+        d.refresh_links();
+        let (steps, last_progress) = {
+            let r = rec.borrow();
+            (r.steps_done(), r.last_progress())
+        };
+        if let Some(p) = opts.progress.as_mut() {
+            if steps != reported_steps || ticks % 2000 == 0 {
+                reported_steps = steps;
+                p(Progress {
+                    simulated_seconds: now.as_secs_f64(),
+                    outer_steps: steps,
+                    target_outer_steps: plan.stop_steps,
+                    target_seconds: plan.stop_time.map(|t| t.as_secs_f64()),
+                });
+            }
+        }
+        if let Some(t) = plan.stop_time {
+            if now >= Time::ZERO + t {
+                stop_reason = format!("stop.time reached ({} s)", t.as_secs_f64());
+                break;
+            }
+        }
+        if let Some(n) = plan.stop_steps {
+            if steps >= n {
+                let r = rec.borrow();
+                let last = r.last_step().unwrap_or(0);
+                let members: Vec<NodeId> =
+                    r.latest_epoch().map(|(_, m)| m.to_vec()).unwrap_or_default();
+                let have = r.rows_of(last);
+                let waiting =
+                    members.iter().any(|m| !have.contains(m) && run.node(*m).member.get());
+                let grace = run.mesh.heartbeat_timeout.saturating_mul(2) + Duration::from_secs(10);
+                if !waiting || now - last_progress > grace {
+                    stop_reason = format!("{n} outer steps done");
+                    break;
+                }
+            }
+        }
+        let ids: Vec<NodeId> = s.nodes().iter().map(|n| n.id).collect();
+        let running: Vec<NodeId> = ids.iter().copied().filter(|&id| d.node_running(id)).collect();
+        if running.is_empty() && d.coordinator_alive && !future_starts(next_churn) && ticks > 0 {
+            stop_reason = "every node stopped".to_owned();
+            break;
+        }
+        if !d.coordinator_alive && running.iter().all(|&id| rec.borrow().has_lost_coordinator(id)) {
+            // No coordinator comes back (there is no standby): every node has stopped its member
+            // cleanly; their supervisors would go on restarting them in vain.
+            let lost = rec.borrow().coordinator_lost_count();
+            stop_reason =
+                format!("the coordinator died; {lost} members stopped cleanly (coordinator lost)");
+            break;
+        }
+        let members = ids.iter().any(|&id| run.node(id).member.get());
+        if d.coordinator_alive && members && now - last_progress > plan.stall_limit {
+            let msg = format!(
+                "no deadlock: no outer step finished in {:.0} s of simulated time (the mesh's deadlines \
+                 bound it by {:.0} s); last progress at {:.0} s",
+                (now - last_progress).as_secs_f64(),
+                plan.stall_limit.as_secs_f64(),
+                last_progress.as_secs_f64()
+            );
+            rec.borrow_mut().violation(msg);
+            stop_reason = "stalled (deadlock)".to_owned();
+            break;
+        }
+        if now >= Time::ZERO + plan.duration_limit {
+            let msg = format!(
+                "no deadlock: ran for the duration limit of {:.0} s without finishing ({} outer steps done)",
+                plan.duration_limit.as_secs_f64(),
+                steps
+            );
+            rec.borrow_mut().violation(msg);
+            stop_reason = "duration limit reached".to_owned();
+            break;
+        }
+        d.sim.step().map_err(|e| SimError::Host(e.to_string()))?;
+        ticks += 1;
+    }
+    let end = d.now();
+    {
+        let mut r = rec.borrow_mut();
+        for n in s.nodes() {
+            if run.node(n.id).member.get() {
+                r.event(end, EventKind::Stop, Some(n.id), None, "end of run");
+            }
+        }
+        r.event(end, EventKind::Stop, None, None, stop_reason.clone());
+    }
+    let (mut rows, mut events, violations, stale, checked) = {
+        let r = rec.borrow();
+        (r.rows.clone(), r.events.clone(), r.violations(), r.stale_frames(), r.allreduces_checked())
+    };
+    sort_outer_steps(&mut rows);
+    sort_events(&mut events);
+    let mfu_basis = {
+        let first = s.nodes().first();
+        let all = s.nodes().iter().all(|n| n.peak_flops.is_some());
+        match first {
+            Some(f) if all => Some(MfuBasis {
+                flops_per_token: s.model().flops_per_token() as f64,
+                peak_flops_per_gpu: f.peak_flops.unwrap_or(0.0),
+                gpus_per_node: f.gpus,
+            }),
+            _ => None,
+        }
+    };
+    let bw = run.net.bandwidth.borrow();
+    let mut extra = BTreeMap::new();
+    extra.insert("stop_reason".to_owned(), serde_json::json!(stop_reason));
+    extra.insert("tick_seconds".to_owned(), serde_json::json!(plan.tick.as_secs_f64()));
+    extra.insert(
+        "numerics".to_owned(),
+        serde_json::json!(if run.real.is_some() { "real" } else { "virtual" }),
+    );
+    extra.insert("ticks".to_owned(), serde_json::json!(ticks));
+    extra.insert("frames_sent".to_owned(), serde_json::json!(run.frames.get()));
+    extra.insert("bandwidth_recomputes".to_owned(), serde_json::json!(bw.recomputes()));
+    extra.insert("stale_frames_rejected".to_owned(), serde_json::json!(stale));
+    extra.insert("allreduces_checked".to_owned(), serde_json::json!(checked));
+    let hosts: BTreeSet<String> = d.hosts.iter().map(|h| host_name(*h)).collect();
+    extra.insert("hosts".to_owned(), serde_json::json!(hosts.len()));
+    drop(bw);
+    let meta = RunMeta {
+        scenario: s.name().to_owned(),
+        seed,
+        backend: "sim".to_owned(),
+        wall_seconds: 0.0,
+        published: s.published().map(|p| p.name().to_owned()),
+        inner_steps_per_outer: Some(s.diloco().inner_steps),
+        mfu_basis,
+        violations,
+        extra,
+    };
+    let summary = summarize(&meta, &rows, &events);
+    Ok(RunOutput { summary, rows, events })
+}

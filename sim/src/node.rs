@@ -1,0 +1,1007 @@
+//! The software of one node's turmoil host: the mesh [`Member`], simulated compute, the ring
+//! all-reduces of each outer step (one per GPU shard), DiLoCo's outer step with real numerics,
+//! live recovery, and the node's rows of `outer_steps.csv`.
+//!
+//! The node is an event loop over three sources: frames (and unreachable peers) from its
+//! [`SimTransport`], its next deadline (the member's timers, the end of its inner steps), and its
+//! control block (hang, resume, leave). After every event it drains the member's actions and
+//! executes them. While an all-reduce runs, [`Node::reduce`] owns the ring machines (they borrow
+//! the buffer being reduced) and runs the same loop.
+//!
+//! A hung node keeps its member's heartbeats going and nothing else: its compute stops, its
+//! rings neither send nor receive, and every other action waits until it resumes. An evicted node
+//! (heartbeat timeout, missed barrier) or cut off from the coordinator (its member stops with
+//! `CoordinatorLost`) starts a new member with a new incarnation after a heartbeat interval and
+//! joins again, as a supervisor would restart it; a node that left or was shut down stops.
+
+use crate::clock;
+use crate::ctx::RunCtx;
+use crate::net::{NetCounters, SimTransport};
+use crate::numerics::{self, StateSnapshot, Synthetic};
+use bytes::Bytes;
+use loco_core::allreduce::schedule::chunk_range;
+use loco_core::allreduce::{DEFAULT_SEGMENT_ELEMS, Payload, RingAllReduce, RingConfig, RingError};
+use loco_core::diloco::OuterState;
+use loco_core::mesh::{
+    AllReduceStart, LeaveReason, Member, MemberAction, MemberPhase, StopReason, padded_frame,
+};
+use loco_core::metrics::{EventKind, OuterStepRow};
+use loco_core::transport::{Body, Frame, Header, Phase, StateHeader, TransportError};
+use loco_core::{Epoch, NodeId, Time};
+use std::collections::{BTreeMap, VecDeque};
+use std::rc::Rc;
+use std::time::Duration;
+
+/// Outer steps of averaged results kept for a joiner to replay onto a late state.
+const REPLAY_LOG: usize = 64;
+
+enum Event {
+    Net(Result<(NodeId, Frame), TransportError>),
+    Timer,
+    Control,
+}
+
+/// What an action asks of the loop that executed it.
+enum Flow {
+    Continue,
+    Start(AllReduceStart),
+    Abort { epoch: Epoch, op: u64 },
+    End(End),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum End {
+    /// Evicted: join again with a new member.
+    Rejoin,
+    /// Stopped for good.
+    Exit,
+}
+
+struct Computing {
+    step: u64,
+    remaining: Duration,
+    /// When the current stint of computing began (None while hung).
+    since: Option<Time>,
+}
+
+/// The accounting of one outer step, closed into a row at its commit or skip.
+struct Acct {
+    step: u64,
+    start: Time,
+    compute: Duration,
+    barrier_from: Option<Time>,
+    barrier: Duration,
+    ar_from: Option<Time>,
+    ar: Duration,
+    recovery_from: Option<Time>,
+    recovery: Duration,
+    bytes0: u64,
+    retries: u32,
+    epoch: Epoch,
+    world: u32,
+    weight: f32,
+    tokens: u64,
+    loss: Option<f64>,
+}
+
+/// A state transfer being received.
+struct Fetch {
+    epoch: Epoch,
+    senders: Vec<NodeId>,
+    /// Pieces received per sender, by offset (each sender sends a whole copy).
+    parts: BTreeMap<NodeId, BTreeMap<u64, Body>>,
+}
+
+/// The real numerics of a node.
+struct Real {
+    outer: OuterState,
+    model: Synthetic,
+    /// Averaged pseudo-gradients committed since admission (`None`: skipped), for replay onto a
+    /// state that is older than them.
+    log: VecDeque<(u64, Option<Vec<f32>>)>,
+}
+
+/// The ring machines of one all-reduce and what the invariants need from them.
+struct Rings<'a> {
+    start: AllReduceStart,
+    rings: Vec<RingAllReduce<'a>>,
+    /// Weight sums carried by the all-gather frames seen (sent at step 0 and received).
+    sums: Vec<f64>,
+    left: NodeId,
+    right: NodeId,
+}
+
+impl<'a> Rings<'a> {
+    /// One ring per shard over `work` (real numerics: `total_len` values split by shard) or over
+    /// lengths only (`real` false).
+    fn new(
+        start: AllReduceStart,
+        me: NodeId,
+        codec: loco_core::codec::CodecKind,
+        work: &'a mut [f32],
+        total_len: usize,
+        real: bool,
+        segment: impl Fn(usize, usize) -> usize,
+    ) -> Result<Self, RingError> {
+        let g = usize::from(start.shards.max(1));
+        let world = start.ring.len();
+        let pos = start.ring.iter().position(|n| *n == me).ok_or(RingError::NotAMember { me })?;
+        let left = start.ring[(pos + world - 1) % world];
+        let right = start.ring[(pos + 1) % world];
+        let mut rings = Vec::with_capacity(g);
+        let mut rest: &'a mut [f32] = work;
+        for s in 0..g {
+            let len = chunk_range(total_len, g, s).len();
+            let mut cfg = RingConfig::new(start.epoch, start.op, start.ring.clone(), me, codec);
+            cfg.shard = s as u16;
+            cfg.segment_elems = segment(len, world);
+            let payload = if real {
+                let avail = rest.len();
+                let (mine, tail) = std::mem::take(&mut rest).split_at_mut(len.min(avail));
+                rest = tail;
+                Payload::Real(mine)
+            } else {
+                Payload::Virtual(len)
+            };
+            rings.push(RingAllReduce::new(cfg, payload, start.weight)?);
+        }
+        Ok(Rings { start, rings, sums: Vec::new(), left, right })
+    }
+
+    fn done(&self) -> bool {
+        self.rings.iter().all(RingAllReduce::is_done)
+    }
+}
+
+/// One node's host software. See the module documentation.
+pub(crate) struct Node {
+    run: Rc<RunCtx>,
+    id: NodeId,
+    gpus: u16,
+    inc: u64,
+    session: u64,
+    net: SimTransport,
+    counters: NetCounters,
+    member: Member,
+    deferred: VecDeque<MemberAction>,
+    held_frames: VecDeque<(NodeId, Frame)>,
+    computing: Option<Computing>,
+    acct: Option<Acct>,
+    /// The node holds valid outer weights (a founding member, or the state arrived).
+    synced: bool,
+    /// The state arrived but the coordinator has not been told (non-blocking: at the next
+    /// compute, so that the pseudo-gradient it counts starts from the right weights).
+    report_sync: bool,
+    /// Admitted but not yet told whether by formation (compute at once) or as a joiner.
+    just_admitted: bool,
+    /// The outer step whose pseudo-gradient this node holds, computed from valid weights.
+    grad_step: Option<u64>,
+    /// The result of the last finished all-reduce, awaiting its commit.
+    result: Option<(Epoch, u64, Vec<f32>)>,
+    fetch: Option<Fetch>,
+    real: Option<Real>,
+}
+
+impl Node {
+    /// Starts the node's process (binds its endpoint). Called by the host factory.
+    pub(crate) async fn start(run: Rc<RunCtx>, id: NodeId) -> std::io::Result<Node> {
+        let ctl = run.node(id);
+        let inc = ctl.incarnation.get();
+        let gpus = u16::try_from(ctl.spec.gpus.max(1)).unwrap_or(u16::MAX);
+        let net = SimTransport::bind(id, run.net.clone()).await?;
+        let counters = net.counters();
+        let member = Member::new(id, inc << 16, run.mesh.clone(), gpus);
+        let real = match &run.real {
+            Some(r) => {
+                let cfg = numerics::outer_config(&run.scenario);
+                match OuterState::new(cfg, r.initial.clone(), Vec::new()) {
+                    Ok(outer) => Some(Real {
+                        outer,
+                        model: Synthetic::new(run.seed, id.0, r.initial.clone()),
+                        log: VecDeque::new(),
+                    }),
+                    Err(e) => {
+                        tracing::warn!(target: "loco_sim", "{id}: no real numerics: {e}");
+                        None
+                    }
+                }
+            }
+            None => None,
+        };
+        Ok(Node {
+            run,
+            id,
+            gpus,
+            inc,
+            session: 0,
+            net,
+            counters,
+            member,
+            deferred: VecDeque::new(),
+            held_frames: VecDeque::new(),
+            computing: None,
+            acct: None,
+            synced: false,
+            report_sync: false,
+            just_admitted: false,
+            grad_step: None,
+            result: None,
+            fetch: None,
+            real,
+        })
+    }
+
+    fn now() -> Time {
+        clock::now()
+    }
+
+    fn hung(&self) -> bool {
+        self.run.node(self.id).hung.get()
+    }
+
+    /// Runs the process until it stops for good.
+    pub(crate) async fn run(mut self) -> turmoil::Result {
+        loop {
+            let now = Self::now();
+            if let Err(e) = self.member.join(now) {
+                tracing::warn!(target: "loco_sim", "{}: join refused: {e}", self.id);
+            }
+            let end = self.session().await;
+            self.run.node(self.id).member.set(false);
+            if end == End::Exit || self.run.node(self.id).leave.get() {
+                break;
+            }
+            // Evicted, or the coordinator went silent: as a supervisor would, restart the member
+            // (once the node works again) after a heartbeat interval and join afresh.
+            while self.hung() {
+                self.run.node(self.id).wake.notified().await;
+            }
+            tokio::time::sleep(self.run.mesh.heartbeat_interval).await;
+            self.session += 1;
+            self.reset_for_rejoin();
+        }
+        // Let the writer tasks put the last frames (the deathrattle) on the wire.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        self.run.net.set_down(self.id, true);
+        Ok(())
+    }
+
+    fn reset_for_rejoin(&mut self) {
+        self.member =
+            Member::new(self.id, (self.inc << 16) | self.session, self.run.mesh.clone(), self.gpus);
+        self.deferred.clear();
+        self.held_frames.clear();
+        self.computing = None;
+        self.acct = None;
+        self.synced = false;
+        self.report_sync = false;
+        self.just_admitted = false;
+        self.grad_step = None;
+        self.result = None;
+        self.fetch = None;
+        if let Some(r) = &mut self.real {
+            r.log.clear();
+        }
+    }
+
+    /// One membership, from join to stop.
+    async fn session(&mut self) -> End {
+        loop {
+            while let Some(a) = self.next_action() {
+                match self.act(a) {
+                    Flow::Continue => {}
+                    Flow::End(e) => return e,
+                    Flow::Abort { epoch, op } => {
+                        if self.result.as_ref().is_some_and(|(e, o, _)| *e == epoch && *o == op) {
+                            self.result = None;
+                        }
+                    }
+                    Flow::Start(mut start) => loop {
+                        match self.reduce(start).await {
+                            Flow::Start(next) => start = next,
+                            Flow::End(e) => return e,
+                            Flow::Continue | Flow::Abort { .. } => break,
+                        }
+                    },
+                }
+            }
+            let ev = self.next_event().await;
+            self.on_event(ev);
+        }
+    }
+
+    /// The next action to execute: deferred ones first; while hung only sends go out.
+    fn next_action(&mut self) -> Option<MemberAction> {
+        if self.hung() {
+            while let Some(a) = self.member.poll_action() {
+                match a {
+                    MemberAction::Send { to, msg, padding } => self.send_mesh(to, msg, padding),
+                    other => self.deferred.push_back(other),
+                }
+            }
+            return None;
+        }
+        self.deferred.pop_front().or_else(|| self.member.poll_action())
+    }
+
+    fn send_mesh(&mut self, to: NodeId, msg: loco_core::mesh::MeshMsg, padding: u64) {
+        self.run.frames.set(self.run.frames.get() + 1);
+        self.net.enqueue(to, padded_frame(msg, padding, true));
+    }
+
+    async fn next_event(&mut self) -> Event {
+        let mut wake = self.member.poll_timeout().unwrap_or(Time::MAX);
+        if let Some(Computing { remaining, since: Some(since), .. }) = &self.computing {
+            wake = wake.min(*since + *remaining);
+        }
+        let ctl = self.run.clone();
+        let wake_ctl = &ctl.node(self.id).wake;
+        tokio::select! {
+            biased;
+            () = wake_ctl.notified() => Event::Control,
+            r = self.net.next() => Event::Net(r),
+            () = clock::sleep_until(wake) => Event::Timer,
+        }
+    }
+
+    /// Handles an event outside an all-reduce.
+    fn on_event(&mut self, ev: Event) {
+        match ev {
+            Event::Control => self.on_control(),
+            Event::Timer => self.on_timer(),
+            Event::Net(Ok((from, frame))) => match frame.header {
+                Header::Mesh(msg) => self.member.handle_message(Self::now(), from, msg),
+                Header::State(h) => self.on_state_part(from, h, frame.body),
+                Header::Collective(h) => {
+                    if self.member.epoch().is_some_and(|e| h.epoch < e) {
+                        self.run.rec.borrow_mut().stale(1);
+                    } else if self.hung() {
+                        self.held_frames.push_back((
+                            from,
+                            Frame { header: Header::Collective(h), body: frame.body },
+                        ));
+                    }
+                    // A frame of a collective not running here (finished, aborted, or not yet
+                    // started) is dropped: the ring it belongs to is retried on a new epoch.
+                }
+            },
+            Event::Net(Err(_)) => {}
+        }
+    }
+
+    fn on_control(&mut self) {
+        let now = Self::now();
+        let ctl = self.run.node(self.id);
+        if ctl.leave.get() && !self.member.is_stopped() {
+            self.member.leave(now, LeaveReason::Graceful);
+        }
+        let hung = ctl.hung.get();
+        if let Some(c) = &mut self.computing {
+            match (hung, c.since) {
+                (true, Some(since)) => {
+                    c.remaining = c.remaining.saturating_sub(now - since);
+                    c.since = None;
+                }
+                (false, None) => c.since = Some(now),
+                _ => {}
+            }
+        }
+    }
+
+    fn on_timer(&mut self) {
+        let now = Self::now();
+        self.member.handle_timeout(now);
+        let finished = match &self.computing {
+            Some(Computing { remaining, since: Some(since), .. }) => now >= *since + *remaining,
+            _ => false,
+        };
+        if finished {
+            self.finish_compute(now);
+        }
+    }
+
+    fn finish_compute(&mut self, now: Time) {
+        let Some(c) = self.computing.take() else { return };
+        let since = c.since.unwrap_or(now);
+        let computed = self.compute_duration(c.step).saturating_sub(c.remaining) + (now - since);
+        let h = self.run.scenario.diloco().inner_steps;
+        let mut loss = None;
+        if let Some(r) = &mut self.real {
+            let l = r.model.inner_steps(self.inc, c.step, h);
+            loss = Some(l);
+            if self.grad_step == Some(c.step) {
+                let _ = r.outer.compute_pseudo_gradient(&r.model.inner);
+            } else {
+                r.outer.pseudo_gradient_mut().fill(0.0);
+            }
+        }
+        if let Some(a) = &mut self.acct {
+            a.compute += computed;
+            a.tokens = h.saturating_mul(self.run.scenario.diloco().batch_tokens);
+            a.loss = loss;
+            a.barrier_from = Some(now);
+        }
+        if let Err(e) = self.member.barrier_arrive(now, c.step) {
+            tracing::debug!(target: "loco_sim", "{}: barrier refused: {e}", self.id);
+        }
+    }
+
+    fn compute_duration(&self, step: u64) -> Duration {
+        let spec = &self.run.node(self.id).spec;
+        numerics::outer_step_compute(
+            self.run.seed,
+            self.id.0,
+            (self.inc << 16) | self.session,
+            step,
+            self.run.scenario.diloco().inner_steps,
+            spec.step_time,
+            spec.step_jitter,
+        )
+    }
+
+    fn open_row(&mut self, step: u64, now: Time) {
+        if self.acct.as_ref().is_some_and(|a| a.step == step) {
+            return;
+        }
+        self.acct = Some(Acct {
+            step,
+            start: now,
+            compute: Duration::ZERO,
+            barrier_from: None,
+            barrier: Duration::ZERO,
+            ar_from: None,
+            ar: Duration::ZERO,
+            recovery_from: None,
+            recovery: Duration::ZERO,
+            bytes0: self.counters.bytes_sent.get(),
+            retries: 0,
+            epoch: self.member.epoch().unwrap_or_default(),
+            world: 0,
+            weight: 0.0,
+            tokens: 0,
+            loss: None,
+        });
+    }
+
+    fn close_row(&mut self, step: u64, now: Time, hash: String) {
+        let Some(mut a) = self.acct.take() else { return };
+        if a.step != step {
+            return;
+        }
+        if let Some(f) = a.ar_from.take() {
+            a.ar += now - f;
+        }
+        if let Some(f) = a.barrier_from.take() {
+            a.barrier += now - f;
+        }
+        let wall = (now - a.start).as_secs_f64();
+        let (c, b, r, rec) = (
+            a.compute.as_secs_f64(),
+            a.ar.as_secs_f64(),
+            a.barrier.as_secs_f64(),
+            a.recovery.as_secs_f64(),
+        );
+        let row = OuterStepRow {
+            outer_step: step,
+            node: self.run.node(self.id).spec.name.clone(),
+            node_id: self.id.0,
+            epoch: a.epoch.0,
+            world: a.world,
+            start_s: a.start.as_secs_f64(),
+            end_s: now.as_secs_f64(),
+            compute_s: c,
+            allreduce_s: b,
+            barrier_s: r,
+            recovery_s: rec,
+            checkpoint_s: 0.0,
+            idle_s: (wall - c - b - r - rec).max(0.0),
+            bytes_sent: self.counters.bytes_sent.get().saturating_sub(a.bytes0),
+            retries: a.retries,
+            tokens: a.tokens,
+            loss: a.loss,
+            weights_hash: hash,
+            weight: f64::from(a.weight),
+        };
+        self.run.rec.borrow_mut().row(row);
+    }
+
+    /// Executes one member action outside an all-reduce.
+    fn act(&mut self, a: MemberAction) -> Flow {
+        let now = Self::now();
+        match a {
+            MemberAction::Send { to, msg, padding } => self.send_mesh(to, msg, padding),
+            MemberAction::Admitted { epoch, outer_step } => {
+                let ctl = self.run.node(self.id);
+                ctl.member.set(true);
+                self.run.rec.borrow_mut().coordinator_found(self.id);
+                let founding = ctl.spec.start.is_zero() && self.inc == 0 && self.session == 0;
+                let kind = if founding { EventKind::Start } else { EventKind::Join };
+                self.run.event(
+                    now,
+                    kind,
+                    Some(self.id),
+                    Some(epoch),
+                    format!("admitted at outer step {outer_step}"),
+                );
+                self.just_admitted = true;
+                self.open_row(outer_step, now);
+            }
+            MemberAction::EpochChanged { epoch, members } => {
+                self.run.rec.borrow_mut().member_view(self.id, epoch, &members, "view");
+            }
+            MemberAction::Compute { epoch, outer_step } => {
+                self.start_compute(epoch, outer_step, now)
+            }
+            MemberAction::FetchState { epoch, senders } => {
+                self.just_admitted = false;
+                self.run.event(
+                    now,
+                    EventKind::RecoveryStart,
+                    Some(self.id),
+                    Some(epoch),
+                    format!("from {}", names(&self.run, &senders)),
+                );
+                self.fetch = Some(Fetch { epoch, senders, parts: BTreeMap::new() });
+                if matches!(self.member.phase(), MemberPhase::Syncing { .. }) {
+                    if let Some(a) = &mut self.acct {
+                        a.recovery_from.get_or_insert(now);
+                    }
+                }
+            }
+            MemberAction::SendState { epoch, to } => self.send_state(epoch, to),
+            MemberAction::StartAllReduce(s) => {
+                self.just_admitted = false;
+                return Flow::Start(s);
+            }
+            MemberAction::AbortAllReduce { epoch, op } => return Flow::Abort { epoch, op },
+            MemberAction::Commit { epoch, outer_step } => self.commit(epoch, outer_step, now),
+            MemberAction::SkipStep { epoch, outer_step, attempts } => {
+                self.result = None;
+                if let Some(r) = &mut self.real {
+                    r.outer.skip_outer_step();
+                    r.model.inner = r.outer.outer().to_vec();
+                    push_log(&mut r.log, outer_step, None);
+                }
+                let hash = self.hash();
+                if let Some(a) = &mut self.acct {
+                    a.epoch = epoch;
+                    a.retries = attempts.saturating_sub(1);
+                }
+                self.close_row(outer_step, now, hash);
+            }
+            MemberAction::Stop(reason) => return Flow::End(self.on_stop(reason, now)),
+        }
+        Flow::Continue
+    }
+
+    fn on_stop(&mut self, reason: StopReason, now: Time) -> End {
+        self.computing = None;
+        match reason {
+            StopReason::Evicted(_) => End::Rejoin,
+            StopReason::CoordinatorLost { .. } => {
+                // Logged once per loss: the supervisor restarts the node, which keeps trying to
+                // join (a partition heals; a dead coordinator never answers).
+                if self.run.rec.borrow_mut().coordinator_lost(self.id) {
+                    self.run.event(
+                        now,
+                        EventKind::CoordinatorLost,
+                        Some(self.id),
+                        self.member.epoch(),
+                        reason.to_string(),
+                    );
+                }
+                End::Rejoin
+            }
+            StopReason::Left(_) | StopReason::Shutdown => End::Exit,
+        }
+    }
+
+    fn start_compute(&mut self, epoch: Epoch, step: u64, now: Time) {
+        if self.just_admitted {
+            // Admitted by the formation of a mesh: every founding member starts from the same
+            // initial weights.
+            self.just_admitted = false;
+            self.synced = true;
+        }
+        if self.report_sync {
+            self.report_sync = false;
+            if let Err(e) = self.member.report_sync_done(now) {
+                tracing::debug!(target: "loco_sim", "{}: sync report refused: {e}", self.id);
+            }
+        }
+        self.grad_step = self.synced.then_some(step);
+        if let Some(r) = &mut self.real {
+            r.model.inner = r.outer.outer().to_vec();
+        }
+        self.open_row(step, now);
+        if let Some(a) = &mut self.acct {
+            a.epoch = epoch;
+        }
+        let remaining = self.compute_duration(step);
+        let since = (!self.hung()).then_some(now);
+        self.computing = Some(Computing { step, remaining, since });
+    }
+
+    fn hash(&self) -> String {
+        match &self.real {
+            Some(r) if self.synced => numerics::weights_hash(r.outer.outer()),
+            _ => String::new(),
+        }
+    }
+
+    fn commit(&mut self, epoch: Epoch, step: u64, now: Time) {
+        let result = self.result.take();
+        let ok = result.as_ref().is_some_and(|(e, _, _)| *e == epoch);
+        if !ok {
+            let msg = format!(
+                "{} was told to commit outer step {step} of epoch {epoch} without a finished all-reduce",
+                self.run.rec.borrow().name(self.id)
+            );
+            self.run.rec.borrow_mut().violation(msg);
+        }
+        if let (Some(r), Some((_, _, avg))) = (&mut self.real, result) {
+            r.outer.pseudo_gradient_mut().copy_from_slice(&avg);
+            r.outer.apply_outer_step();
+            r.model.inner = r.outer.outer().to_vec();
+            push_log(&mut r.log, step, Some(avg));
+        }
+        let hash = self.hash();
+        if !hash.is_empty() {
+            self.run.rec.borrow_mut().weights_after(self.id, step, &hash);
+        }
+        if let Some(a) = &mut self.acct {
+            a.epoch = epoch;
+        }
+        self.close_row(step, now, hash);
+    }
+
+    /// Runs one all-reduce attempt until its rings finish (the result is kept for the commit),
+    /// or an action interrupts it (a retry, an abort, a stop).
+    async fn reduce(&mut self, start: AllReduceStart) -> Flow {
+        let now = Self::now();
+        self.result = None;
+        self.check_release(&start);
+        if let Some(a) = &mut self.acct {
+            if let Some(f) = a.barrier_from.take() {
+                a.barrier += now - f;
+            }
+            if let Some(f) = a.recovery_from.take() {
+                a.recovery += now - f;
+            }
+            a.ar_from.get_or_insert(now);
+            a.retries = start.attempt;
+            a.epoch = start.epoch;
+            a.world = start.ring.len() as u32;
+            a.weight = start.weight.get();
+        }
+        let real = self.real.is_some();
+        let total_len = match &self.real {
+            Some(r) => r.outer.len(),
+            None => usize::try_from(self.run.params).unwrap_or(usize::MAX),
+        };
+        let mut work: Vec<f32> = match &self.real {
+            Some(r) => r.outer.pseudo_gradient().to_vec(),
+            None => Vec::new(),
+        };
+        let codec = self.run.scenario.diloco().codec;
+        let seg_cfg = self.run.segment_elems;
+        let segment = move |len: usize, world: usize| -> usize {
+            match seg_cfg {
+                Some(s) => s.max(1),
+                None if real => DEFAULT_SEGMENT_ELEMS,
+                // Sizes only: a few segments per chunk keep the pipelining without a flood of
+                // frames (a 10B ring would otherwise send ~100 frames per chunk).
+                None => (len / world.max(1)).div_ceil(4).max(DEFAULT_SEGMENT_ELEMS),
+            }
+        };
+        let (epoch, op) = (start.epoch, start.op);
+        let outcome = {
+            let rings =
+                Rings::new(start.clone(), self.id, codec, &mut work, total_len, real, segment);
+            let mut rings = match rings {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!(target: "loco_sim", "{}: cannot start the all-reduce: {e}", self.id);
+                    let _ = self.member.report_allreduce_failed(now, epoch, op);
+                    return Flow::Continue;
+                }
+            };
+            self.drive(&mut rings).await
+        };
+        match outcome {
+            Flow::Continue => {
+                self.result = Some((epoch, op, work));
+                Flow::Continue
+            }
+            other => other,
+        }
+    }
+
+    /// The loop of an all-reduce: returns `Continue` when the rings are done (and reported),
+    /// or the interrupting flow.
+    async fn drive(&mut self, rings: &mut Rings<'_>) -> Flow {
+        let mut failed = false;
+        loop {
+            if !self.hung() {
+                while let Some((from, f)) = self.held_frames.pop_front() {
+                    if let Some(flow) = self.feed(rings, from, &f, &mut failed) {
+                        return flow;
+                    }
+                }
+                for r in &mut rings.rings {
+                    while let Some((to, f)) = r.poll_send() {
+                        if let Header::Collective(h) = &f.header {
+                            if h.phase == Phase::AllGather && h.step == 0 {
+                                rings.sums.push(h.weight_sum);
+                            }
+                        }
+                        self.run.frames.set(self.run.frames.get() + 1);
+                        self.net.enqueue(to, f);
+                    }
+                }
+                if !failed && rings.done() {
+                    self.finish_rings(rings);
+                    return Flow::Continue;
+                }
+            }
+            while let Some(a) = self.next_action() {
+                match self.act(a) {
+                    Flow::Continue => {}
+                    Flow::Abort { epoch, op }
+                        if epoch != rings.start.epoch || op != rings.start.op => {}
+                    other => return other,
+                }
+            }
+            match self.next_event().await {
+                Event::Net(Ok((from, frame))) if matches!(frame.header, Header::Collective(_)) => {
+                    if self.hung() {
+                        self.held_frames.push_back((from, frame));
+                    } else if let Some(flow) = self.feed(rings, from, &frame, &mut failed) {
+                        return flow;
+                    }
+                }
+                Event::Net(Err(TransportError::Unreachable(peer))) => {
+                    if !failed
+                        && (peer == rings.left || peer == rings.right)
+                        && rings.start.ring.len() > 1
+                    {
+                        failed = true;
+                        let _ = self.member.report_allreduce_failed(
+                            Self::now(),
+                            rings.start.epoch,
+                            rings.start.op,
+                        );
+                    }
+                }
+                ev => self.on_event(ev),
+            }
+        }
+    }
+
+    /// Feeds a collective frame to its ring. `Some(flow)` ends the all-reduce.
+    fn feed(
+        &mut self,
+        rings: &mut Rings<'_>,
+        from: NodeId,
+        f: &Frame,
+        failed: &mut bool,
+    ) -> Option<Flow> {
+        let Header::Collective(h) = &f.header else { return None };
+        if h.epoch != rings.start.epoch || h.op != rings.start.op {
+            if h.epoch < rings.start.epoch {
+                self.run.rec.borrow_mut().stale(1);
+            }
+            return None;
+        }
+        let ring = rings.rings.get_mut(usize::from(h.shard))?;
+        if h.phase == Phase::AllGather {
+            rings.sums.push(h.weight_sum);
+        }
+        match ring.handle_frame(from, f) {
+            Ok(()) => None,
+            Err(RingError::StaleEpoch { .. }) => {
+                self.run.rec.borrow_mut().stale(1);
+                None
+            }
+            Err(e) => {
+                let msg = format!(
+                    "{}: all-reduce of {} op {} refused a frame from {}: {e}",
+                    self.run.rec.borrow().name(self.id),
+                    rings.start.epoch,
+                    rings.start.op,
+                    self.run.rec.borrow().name(from)
+                );
+                self.run.rec.borrow_mut().violation(msg);
+                if !*failed {
+                    *failed = true;
+                    let _ = self.member.report_allreduce_failed(
+                        Self::now(),
+                        rings.start.epoch,
+                        rings.start.op,
+                    );
+                }
+                None
+            }
+        }
+    }
+
+    fn finish_rings(&mut self, rings: &mut Rings<'_>) {
+        let s = &rings.start;
+        if s.ring.len() > 1 {
+            let what = format!("outer step {} attempt {} ({})", s.outer_step, s.attempt, s.epoch);
+            self.run.rec.borrow_mut().allreduce_weights(
+                self.id,
+                &what,
+                &rings.sums,
+                f64::from(s.total_weight),
+            );
+        }
+        if let Err(e) = self.member.report_allreduce_done(Self::now(), s.epoch, s.op) {
+            tracing::debug!(target: "loco_sim", "{}: done refused: {e}", self.id);
+        }
+    }
+
+    /// Checks the release against what this node knows: the ring is the epoch's membership, and
+    /// its weight is 1 exactly when it holds a pseudo-gradient for the step.
+    fn check_release(&mut self, s: &AllReduceStart) {
+        let mut rec = self.run.rec.borrow_mut();
+        rec.member_view(self.id, s.epoch, &s.ring, "release");
+        let has = self.grad_step == Some(s.outer_step);
+        let w = s.weight.get();
+        if (w == 1.0) != has || (w != 0.0 && w != 1.0) {
+            let msg = format!(
+                "{} contributes weight {w} to outer step {} attempt {} but {} a pseudo-gradient for it: \
+                 a contribution would be {}",
+                rec.name(self.id),
+                s.outer_step,
+                s.attempt,
+                if has { "holds" } else { "does not hold" },
+                if has { "lost" } else { "counted without being computed" }
+            );
+            rec.violation(msg);
+        }
+    }
+
+    /// Sends the state as of the last commit to a joiner, in one piece per GPU of the joiner
+    /// (they travel as parallel flows). With several senders, each sends a whole copy (the
+    /// joiner keeps the first complete one), so a sender leaving mid-transfer does not break it.
+    fn send_state(&mut self, epoch: Epoch, to: NodeId) {
+        let parts = u64::from(self.run.node(to).spec.gpus.max(1));
+        let last = self.member.last_committed();
+        let bytes: Option<Vec<u8>> =
+            self.real.as_ref().map(|r| numerics::encode_state(&StateSnapshot::of(&r.outer, last)));
+        let (total, digest) = match &bytes {
+            Some(b) => (b.len() as u64, numerics::state_digest(b)),
+            None => (numerics::virtual_state_bytes(self.run.params), String::new()),
+        };
+        for p in 0..parts {
+            let lo = total * p / parts;
+            let hi = total * (p + 1) / parts;
+            if hi == lo && p > 0 {
+                continue;
+            }
+            let body = match &bytes {
+                Some(b) => Body::Bytes(Bytes::copy_from_slice(&b[lo as usize..hi as usize])),
+                None => Body::Virtual(hi - lo),
+            };
+            let header = Header::State(StateHeader {
+                epoch,
+                outer_step: last.unwrap_or(u64::MAX),
+                offset: lo,
+                total,
+                digest: digest.clone(),
+            });
+            self.run.frames.set(self.run.frames.get() + 1);
+            self.net.enqueue(to, Frame { header, body });
+        }
+    }
+
+    fn on_state_part(&mut self, from: NodeId, h: StateHeader, body: Body) {
+        let Some(f) = &mut self.fetch else { return };
+        if h.epoch != f.epoch || !f.senders.contains(&from) {
+            return;
+        }
+        let parts = f.parts.entry(from).or_default();
+        parts.insert(h.offset, body);
+        let got: u64 = parts.values().map(Body::len).sum();
+        if got < h.total {
+            return;
+        }
+        let parts = std::mem::take(parts);
+        let epoch = f.epoch;
+        self.fetch = None;
+        let now = Self::now();
+        if let Some(r) = &mut self.real {
+            let mut b = Vec::new();
+            for body in parts.values() {
+                if let Body::Bytes(x) = body {
+                    b.extend_from_slice(x);
+                }
+            }
+            let snap = (numerics::state_digest(&b) == h.digest)
+                .then(|| numerics::decode_state(&b))
+                .flatten();
+            let Some(snap) = snap else {
+                let msg = format!(
+                    "the state {} received from {} failed its digest",
+                    self.run.rec.borrow().name(self.id),
+                    self.run.rec.borrow().name(from)
+                );
+                self.run.rec.borrow_mut().violation(msg);
+                return;
+            };
+            if !apply_state(r, &snap) {
+                let msg = format!(
+                    "{} received a state as of outer step {:?} but no longer holds the results after it",
+                    self.run.rec.borrow().name(self.id),
+                    snap.as_of
+                );
+                self.run.rec.borrow_mut().violation(msg);
+                return;
+            }
+        }
+        self.synced = true;
+        self.run.event(
+            now,
+            EventKind::RecoveryDone,
+            Some(self.id),
+            Some(epoch),
+            format!("from {}", self.run.rec.borrow().name(from)),
+        );
+        if matches!(self.member.phase(), MemberPhase::Syncing { .. }) {
+            if let Some(a) = &mut self.acct {
+                if let Some(f) = a.recovery_from.take() {
+                    a.recovery += now - f;
+                }
+                a.barrier_from = Some(now);
+            }
+            if let Err(e) = self.member.report_sync_done(now) {
+                tracing::debug!(target: "loco_sim", "{}: sync report refused: {e}", self.id);
+            }
+        } else {
+            self.report_sync = true;
+        }
+    }
+}
+
+/// Sets the outer state from a snapshot and replays the results committed after it.
+fn apply_state(r: &mut Real, snap: &StateSnapshot) -> bool {
+    let cfg = r.outer.config();
+    let Ok(mut outer) =
+        OuterState::restore(cfg, snap.outer.clone(), snap.momentum.clone(), Vec::new(), snap.steps)
+    else {
+        return false;
+    };
+    let after: Vec<&(u64, Option<Vec<f32>>)> =
+        r.log.iter().filter(|(s, _)| snap.as_of.is_none_or(|a| *s > a)).collect();
+    if let (Some(first), Some(a)) = (after.first(), snap.as_of) {
+        if first.0 != a + 1 {
+            return false;
+        }
+    }
+    for (_, avg) in after {
+        match avg {
+            Some(g) if g.len() == outer.len() => {
+                outer.pseudo_gradient_mut().copy_from_slice(g);
+                outer.apply_outer_step();
+            }
+            Some(_) => return false,
+            None => outer.skip_outer_step(),
+        }
+    }
+    r.model.inner = outer.outer().to_vec();
+    r.outer = outer;
+    true
+}
+
+fn push_log(log: &mut VecDeque<(u64, Option<Vec<f32>>)>, step: u64, avg: Option<Vec<f32>>) {
+    log.push_back((step, avg));
+    while log.len() > REPLAY_LOG {
+        log.pop_front();
+    }
+}
+
+fn names(run: &RunCtx, ids: &[NodeId]) -> String {
+    let rec = run.rec.borrow();
+    ids.iter().map(|i| rec.name(*i)).collect::<Vec<_>>().join(" ")
+}
