@@ -395,15 +395,26 @@ impl<'a> RingAllReduce<'a> {
     ) {
         let n = range.len();
         let weight_sum = h.weight_sum + f64::from(self.weight);
-        self.load_weighted_own(range.clone());
-        if let Body::Bytes(b) = body {
-            self.codec.decode_accumulate(b, &mut self.scratch[..n]);
-        }
         if step + 2 < self.world {
-            let body = self.encode_scratch(n);
+            // A middle hop: reduce and re-encode in one call (fused where the codec can).
+            let body = match (body, self.payload.values()) {
+                (Body::Bytes(b), Some(own)) => {
+                    if self.scratch.len() < n {
+                        self.scratch.resize(n, 0.0);
+                    }
+                    let mut out = vec![0u8; self.codec.encoded_len(n)];
+                    self.codec.reduce_encode(b, &own[range], self.weight, &mut self.scratch, &mut out);
+                    Body::Bytes(Bytes::from(out))
+                }
+                _ => Body::Virtual(self.codec.encoded_len(n) as u64),
+            };
             let f = self.frame(Phase::ReduceScatter, step + 1, chunk, seg, weight_sum, body);
             self.queue.push_back(Pending::Ready(f));
             return;
+        }
+        self.load_weighted_own(range.clone());
+        if let Body::Bytes(b) = body {
+            self.codec.decode_accumulate(b, &mut self.scratch[..n]);
         }
         // Last reduce-scatter step: this node owns the chunk. Average, encode once, and take
         // the decoded bytes as its own result, exactly as every other rank will.

@@ -37,6 +37,29 @@ impl Codec for Fp32 {
         }
     }
 
+    /// One pass instead of three: read both inputs, write the output bytes.
+    fn reduce_encode(&self, src: &[u8], own: &[f32], weight: f32, _scratch: &mut [f32], dst: &mut [u8]) {
+        assert_eq!(src.len(), self.encoded_len(own.len()), "fp32 reduce: wrong buffer length");
+        assert_eq!(dst.len(), src.len(), "fp32 reduce: wrong buffer length");
+        let chunks = dst.chunks_exact_mut(4).zip(src.chunks_exact(4)).zip(own);
+        if weight == 0.0 {
+            for ((d, s), _) in chunks {
+                let v = 0.0 + f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+                d.copy_from_slice(&v.to_le_bytes());
+            }
+        } else if weight == 1.0 {
+            for ((d, s), o) in chunks {
+                let v = o + f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+                d.copy_from_slice(&v.to_le_bytes());
+            }
+        } else {
+            for ((d, s), o) in chunks {
+                let v = weight * o + f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+                d.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+    }
+
     fn decode(&self, src: &[u8], dst: &mut [f32]) {
         assert_eq!(src.len(), self.encoded_len(dst.len()), "fp32 decode: wrong buffer length");
         for (d, s) in dst.iter_mut().zip(src.chunks_exact(4)) {

@@ -115,4 +115,25 @@ pub trait Codec: Send + Sync {
     /// # Panics
     /// When `src.len() != self.encoded_len(dst.len())`.
     fn decode(&self, src: &[u8], dst: &mut [f32]);
+
+    /// One reduce-scatter hop: `dst = encode(weight * own + decode(src))`, with `scratch` (at
+    /// least `own.len()` values) as working space. Weight 0 ignores `own` (even NaN). Codecs may
+    /// fuse the passes; the result must equal this default's.
+    ///
+    /// # Panics
+    /// When the lengths do not match as for `encode` and `decode`.
+    fn reduce_encode(&self, src: &[u8], own: &[f32], weight: f32, scratch: &mut [f32], dst: &mut [u8]) {
+        let acc = &mut scratch[..own.len()];
+        if weight == 0.0 {
+            acc.fill(0.0);
+        } else if weight == 1.0 {
+            acc.copy_from_slice(own);
+        } else {
+            for (a, o) in acc.iter_mut().zip(own) {
+                *a = weight * o;
+            }
+        }
+        self.decode_accumulate(src, acc);
+        self.encode(acc, dst);
+    }
 }
