@@ -43,3 +43,94 @@ fn bad_flags_exit_2_and_name_the_flag() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("--world"), "{}", stderr(&out));
 }
+
+/// `loco bench quality` at a toy size: the four runs, their accounting, and the same figures
+/// from the same seed (one libtorch thread, seeded weights and data order).
+#[cfg(feature = "torch")]
+#[test]
+fn bench_quality_is_deterministic_and_accounts_its_runs() {
+    let ctx = TestContext::new();
+    let args = [
+        "bench",
+        "quality",
+        "--workers",
+        "2",
+        "--inner-steps",
+        "3",
+        "--outer-steps",
+        "2",
+        "--pretrain-steps",
+        "3",
+        "--seed",
+        "5",
+        "--json",
+    ];
+    let run = || {
+        let out = ctx.loco(&args);
+        // Exit 1 only says a claim failed, which a 6-step run may well do.
+        assert!(matches!(out.status.code(), Some(0 | 1)), "stderr: {}", stderr(&out));
+        let v: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("JSON");
+        assert_eq!(out.status.code() == Some(0), claims_hold(&v), "exit code vs claims");
+        v
+    };
+    let (a, b) = (run(), run());
+    let names: Vec<&str> =
+        a["runs"].as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["single", "diloco-fp32", "diloco-uint8", "data-parallel"]);
+    assert_eq!((a["pretrain_steps"].as_u64(), a["workers"].as_u64()), (Some(3), Some(2)));
+    // 5% of the 3,197 sequences of 65 bytes held out, one dropped between the sets.
+    assert_eq!(
+        (a["train_sequences"].as_u64(), a["eval_sequences"].as_u64()),
+        (Some(3037), Some(160))
+    );
+    for (ra, rb) in a["runs"].as_array().unwrap().iter().zip(b["runs"].as_array().unwrap()) {
+        let name = ra["name"].as_str().unwrap();
+        assert_eq!(ra["curve"], rb["curve"], "{name}: not reproducible");
+        let curve = ra["curve"].as_array().unwrap();
+        assert_eq!(curve.len(), 3, "{name}: eval at steps 0, 3, 6");
+        let first = curve[0]["eval_loss"].as_f64().unwrap();
+        let last = ra["final_eval_loss"].as_f64().unwrap();
+        // Every run starts from the same pretrained weights and learns.
+        assert_eq!(first, a["runs"][0]["curve"][0]["eval_loss"].as_f64().unwrap(), "{name}");
+        assert!(last < first && last > 1.0, "{name}: {first} -> {last}");
+        assert_eq!(ra["steps_per_worker"], 6, "{name}");
+        assert_eq!(ra["replicas_identical"], true, "{name}");
+    }
+    let r = &a["runs"];
+    assert_eq!(r[0]["compute_batches"], 6);
+    for i in 1..4 {
+        assert_eq!(r[i]["compute_batches"], 12);
+    }
+    assert_eq!((r[1]["sync_rounds"].as_u64(), r[3]["sync_rounds"].as_u64()), (Some(2), Some(6)));
+    // fp32: 2 all-reduces of 2 (W-1)/W x 4 bytes x 131,392 parameters; uint8 about a quarter.
+    let fp32 = r[1]["bytes_per_worker"].as_u64().unwrap();
+    let uint8 = r[2]["bytes_per_worker"].as_u64().unwrap();
+    assert!((2 * 4 * 131_392..2 * 4 * 131_392 + 4096).contains(&fp32), "fp32 bytes {fp32}");
+    assert!(uint8 > fp32 / 5 && uint8 < fp32 / 3, "uint8 bytes {uint8}");
+    let rel = a["claims"]["uint8_vs_fp32"].as_f64().unwrap();
+    let (l1, l2) =
+        (r[1]["final_eval_loss"].as_f64().unwrap(), r[2]["final_eval_loss"].as_f64().unwrap());
+    assert!((rel - (l2 / l1 - 1.0)).abs() < 1e-12, "{rel}");
+}
+
+#[cfg(feature = "torch")]
+fn claims_hold(v: &serde_json::Value) -> bool {
+    let c = &v["claims"];
+    c["diloco_beats_single"] == true
+        && c["uint8_within_tolerance"] == true
+        && c["replicas_identical"] == true
+}
+
+/// Without libtorch the quality benchmark says how to get it, and bad flags name themselves.
+#[test]
+fn bench_quality_explains_its_requirements() {
+    let ctx = TestContext::new();
+    let out = ctx.loco(&["bench", "quality", "--workers", "0"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    if cfg!(feature = "torch") {
+        assert!(err.contains("--workers"), "{err}");
+    } else {
+        assert!(err.contains("--features torch"), "{err}");
+    }
+}

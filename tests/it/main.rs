@@ -3,3 +3,4 @@
 mod bench;
 mod common;
 mod launch;
+mod replay;
