@@ -149,9 +149,9 @@ pub(crate) enum BenchCommand {
     AllreduceRank(AllreduceRank),
     /// DiLoCo's quality on the tiny model, in one process (needs `--features torch`): 1 worker,
     /// DiLoCo with W workers and the fp32 and uint8 codecs, and data-parallel training with the
-    /// same compute, all with H x outer-steps inner steps per worker; the eval loss on the
-    /// held-out last 5% of the text. Exits 1 when DiLoCo does not beat 1 worker or uint8 ends
-    /// more than 1% from fp32.
+    /// same compute, all with H x outer-steps inner steps per worker from one pretrained start;
+    /// the eval loss on the held-out last 5% of the text. Exits 1 when DiLoCo does not beat
+    /// 1 worker or uint8 ends more than 1% from fp32.
     Quality(QualityBench),
 }
 
@@ -232,7 +232,7 @@ pub(crate) struct QualityBench {
     #[arg(long, default_value_t = 4)]
     pub(crate) workers: usize,
     /// Inner steps per outer step (H).
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 50)]
     pub(crate) inner_steps: u64,
     /// Outer steps; every run takes inner-steps x outer-steps inner steps per worker.
     #[arg(long, default_value_t = 10)]
@@ -243,6 +243,17 @@ pub(crate) struct QualityBench {
     /// Peak inner AdamW learning rate (after a 10-step warmup), as scenarios/tiny-real.toml.
     #[arg(long, default_value_t = 1e-3)]
     pub(crate) inner_lr: f64,
+    /// Steps of one worker on the whole training set before the four runs, which all start from
+    /// its weights and AdamW state (DiLoCo started from a pretrained model); 0: from scratch.
+    #[arg(long, default_value_t = 200)]
+    pub(crate) pretrain_steps: u64,
+    /// Outer learning rate of the DiLoCo runs (DiLoCo's 0.7).
+    #[arg(long, default_value_t = 0.7)]
+    pub(crate) outer_lr: f32,
+    /// Outer Nesterov momentum of the DiLoCo runs (DiLoCo's 0.9; 0 with --outer-lr 1 is plain
+    /// averaging of the workers' weights).
+    #[arg(long, default_value_t = 0.9)]
+    pub(crate) outer_momentum: f32,
     /// The text, read byte by byte; its last 5% is held out for evaluation.
     #[arg(long, value_name = "FILE", default_value = "data/genesis-kjv.txt")]
     pub(crate) data: PathBuf,

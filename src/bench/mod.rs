@@ -2,3 +2,4 @@
 
 pub(crate) mod allreduce;
 pub mod codec;
+pub(crate) mod quality;
