@@ -305,6 +305,9 @@ impl Transport for TcpTransport {
             return Err(TransportError::Unreachable(to));
         }
         stats.frames_sent.fetch_add(1, Ordering::Relaxed);
+        // Let the writer tasks run now: on a current-thread runtime a receiver that always has
+        // frames waiting would otherwise starve them, and the ring's pipeline would stall.
+        tokio::task::yield_now().await;
         Ok(())
     }
 

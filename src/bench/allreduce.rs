@@ -1,7 +1,7 @@
 //! `loco bench allreduce`: one ring all-reduce of W ranks over the in-memory transport.
 
 use anyhow::{Result, bail};
-use loco_core::allreduce::{RingConfig, run_ring};
+use loco_core::allreduce::{RingConfig, run_ring, run_ring_stashed};
 use loco_core::codec::CodecKind;
 use loco_core::ids::{Epoch, NodeId, Weight};
 use loco_core::transport::memory::network;
@@ -203,11 +203,15 @@ pub(crate) fn run_rank(a: &crate::cli::AllreduceRank) -> Result<RankResult> {
         let mut warm = vec![1.0f32; world * 16];
         let cfg0 = RingConfig::new(Epoch(1), 0, ring.clone(), me, a.codec);
         let warm_len = warm.len();
-        run_ring(&mut t, cfg0, Some(&mut warm), warm_len, Weight::ONE).await?;
+        // Frames of the timed collective may arrive before this rank finished the warm-up.
+        let mut stash = Vec::new();
+        run_ring_stashed(&mut t, cfg0, Some(&mut warm), warm_len, Weight::ONE, &mut stash).await?;
         let mut cfg1 = RingConfig::new(Epoch(1), 1, ring.clone(), me, a.codec);
         cfg1.segment_elems = a.segment.max(1);
         let started = crate::clock::now();
-        let stats = run_ring(&mut t, cfg1, Some(&mut data), a.elements, Weight::ONE).await?;
+        let stats =
+            run_ring_stashed(&mut t, cfg1, Some(&mut data), a.elements, Weight::ONE, &mut stash)
+                .await?;
         let seconds = crate::clock::now().duration_since(started).as_secs_f64();
         // Let the last frames drain before the process exits.
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;

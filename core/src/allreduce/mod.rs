@@ -21,7 +21,7 @@ pub mod schedule;
 mod driver;
 mod ring;
 
-pub use driver::run_ring;
+pub use driver::{run_ring, run_ring_stashed};
 pub use ring::{DEFAULT_SEGMENT_ELEMS, Payload, RingAllReduce, RingConfig, RingError, RingStats};
 
 #[cfg(test)]
