@@ -51,7 +51,7 @@ fn rows(path: &std::path::Path) -> Vec<loco_core::metrics::OuterStepRow> {
         .lines()
         .filter_map(|l| match serde_json::from_str::<MetricsLine>(l).ok()? {
             MetricsLine::Row(r) => Some(r),
-            MetricsLine::Event(_) => None,
+            MetricsLine::Event(_) | MetricsLine::Resources { .. } => None,
         })
         .collect()
 }
