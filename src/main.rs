@@ -55,7 +55,8 @@ fn main() -> ExitCode {
 
 fn is_broken_pipe(e: &anyhow::Error) -> bool {
     e.chain().any(|c| {
-        c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
     })
 }
 
@@ -65,7 +66,8 @@ fn init_logging(filter: Option<&str>) {
         .map(EnvFilter::new)
         .or_else(|| EnvFilter::try_from_env("LOCO_LOG").ok())
         .unwrap_or_else(|| EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let _ =
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
 }
 
 fn run(cli: Cli) -> Result<Outcome> {
@@ -80,16 +82,40 @@ fn run(cli: Cli) -> Result<Outcome> {
             let f = loco_sim::bench(&s, a.hours).map_err(|e| anyhow::anyhow!(e))?;
             print_report(a.json, &f, |out| {
                 writeln!(out, "simulator: {}", f.scenario)?;
-                writeln!(out, "  simulated        {:.0} s ({:.1} h), {} outer steps", f.simulated_seconds, f.simulated_seconds / 3600.0, f.outer_steps)?;
+                writeln!(
+                    out,
+                    "  simulated        {:.0} s ({:.1} h), {} outer steps",
+                    f.simulated_seconds,
+                    f.simulated_seconds / 3600.0,
+                    f.outer_steps
+                )?;
                 writeln!(out, "  wall             {:.2} s", f.wall_seconds)?;
-                writeln!(out, "  speed            {:.0} simulated s per wall s", f.simulated_per_wall_second)?;
-                writeln!(out, "  24 h would take  {:.1} s", 86_400.0 / f.simulated_per_wall_second.max(1e-9))?;
-                writeln!(out, "  frames, ticks    {}, {} (tick {} s)", f.frames, f.ticks, f.tick_seconds)?;
+                writeln!(
+                    out,
+                    "  speed            {:.0} simulated s per wall s",
+                    f.simulated_per_wall_second
+                )?;
+                writeln!(
+                    out,
+                    "  24 h would take  {:.1} s",
+                    86_400.0 / f.simulated_per_wall_second.max(1e-9)
+                )?;
+                writeln!(
+                    out,
+                    "  frames, ticks    {}, {} (tick {} s)",
+                    f.frames, f.ticks, f.tick_seconds
+                )?;
                 match f.peak_rss_bytes {
-                    Some(b) => writeln!(out, "  peak memory      {:.1} MB resident", b as f64 / 1e6)?,
+                    Some(b) => {
+                        writeln!(out, "  peak memory      {:.1} MB resident", b as f64 / 1e6)?
+                    }
                     None => writeln!(out, "  peak memory      unknown")?,
                 }
-                writeln!(out, "  invariants       {}", if f.invariants_ok { "ok" } else { "BROKEN" })
+                writeln!(
+                    out,
+                    "  invariants       {}",
+                    if f.invariants_ok { "ok" } else { "BROKEN" }
+                )
             })?;
         }
         Command::Launch(a) => {
@@ -112,7 +138,11 @@ fn run(cli: Cli) -> Result<Outcome> {
             let threads = a.threads.unwrap_or_else(|| {
                 std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
             });
-            let codecs = if a.codec.is_empty() { loco_core::codec::CodecKind::ALL.to_vec() } else { a.codec };
+            let codecs = if a.codec.is_empty() {
+                loco_core::codec::CodecKind::ALL.to_vec()
+            } else {
+                a.codec
+            };
             let report = bench::codec::run(&bench::codec::CodecBenchArgs {
                 elements: a.elements,
                 codecs,
@@ -158,14 +188,28 @@ fn run(cli: Cli) -> Result<Outcome> {
 /// Prints the end-of-run table and where the files are.
 pub(crate) fn print_summary(s: &loco_core::metrics::Summary, dir: &std::path::Path) {
     let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "scenario            {} ({} backend, seed {})", s.scenario, s.backend, s.seed);
+    let _ = writeln!(
+        out,
+        "scenario            {} ({} backend, seed {})",
+        s.scenario, s.backend, s.seed
+    );
     let _ = writeln!(out, "outer steps         {}", s.outer_steps);
     if s.wall_seconds > 0.0 {
-        let _ = writeln!(out, "run time            {:.1} s (wall {:.1} s)", s.simulated_seconds, s.wall_seconds);
+        let _ = writeln!(
+            out,
+            "run time            {:.1} s (wall {:.1} s)",
+            s.simulated_seconds, s.wall_seconds
+        );
     } else {
-        let _ = writeln!(out, "simulated time      {:.1} s ({:.2} h)", s.simulated_seconds, s.simulated_seconds / 3600.0);
+        let _ = writeln!(
+            out,
+            "simulated time      {:.1} s ({:.2} h)",
+            s.simulated_seconds,
+            s.simulated_seconds / 3600.0
+        );
     }
-    let _ = writeln!(out, "utilisation         {:.1}% (compute / wall)", 100.0 * s.utilization.mean);
+    let _ =
+        writeln!(out, "utilisation         {:.1}% (compute / wall)", 100.0 * s.utilization.mean);
     let _ = writeln!(
         out,
         "all-reduce          median {:.2} s, p5 {:.2} s, p95 {:.2} s",

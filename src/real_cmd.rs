@@ -54,7 +54,8 @@ async fn terminate_signal() {
 /// `loco coordinator`.
 pub(crate) fn coordinator(a: &crate::cli::CoordinatorArgs) -> Result<()> {
     let s = load(&a.scenario)?;
-    let names: BTreeMap<NodeId, String> = s.nodes().iter().map(|n| (n.id, n.name.clone())).collect();
+    let names: BTreeMap<NodeId, String> =
+        s.nodes().iter().map(|n| (n.id, n.name.clone())).collect();
     let opts = CoordinatorOptions {
         listen: a.listen,
         mesh: s.mesh().clone(),
@@ -88,7 +89,7 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 
 /// The inner loop a worker runs: the libtorch trainer, or the synthetic objective.
 enum AnyInner {
-    Synthetic(Quadratic),
+    Synthetic(Box<Quadratic>),
     #[cfg(feature = "torch")]
     Torch(Box<loco_real::inner::TchInner>),
 }
@@ -145,7 +146,7 @@ fn make_inner(
     synthetic: Option<usize>,
 ) -> Result<AnyInner> {
     if let Some(n) = synthetic {
-        return Ok(AnyInner::Synthetic(Quadratic::new(n, s.seed(), node.id.0)));
+        return Ok(AnyInner::Synthetic(Box::new(Quadratic::new(n, s.seed(), node.id.0))));
     }
     #[cfg(feature = "torch")]
     {
@@ -168,7 +169,8 @@ fn make_inner(
         };
         let count = s.nodes().len() as u32;
         let shard = Shard::new(node.id.0 % count, count)?;
-        let data = DataLoader::new(&source, cfg.seq_len, s.model().vocab, shard, Order::Sequential)?;
+        let data =
+            DataLoader::new(&source, cfg.seq_len, s.model().vocab, shard, Order::Sequential)?;
         Ok(AnyInner::Torch(Box::new(loco_real::inner::TchInner::new(trainer, data))))
     }
     #[cfg(not(feature = "torch"))]
@@ -247,7 +249,8 @@ pub(crate) fn launch(a: &crate::cli::LaunchArgs) -> Result<bool> {
     }
     let out = a.out.clone().unwrap_or_else(|| PathBuf::from("out").join(s.name()));
     let nodes_dir = out.join("nodes");
-    std::fs::create_dir_all(&nodes_dir).with_context(|| format!("creating {}", nodes_dir.display()))?;
+    std::fs::create_dir_all(&nodes_dir)
+        .with_context(|| format!("creating {}", nodes_dir.display()))?;
     for e in std::fs::read_dir(&nodes_dir)? {
         let p = e?.path();
         if p.extension().is_some_and(|x| x == "jsonl" || x == "addr") {
@@ -268,7 +271,11 @@ pub(crate) fn launch(a: &crate::cli::LaunchArgs) -> Result<bool> {
             .arg("--metrics")
             .arg(nodes_dir.join("coordinator.jsonl"))
             .args(["--run-start", &run_start.to_string()])
-            .args(a.max_outer_steps.map(|n| vec!["--max-outer-steps".to_string(), n.to_string()]).unwrap_or_default())
+            .args(
+                a.max_outer_steps
+                    .map(|n| vec!["--max-outer-steps".to_string(), n.to_string()])
+                    .unwrap_or_default(),
+            )
             .stdin(Stdio::null())
             .spawn()
             .context("starting the coordinator")?,
@@ -315,9 +322,12 @@ pub(crate) fn launch(a: &crate::cli::LaunchArgs) -> Result<bool> {
         s.churn().iter().map(|c| (c.at, c.action.clone())).collect();
     for n in s.initial_nodes() {
         workers.insert(n.id, spawn(n)?);
-        launch_events.push(EventRow::new(0.0, EventKind::Start).node(n.name.clone()).detail("process started"));
+        launch_events.push(
+            EventRow::new(0.0, EventKind::Start).node(n.name.clone()).detail("process started"),
+        );
     }
-    let limit = a.timeout.map(Duration::from_secs).or(s.stop().time.map(|t| t + Duration::from_secs(60)));
+    let limit =
+        a.timeout.map(Duration::from_secs).or(s.stop().time.map(|t| t + Duration::from_secs(60)));
     let mut next = 0;
     let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
     loop {
@@ -333,7 +343,11 @@ pub(crate) fn launch(a: &crate::cli::LaunchArgs) -> Result<bool> {
                     for id in ids {
                         if let Some(n) = s.node(*id) {
                             workers.insert(*id, spawn(n)?);
-                            launch_events.push(EventRow::new(at, EventKind::Restart).node(n.name.clone()).detail("process started"));
+                            launch_events.push(
+                                EventRow::new(at, EventKind::Restart)
+                                    .node(n.name.clone())
+                                    .detail("process started"),
+                            );
                         }
                     }
                 }
@@ -341,7 +355,11 @@ pub(crate) fn launch(a: &crate::cli::LaunchArgs) -> Result<bool> {
                     for id in ids {
                         if let Some(p) = workers.get_mut(id) {
                             signal(p, Signal::SIGKILL);
-                            launch_events.push(EventRow::new(at, EventKind::Crash).node(name(id)).detail("SIGKILL"));
+                            launch_events.push(
+                                EventRow::new(at, EventKind::Crash)
+                                    .node(name(id))
+                                    .detail("SIGKILL"),
+                            );
                         }
                     }
                 }
@@ -356,7 +374,9 @@ pub(crate) fn launch(a: &crate::cli::LaunchArgs) -> Result<bool> {
                     for id in ids {
                         if let Some(p) = workers.get_mut(id) {
                             signal(p, Signal::SIGSTOP);
-                            launch_events.push(EventRow::new(at, EventKind::Hang).node(name(id)).detail("SIGSTOP"));
+                            launch_events.push(
+                                EventRow::new(at, EventKind::Hang).node(name(id)).detail("SIGSTOP"),
+                            );
                         }
                     }
                 }
@@ -369,10 +389,13 @@ pub(crate) fn launch(a: &crate::cli::LaunchArgs) -> Result<bool> {
                 }
                 ChurnAction::CoordinatorCrash => {
                     signal(&mut coord, Signal::SIGKILL);
-                    launch_events.push(EventRow::new(at, EventKind::CoordinatorCrash).detail("SIGKILL"));
+                    launch_events
+                        .push(EventRow::new(at, EventKind::CoordinatorCrash).detail("SIGKILL"));
                 }
                 other => {
-                    tracing::info!("the real backend on one machine ignores {other:?} (network faults are the simulator's)");
+                    tracing::info!(
+                        "the real backend on one machine ignores {other:?} (network faults are the simulator's)"
+                    );
                 }
             }
         }
@@ -392,7 +415,9 @@ pub(crate) fn launch(a: &crate::cli::LaunchArgs) -> Result<bool> {
             // The coordinator is gone: members stop on their own within the coordinator timeout.
             let grace = s.mesh().coordinator_timeout + Duration::from_secs(10);
             let deadline = unix_now() + grace.as_secs_f64();
-            while unix_now() < deadline && workers.values_mut().any(|p| matches!(p.child.try_wait(), Ok(None))) {
+            while unix_now() < deadline
+                && workers.values_mut().any(|p| matches!(p.child.try_wait(), Ok(None)))
+            {
                 std::thread::sleep(Duration::from_millis(100));
             }
             break;
@@ -429,7 +454,13 @@ fn count_commits(path: &Path) -> usize {
 fn check_memory(s: &Scenario) -> Result<()> {
     use loco_real::memory::{MemoryPlan, Place, host_available_bytes};
     let seq = s.real().seq_len.unwrap_or(s.model().seq_len);
-    let plan = MemoryPlan::new(s.model(), s.real().device, s.real().micro_batch, seq, loco_real::model::Precision::F32);
+    let plan = MemoryPlan::new(
+        s.model(),
+        s.real().device,
+        s.real().micro_batch,
+        seq,
+        loco_real::model::Precision::F32,
+    );
     let nodes = s.initial_nodes().count().max(1) as u64;
     if let Some(avail) = host_available_bytes() {
         let need = plan.total(Place::Host).saturating_mul(nodes);
@@ -439,7 +470,10 @@ fn check_memory(s: &Scenario) -> Result<()> {
                 s.name(),
                 nodes,
                 plan.describe(Place::Host),
-                plan.fits(Place::Host, avail / nodes).err().map(|e| e.to_string()).unwrap_or_default()
+                plan.fits(Place::Host, avail / nodes)
+                    .err()
+                    .map(|e| e.to_string())
+                    .unwrap_or_default()
             ))
             .into());
         }
@@ -458,7 +492,13 @@ fn read_lines(path: &Path) -> Result<Vec<MetricsLine>> {
 }
 
 /// Merges the processes' metrics, checks the invariants, writes the run directory.
-fn finish(s: &Scenario, out: &Path, nodes_dir: &Path, mut events: Vec<EventRow>, wall: f64) -> Result<bool> {
+fn finish(
+    s: &Scenario,
+    out: &Path,
+    nodes_dir: &Path,
+    mut events: Vec<EventRow>,
+    wall: f64,
+) -> Result<bool> {
     let mut rows: Vec<OuterStepRow> = Vec::new();
     let mut peaks: BTreeMap<String, u64> = BTreeMap::new();
     let mut files: Vec<PathBuf> = std::fs::read_dir(nodes_dir)?
@@ -507,10 +547,12 @@ fn finish(s: &Scenario, out: &Path, nodes_dir: &Path, mut events: Vec<EventRow>,
         wall_seconds: wall,
         published: None,
         inner_steps_per_outer: Some(s.diloco().inner_steps),
-        mfu_basis: s.nodes().first().and_then(|n| n.peak_flops).map(|peak| loco_core::metrics::MfuBasis {
-            flops_per_token: flops,
-            peak_flops_per_gpu: peak,
-            gpus_per_node: 1,
+        mfu_basis: s.nodes().first().and_then(|n| n.peak_flops).map(|peak| {
+            loco_core::metrics::MfuBasis {
+                flops_per_token: flops,
+                peak_flops_per_gpu: peak,
+                gpus_per_node: 1,
+            }
         }),
         violations,
         extra: BTreeMap::from([("peak_rss_bytes".to_string(), serde_json::json!(peaks))]),

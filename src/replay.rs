@@ -15,7 +15,8 @@ pub(crate) fn scenario_or_default(path: Option<&Path>) -> Result<Scenario> {
     match path {
         Some(p) => crate::real_cmd::load(p),
         None if Path::new(DEFAULT).exists() => crate::real_cmd::load(Path::new(DEFAULT)),
-        None => Scenario::from_toml_str(DEFAULT_TEXT, DEFAULT).map_err(|e| InputError(anyhow!(e)).into()),
+        None => Scenario::from_toml_str(DEFAULT_TEXT, DEFAULT)
+            .map_err(|e| InputError(anyhow!(e)).into()),
     }
 }
 
@@ -59,8 +60,10 @@ fn progress_bar() -> Option<indicatif::ProgressBar> {
     }
     let b = indicatif::ProgressBar::new(0);
     b.set_style(
-        indicatif::ProgressStyle::with_template("{spinner} outer step {pos}/{len} {wide_bar} {msg}")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        indicatif::ProgressStyle::with_template(
+            "{spinner} outer step {pos}/{len} {wide_bar} {msg}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     Some(b)
 }

@@ -28,11 +28,7 @@ pub struct OuterConfig {
 
 impl Default for OuterConfig {
     fn default() -> Self {
-        OuterConfig {
-            lr: 0.7,
-            momentum: 0.9,
-            nesterov: true,
-        }
+        OuterConfig { lr: 0.7, momentum: 0.9, nesterov: true }
     }
 }
 
@@ -53,10 +49,7 @@ pub fn buckets_from_sizes<S: Into<String>>(
     sizes
         .into_iter()
         .map(|(name, len)| {
-            let b = Bucket {
-                name: name.into(),
-                range: at..at + len,
-            };
+            let b = Bucket { name: name.into(), range: at..at + len };
             at += len;
             b
         })
@@ -109,10 +102,7 @@ impl OuterState {
     ) -> Result<OuterState, DilocoError> {
         let n = weights.len();
         let buckets = if buckets.is_empty() {
-            vec![Bucket {
-                name: "all".into(),
-                range: 0..n,
-            }]
+            vec![Bucket { name: "all".into(), range: 0..n }]
         } else {
             buckets
         };
@@ -129,11 +119,7 @@ impl OuterState {
         }
         if at != n {
             let last = buckets.last().map(|b| b.name.clone()).unwrap_or_default();
-            return Err(DilocoError::Buckets {
-                len: n,
-                name: last,
-                start: at,
-            });
+            return Err(DilocoError::Buckets { len: n, name: last, start: at });
         }
         Ok(OuterState {
             cfg,
@@ -252,16 +238,9 @@ impl OuterState {
     /// semantics (`buf = m*buf + g`; Nesterov: `outer -= lr*(g + m*buf)`; else `outer -= lr*buf`).
     /// Afterwards the backend copies [`outer`](Self::outer) into the inner model.
     pub fn apply_outer_step(&mut self) {
-        let OuterConfig {
-            lr,
-            momentum: m,
-            nesterov,
-        } = self.cfg;
-        for ((w, buf), &g) in self
-            .outer
-            .iter_mut()
-            .zip(&mut self.momentum)
-            .zip(&self.pseudo_gradient)
+        let OuterConfig { lr, momentum: m, nesterov } = self.cfg;
+        for ((w, buf), &g) in
+            self.outer.iter_mut().zip(&mut self.momentum).zip(&self.pseudo_gradient)
         {
             *buf = m * *buf + g;
             let d = if nesterov { g + m * *buf } else { *buf };
@@ -282,11 +261,7 @@ impl OuterState {
         if got == self.outer.len() {
             Ok(())
         } else {
-            Err(DilocoError::Length {
-                what,
-                expected: self.outer.len(),
-                got,
-            })
+            Err(DilocoError::Length { what, expected: self.outer.len(), got })
         }
     }
 }
@@ -313,13 +288,8 @@ mod tests {
             })
             .collect();
         for (r, s) in states.iter_mut().enumerate() {
-            s.compute_pseudo_gradient(&vec![(r as f32 + 1.0) / 2.0; n])
-                .unwrap();
-            assert!(
-                s.pseudo_gradient()
-                    .iter()
-                    .all(|&g| g == (r as f32 + 1.0) / 2.0)
-            );
+            s.compute_pseudo_gradient(&vec![(r as f32 + 1.0) / 2.0; n]).unwrap();
+            assert!(s.pseudo_gradient().iter().all(|&g| g == (r as f32 + 1.0) / 2.0));
         }
         // Average the pseudo-gradients with the ring (fp32), as the backends do.
         {
@@ -362,11 +332,7 @@ mod tests {
     #[test]
     fn second_nesterov_step_uses_the_momentum() {
         let mut s = OuterState::new(
-            OuterConfig {
-                lr: 0.5,
-                momentum: 0.9,
-                nesterov: true,
-            },
+            OuterConfig { lr: 0.5, momentum: 0.9, nesterov: true },
             vec![0.0],
             vec![],
         )
@@ -378,11 +344,7 @@ mod tests {
         assert!((s.outer()[0] + 3.255).abs() < 1e-6, "{}", s.outer()[0]);
         assert!((s.momentum()[0] - 2.9).abs() < 1e-6);
         let mut plain = OuterState::new(
-            OuterConfig {
-                lr: 0.5,
-                momentum: 0.9,
-                nesterov: false,
-            },
+            OuterConfig { lr: 0.5, momentum: 0.9, nesterov: false },
             vec![0.0],
             vec![],
         )
@@ -435,11 +397,7 @@ mod tests {
         let mut s = OuterState::new(OuterConfig::default(), vec![0.0; 2], vec![]).unwrap();
         assert_eq!(
             s.compute_pseudo_gradient(&[1.0]),
-            Err(DilocoError::Length {
-                what: "inner weights",
-                expected: 2,
-                got: 1
-            })
+            Err(DilocoError::Length { what: "inner weights", expected: 2, got: 1 })
         );
     }
 }

@@ -48,10 +48,7 @@ impl Time {
 impl Add<Duration> for Time {
     type Output = Time;
     fn add(self, d: Duration) -> Time {
-        Time(
-            self.0
-                .saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
-        )
+        Time(self.0.saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)))
     }
 }
 
@@ -83,10 +80,7 @@ mod tests {
     fn arithmetic_saturates() {
         let t = Time::from_secs_f64(1.5);
         assert_eq!(t.as_nanos(), 1_500_000_000);
-        assert_eq!(
-            t + Duration::from_millis(500),
-            Time::from_nanos(2_000_000_000)
-        );
+        assert_eq!(t + Duration::from_millis(500), Time::from_nanos(2_000_000_000));
         assert_eq!(Time::ZERO - t, Duration::ZERO);
         assert_eq!(Time::MAX + Duration::from_secs(1), Time::MAX);
         assert_eq!(Time::from_secs_f64(-3.0), Time::ZERO);

@@ -118,10 +118,7 @@ pub struct Frame {
 impl Frame {
     /// A control frame with an empty body.
     pub fn control(msg: crate::mesh::MeshMsg) -> Frame {
-        Frame {
-            header: Header::Mesh(msg),
-            body: Body::empty(),
-        }
+        Frame { header: Header::Mesh(msg), body: Body::empty() }
     }
 
     /// Bytes this frame occupies on a link (body plus a fixed header allowance).

@@ -7,7 +7,9 @@
 use crate::node::MetricsLine;
 use crate::tcp::{TcpConfig, TcpError, TcpTransport};
 use loco_core::ids::NodeId;
-use loco_core::mesh::{Coordinator, CoordinatorAction, MeshConfig, MeshEvent, MeshMsg, padded_frame};
+use loco_core::mesh::{
+    Coordinator, CoordinatorAction, MeshConfig, MeshEvent, MeshMsg, padded_frame,
+};
 use loco_core::metrics::{EventKind, EventRow};
 use loco_core::time::Time;
 use loco_core::transport::{Header, Transport};
@@ -95,12 +97,18 @@ pub async fn run_coordinator(
     };
     let name = |n: NodeId| opts.names.get(&n).cloned().unwrap_or_else(|| n.to_string());
     let mut write = |e: EventRow| -> Result<(), CoordinatorError> {
-        tracing::info!(kind = e.kind.as_str(), node = e.node.as_deref().unwrap_or(""), "{}", e.detail);
+        tracing::info!(
+            kind = e.kind.as_str(),
+            node = e.node.as_deref().unwrap_or(""),
+            "{}",
+            e.detail
+        );
         if let Some(f) = metrics.as_mut() {
             let mut s = serde_json::to_string(&MetricsLine::Event(e)).expect("serialise");
             s.push('\n');
             let path = opts.metrics.clone().unwrap_or_default();
-            f.write_all(s.as_bytes()).map_err(|source| CoordinatorError::Metrics { path, source })?;
+            f.write_all(s.as_bytes())
+                .map_err(|source| CoordinatorError::Metrics { path, source })?;
         }
         Ok(())
     };
@@ -116,7 +124,13 @@ pub async fn run_coordinator(
             match a {
                 CoordinatorAction::Send { to, msg } => {
                     // Members dial each other after these: make sure they know where.
-                    if matches!(msg, MeshMsg::Release { .. } | MeshMsg::Sync { .. } | MeshMsg::View { .. } | MeshMsg::ProbeRequest { .. }) {
+                    if matches!(
+                        msg,
+                        MeshMsg::Release { .. }
+                            | MeshMsg::Sync { .. }
+                            | MeshMsg::View { .. }
+                            | MeshMsg::ProbeRequest { .. }
+                    ) {
                         let dir = t.peer_addrs();
                         if sent_dirs.get(&to) != Some(&dir) {
                             let entries = dir.iter().map(|(k, v)| (*k, *v)).collect();
@@ -140,12 +154,18 @@ pub async fn run_coordinator(
                         r
                     };
                     match &ev {
-                        MeshEvent::JoinQueued { node, .. } => write(row(EventKind::JoinRequest, Some(*node), ev.to_string()))?,
+                        MeshEvent::JoinQueued { node, .. } => {
+                            write(row(EventKind::JoinRequest, Some(*node), ev.to_string()))?
+                        }
                         MeshEvent::EpochFormed { admitted, evicted, .. } => {
                             epochs += 1;
                             write(row(EventKind::Epoch, None, ev.to_string()))?;
                             for a in admitted {
-                                write(row(EventKind::Join, Some(*a), format!("admitted into {}", c.epoch())))?;
+                                write(row(
+                                    EventKind::Join,
+                                    Some(*a),
+                                    format!("admitted into {}", c.epoch()),
+                                ))?;
                             }
                             for (n, why) in evicted {
                                 write(row(EventKind::Evict, Some(*n), why.to_string()))?;

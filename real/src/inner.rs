@@ -70,7 +70,9 @@ impl Quadratic {
     pub fn new(n: usize, seed: u64, node: u32) -> Quadratic {
         let mut start = ChaCha8Rng::seed_from_u64(seed);
         let x = (0..n).map(|_| sample(&mut start)).collect();
-        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ (u64::from(node) + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let mut rng = ChaCha8Rng::seed_from_u64(
+            seed ^ (u64::from(node) + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+        );
         let target = (0..n).map(|_| 1.0 + 0.5 * sample(&mut rng)).collect();
         Quadratic { x, target, lr: 0.05, noise: 0.01, rng }
     }
@@ -109,7 +111,10 @@ impl InnerLoop for Quadratic {
             loss += 0.5 * f64::from(g * g);
             *x -= self.lr * (g + self.noise * sample(&mut self.rng));
         }
-        Ok(InnerStats { loss: Some(loss / self.x.len().max(1) as f64), tokens: self.x.len() as u64 })
+        Ok(InnerStats {
+            loss: Some(loss / self.x.len().max(1) as f64),
+            tokens: self.x.len() as u64,
+        })
     }
 }
 

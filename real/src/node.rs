@@ -310,7 +310,8 @@ impl<L: InnerLoop> Worker<L> {
     }
 
     fn event(&mut self, kind: EventKind, detail: String) -> Result<(), WorkerError> {
-        let mut e = EventRow::new(self.clock.secs(), kind).node(self.opts.name.clone()).detail(detail);
+        let mut e =
+            EventRow::new(self.clock.secs(), kind).node(self.opts.name.clone()).detail(detail);
         if let Some(ep) = self.member.epoch() {
             e = e.epoch(ep.0);
         }
@@ -319,9 +320,10 @@ impl<L: InnerLoop> Worker<L> {
     }
 
     fn params(&self) -> Result<Vec<f32>, WorkerError> {
-        let inner = self.inner.as_ref().ok_or_else(|| {
-            InnerError::Backend("the inner loop is busy computing".into())
-        })?;
+        let inner = self
+            .inner
+            .as_ref()
+            .ok_or_else(|| InnerError::Backend("the inner loop is busy computing".into()))?;
         let mut p = vec![0.0f32; inner.num_params()];
         inner.params_into(&mut p)?;
         Ok(p)
@@ -329,9 +331,10 @@ impl<L: InnerLoop> Worker<L> {
 
     /// `pseudo_gradient = outer - inner`, written in place (no copy of the weights).
     fn refresh_pseudo_gradient(&mut self) -> Result<(), WorkerError> {
-        let inner = self.inner.as_ref().ok_or_else(|| {
-            InnerError::Backend("the inner loop is busy computing".into())
-        })?;
+        let inner = self
+            .inner
+            .as_ref()
+            .ok_or_else(|| InnerError::Backend("the inner loop is busy computing".into()))?;
         let outer = self.outer.as_mut().ok_or(InnerError::Backend("no outer state".into()))?;
         outer.compute_pseudo_gradient_with(|buf| inner.params_into(buf))?;
         Ok(())
@@ -380,7 +383,10 @@ impl<L: InnerLoop> Worker<L> {
             }
             MemberAction::Admitted { epoch, outer_step } => {
                 self.ensure_outer()?;
-                self.event(EventKind::Admit, format!("admitted in {epoch} at outer step {outer_step}"))?;
+                self.event(
+                    EventKind::Admit,
+                    format!("admitted in {epoch} at outer step {outer_step}"),
+                )?;
             }
             MemberAction::EpochChanged { epoch, members } => {
                 self.event(EventKind::Epoch, format!("{epoch}: {} members", members.len()))?;
@@ -388,7 +394,9 @@ impl<L: InnerLoop> Worker<L> {
             MemberAction::Compute { outer_step, .. } => {
                 self.ensure_outer()?;
                 let inner = self.inner.take().ok_or_else(|| {
-                    InnerError::Backend(format!("asked to compute step {outer_step} while computing"))
+                    InnerError::Backend(format!(
+                        "asked to compute step {outer_step} while computing"
+                    ))
                 })?;
                 self.step = StepClock { start: self.clock.secs(), ..StepClock::default() };
                 let h = self.opts.inner_steps;
@@ -406,8 +414,17 @@ impl<L: InnerLoop> Worker<L> {
                 return Ok(Some(handle));
             }
             MemberAction::FetchState { epoch, senders } => {
-                self.event(EventKind::RecoveryStart, format!("receiving the state from {senders:?}"))?;
-                self.fetch = Some(Fetch { epoch, started: self.clock.secs(), buf: Vec::new(), got: Vec::new(), digest: None });
+                self.event(
+                    EventKind::RecoveryStart,
+                    format!("receiving the state from {senders:?}"),
+                )?;
+                self.fetch = Some(Fetch {
+                    epoch,
+                    started: self.clock.secs(),
+                    buf: Vec::new(),
+                    got: Vec::new(),
+                    digest: None,
+                });
             }
             MemberAction::SendState { epoch, to } => self.send_state(epoch, to).await?,
             MemberAction::StartAllReduce(start) => self.start_ring(start).await?,
@@ -419,24 +436,37 @@ impl<L: InnerLoop> Worker<L> {
                             o.put_pseudo_gradient(g)?;
                         }
                         self.step.retries += 1;
-                        self.event(EventKind::Retry, format!("all-reduce {epoch}/op {op} aborted"))?;
+                        self.event(
+                            EventKind::Retry,
+                            format!("all-reduce {epoch}/op {op} aborted"),
+                        )?;
                     } else {
                         self.ring = Some((ring, s));
                     }
                 }
-                self.early.retain(|(_, f)| matches!(&f.header, Header::Collective(h) if h.epoch > epoch));
+                self.early
+                    .retain(|(_, f)| matches!(&f.header, Header::Collective(h) if h.epoch > epoch));
             }
             MemberAction::Commit { epoch, outer_step } => {
-                let outer = self.outer.as_mut().ok_or(InnerError::Backend("commit without outer state".into()))?;
+                let outer = self
+                    .outer
+                    .as_mut()
+                    .ok_or(InnerError::Backend("commit without outer state".into()))?;
                 outer.apply_outer_step();
                 let hash = self.sync_inner_to_outer()?;
                 self.finish_step(epoch, outer_step, hash)?;
             }
             MemberAction::SkipStep { epoch, outer_step, attempts } => {
-                let outer = self.outer.as_mut().ok_or(InnerError::Backend("skip without outer state".into()))?;
+                let outer = self
+                    .outer
+                    .as_mut()
+                    .ok_or(InnerError::Backend("skip without outer state".into()))?;
                 outer.skip_outer_step();
                 let hash = self.sync_inner_to_outer()?;
-                self.event(EventKind::SkipStep, format!("outer step {outer_step} skipped after {attempts} attempts"))?;
+                self.event(
+                    EventKind::SkipStep,
+                    format!("outer step {outer_step} skipped after {attempts} attempts"),
+                )?;
                 self.finish_step(epoch, outer_step, hash)?;
             }
             MemberAction::Stop(reason) => {
@@ -470,7 +500,12 @@ impl<L: InnerLoop> Worker<L> {
         Ok(())
     }
 
-    fn finish_step(&mut self, epoch: Epoch, outer_step: u64, hash: String) -> Result<(), WorkerError> {
+    fn finish_step(
+        &mut self,
+        epoch: Epoch,
+        outer_step: u64,
+        hash: String,
+    ) -> Result<(), WorkerError> {
         let end = self.clock.secs();
         let s = &self.step;
         let compute_s = (s.compute_end - s.start).max(0.0);
@@ -540,7 +575,10 @@ impl<L: InnerLoop> Worker<L> {
             let Some((to, f)) = ring.poll_send() else { break };
             if !self.send(to, f).await {
                 let (ring, s) = self.ring.take().expect("ring");
-                self.outer.as_mut().expect("outer").put_pseudo_gradient(ring.into_payload().unwrap_or_default())?;
+                self.outer
+                    .as_mut()
+                    .expect("outer")
+                    .put_pseudo_gradient(ring.into_payload().unwrap_or_default())?;
                 self.event(EventKind::AllreduceFailed, format!("{} unreachable", to))?;
                 let _ = self.member.report_allreduce_failed(self.clock.now(), s.epoch, s.op);
                 return Ok(());
@@ -549,7 +587,10 @@ impl<L: InnerLoop> Worker<L> {
         let done = self.ring.as_ref().is_some_and(|(r, _)| r.is_done());
         if done {
             let (ring, s) = self.ring.take().expect("ring");
-            self.outer.as_mut().expect("outer").put_pseudo_gradient(ring.into_payload().unwrap_or_default())?;
+            self.outer
+                .as_mut()
+                .expect("outer")
+                .put_pseudo_gradient(ring.into_payload().unwrap_or_default())?;
             self.step.ring_end = self.clock.secs();
             let _ = self.member.report_allreduce_done(self.clock.now(), s.epoch, s.op);
         }
@@ -613,7 +654,8 @@ impl<L: InnerLoop> Worker<L> {
             momentum: outer.momentum().to_vec(),
             inner,
         };
-        let bytes = postcard::to_allocvec(&state).map_err(|e| InnerError::Backend(e.to_string()))?;
+        let bytes =
+            postcard::to_allocvec(&state).map_err(|e| InnerError::Backend(e.to_string()))?;
         let digest = blake3::hash(&bytes).to_hex().to_string();
         let bytes = Bytes::from(bytes);
         let total = bytes.len() as u64;

@@ -53,7 +53,8 @@ pub(crate) fn run(args: &AllreduceBenchArgs) -> Result<AllreduceBenchReport> {
     let ring: Vec<NodeId> = (0..args.world as u32).map(NodeId).collect();
     let inputs: Vec<Vec<f32>> = (0..args.world)
         .map(|r| {
-            let mut rng = ChaCha8Rng::seed_from_u64(args.seed.wrapping_mul(1000).wrapping_add(r as u64));
+            let mut rng =
+                ChaCha8Rng::seed_from_u64(args.seed.wrapping_mul(1000).wrapping_add(r as u64));
             (0..args.elements)
                 .map(|_| {
                     let v: f64 = StandardNormal.sample(&mut rng);
@@ -80,16 +81,15 @@ pub(crate) fn run(args: &AllreduceBenchArgs) -> Result<AllreduceBenchReport> {
     let stats = stats.into_iter().collect::<Result<Vec<_>, _>>()?;
     let bytes_sent_per_rank = stats.iter().map(|s| s.body_bytes_sent).max().unwrap_or(0);
     let per_value = args.codec.codec().encoded_len(1 << 20) as f64 / f64::from(1 << 20);
-    let ring_formula_bytes = 2.0 * (args.world as f64 - 1.0) / args.world as f64
-        * args.elements as f64
-        * per_value;
-    let (num, den) = data[0].iter().zip(&exact).fold((0.0, 0.0), |(n, d), (g, w)| {
-        (n + (f64::from(*g) - w).powi(2), d + w * w)
-    });
+    let ring_formula_bytes =
+        2.0 * (args.world as f64 - 1.0) / args.world as f64 * args.elements as f64 * per_value;
+    let (num, den) = data[0]
+        .iter()
+        .zip(&exact)
+        .fold((0.0, 0.0), |(n, d), (g, w)| (n + (f64::from(*g) - w).powi(2), d + w * w));
     let rel_rms_error = if den > 0.0 { (num / den).sqrt() } else { num.sqrt() };
-    let replicas_identical = data.iter().all(|d| {
-        d.iter().zip(&data[0]).all(|(a, b)| a.to_bits() == b.to_bits())
-    });
+    let replicas_identical =
+        data.iter().all(|d| d.iter().zip(&data[0]).all(|(a, b)| a.to_bits() == b.to_bits()));
     Ok(AllreduceBenchReport {
         backend: "memory",
         codec: args.codec.to_string(),
@@ -133,8 +133,14 @@ mod tests {
     #[test]
     fn small_run_reports_sane_figures() {
         for codec in [CodecKind::Fp32, CodecKind::Uint8] {
-            let r = run(&AllreduceBenchArgs { world: 3, elements: 30_000, codec, segment: 4096, seed: 1 })
-                .unwrap();
+            let r = run(&AllreduceBenchArgs {
+                world: 3,
+                elements: 30_000,
+                codec,
+                segment: 4096,
+                seed: 1,
+            })
+            .unwrap();
             assert!(r.replicas_identical);
             assert!(r.seconds > 0.0);
             let limit = if codec == CodecKind::Fp32 { 1e-6 } else { 0.03 };
@@ -143,9 +149,13 @@ mod tests {
             // segment.
             let planned = (0..3)
                 .map(|rank| {
-                    loco_core::allreduce::schedule::bytes_sent_per_rank(30_000, 3, rank, 4096, |k| {
-                        codec.codec().encoded_len(k)
-                    })
+                    loco_core::allreduce::schedule::bytes_sent_per_rank(
+                        30_000,
+                        3,
+                        rank,
+                        4096,
+                        |k| codec.codec().encoded_len(k),
+                    )
                 })
                 .max()
                 .unwrap();
@@ -217,13 +227,14 @@ pub(crate) fn run_rank(a: &crate::cli::AllreduceRank) -> Result<RankResult> {
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
         anyhow::Ok((seconds, stats))
     })
-    .and_then(|(seconds, stats)| {
+    .map(|(seconds, stats)| {
         let mut h = blake3::Hasher::new();
         for v in &data {
             h.update(&v.to_bits().to_le_bytes());
         }
         let rel_rms_error = (a.rank == 0).then(|| {
-            let inputs: Vec<Vec<f32>> = (0..world).map(|r| rank_input(a.seed, r, a.elements)).collect();
+            let inputs: Vec<Vec<f32>> =
+                (0..world).map(|r| rank_input(a.seed, r, a.elements)).collect();
             let (mut num, mut den) = (0.0f64, 0.0f64);
             for (i, g) in data.iter().enumerate() {
                 let w = inputs.iter().map(|x| f64::from(x[i])).sum::<f64>() / world as f64;
@@ -232,14 +243,14 @@ pub(crate) fn run_rank(a: &crate::cli::AllreduceRank) -> Result<RankResult> {
             }
             (num / den.max(f64::MIN_POSITIVE)).sqrt()
         });
-        Ok(RankResult {
+        RankResult {
             rank: a.rank,
             seconds,
             body_bytes_sent: stats.body_bytes_sent,
             result_hash: h.finalize().to_hex()[..16].to_string(),
             rel_rms_error,
             peak_rss_bytes: loco_real::node::peak_rss_bytes(),
-        })
+        }
     })
 }
 

@@ -6,7 +6,15 @@ use crate::common::{TestContext, stderr, stdout};
 fn bench_allreduce_json_has_the_contract_fields() {
     let ctx = TestContext::new();
     let out = ctx.loco(&[
-        "bench", "allreduce", "--world", "4", "--elements", "100000", "--codec", "uint8", "--json",
+        "bench",
+        "allreduce",
+        "--world",
+        "4",
+        "--elements",
+        "100000",
+        "--codec",
+        "uint8",
+        "--json",
     ]);
     assert!(out.status.success(), "stderr: {}", stderr(&out));
     let v: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("JSON");
@@ -25,7 +33,8 @@ fn bench_allreduce_json_has_the_contract_fields() {
 #[test]
 fn bench_codec_prints_memcpy_and_ratios() {
     let ctx = TestContext::new();
-    let out = ctx.loco(&["bench", "codec", "--elements", "65536", "--repeats", "1", "--threads", "2"]);
+    let out =
+        ctx.loco(&["bench", "codec", "--elements", "65536", "--repeats", "1", "--threads", "2"]);
     assert!(out.status.success(), "stderr: {}", stderr(&out));
     let text = stdout(&out);
     for needle in ["memcpy", "uint8", "int8-block", "fp16", "bf16", "fp32"] {

@@ -7,15 +7,16 @@ fn csv_rows(path: &std::path::Path) -> Vec<BTreeMap<String, String>> {
     let text = std::fs::read_to_string(path).expect("csv");
     let mut lines = text.lines();
     let header: Vec<String> = lines.next().unwrap().split(',').map(str::to_string).collect();
-    lines
-        .map(|l| header.iter().cloned().zip(l.split(',').map(str::to_string)).collect())
-        .collect()
+    lines.map(|l| header.iter().cloned().zip(l.split(',').map(str::to_string)).collect()).collect()
 }
 
 fn hashes_agree(rows: &[BTreeMap<String, String>]) -> usize {
     let mut by_step: BTreeMap<u64, Vec<String>> = BTreeMap::new();
     for r in rows {
-        by_step.entry(r["outer_step"].parse().unwrap()).or_default().push(r["weights_hash"].clone());
+        by_step
+            .entry(r["outer_step"].parse().unwrap())
+            .or_default()
+            .push(r["weights_hash"].clone());
     }
     for (step, hs) in &by_step {
         assert!(hs.iter().all(|h| h == &hs[0] && !h.is_empty()), "step {step}: {hs:?}");
@@ -71,7 +72,10 @@ fn launch_trains_the_tiny_model_across_processes_with_a_crash_and_a_join() {
     let nodes: std::collections::BTreeSet<&str> = rows.iter().map(|r| r["node"].as_str()).collect();
     assert!(nodes.contains("late") && nodes.contains("n-0") && nodes.contains("n-1"), "{nodes:?}");
     let loss = |step: u64| -> f64 {
-        let r = rows.iter().find(|r| r["outer_step"] == step.to_string() && r["node"] == "n-0").unwrap();
+        let r = rows
+            .iter()
+            .find(|r| r["outer_step"] == step.to_string() && r["node"] == "n-0")
+            .unwrap();
         r["loss"].parse().unwrap()
     };
     assert!(loss(39) < loss(0) - 1.0, "loss {} -> {}", loss(0), loss(39));

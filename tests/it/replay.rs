@@ -25,7 +25,8 @@ fn replay_writes_the_run_and_a_report_whose_numbers_are_the_summarys() {
         serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
     assert_eq!(summary["backend"], "sim");
     assert_eq!(summary["invariants"]["ok"], true);
-    for plot in ["active_nodes", "allreduce_hist", "time_by_node", "time_by_step", "bytes_per_step"] {
+    for plot in ["active_nodes", "allreduce_hist", "time_by_node", "time_by_step", "bytes_per_step"]
+    {
         let png = std::fs::read(out.join(format!("{plot}.png"))).unwrap();
         assert!(png.starts_with(b"\x89PNG\r\n\x1a\n") && png.len() > 2000, "{plot}.png");
         let svg = std::fs::read_to_string(out.join(format!("{plot}.svg"))).unwrap();
@@ -75,7 +76,10 @@ fn a_bad_scenario_exits_2_naming_file_line_field_and_expectation() {
     let o = replay(&ctx, bad.to_str().unwrap(), &out, &[]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let err = stderr(&o);
-    assert!(err.contains("bad.toml:") && err.contains("bandwidth") && err.contains("expected a rate"), "{err}");
+    assert!(
+        err.contains("bad.toml:") && err.contains("bandwidth") && err.contains("expected a rate"),
+        "{err}"
+    );
     assert!(!out.join("summary.json").exists(), "nothing written for bad input");
     let o = ctx.loco(&["replay", "no/such/file.toml"]);
     assert_eq!(o.status.code(), Some(2));

@@ -36,15 +36,7 @@ pub struct RingConfig {
 impl RingConfig {
     /// A configuration with shard 0 and the default segment size.
     pub fn new(epoch: Epoch, op: u64, ring: Vec<NodeId>, me: NodeId, codec: CodecKind) -> Self {
-        RingConfig {
-            epoch,
-            op,
-            shard: 0,
-            ring,
-            me,
-            codec,
-            segment_elems: DEFAULT_SEGMENT_ELEMS,
-        }
+        RingConfig { epoch, op, shard: 0, ring, me, codec, segment_elems: DEFAULT_SEGMENT_ELEMS }
     }
 }
 
@@ -278,14 +270,7 @@ impl<'a> RingAllReduce<'a> {
                 let range = self.segment(chunk, seg);
                 self.load_weighted_own(range.clone());
                 let body = self.encode_scratch(range.len());
-                self.frame(
-                    Phase::ReduceScatter,
-                    0,
-                    chunk,
-                    seg,
-                    f64::from(self.weight),
-                    body,
-                )
+                self.frame(Phase::ReduceScatter, 0, chunk, seg, f64::from(self.weight), body)
             }
         };
         self.stats.body_bytes_sent += frame.body.len();
@@ -301,16 +286,10 @@ impl<'a> RingAllReduce<'a> {
         };
         if h.epoch < self.cfg.epoch {
             self.stats.stale_rejected += 1;
-            return Err(RingError::StaleEpoch {
-                got: h.epoch,
-                current: self.cfg.epoch,
-            });
+            return Err(RingError::StaleEpoch { got: h.epoch, current: self.cfg.epoch });
         }
         if h.epoch > self.cfg.epoch {
-            return Err(RingError::FutureEpoch {
-                got: h.epoch,
-                current: self.cfg.epoch,
-            });
+            return Err(RingError::FutureEpoch { got: h.epoch, current: self.cfg.epoch });
         }
         if h.op != self.cfg.op || h.shard != self.cfg.shard {
             return Err(RingError::WrongOp {
@@ -322,10 +301,7 @@ impl<'a> RingAllReduce<'a> {
         }
         let unexpected = |reason: String| RingError::Unexpected { from, reason };
         if from != self.left {
-            return Err(unexpected(format!(
-                "expected frames only from {}",
-                self.left
-            )));
+            return Err(unexpected(format!("expected frames only from {}", self.left)));
         }
         let step = usize::from(h.step);
         if step + 1 >= self.world {
@@ -369,10 +345,7 @@ impl<'a> RingAllReduce<'a> {
             Phase::AllGather => &mut self.got_ag[idx],
         };
         if *got {
-            return Err(unexpected(format!(
-                "{:?} step {step} segment {seg} twice",
-                h.phase
-            )));
+            return Err(unexpected(format!("{:?} step {step} segment {seg} twice", h.phase)));
         }
         *got = true;
         self.remaining -= 1;
@@ -403,7 +376,13 @@ impl<'a> RingAllReduce<'a> {
                         self.scratch.resize(n, 0.0);
                     }
                     let mut out = vec![0u8; self.codec.encoded_len(n)];
-                    self.codec.reduce_encode(b, &own[range], self.weight, &mut self.scratch, &mut out);
+                    self.codec.reduce_encode(
+                        b,
+                        &own[range],
+                        self.weight,
+                        &mut self.scratch,
+                        &mut out,
+                    );
                     Body::Bytes(Bytes::from(out))
                 }
                 _ => Body::Virtual(self.codec.encoded_len(n) as u64),
@@ -452,14 +431,7 @@ impl<'a> RingAllReduce<'a> {
         if step + 2 < self.world {
             debug_assert_eq!(ag_send_chunk(self.world, self.rank, step + 1), chunk);
             // Forward the owner's bytes unchanged (a reference-counted clone, no copy).
-            let f = self.frame(
-                Phase::AllGather,
-                step + 1,
-                chunk,
-                seg,
-                h.weight_sum,
-                body.clone(),
-            );
+            let f = self.frame(Phase::AllGather, step + 1, chunk, seg, h.weight_sum, body.clone());
             self.queue.push_back(Pending::Ready(f));
         }
     }

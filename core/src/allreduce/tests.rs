@@ -14,9 +14,7 @@ use std::collections::VecDeque;
 
 fn ids(w: usize) -> Vec<NodeId> {
     // A ring order that is not the identity, to exercise rank lookup.
-    (0..w)
-        .map(|i| NodeId(((w - i) % w) as u32 + 10))
-        .collect()
+    (0..w).map(|i| NodeId(((w - i) % w) as u32 + 10)).collect()
 }
 
 fn gaussian(n: usize, seed: u64, scale: f32) -> Vec<f32> {
@@ -33,9 +31,7 @@ fn gaussian(n: usize, seed: u64, scale: f32) -> Vec<f32> {
 /// Bounded: fails on more frames than the schedule can produce.
 fn pump(machines: &mut [RingAllReduce<'_>]) -> Vec<RingStats> {
     let index = |id: NodeId, ms: &[RingAllReduce<'_>]| {
-        ms.iter()
-            .position(|m| m.config().me == id)
-            .expect("known node")
+        ms.iter().position(|m| m.config().me == id).expect("known node")
     };
     let mut wire: VecDeque<(NodeId, NodeId, Frame)> = VecDeque::new();
     let mut budget = 10_000_000usize;
@@ -111,25 +107,14 @@ fn exact_average(inputs: &[Vec<f32>], weights: &[f32]) -> Vec<f64> {
 }
 
 fn rel_rms(got: &[f32], want: &[f64]) -> f64 {
-    let num: f64 = got
-        .iter()
-        .zip(want)
-        .map(|(g, w)| (f64::from(*g) - w).powi(2))
-        .sum();
+    let num: f64 = got.iter().zip(want).map(|(g, w)| (f64::from(*g) - w).powi(2)).sum();
     let den: f64 = want.iter().map(|w| w * w).sum();
-    if den == 0.0 {
-        num.sqrt()
-    } else {
-        (num / den).sqrt()
-    }
+    if den == 0.0 { num.sqrt() } else { (num / den).sqrt() }
 }
 
 fn assert_identical(results: &[Vec<f32>]) {
     for r in &results[1..] {
-        let same = r
-            .iter()
-            .zip(&results[0])
-            .all(|(a, b)| a.to_bits() == b.to_bits());
+        let same = r.iter().zip(&results[0]).all(|(a, b)| a.to_bits() == b.to_bits());
         assert!(same, "replicas differ");
     }
 }
@@ -137,9 +122,7 @@ fn assert_identical(results: &[Vec<f32>]) {
 #[test]
 fn fp32_ring_is_exact_up_to_summation_order() {
     for world in [1usize, 2, 4, 8] {
-        let inputs: Vec<Vec<f32>> = (0..world)
-            .map(|r| gaussian(100_003, r as u64, 10.0))
-            .collect();
+        let inputs: Vec<Vec<f32>> = (0..world).map(|r| gaussian(100_003, r as u64, 10.0)).collect();
         let weights = vec![1.0; world];
         let (out, _) = reduce(&inputs, &weights, CodecKind::Fp32, 4096);
         assert_identical(&out);
@@ -154,9 +137,7 @@ fn uint8_ring_is_within_three_percent_and_replicas_agree() {
     // reference.md test case 3: N = 1e6, inputs N(0,1) x 10. W = 4 must be within 3%.
     let n = 1_000_000;
     for world in [1usize, 2, 4, 8] {
-        let inputs: Vec<Vec<f32>> = (0..world)
-            .map(|r| gaussian(n, 100 + r as u64, 10.0))
-            .collect();
+        let inputs: Vec<Vec<f32>> = (0..world).map(|r| gaussian(n, 100 + r as u64, 10.0)).collect();
         let weights = vec![1.0; world];
         let (out, _) = reduce(&inputs, &weights, CodecKind::Uint8, 1 << 18);
         assert_identical(&out);
@@ -193,11 +174,7 @@ fn bytes_on_the_wire_are_two_w_minus_one_over_w_of_the_payload() {
             let (_, stats) = reduce(&inputs, &vec![1.0; world], codec, seg);
             let per_value = if codec == CodecKind::Fp32 { 4 } else { 1 };
             let segments_sent = 2 * (world - 1) * (n / world).div_ceil(seg);
-            let tables = if codec == CodecKind::Uint8 {
-                1024 * segments_sent
-            } else {
-                0
-            };
+            let tables = if codec == CodecKind::Uint8 { 1024 * segments_sent } else { 0 };
             let want = (2 * (world - 1) * per_value * n / world + tables) as u64;
             for (r, s) in stats.iter().enumerate() {
                 assert_eq!(s.body_bytes_sent, want, "world {world} rank {r} {codec}");
@@ -215,11 +192,7 @@ fn weights_divide_by_their_sum_and_weight_zero_is_ignored_even_if_nan() {
     let inputs = vec![vec![1.0f32; 9], vec![f32::NAN; 9], vec![4.0f32; 9]];
     let (out, _) = reduce(&inputs, &[1.0, 0.0, 2.0], CodecKind::Fp32, 2);
     assert_identical(&out);
-    assert!(
-        out[1].iter().all(|&v| v == 3.0),
-        "(1*1 + 2*4) / 3 = 3, got {:?}",
-        out[1]
-    );
+    assert!(out[1].iter().all(|&v| v == 3.0), "(1*1 + 2*4) / 3 = 3, got {:?}", out[1]);
     // Every weight zero: a defined result of zeros, never a division by zero.
     let (out, _) = reduce(&inputs, &[0.0, 0.0, 0.0], CodecKind::Fp32, 4);
     assert!(out.iter().flatten().all(|&v| v == 0.0));
@@ -265,22 +238,13 @@ fn stale_and_misrouted_frames_are_rejected_without_effect() {
     }
     assert_eq!(
         mb.handle_frame(ring[0], &stale),
-        Err(RingError::StaleEpoch {
-            got: Epoch(2),
-            current: Epoch(3)
-        })
+        Err(RingError::StaleEpoch { got: Epoch(2), current: Epoch(3) })
     );
     assert_eq!(mb.stats().stale_rejected, 1);
-    assert!(matches!(
-        mb.handle_frame(ring[2], &f),
-        Err(RingError::Unexpected { .. })
-    ));
+    assert!(matches!(mb.handle_frame(ring[2], &f), Err(RingError::Unexpected { .. })));
     assert!(mb.poll_send().is_some(), "b's own first segment");
     mb.handle_frame(ring[0], &f).unwrap();
-    assert!(matches!(
-        mb.handle_frame(ring[0], &f),
-        Err(RingError::Unexpected { .. })
-    ));
+    assert!(matches!(mb.handle_frame(ring[0], &f), Err(RingError::Unexpected { .. })));
     f.body = Body::Bytes(bytes::Bytes::from_static(&[0; 3]));
     assert!(mb.handle_frame(ring[0], &f).is_err());
 }
@@ -295,12 +259,8 @@ fn received_segments_are_forwarded_before_later_segments_arrive() {
         .iter_mut()
         .zip(&ring)
         .map(|(d, &me)| {
-            RingAllReduce::new(
-                cfg(&ring, me, CodecKind::Fp32, 100),
-                Payload::Real(d),
-                Weight::ONE,
-            )
-            .unwrap()
+            RingAllReduce::new(cfg(&ring, me, CodecKind::Fp32, 100), Payload::Real(d), Weight::ONE)
+                .unwrap()
         })
         .collect();
     let (_, first) = ms[0].poll_send().unwrap();
@@ -308,9 +268,7 @@ fn received_segments_are_forwarded_before_later_segments_arrive() {
     ms[1].handle_frame(ring[0], &first).unwrap();
     let (to, next) = ms[1].poll_send().expect("forwarded at once");
     assert_eq!(to, ring[2]);
-    let Header::Collective(h) = next.header else {
-        panic!()
-    };
+    let Header::Collective(h) = next.header else { panic!() };
     assert_eq!((h.step, h.segment), (1, 0));
 }
 
@@ -333,10 +291,7 @@ fn virtual_mode_runs_the_same_schedule_with_lengths_only() {
     let stats = pump(&mut ms);
     let inputs: Vec<Vec<f32>> = (0..world).map(|r| gaussian(n, r as u64, 1.0)).collect();
     let (_, real) = reduce(&inputs, &[1.0; 4], CodecKind::Uint8, 1 << 16);
-    assert_eq!(
-        stats, real,
-        "virtual and real move the same frames and bytes"
-    );
+    assert_eq!(stats, real, "virtual and real move the same frames and bytes");
 }
 
 proptest! {
@@ -369,8 +324,12 @@ fn owned_payload_gives_the_same_result_back() {
         .iter()
         .zip(&ring)
         .map(|(x, &me)| {
-            RingAllReduce::new(cfg(&ring, me, CodecKind::Uint8, 100), Payload::Owned(x.clone()), Weight::ONE)
-                .unwrap()
+            RingAllReduce::new(
+                cfg(&ring, me, CodecKind::Uint8, 100),
+                Payload::Owned(x.clone()),
+                Weight::ONE,
+            )
+            .unwrap()
         })
         .collect();
     pump(&mut ms);

@@ -38,7 +38,14 @@ impl Codec for Fp32 {
     }
 
     /// One pass instead of three: read both inputs, write the output bytes.
-    fn reduce_encode(&self, src: &[u8], own: &[f32], weight: f32, _scratch: &mut [f32], dst: &mut [u8]) {
+    fn reduce_encode(
+        &self,
+        src: &[u8],
+        own: &[f32],
+        weight: f32,
+        _scratch: &mut [f32],
+        dst: &mut [u8],
+    ) {
         assert_eq!(src.len(), self.encoded_len(own.len()), "fp32 reduce: wrong buffer length");
         assert_eq!(dst.len(), src.len(), "fp32 reduce: wrong buffer length");
         let chunks = dst.chunks_exact_mut(4).zip(src.chunks_exact(4)).zip(own);

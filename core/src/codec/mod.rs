@@ -122,7 +122,14 @@ pub trait Codec: Send + Sync {
     ///
     /// # Panics
     /// When the lengths do not match as for `encode` and `decode`.
-    fn reduce_encode(&self, src: &[u8], own: &[f32], weight: f32, scratch: &mut [f32], dst: &mut [u8]) {
+    fn reduce_encode(
+        &self,
+        src: &[u8],
+        own: &[f32],
+        weight: f32,
+        scratch: &mut [f32],
+        dst: &mut [u8],
+    ) {
         let acc = &mut scratch[..own.len()];
         if weight == 0.0 {
             acc.fill(0.0);

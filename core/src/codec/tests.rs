@@ -221,7 +221,7 @@ proptest! {
 
 #[test]
 fn reduce_encode_equals_the_three_pass_form_for_every_codec() {
-    use super::{Codec, CodecKind};
+    use super::CodecKind;
     let own: Vec<f32> = (0..1000).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
     let other: Vec<f32> = (0..1000).map(|i| (i as f32 * 0.11).cos()).collect();
     for kind in CodecKind::ALL {
@@ -229,7 +229,8 @@ fn reduce_encode_equals_the_three_pass_form_for_every_codec() {
         let mut src = vec![0u8; c.encoded_len(other.len())];
         c.encode(&other, &mut src);
         for w in [0.0f32, 1.0, 0.5] {
-            let mut acc: Vec<f32> = own.iter().map(|o| if w == 0.0 { 0.0 } else { w * o }).collect();
+            let mut acc: Vec<f32> =
+                own.iter().map(|o| if w == 0.0 { 0.0 } else { w * o }).collect();
             c.decode_accumulate(&src, &mut acc);
             let mut want = vec![0u8; src.len()];
             c.encode(&acc, &mut want);

@@ -30,12 +30,7 @@ impl MemoryTransport {
     pub fn join(&self, id: NodeId) -> MemoryTransport {
         let (tx, rx) = mpsc::unbounded();
         self.peers.lock().expect("poisoned").insert(id, tx);
-        MemoryTransport {
-            id,
-            peers: self.peers.clone(),
-            inbox: rx,
-            sent_bytes: 0,
-        }
+        MemoryTransport { id, peers: self.peers.clone(), inbox: rx, sent_bytes: 0 }
     }
 }
 
@@ -54,12 +49,7 @@ pub fn network(ids: &[NodeId]) -> Vec<MemoryTransport> {
     for &id in ids {
         let (tx, rx) = mpsc::unbounded();
         peers.lock().expect("poisoned").insert(id, tx);
-        out.push(MemoryTransport {
-            id,
-            peers: peers.clone(),
-            inbox: rx,
-            sent_bytes: 0,
-        });
+        out.push(MemoryTransport { id, peers: peers.clone(), inbox: rx, sent_bytes: 0 });
     }
     out
 }
@@ -73,8 +63,7 @@ impl Transport for MemoryTransport {
         let len = frame.wire_len();
         let tx = self.peers.lock().expect("poisoned").get(&to).cloned();
         let tx = tx.ok_or(TransportError::Unreachable(to))?;
-        tx.unbounded_send((self.id, frame))
-            .map_err(|_| TransportError::Unreachable(to))?;
+        tx.unbounded_send((self.id, frame)).map_err(|_| TransportError::Unreachable(to))?;
         self.sent_bytes += len;
         Ok(())
     }
@@ -101,10 +90,7 @@ mod tests {
             segment: 0,
             weight_sum: 1.0,
         });
-        Frame {
-            header,
-            body: Body::Virtual(i),
-        }
+        Frame { header, body: Body::Virtual(i) }
     }
 
     #[tokio::test]
@@ -125,9 +111,6 @@ mod tests {
         assert_eq!(a.sent_bytes(), 3 * crate::transport::HEADER_WIRE_BYTES + 3);
         drop(b);
         let f = frame(9);
-        assert_eq!(
-            a.send(NodeId(1), f).await,
-            Err(TransportError::Unreachable(NodeId(1)))
-        );
+        assert_eq!(a.send(NodeId(1), f).await, Err(TransportError::Unreachable(NodeId(1))));
     }
 }
