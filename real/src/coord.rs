@@ -4,7 +4,7 @@
 //! the others before any message that may make it dial them. It ends the run (telling every
 //! member to stop) when the scenario's stop condition is reached.
 
-use crate::node::MetricsLine;
+use crate::node::{MetricsFile, MetricsLine};
 use crate::tcp::{TcpConfig, TcpError, TcpTransport};
 use loco_core::ids::NodeId;
 use loco_core::mesh::{
@@ -15,7 +15,6 @@ use loco_core::time::Time;
 use loco_core::transport::{Header, Transport};
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -60,13 +59,8 @@ pub enum CoordinatorError {
     #[error("transport: {0}")]
     Transport(#[from] loco_core::transport::TransportError),
     /// Writing the metrics.
-    #[error("writing metrics to {path}: {source}")]
-    Metrics {
-        /// The file.
-        path: PathBuf,
-        /// The error.
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Metrics(#[from] crate::node::MetricsError),
 }
 
 /// Binds the coordinator's socket; returns it with its address (for launchers that pick port 0).
@@ -84,17 +78,7 @@ pub async fn run_coordinator(
     let start = tokio::time::Instant::now();
     let now = || Time::from_nanos(start.elapsed().as_nanos() as u64);
     let secs = || opts.time_offset_s + start.elapsed().as_secs_f64();
-    let mut metrics = match &opts.metrics {
-        None => None,
-        Some(p) => {
-            if let Some(d) = p.parent() {
-                std::fs::create_dir_all(d)
-                    .map_err(|source| CoordinatorError::Metrics { path: p.clone(), source })?;
-            }
-            let f = std::fs::OpenOptions::new().create(true).append(true).open(p);
-            Some(f.map_err(|source| CoordinatorError::Metrics { path: p.clone(), source })?)
-        }
-    };
+    let mut metrics = MetricsFile::open(opts.metrics.as_deref())?;
     let name = |n: NodeId| opts.names.get(&n).cloned().unwrap_or_else(|| n.to_string());
     let mut write = |e: EventRow| -> Result<(), CoordinatorError> {
         tracing::info!(
@@ -104,11 +88,7 @@ pub async fn run_coordinator(
             e.detail
         );
         if let Some(f) = metrics.as_mut() {
-            let mut s = serde_json::to_string(&MetricsLine::Event(e)).expect("serialise");
-            s.push('\n');
-            let path = opts.metrics.clone().unwrap_or_default();
-            f.write_all(s.as_bytes())
-                .map_err(|source| CoordinatorError::Metrics { path, source })?;
+            f.write(&MetricsLine::Event(e))?;
         }
         Ok(())
     };

@@ -94,13 +94,47 @@ pub enum WorkerError {
     #[error("transport: {0}")]
     Transport(#[from] loco_core::transport::TransportError),
     /// Writing the metrics.
-    #[error("writing metrics to {path}: {source}")]
-    Metrics {
-        /// The file.
-        path: PathBuf,
-        /// The error.
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Metrics(#[from] MetricsError),
+}
+
+/// Writing a process's metrics file failed.
+#[derive(Debug, thiserror::Error)]
+#[error("writing metrics to {path}: {source}")]
+pub struct MetricsError {
+    /// The file.
+    pub path: PathBuf,
+    /// The error.
+    pub source: std::io::Error,
+}
+
+/// A process's metrics file: JSON lines of [`MetricsLine`], appended and never rewritten, so a
+/// process killed at any moment loses at most its last line.
+pub struct MetricsFile {
+    path: PathBuf,
+    file: std::fs::File,
+}
+
+impl MetricsFile {
+    /// Opens `path` for appending (creating its directory), or `None` without a path.
+    pub fn open(path: Option<&std::path::Path>) -> Result<Option<MetricsFile>, MetricsError> {
+        let Some(path) = path else { return Ok(None) };
+        let err = |source| MetricsError { path: path.to_path_buf(), source };
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(err)?;
+        }
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(err)?;
+        Ok(Some(MetricsFile { path: path.to_path_buf(), file }))
+    }
+
+    /// Appends one line.
+    pub fn write(&mut self, line: &MetricsLine) -> Result<(), MetricsError> {
+        let mut s = serde_json::to_string(line).expect("metrics serialise");
+        s.push('\n');
+        self.file
+            .write_all(s.as_bytes())
+            .map_err(|source| MetricsError { path: self.path.clone(), source })
+    }
 }
 
 /// One line of a worker's metrics file.
@@ -203,7 +237,7 @@ struct Worker<L: InnerLoop> {
     early: Vec<(NodeId, Frame)>,
     fetch: Option<Fetch>,
     step: StepClock,
-    metrics: Option<std::fs::File>,
+    metrics: Option<MetricsFile>,
     stop: Option<StopReason>,
 }
 
@@ -219,17 +253,7 @@ pub async fn run_worker<L: InnerLoop>(
     let clock = Clock { start: tokio::time::Instant::now(), offset_s: opts.time_offset_s };
     let mut t = TcpTransport::bind(opts.id, opts.listen, opts.tcp.clone()).await?;
     t.set_peer_addr(NodeId::COORDINATOR, opts.coordinator);
-    let metrics = match &opts.metrics {
-        None => None,
-        Some(p) => {
-            if let Some(dir) = p.parent() {
-                std::fs::create_dir_all(dir)
-                    .map_err(|source| WorkerError::Metrics { path: p.clone(), source })?;
-            }
-            let f = std::fs::OpenOptions::new().create(true).append(true).open(p);
-            Some(f.map_err(|source| WorkerError::Metrics { path: p.clone(), source })?)
-        }
-    };
+    let metrics = MetricsFile::open(opts.metrics.as_deref())?;
     let member = Member::new(opts.id, opts.incarnation, opts.mesh.clone(), 1);
     let mut w = Worker {
         opts,
@@ -302,11 +326,10 @@ impl<L: InnerLoop> Worker<L> {
     }
 
     fn write(&mut self, line: &MetricsLine) -> Result<(), WorkerError> {
-        let Some(f) = self.metrics.as_mut() else { return Ok(()) };
-        let mut s = serde_json::to_string(line).expect("metrics serialise");
-        s.push('\n');
-        let path = self.opts.metrics.clone().unwrap_or_default();
-        f.write_all(s.as_bytes()).map_err(|source| WorkerError::Metrics { path, source })
+        match self.metrics.as_mut() {
+            Some(f) => Ok(f.write(line)?),
+            None => Ok(()),
+        }
     }
 
     fn event(&mut self, kind: EventKind, detail: String) -> Result<(), WorkerError> {

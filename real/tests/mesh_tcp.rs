@@ -56,6 +56,31 @@ fn rows(path: &std::path::Path) -> Vec<loco_core::metrics::OuterStepRow> {
         .collect()
 }
 
+/// Starts a coordinator that stops after `steps` outer steps; its events go to `dir`.
+async fn start_coordinator(
+    dir: &std::path::Path,
+    steps: u64,
+) -> (
+    std::net::SocketAddr,
+    tokio::task::JoinHandle<
+        Result<loco_real::coord::CoordinatorReport, loco_real::coord::CoordinatorError>,
+    >,
+) {
+    let copts = CoordinatorOptions {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        mesh: mesh(),
+        tcp: TcpConfig::default(),
+        stop_outer_steps: Some(steps),
+        stop_time: None,
+        names: BTreeMap::new(),
+        metrics: Some(dir.join("coordinator.jsonl")),
+        time_offset_s: 0.0,
+    };
+    let t = bind(&copts).await.unwrap();
+    let addr = t.local_addr();
+    (addr, tokio::spawn(run_coordinator(copts, t, std::future::pending())))
+}
+
 /// Slows a worker's inner steps down so a crash can land mid-run.
 struct Slow(Quadratic, Duration);
 
@@ -78,19 +103,7 @@ impl loco_real::inner::InnerLoop for Slow {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_workers_train_and_end_bit_identical_after_every_outer_step() {
     let dir = tempfile::tempdir().unwrap();
-    let copts = CoordinatorOptions {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        mesh: mesh(),
-        tcp: TcpConfig::default(),
-        stop_outer_steps: Some(4),
-        stop_time: None,
-        names: BTreeMap::new(),
-        metrics: Some(dir.path().join("coordinator.jsonl")),
-        time_offset_s: 0.0,
-    };
-    let t = bind(&copts).await.unwrap();
-    let addr = t.local_addr();
-    let coord = tokio::spawn(run_coordinator(copts, t, std::future::pending()));
+    let (addr, coord) = start_coordinator(dir.path(), 4).await;
     let mut ws = Vec::new();
     for id in 0..3 {
         let o = worker(id, addr, dir.path());
@@ -126,19 +139,7 @@ async fn three_workers_train_and_end_bit_identical_after_every_outer_step() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_worker_is_evicted_and_the_survivors_agree() {
     let dir = tempfile::tempdir().unwrap();
-    let copts = CoordinatorOptions {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        mesh: mesh(),
-        tcp: TcpConfig::default(),
-        stop_outer_steps: Some(5),
-        stop_time: None,
-        names: BTreeMap::new(),
-        metrics: Some(dir.path().join("coordinator.jsonl")),
-        time_offset_s: 0.0,
-    };
-    let t = bind(&copts).await.unwrap();
-    let addr = t.local_addr();
-    let coord = tokio::spawn(run_coordinator(copts, t, std::future::pending()));
+    let (addr, coord) = start_coordinator(dir.path(), 5).await;
     let mut ws = Vec::new();
     for id in 0..4 {
         let o = worker(id, addr, dir.path());
