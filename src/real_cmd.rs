@@ -465,15 +465,15 @@ fn check_memory(s: &Scenario) -> Result<()> {
     if let Some(avail) = host_available_bytes() {
         let need = plan.total(Place::Host).saturating_mul(nodes);
         if need > avail {
+            let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
             return Err(InputError(anyhow!(
-                "{}: {} processes of this model do not fit this machine: {} each\n{}",
+                "{}: {} processes of this model need {:.1} GiB, and this machine has {:.1} GiB \
+                 available; nothing was started. Each process: {}",
                 s.name(),
                 nodes,
+                gib(need),
+                gib(avail),
                 plan.describe(Place::Host),
-                plan.fits(Place::Host, avail / nodes)
-                    .err()
-                    .map(|e| e.to_string())
-                    .unwrap_or_default()
             ))
             .into());
         }

@@ -84,3 +84,18 @@ fn launch_trains_the_tiny_model_across_processes_with_a_crash_and_a_join() {
         assert!(events.contains(kind), "no {kind} in events:\n{events}");
     }
 }
+
+/// A model that cannot fit this machine stops before anything starts, with the memory plan.
+#[test]
+fn launch_refuses_a_model_that_does_not_fit_with_its_memory_plan() {
+    let ctx = TestContext::new();
+    let out = ctx.path().join("run");
+    let o =
+        ctx.loco(&["launch", "scenarios/intellect1-global.toml", "--out", out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let err = stderr(&o);
+    for needle in ["nothing was started", "GiB", "AdamW state", "outer momentum"] {
+        assert!(err.contains(needle), "no {needle:?} in: {err}");
+    }
+    assert!(!out.exists(), "no output directory for a run that did not start");
+}
