@@ -40,6 +40,19 @@ const LEGEND_WIDTH: u32 = 130;
 type DrawResult<DB> = Result<(), DrawingAreaErrorKind<<DB as DrawingBackend>::ErrorType>>;
 
 /// Registers the bundled font as `sans-serif` for plotters' text layout and rasterising, once.
+/// Draws the series legend of `chart` at `pos`, in the one style every plot uses.
+fn draw_legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    pos: SeriesLabelPosition,
+) -> DrawResult<DB> {
+    chart
+        .configure_series_labels()
+        .position(pos)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+}
+
 fn ensure_font() -> Result<(), ReportError> {
     static REGISTERED: OnceLock<bool> = OnceLock::new();
     let ok =
@@ -308,12 +321,7 @@ impl Plot for ActiveNodes {
                 }
             }
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()?;
+        draw_legend(&mut chart, SeriesLabelPosition::LowerRight)?;
         Ok(())
     }
 }
@@ -561,12 +569,7 @@ impl Plot for AllreduceHist {
             )?
             .label(format!("p5 {} / p95 {}", tick(self.p5, 3), tick(self.p95, 3)))
             .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], DARK_GREY.stroke_width(2)));
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()?;
+        draw_legend(&mut chart, SeriesLabelPosition::UpperRight)?;
         Ok(())
     }
 }
@@ -706,12 +709,7 @@ impl Plot for Loss {
             ))?
             .label("mean over nodes")
             .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], DARK_RED.stroke_width(2)));
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()?;
+        draw_legend(&mut chart, SeriesLabelPosition::UpperRight)?;
         Ok(())
     }
 }

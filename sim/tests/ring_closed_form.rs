@@ -27,6 +27,25 @@ struct Case {
     nic: Option<f64>,
 }
 
+impl Case {
+    /// The textbook ring of these tests: W = 4, 100 MB of fp32 over 1 Gbit/s connections with
+    /// 50 ms one-way latency, one ring per node, 1 ms ticks, no NIC limit. Tests override fields.
+    fn base() -> Case {
+        Case {
+            world: 4,
+            elems: 25_000_000,
+            segment_elems: 6_250_000,
+            codec: CodecKind::Fp32,
+            rate: |_, _| 125e6,
+            latency: Duration::from_millis(50),
+            tick: Duration::from_millis(1),
+            shards: 1,
+            streams: None,
+            nic: None,
+        }
+    }
+}
+
 /// Runs the all-reduce and returns, per node, the simulated seconds it took.
 fn simulate(c: &Case) -> Vec<f64> {
     let shared = NetShared::new();
@@ -161,18 +180,7 @@ fn check(c: &Case, rate: f64) {
 fn store_and_forward_ring_matches_the_textbook_closed_form() {
     // W = 4, 100 MB of fp32 at 1 Gbit/s per connection, 50 ms one-way latency, one segment per
     // chunk: 2(W-1) (25 MB / 125 MB/s + 50 ms) = 1.5 s.
-    let c = Case {
-        world: 4,
-        elems: 25_000_000,
-        segment_elems: 6_250_000,
-        codec: CodecKind::Fp32,
-        rate: |_, _| 125e6,
-        latency: Duration::from_millis(50),
-        tick: Duration::from_millis(1),
-        shards: 1,
-        streams: None,
-        nic: None,
-    };
+    let c = Case::base();
     let t = closed_form(&c, 125e6);
     assert!((t - 1.5).abs() < 1e-3, "{t}");
     check(&c, 125e6);
@@ -181,18 +189,7 @@ fn store_and_forward_ring_matches_the_textbook_closed_form() {
 #[test]
 fn pipelined_ring_hides_the_latency() {
     // The same ring in 5 segments per chunk: 2(W-1)/W x payload / rate + L = 1.25 s.
-    let c = Case {
-        world: 4,
-        elems: 25_000_000,
-        segment_elems: 1_250_000,
-        codec: CodecKind::Fp32,
-        rate: |_, _| 125e6,
-        latency: Duration::from_millis(50),
-        tick: Duration::from_millis(1),
-        shards: 1,
-        streams: None,
-        nic: None,
-    };
+    let c = Case { segment_elems: 1_250_000, ..Case::base() };
     let t = closed_form(&c, 125e6);
     assert!((t - 1.25).abs() < 1e-3, "{t}");
     check(&c, 125e6);
@@ -208,10 +205,7 @@ fn the_slowest_link_sets_the_pace() {
         codec: CodecKind::Uint8,
         rate: |a, b| if (a, b) == (2, 3) { 62.5e6 } else { 250e6 },
         latency: Duration::from_millis(30),
-        tick: Duration::from_millis(1),
-        shards: 1,
-        streams: None,
-        nic: None,
+        ..Case::base()
     };
     check(&c, 62.5e6);
 }
@@ -227,10 +221,10 @@ fn parallel_shard_rings_share_the_nic() {
         codec: CodecKind::Uint8,
         rate: |_, _| 62.5e6,
         latency: Duration::from_millis(20),
-        tick: Duration::from_millis(1),
         shards: 8,
         streams: Some(8),
         nic: Some(250e6),
+        ..Case::base()
     };
     // Each of the 8 rings gets 1/8 of the NIC.
     check(&c, 250e6 / 8.0);
@@ -276,16 +270,14 @@ tick = "1ms"
     // The simulator's pipelining unit for sizes only: a quarter of a chunk.
     let chunk = params / 8 / 4;
     let c = Case {
-        world: 4,
         elems: params,
         segment_elems: chunk.div_ceil(4),
         codec: CodecKind::Uint8,
         rate: |_, _| 0.0,
         latency: Duration::from_millis(20),
-        tick: Duration::from_millis(1),
         shards: 8,
         streams: Some(1),
-        nic: None,
+        ..Case::base()
     };
     // Each ring gets 1/8 of the pair's 250 MB/s. A row's all-reduce runs from the release to
     // the commit: the ring, then `Done` to the coordinator and `Commit` back (two latencies).
