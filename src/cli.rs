@@ -70,12 +70,24 @@ pub(crate) struct LaunchArgs {
     #[arg(long)]
     pub(crate) max_outer_steps: Option<u64>,
     /// Replace the model by a synthetic objective with this many parameters (tests the
-    /// protocol without libtorch).
+    /// protocol without libtorch); each inner step takes the node's `step_time`.
     #[arg(long, value_name = "N")]
     pub(crate) synthetic_params: Option<usize>,
     /// Give up after this many seconds (default: the scenario's stop time plus a minute).
     #[arg(long, value_name = "SECS")]
     pub(crate) timeout: Option<u64>,
+    /// Continue from checkpoints (`[real] checkpoint_dir`): the newest outer step that every
+    /// starting node has a complete checkpoint of. The run's step count and stop go on from
+    /// there; churn times count from this launch's start.
+    #[arg(long)]
+    pub(crate) resume: bool,
+    /// Continue from the checkpoints of this outer step (implies --resume).
+    #[arg(long, value_name = "STEP")]
+    pub(crate) resume_step: Option<u64>,
+    /// Write (and resume from) checkpoints here instead of the scenario's
+    /// `[real] checkpoint_dir`.
+    #[arg(long, value_name = "DIR")]
+    pub(crate) checkpoint_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -97,6 +109,9 @@ pub(crate) struct CoordinatorArgs {
     /// Stop after this many outer steps (overrides the scenario's stop).
     #[arg(long)]
     pub(crate) max_outer_steps: Option<u64>,
+    /// The outer step the run starts at (a run resumed from checkpoints of that step).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) start_step: u64,
 }
 
 #[derive(Debug, Args)]
@@ -124,6 +139,18 @@ pub(crate) struct WorkerArgs {
     /// Replace the model by a synthetic objective with this many parameters.
     #[arg(long, value_name = "N")]
     pub(crate) synthetic_params: Option<usize>,
+    /// Start from this checkpoint directory (`<checkpoint_dir>/<node>/step-<N>`) instead of the
+    /// initial model.
+    #[arg(long, value_name = "DIR")]
+    pub(crate) resume: Option<PathBuf>,
+    /// Fault injection: SIGKILL this process when it next enters PHASE (compute,
+    /// reduce-scatter, all-gather or state-send) at or after SECS seconds into the run.
+    /// Repeatable. `loco launch` passes the scenario's `crash` events that have a `during`.
+    #[arg(long, value_name = "PHASE@SECS")]
+    pub(crate) crash_during: Vec<loco_real::node::Fault>,
+    /// Write checkpoints here instead of the scenario's `[real] checkpoint_dir`.
+    #[arg(long, value_name = "DIR")]
+    pub(crate) checkpoint_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

@@ -9,6 +9,7 @@ use loco_real::coord::{CoordinatorOptions, bind, run_coordinator};
 use loco_real::inner::{InnerError, InnerLoop, InnerStats, Quadratic};
 use loco_real::node::{MetricsLine, WorkerOptions, run_worker};
 use loco_real::tcp::TcpConfig;
+use loco_real::train::TrainerState;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -65,6 +66,7 @@ pub(crate) fn coordinator(a: &crate::cli::CoordinatorArgs) -> Result<()> {
         names,
         metrics: a.metrics.clone(),
         time_offset_s: a.run_start.map_or(0.0, |t| unix_now() - t),
+        start_outer_step: a.start_step,
     };
     runtime()?.block_on(async {
         let t = bind(&opts).await?;
@@ -137,6 +139,20 @@ impl InnerLoop for AnyInner {
             AnyInner::Torch(t) => t.import_optimizer(b),
         }
     }
+    fn save_state(&self) -> Result<(TrainerState, serde_json::Value), InnerError> {
+        match self {
+            AnyInner::Synthetic(q) => q.save_state(),
+            #[cfg(feature = "torch")]
+            AnyInner::Torch(t) => t.save_state(),
+        }
+    }
+    fn load_state(&mut self, st: &TrainerState, pos: &serde_json::Value) -> Result<(), InnerError> {
+        match self {
+            AnyInner::Synthetic(q) => q.load_state(st, pos),
+            #[cfg(feature = "torch")]
+            AnyInner::Torch(t) => t.load_state(st, pos),
+        }
+    }
 }
 
 fn make_inner(
@@ -146,7 +162,8 @@ fn make_inner(
     synthetic: Option<usize>,
 ) -> Result<AnyInner> {
     if let Some(n) = synthetic {
-        return Ok(AnyInner::Synthetic(Box::new(Quadratic::new(n, s.seed(), node.id.0))));
+        let q = Quadratic::new(n, s.seed(), node.id.0).paced(node.step_time);
+        return Ok(AnyInner::Synthetic(Box::new(q)));
     }
     #[cfg(feature = "torch")]
     {
@@ -161,10 +178,7 @@ fn make_inner(
         }
         let trainer = Trainer::new(s.model(), cfg.clone(), device, s.seed())?;
         let source = match &s.real().data {
-            Some(d) => {
-                let base = scenario_path.parent().unwrap_or(Path::new("."));
-                DataSource::File(base.join(d))
-            }
+            Some(d) => DataSource::File(scenario_base(scenario_path).join(d)),
             None => DataSource::Synthetic(Synthetic { seed: s.seed(), sequences: 1 << 20 }),
         };
         let count = s.nodes().len() as u32;
@@ -218,6 +232,9 @@ pub(crate) fn worker(a: &crate::cli::WorkerArgs) -> Result<()> {
         tcp: TcpConfig { secret: secret(&s), ..TcpConfig::default() },
         metrics: a.metrics.clone(),
         time_offset_s: a.run_start.map_or(0.0, |t| unix_now() - t),
+        checkpoint: checkpoint_plan(&s, &a.scenario, a.checkpoint_dir.as_deref(), &node.name),
+        resume: a.resume.clone(),
+        faults: a.crash_during.clone(),
     };
     let report = runtime()?.block_on(run_worker(opts, inner, terminate_signal()))?;
     eprintln!(
@@ -225,6 +242,81 @@ pub(crate) fn worker(a: &crate::cli::WorkerArgs) -> Result<()> {
         node.name, report.stop, report.committed, report.weights_hash
     );
     Ok(())
+}
+
+/// Where a scenario's paths (data, checkpoints) are relative to.
+fn scenario_base(path: &Path) -> &Path {
+    path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."))
+}
+
+/// The checkpoint root: the override, or the scenario's, when there is one.
+fn checkpoint_root(s: &Scenario, scenario_path: &Path, given: Option<&Path>) -> Option<PathBuf> {
+    given
+        .map(Path::to_path_buf)
+        .or_else(|| s.real().checkpoint_dir.as_ref().map(|d| scenario_base(scenario_path).join(d)))
+}
+
+fn checkpoint_plan(
+    s: &Scenario,
+    scenario_path: &Path,
+    given: Option<&Path>,
+    node: &str,
+) -> Option<loco_real::node::CheckpointPlan> {
+    let dir = checkpoint_root(s, scenario_path, given)?;
+    let remote = s.real().checkpoint_remote.as_ref().map(|d| scenario_base(scenario_path).join(d));
+    Some(loco_real::node::CheckpointPlan {
+        config: loco_real::checkpoint::CheckpointConfig {
+            dir,
+            scenario: s.name().to_string(),
+            node: node.to_string(),
+            keep: s.real().keep as usize,
+            remote,
+        },
+        every: s.real().checkpoint_every,
+    })
+}
+
+/// The outer step a launch resumes from: `wanted`, or the newest step every starting node has a
+/// complete checkpoint of. Names what is missing otherwise.
+fn resume_step(
+    s: &Scenario,
+    scenario_path: &Path,
+    given: Option<&Path>,
+    wanted: Option<u64>,
+) -> Result<u64> {
+    let Some(root) = checkpoint_root(s, scenario_path, given) else {
+        return Err(InputError(anyhow!(
+            "{}: [real] checkpoint_dir: needed to resume, and the scenario has none \
+             (or pass --checkpoint-dir)",
+            scenario_path.display()
+        ))
+        .into());
+    };
+    let mut common: Option<std::collections::BTreeSet<u64>> = None;
+    let mut have = Vec::new();
+    for n in s.initial_nodes() {
+        let steps: std::collections::BTreeSet<u64> =
+            loco_real::checkpoint::list(&root, &n.name)?.into_iter().map(|(k, _)| k).collect();
+        have.push(format!("{}: {:?}", n.name, steps));
+        common = Some(match common {
+            None => steps,
+            Some(c) => c.intersection(&steps).copied().collect(),
+        });
+    }
+    let common = common.unwrap_or_default();
+    let pick = match wanted {
+        Some(k) => common.contains(&k).then_some(k),
+        None => common.last().copied(),
+    };
+    pick.ok_or_else(|| {
+        InputError(anyhow!(
+            "{}: no complete checkpoint {}common to every starting node ({})",
+            root.display(),
+            wanted.map(|k| format!("of outer step {k} ")).unwrap_or_default(),
+            have.join("; ")
+        ))
+        .into()
+    })
 }
 
 /// One child process of a launch.
@@ -257,6 +349,11 @@ pub(crate) fn launch(a: &crate::cli::LaunchArgs) -> Result<bool> {
             std::fs::remove_file(&p)?;
         }
     }
+    let resume = if a.resume || a.resume_step.is_some() {
+        Some(resume_step(&s, &a.scenario, a.checkpoint_dir.as_deref(), a.resume_step)?)
+    } else {
+        None
+    };
     let exe = std::env::current_exe()?;
     let run_start = unix_now();
     let addr_file = nodes_dir.join("coordinator.addr");
@@ -271,6 +368,7 @@ pub(crate) fn launch(a: &crate::cli::LaunchArgs) -> Result<bool> {
             .arg("--metrics")
             .arg(nodes_dir.join("coordinator.jsonl"))
             .args(["--run-start", &run_start.to_string()])
+            .args(["--start-step", &resume.unwrap_or(0).to_string()])
             .args(
                 a.max_outer_steps
                     .map(|n| vec!["--max-outer-steps".to_string(), n.to_string()])
@@ -298,8 +396,18 @@ pub(crate) fn launch(a: &crate::cli::LaunchArgs) -> Result<bool> {
         }
     };
     let mut incarnation: BTreeMap<NodeId, u64> = BTreeMap::new();
-    let mut spawn = |node: &loco_core::scenario::NodeSpec| -> Result<Proc> {
+    let ckpt_root = checkpoint_root(&s, &a.scenario, a.checkpoint_dir.as_deref());
+    let mut spawn = |node: &loco_core::scenario::NodeSpec, at: Duration| -> Result<Proc> {
         let inc = incarnation.entry(node.id).and_modify(|i| *i += 1).or_insert(1);
+        // Crashes with a `during` are armed inside the process, which kills itself there.
+        let faults: Vec<String> = s
+            .churn()
+            .iter()
+            .filter(|c| {
+                c.at >= at && matches!(&c.action, ChurnAction::Crash(ids) if ids.contains(&node.id))
+            })
+            .filter_map(|c| c.during.map(|p| format!("{p}@{}", c.at.as_secs_f64())))
+            .collect();
         let mut cmd = Command::new(&exe);
         cmd.arg("worker")
             .arg(&a.scenario)
@@ -312,16 +420,26 @@ pub(crate) fn launch(a: &crate::cli::LaunchArgs) -> Result<bool> {
         if let Some(n) = a.synthetic_params {
             cmd.args(["--synthetic-params", &n.to_string()]);
         }
+        for f in &faults {
+            cmd.args(["--crash-during", f]);
+        }
+        if let Some(d) = &a.checkpoint_dir {
+            cmd.arg("--checkpoint-dir").arg(d);
+        }
+        if let (Some(step), Some(root), true) = (resume, &ckpt_root, at.is_zero() && *inc == 1) {
+            let dir = root.join(&node.name).join(loco_real::checkpoint::step_dir_name(step));
+            cmd.arg("--resume").arg(dir);
+        }
         let child = cmd.spawn().with_context(|| format!("starting worker {}", node.name))?;
         Ok(Proc { name: node.name.clone(), child, stopped: false })
     };
     let mut workers: BTreeMap<NodeId, Proc> = BTreeMap::new();
     let mut launch_events = Vec::new();
     // The scenario's churn already holds the starts of late nodes (as joins), sorted by time.
-    let timeline: Vec<(Duration, ChurnAction)> =
-        s.churn().iter().map(|c| (c.at, c.action.clone())).collect();
+    let timeline: Vec<(Duration, ChurnAction, bool)> =
+        s.churn().iter().map(|c| (c.at, c.action.clone(), c.during.is_some())).collect();
     for n in s.initial_nodes() {
-        workers.insert(n.id, spawn(n)?);
+        workers.insert(n.id, spawn(n, Duration::ZERO)?);
         launch_events.push(
             EventRow::new(0.0, EventKind::Start).node(n.name.clone()).detail("process started"),
         );
@@ -333,8 +451,11 @@ pub(crate) fn launch(a: &crate::cli::LaunchArgs) -> Result<bool> {
     loop {
         let elapsed = Duration::from_secs_f64((unix_now() - run_start).max(0.0));
         while next < timeline.len() && timeline[next].0 <= elapsed {
-            let (_, action) = timeline[next].clone();
+            let (_, action, in_process) = timeline[next].clone();
             next += 1;
+            if in_process {
+                continue; // armed in the worker at its start
+            }
             let at = elapsed.as_secs_f64();
             let name = |id: &NodeId| s.node(*id).map(|n| n.name.clone()).unwrap_or_default();
             use nix::sys::signal::Signal;
@@ -342,7 +463,7 @@ pub(crate) fn launch(a: &crate::cli::LaunchArgs) -> Result<bool> {
                 ChurnAction::Join(ids) | ChurnAction::Restart(ids) => {
                     for id in ids {
                         if let Some(n) = s.node(*id) {
-                            workers.insert(*id, spawn(n)?);
+                            workers.insert(*id, spawn(n, elapsed)?);
                             launch_events.push(
                                 EventRow::new(at, EventKind::Restart)
                                     .node(n.name.clone())

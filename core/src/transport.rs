@@ -93,6 +93,9 @@ pub struct StateHeader {
     pub total: u64,
     /// Hex BLAKE3 digest of the whole serialised state.
     pub digest: String,
+    /// Which serialised part this piece belongs to, when the state travels in several parts
+    /// (the real backend: 0 is the replicated outer state, 1 the sender's own inner state).
+    pub part: u32,
 }
 
 /// The typed header of a frame.

@@ -38,6 +38,8 @@ pub struct CoordinatorOptions {
     pub metrics: Option<PathBuf>,
     /// Offset of this process's clock in the metrics (seconds since the launch started).
     pub time_offset_s: f64,
+    /// The outer step the run starts at (a run resumed from checkpoints; 0 otherwise).
+    pub start_outer_step: u64,
 }
 
 /// How the coordinator ended.
@@ -92,7 +94,7 @@ pub async fn run_coordinator(
         }
         Ok(())
     };
-    let mut c = Coordinator::new(opts.mesh.clone());
+    let mut c = Coordinator::starting_at(opts.mesh.clone(), opts.start_outer_step);
     let mut sent_dirs: BTreeMap<NodeId, BTreeMap<NodeId, SocketAddr>> = BTreeMap::new();
     let mut committed = 0u64;
     let mut epochs = 0u64;
@@ -137,18 +139,22 @@ pub async fn run_coordinator(
                         MeshEvent::JoinQueued { node, .. } => {
                             write(row(EventKind::JoinRequest, Some(*node), ev.to_string()))?
                         }
-                        MeshEvent::EpochFormed { admitted, evicted, .. } => {
+                        MeshEvent::EpochFormed { epoch: formed, members, admitted, evicted } => {
                             epochs += 1;
-                            write(row(EventKind::Epoch, None, ev.to_string()))?;
+                            // The simulator's wording, so that the two backends' stories compare.
+                            let names: Vec<String> = members.iter().map(|&m| name(m)).collect();
+                            let detail = format!("{} members: {}", members.len(), names.join(" "));
+                            let of = |r: EventRow| r.epoch(formed.0);
+                            write(of(row(EventKind::Epoch, None, detail)))?;
                             for a in admitted {
-                                write(row(
-                                    EventKind::Join,
-                                    Some(*a),
-                                    format!("admitted into {}", c.epoch()),
-                                ))?;
+                                let detail = format!("admitted into {formed}");
+                                write(of(row(EventKind::Join, Some(*a), detail)))?;
                             }
                             for (n, why) in evicted {
-                                write(row(EventKind::Evict, Some(*n), why.to_string()))?;
+                                // A deathrattle is the `leave` the worker records, not an eviction.
+                                if !matches!(why, loco_core::mesh::EvictReason::Deathrattle(_)) {
+                                    write(of(row(EventKind::Evict, Some(*n), why.to_string())))?;
+                                }
                             }
                         }
                         MeshEvent::Released { attempt, .. } if *attempt > 0 => {
@@ -173,7 +179,8 @@ pub async fn run_coordinator(
             tokio::time::sleep(Duration::from_millis(300)).await;
             return Ok(CoordinatorReport { outer_steps: committed, epochs });
         }
-        let reached = opts.stop_outer_steps.is_some_and(|n| committed >= n)
+        // The stop counts the run's outer steps, those before a resume included.
+        let reached = opts.stop_outer_steps.is_some_and(|n| c.outer_step() >= n)
             || deadline.is_some_and(|d| tokio::time::Instant::now() >= d);
         if reached && !stopping {
             stopping = true;

@@ -2,6 +2,7 @@
 //! protocol code is the same for the libtorch trainer and for a synthetic objective (tests and
 //! machines without libtorch).
 
+use crate::train::TrainerState;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
@@ -53,6 +54,29 @@ pub trait InnerLoop: Send + 'static {
     fn import_optimizer(&mut self, _bytes: &[u8]) -> Result<(), InnerError> {
         Ok(())
     }
+    /// Everything a checkpoint needs to continue this loop exactly: the parameters, the
+    /// optimiser's moments and step (empty moments when it has none), and where its data is
+    /// (opaque JSON, given back to [`load_state`](Self::load_state)).
+    fn save_state(&self) -> Result<(TrainerState, serde_json::Value), InnerError> {
+        let mut params = vec![0.0; self.num_params()];
+        self.params_into(&mut params)?;
+        let state = TrainerState {
+            step: 0,
+            layout: self.param_layout(),
+            params,
+            exp_avg: Vec::new(),
+            exp_avg_sq: Vec::new(),
+        };
+        Ok((state, serde_json::Value::Null))
+    }
+    /// Restores what [`save_state`](Self::save_state) produced.
+    fn load_state(
+        &mut self,
+        state: &TrainerState,
+        _data_position: &serde_json::Value,
+    ) -> Result<(), InnerError> {
+        self.set_params(&state.params)
+    }
 }
 
 /// A synthetic objective: noisy gradient descent on `0.5 * |x - target|^2`, with a target per
@@ -63,6 +87,8 @@ pub struct Quadratic {
     lr: f32,
     noise: f32,
     rng: ChaCha8Rng,
+    steps: u64,
+    pace: std::time::Duration,
 }
 
 impl Quadratic {
@@ -74,7 +100,14 @@ impl Quadratic {
             seed ^ (u64::from(node) + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15),
         );
         let target = (0..n).map(|_| 1.0 + 0.5 * sample(&mut rng)).collect();
-        Quadratic { x, target, lr: 0.05, noise: 0.01, rng }
+        Quadratic { x, target, lr: 0.05, noise: 0.01, rng, steps: 0, pace: Default::default() }
+    }
+
+    /// Makes each step take at least `pace` (a node's `step_time`), so that a synthetic run has
+    /// the scenario's timing and its churn lands where it would in a real one.
+    pub fn paced(mut self, pace: std::time::Duration) -> Quadratic {
+        self.pace = pace;
+        self
     }
 }
 
@@ -111,10 +144,47 @@ impl InnerLoop for Quadratic {
             loss += 0.5 * f64::from(g * g);
             *x -= self.lr * (g + self.noise * sample(&mut self.rng));
         }
+        self.steps += 1;
+        if !self.pace.is_zero() {
+            std::thread::sleep(self.pace);
+        }
         Ok(InnerStats {
             loss: Some(loss / self.x.len().max(1) as f64),
             tokens: self.x.len() as u64,
         })
+    }
+
+    /// The parameters, the step count, and the noise generator's position (its "data").
+    fn save_state(&self) -> Result<(TrainerState, serde_json::Value), InnerError> {
+        let state = TrainerState {
+            step: self.steps,
+            layout: self.param_layout(),
+            params: self.x.clone(),
+            exp_avg: Vec::new(),
+            exp_avg_sq: Vec::new(),
+        };
+        let pos = serde_json::json!({ "rng_word_pos": self.rng.get_word_pos().to_string() });
+        Ok((state, pos))
+    }
+
+    fn load_state(
+        &mut self,
+        state: &TrainerState,
+        data_position: &serde_json::Value,
+    ) -> Result<(), InnerError> {
+        self.set_params(&state.params)?;
+        let pos = data_position
+            .get("rng_word_pos")
+            .and_then(|v| v.as_str())
+            .and_then(|v| v.parse::<u128>().ok())
+            .ok_or_else(|| {
+                InnerError::Backend(format!(
+                    "data position {data_position}: expected {{\"rng_word_pos\": \"<integer>\"}}"
+                ))
+            })?;
+        self.rng.set_word_pos(pos);
+        self.steps = state.step;
+        Ok(())
     }
 }
 
@@ -176,6 +246,24 @@ impl InnerLoop for TchInner {
         // the sender's position is carried for checkpoints.
         let _ = pos;
         Ok(())
+    }
+
+    fn save_state(&self) -> Result<(TrainerState, serde_json::Value), InnerError> {
+        let st = self.trainer.export_state().map_err(|e| InnerError::Backend(e.to_string()))?;
+        let pos = serde_json::to_value(self.data.position())
+            .map_err(|e| InnerError::Backend(e.to_string()))?;
+        Ok((st, pos))
+    }
+
+    fn load_state(
+        &mut self,
+        state: &TrainerState,
+        data_position: &serde_json::Value,
+    ) -> Result<(), InnerError> {
+        self.trainer.import_state(state).map_err(|e| InnerError::Backend(e.to_string()))?;
+        let pos: crate::data::DataPosition = serde_json::from_value(data_position.clone())
+            .map_err(|e| InnerError::Backend(format!("data position {data_position}: {e}")))?;
+        self.data.seek(pos).map_err(|e| InnerError::Backend(e.to_string()))
     }
 }
 

@@ -6,6 +6,7 @@
 //! while the model trains) and a shutdown signal, and executes the member's actions. Nothing is
 //! applied before the coordinator's `Commit`, so every replica takes the same outer step.
 
+use crate::checkpoint::{CheckpointConfig, CheckpointError, Checkpointer, Snapshot};
 use crate::inner::{InnerError, InnerLoop, InnerStats};
 use crate::tcp::{TcpConfig, TcpError, TcpTransport};
 use bytes::Bytes;
@@ -18,6 +19,7 @@ use loco_core::mesh::{
     padded_frame,
 };
 use loco_core::metrics::{EventKind, EventRow, OuterStepRow};
+use loco_core::scenario::FaultPhase;
 use loco_core::time::Time;
 use loco_core::transport::{Body, Frame, Header, StateHeader, Transport};
 use serde::{Deserialize, Serialize};
@@ -27,8 +29,16 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// Bytes per piece of a state transfer.
-const STATE_PIECE: usize = 4 << 20;
+/// Largest piece of a state transfer.
+const STATE_PIECE_MAX: usize = 4 << 20;
+/// Smallest piece of a state transfer.
+const STATE_PIECE_MIN: usize = 64 << 10;
+/// The replicated part of a transferred state: outer steps, outer weights, outer momentum.
+const PART_SHARED: u32 = 0;
+/// The sender's own part: its inner optimiser state, from the first sender only.
+const PART_OWN: u32 = 1;
+/// Bytes of state pieces kept when they arrive before this node's `FetchState`.
+const MAX_EARLY_STATE_BYTES: usize = 1 << 30;
 /// Collective frames kept for an all-reduce this node has not started yet.
 const MAX_EARLY_FRAMES: usize = 1 << 16;
 
@@ -62,6 +72,49 @@ pub struct WorkerOptions {
     /// Offset added to this process's clock in the metrics, so that all processes of a launch
     /// share one time base (seconds since the launch started).
     pub time_offset_s: f64,
+    /// Checkpoints to write, if any.
+    pub checkpoint: Option<CheckpointPlan>,
+    /// A checkpoint directory (`.../<node>/step-<N>`) to start from instead of the initial model.
+    pub resume: Option<PathBuf>,
+    /// Faults to inject into this process (tests and fault drills).
+    pub faults: Vec<Fault>,
+}
+
+/// When and where a worker writes its checkpoints.
+#[derive(Clone, Debug)]
+pub struct CheckpointPlan {
+    /// Where, how many to keep, the remote copy.
+    pub config: CheckpointConfig,
+    /// Every this many outer steps (at least 1).
+    pub every: u64,
+}
+
+/// A fault injected into a worker: the process kills itself (SIGKILL) when it next enters
+/// `phase` at or after `after_s` (on the launch's time base).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Fault {
+    /// Where it strikes.
+    pub phase: FaultPhase,
+    /// Armed from this time on (seconds since the launch started).
+    pub after_s: f64,
+}
+
+impl std::str::FromStr for Fault {
+    type Err = String;
+    /// `PHASE@SECONDS`, like `reduce-scatter@3.5`.
+    fn from_str(s: &str) -> Result<Fault, String> {
+        let (phase, at) = s.split_once('@').unwrap_or((s, "0"));
+        let phase = FaultPhase::parse(phase).ok_or_else(|| {
+            let names: Vec<&str> = FaultPhase::ALL.iter().map(|(n, _)| *n).collect();
+            format!("unknown phase {phase:?}; expected one of {}", names.join(", "))
+        })?;
+        let after_s: f64 = at
+            .parse()
+            .ok()
+            .filter(|t: &f64| t.is_finite() && *t >= 0.0)
+            .ok_or_else(|| format!("{at:?} is not a time in seconds"))?;
+        Ok(Fault { phase, after_s })
+    }
 }
 
 /// How a worker ended.
@@ -96,6 +149,17 @@ pub enum WorkerError {
     /// Writing the metrics.
     #[error(transparent)]
     Metrics(#[from] MetricsError),
+    /// The checkpoint to resume from, or the checkpoint settings.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// A checkpoint that does not belong to this worker or model.
+    #[error("resume from {path}: {what}")]
+    Resume {
+        /// The checkpoint directory.
+        path: PathBuf,
+        /// What does not match.
+        what: String,
+    },
 }
 
 /// Writing a process's metrics file failed.
@@ -161,17 +225,22 @@ pub fn peak_rss_bytes() -> Option<u64> {
     kib.checked_mul(1024)
 }
 
-/// The training state a joiner receives (and a checkpoint holds).
+/// The replicated part of the training state a joiner receives: the same bytes on every member
+/// (their outer states are bit-identical), so several senders can each send a share of it. The
+/// other part, the inner optimiser's state, is each sender's own and comes whole from one sender.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct TransferState {
+pub struct SharedState {
     /// Outer steps applied.
     pub outer_steps: u64,
     /// Outer weights.
     pub outer: Vec<f32>,
     /// Outer momentum.
     pub momentum: Vec<f32>,
-    /// Inner optimiser state and schedule position, serialised by the inner loop.
-    pub inner: Vec<u8>,
+}
+
+/// The piece size of a transfer of `total` bytes: about 16 pieces, within 64 KiB..4 MiB.
+fn piece_len(total: usize) -> usize {
+    (total / 16).clamp(STATE_PIECE_MIN, STATE_PIECE_MAX)
 }
 
 /// Hex BLAKE3 digest of a float vector's bits.
@@ -215,15 +284,66 @@ struct StepClock {
     retries: u32,
     world: u32,
     weight: f64,
+    checkpoint: f64,
+}
+
+/// One part of a state transfer being received.
+#[derive(Default)]
+struct PartBuf {
+    /// The digest (and outer step) of the copy being assembled.
+    digest: Option<(String, u64)>,
+    buf: Vec<u8>,
+    /// Pieces held, as `offset -> end`.
+    got: std::collections::BTreeMap<u64, u64>,
+    held: u64,
+}
+
+impl PartBuf {
+    fn complete(&self) -> bool {
+        self.digest.is_some() && self.held == self.buf.len() as u64
+    }
+
+    /// Stores one piece; false when it does not belong to this copy and cannot start a new one.
+    fn put(&mut self, h: &StateHeader, b: &[u8]) -> bool {
+        let newer = match &self.digest {
+            None => true,
+            Some((d, step)) => d != &h.digest && h.outer_step >= *step,
+        };
+        if newer {
+            // First piece, or a newer state (or another sender's own part): start over with it.
+            self.digest = Some((h.digest.clone(), h.outer_step));
+            self.buf = vec![0u8; h.total as usize];
+            self.got.clear();
+            self.held = 0;
+        } else if self.digest.as_ref().is_some_and(|(d, _)| d != &h.digest) {
+            return false;
+        }
+        let end = h.offset + b.len() as u64;
+        if end > self.buf.len() as u64 || self.got.contains_key(&h.offset) {
+            return true;
+        }
+        self.buf[h.offset as usize..end as usize].copy_from_slice(b);
+        self.got.insert(h.offset, end);
+        self.held += end - h.offset;
+        true
+    }
 }
 
 /// A state transfer being received.
 struct Fetch {
     epoch: Epoch,
     started: f64,
-    buf: Vec<u8>,
-    got: Vec<(u64, u64)>,
-    digest: Option<String>,
+    senders: Vec<NodeId>,
+    parts: [PartBuf; 2],
+    /// Non-blocking mode: the results this node committed while the transfer ran (the step and
+    /// the averaged pseudo-gradient, `None` for a skipped step), replayed onto the received state.
+    log: Vec<(u64, Option<Vec<f32>>)>,
+}
+
+/// A received state whose last steps wait for the inner loop (non-blocking mode: it was computing
+/// when the state arrived, from parameters that were not the mesh's).
+struct PendingSync {
+    own: Vec<u8>,
 }
 
 struct Worker<L: InnerLoop> {
@@ -236,8 +356,20 @@ struct Worker<L: InnerLoop> {
     ring: Option<(RingAllReduce<'static>, AllReduceStart)>,
     early: Vec<(NodeId, Frame)>,
     fetch: Option<Fetch>,
+    pending_sync: Option<PendingSync>,
+    deferred_sends: Vec<(Epoch, NodeId, Vec<NodeId>)>,
     step: StepClock,
     metrics: Option<MetricsFile>,
+    checkpointer: Option<(Checkpointer, u64)>,
+    /// The outer step count of the last checkpoint taken.
+    checkpointed: Option<u64>,
+    /// The inner loop has moved since the last commit (a checkpoint now would not be one of a
+    /// step boundary).
+    inner_dirty: bool,
+    /// State pieces that arrived before this node learnt it is to receive them.
+    early_state: Vec<(NodeId, StateHeader, Bytes)>,
+    /// The inner loop's parameter layout (known while it computes).
+    layout: Vec<(String, usize)>,
     stop: Option<StopReason>,
 }
 
@@ -255,7 +387,13 @@ pub async fn run_worker<L: InnerLoop>(
     t.set_peer_addr(NodeId::COORDINATOR, opts.coordinator);
     let metrics = MetricsFile::open(opts.metrics.as_deref())?;
     let member = Member::new(opts.id, opts.incarnation, opts.mesh.clone(), 1);
+    let checkpointer = match &opts.checkpoint {
+        Some(plan) => Some((Checkpointer::new(plan.config.clone())?, plan.every.max(1))),
+        None => None,
+    };
+    let layout = inner.param_layout();
     let mut w = Worker {
+        layout,
         opts,
         clock,
         t,
@@ -265,11 +403,20 @@ pub async fn run_worker<L: InnerLoop>(
         ring: None,
         early: Vec::new(),
         fetch: None,
+        pending_sync: None,
+        deferred_sends: Vec::new(),
         step: StepClock::default(),
         metrics,
+        checkpointer,
+        checkpointed: None,
+        inner_dirty: false,
+        early_state: Vec::new(),
         stop: None,
     };
     w.event(EventKind::Start, format!("incarnation {}", w.opts.incarnation))?;
+    if let Some(path) = w.opts.resume.clone() {
+        w.resume(&path)?;
+    }
     w.member.join(w.clock.now())?;
     w.run(shutdown).await
 }
@@ -305,6 +452,9 @@ impl<L: InnerLoop> Worker<L> {
                     let (inner, stats) = done.map_err(|e| InnerError::Backend(format!("inner steps panicked: {e}")))?;
                     self.inner = Some(inner);
                     self.on_computed(stats?)?;
+                    for (epoch, to, senders) in std::mem::take(&mut self.deferred_sends) {
+                        self.send_state(epoch, to, senders).await?;
+                    }
                 }
                 () = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if deadline.is_some() => {
                     self.member.handle_timeout(self.clock.now());
@@ -314,6 +464,142 @@ impl<L: InnerLoop> Worker<L> {
                     self.member.leave(self.clock.now(), LeaveReason::Signal);
                 }
             }
+        }
+    }
+
+    /// Starts from a checkpoint: the inner loop's state and data position, and the outer state.
+    fn resume(&mut self, path: &std::path::Path) -> Result<(), WorkerError> {
+        let ck = crate::checkpoint::load(path)?;
+        let bad = |what: String| WorkerError::Resume { path: path.to_path_buf(), what };
+        if ck.meta.node != self.opts.name {
+            return Err(bad(format!(
+                "it is node {:?}'s, not {:?}'s",
+                ck.meta.node, self.opts.name
+            )));
+        }
+        let inner = self.inner.as_mut().expect("not computing before the start");
+        let layout = inner.param_layout();
+        if ck.snapshot.layout != layout {
+            return Err(bad(format!(
+                "its model has {} tensors of {} values, this one {} of {}",
+                ck.snapshot.layout.len(),
+                ck.snapshot.layout.iter().map(|(_, n)| n).sum::<usize>(),
+                layout.len(),
+                layout.iter().map(|(_, n)| n).sum::<usize>()
+            )));
+        }
+        inner.load_state(&ck.snapshot.trainer_state(), &ck.snapshot.data_position)?;
+        let snap = ck.snapshot;
+        self.outer = Some(OuterState::restore(
+            self.opts.outer,
+            snap.outer,
+            snap.momentum,
+            buckets_from_sizes(layout),
+            snap.outer_step,
+        )?);
+        let hash = weights_digest(self.outer.as_ref().expect("just set").outer());
+        self.event(
+            EventKind::Start,
+            format!(
+                "resumed from checkpoint {} at outer step {} (weights {hash})",
+                path.display(),
+                snap.outer_step
+            ),
+        )
+    }
+
+    /// Whether a fault armed for `phase` strikes now.
+    fn armed(&self, phase: FaultPhase) -> bool {
+        let now = self.clock.secs();
+        self.opts.faults.iter().any(|f| f.phase == phase && now >= f.after_s)
+    }
+
+    /// Fault injection: records the crash, then kills this process with SIGKILL (no cleanup, no
+    /// deathrattle: what a machine failure looks like to the others).
+    fn strike(&mut self, phase: FaultPhase) -> Result<(), WorkerError> {
+        if !self.armed(phase) {
+            return Ok(());
+        }
+        self.event(EventKind::Crash, format!("SIGKILL during {phase} (fault injection)"))?;
+        kill_self();
+        Ok(())
+    }
+
+    /// Snapshots the state for a checkpoint when one is due (every `checkpoint_every` outer
+    /// steps, or `force`d at a stop); returns the seconds it cost training (the copy, and a wait
+    /// for the previous save).
+    ///
+    /// A checkpoint at a commit is exact: resuming from it continues the run bit for bit. One
+    /// forced at a stop after the inner loop moved on holds the committed outer state and the
+    /// committed weights as parameters; the inner optimiser's moments, schedule and data position
+    /// are as of the stop (the interrupted step's inner work is the only thing not kept).
+    fn checkpoint(&mut self, force: bool) -> Result<f64, WorkerError> {
+        let Some((_, every)) = &self.checkpointer else { return Ok(0.0) };
+        let Some(outer) = self.outer.as_ref() else { return Ok(0.0) };
+        let steps = outer.steps();
+        let due = force || steps % every == 0;
+        if steps == 0 || !due || self.checkpointed == Some(steps) {
+            return Ok(0.0);
+        }
+        let Some(inner) = self.inner.as_ref() else { return Ok(0.0) };
+        self.checkpointed = Some(steps);
+        let t0 = self.clock.secs();
+        let (mut trainer, data_position) = inner.save_state()?;
+        if self.inner_dirty && trainer.params.len() == outer.len() {
+            trainer.params.copy_from_slice(outer.outer());
+        }
+        let snap = Snapshot::from_trainer(
+            steps,
+            data_position,
+            outer.outer().to_vec(),
+            outer.momentum().to_vec(),
+            trainer,
+        );
+        let (ck, _) = self.checkpointer.as_mut().expect("checked");
+        let ticket = ck.save(snap);
+        let spent = self.clock.secs() - t0;
+        match ticket {
+            Ok(t) => {
+                if let Some(prev) = t.previous {
+                    self.on_saved(prev)?;
+                }
+            }
+            Err(e) => self.event(EventKind::Checkpoint, format!("checkpoint failed: {e}"))?,
+        }
+        Ok(spent)
+    }
+
+    /// Records a finished background save.
+    fn on_saved(
+        &mut self,
+        r: Result<crate::checkpoint::Saved, CheckpointError>,
+    ) -> Result<(), WorkerError> {
+        match r {
+            Ok(s) => self.event(
+                EventKind::Checkpoint,
+                format!(
+                    "saved {} ({} bytes)",
+                    crate::checkpoint::step_dir_name(s.outer_step),
+                    s.bytes
+                ),
+            ),
+            Err(e) => {
+                tracing::warn!(node = %self.opts.name, "checkpoint failed: {e}");
+                self.event(EventKind::Checkpoint, format!("checkpoint failed: {e}"))
+            }
+        }
+    }
+
+    /// Waits for the checkpoint being written (a graceful stop loses nothing).
+    fn flush_checkpoints(&mut self) -> Result<(), WorkerError> {
+        let r = match self.checkpointer.as_mut() {
+            Some((ck, _)) => ck.flush(),
+            None => return Ok(()),
+        };
+        match r {
+            Ok(Some(saved)) => self.on_saved(Ok(saved)),
+            Ok(None) => Ok(()),
+            Err(e) => self.on_saved(Err(e)),
         }
     }
 
@@ -416,11 +702,20 @@ impl<L: InnerLoop> Worker<L> {
             }
             MemberAction::Compute { outer_step, .. } => {
                 self.ensure_outer()?;
+                self.finish_pending_sync()?;
+                let crash_in_compute = self.armed(FaultPhase::Compute);
+                if crash_in_compute {
+                    self.event(
+                        EventKind::Crash,
+                        "SIGKILL during compute (fault injection)".to_string(),
+                    )?;
+                }
                 let inner = self.inner.take().ok_or_else(|| {
                     InnerError::Backend(format!(
                         "asked to compute step {outer_step} while computing"
                     ))
                 })?;
+                self.inner_dirty = true;
                 self.step = StepClock { start: self.clock.secs(), ..StepClock::default() };
                 let h = self.opts.inner_steps;
                 let handle = tokio::task::spawn_blocking(move || {
@@ -431,25 +726,51 @@ impl<L: InnerLoop> Worker<L> {
                             Ok(s) => stats.push(s),
                             Err(e) => return (inner, Err(e)),
                         }
+                        if crash_in_compute {
+                            kill_self();
+                        }
                     }
                     (inner, Ok(stats))
                 });
                 return Ok(Some(handle));
             }
             MemberAction::FetchState { epoch, senders } => {
-                self.event(
-                    EventKind::RecoveryStart,
-                    format!("receiving the state from {senders:?}"),
-                )?;
-                self.fetch = Some(Fetch {
-                    epoch,
-                    started: self.clock.secs(),
-                    buf: Vec::new(),
-                    got: Vec::new(),
-                    digest: None,
-                });
+                let names: Vec<String> = senders.iter().map(ToString::to_string).collect();
+                match self.fetch.as_mut() {
+                    // A sender died: new senders, and what already arrived is kept.
+                    Some(f) => {
+                        let held: u64 = f.parts.iter().map(|p| p.held).sum();
+                        f.epoch = epoch;
+                        f.senders = senders;
+                        self.event(
+                            EventKind::RecoveryStart,
+                            format!(
+                                "senders now {}; {held} bytes already held are kept",
+                                names.join(", ")
+                            ),
+                        )?;
+                    }
+                    None => {
+                        self.fetch = Some(Fetch {
+                            epoch,
+                            started: self.clock.secs(),
+                            senders,
+                            parts: [PartBuf::default(), PartBuf::default()],
+                            log: Vec::new(),
+                        });
+                        self.event(
+                            EventKind::RecoveryStart,
+                            format!("receiving the state from {}", names.join(", ")),
+                        )?;
+                        for (from, h, b) in std::mem::take(&mut self.early_state) {
+                            self.on_state(from, h, Body::Bytes(b))?;
+                        }
+                    }
+                }
             }
-            MemberAction::SendState { epoch, to } => self.send_state(epoch, to).await?,
+            MemberAction::SendState { epoch, to, senders } => {
+                self.send_state(epoch, to, senders).await?
+            }
             MemberAction::StartAllReduce(start) => self.start_ring(start).await?,
             MemberAction::AbortAllReduce { epoch, op } => {
                 if let Some((ring, s)) = self.ring.take() {
@@ -475,8 +796,14 @@ impl<L: InnerLoop> Worker<L> {
                     .outer
                     .as_mut()
                     .ok_or(InnerError::Backend("commit without outer state".into()))?;
+                if let Some(f) = self.fetch.as_mut() {
+                    f.log.push((outer_step, Some(outer.pseudo_gradient().to_vec())));
+                }
                 outer.apply_outer_step();
                 let hash = self.sync_inner_to_outer()?;
+                self.inner_dirty = false;
+                self.early_state.clear();
+                self.step.checkpoint = self.checkpoint(false)?;
                 self.finish_step(epoch, outer_step, hash)?;
             }
             MemberAction::SkipStep { epoch, outer_step, attempts } => {
@@ -484,8 +811,14 @@ impl<L: InnerLoop> Worker<L> {
                     .outer
                     .as_mut()
                     .ok_or(InnerError::Backend("skip without outer state".into()))?;
+                if let Some(f) = self.fetch.as_mut() {
+                    f.log.push((outer_step, None));
+                }
                 outer.skip_outer_step();
                 let hash = self.sync_inner_to_outer()?;
+                self.inner_dirty = false;
+                self.early_state.clear();
+                self.step.checkpoint = self.checkpoint(false)?;
                 self.event(
                     EventKind::SkipStep,
                     format!("outer step {outer_step} skipped after {attempts} attempts"),
@@ -500,6 +833,11 @@ impl<L: InnerLoop> Worker<L> {
                     StopReason::Shutdown => EventKind::Stop,
                 };
                 self.event(kind, reason.to_string())?;
+                if !matches!(reason, StopReason::Evicted(_)) {
+                    // The last commit, when the inner loop has not moved on since.
+                    self.checkpoint(true)?;
+                }
+                self.flush_checkpoints()?;
                 let node = self.opts.name.clone();
                 self.write(&MetricsLine::Resources { node, peak_rss_bytes: peak_rss_bytes() })?;
                 // Let the deathrattle and the last frames leave before the process exits.
@@ -536,7 +874,8 @@ impl<L: InnerLoop> Worker<L> {
         let barrier_s = (ring_start - s.compute_end - s.recovery).max(0.0);
         let allreduce_s = (s.ring_end - ring_start).max(0.0);
         let wall = (end - s.start).max(0.0);
-        let idle_s = (wall - compute_s - barrier_s - allreduce_s - s.recovery).max(0.0);
+        let idle_s =
+            (wall - compute_s - barrier_s - allreduce_s - s.recovery - s.checkpoint).max(0.0);
         let row = OuterStepRow {
             outer_step,
             node: self.opts.name.clone(),
@@ -549,7 +888,7 @@ impl<L: InnerLoop> Worker<L> {
             allreduce_s,
             barrier_s,
             recovery_s: s.recovery,
-            checkpoint_s: 0.0,
+            checkpoint_s: s.checkpoint,
             idle_s,
             bytes_sent: s.bytes,
             retries: s.retries,
@@ -558,7 +897,11 @@ impl<L: InnerLoop> Worker<L> {
             weights_hash: hash,
             weight: s.weight,
         };
-        self.write(&MetricsLine::Row(row))
+        self.write(&MetricsLine::Row(row))?;
+        if let Some(r) = self.checkpointer.as_mut().and_then(|(c, _)| c.poll()) {
+            self.on_saved(r)?;
+        }
+        Ok(())
     }
 
     async fn start_ring(&mut self, s: AllReduceStart) -> Result<(), WorkerError> {
@@ -596,7 +939,17 @@ impl<L: InnerLoop> Worker<L> {
         loop {
             let Some((ring, _)) = self.ring.as_mut() else { return Ok(()) };
             let Some((to, f)) = ring.poll_send() else { break };
-            if !self.send(to, f).await {
+            let phase = match &f.header {
+                Header::Collective(h) if h.phase == loco_core::transport::Phase::AllGather => {
+                    FaultPhase::AllGather
+                }
+                _ => FaultPhase::ReduceScatter,
+            };
+            let sent = self.send(to, f).await;
+            if sent {
+                self.strike(phase)?;
+            }
+            if !sent {
                 let (ring, s) = self.ring.take().expect("ring");
                 self.outer
                     .as_mut()
@@ -630,7 +983,7 @@ impl<L: InnerLoop> Worker<L> {
             Header::Collective(_) => self.on_collective(from, frame).await,
             Header::State(h) => {
                 let h = h.clone();
-                self.on_state(h, frame.body)
+                self.on_state(from, h, frame.body)
             }
         }
     }
@@ -663,106 +1016,181 @@ impl<L: InnerLoop> Worker<L> {
         }
     }
 
-    async fn send_state(&mut self, epoch: Epoch, to: NodeId) -> Result<(), WorkerError> {
+    /// Sends this node's share of the state to a joiner: the pieces `i, i + k, i + 2k, ...` of the
+    /// replicated part (it is sender `i` of `k`), and, from the first sender only, its own inner
+    /// optimiser state whole. A sender still computing (non-blocking mode) sends when it is done.
+    async fn send_state(
+        &mut self,
+        epoch: Epoch,
+        to: NodeId,
+        senders: Vec<NodeId>,
+    ) -> Result<(), WorkerError> {
         self.ensure_outer()?;
-        let started = self.clock.secs();
-        let inner = match self.inner.as_ref() {
-            Some(i) => i.export_optimizer()?,
-            None => Vec::new(),
+        let Some(inner) = self.inner.as_ref() else {
+            self.deferred_sends.push((epoch, to, senders));
+            return Ok(());
         };
+        let started = self.clock.secs();
+        let i = senders.iter().position(|&s| s == self.opts.id).unwrap_or(0);
+        // Shares only while the state is frozen (blocking mode: no step commits during the sync).
+        // In non-blocking mode a sender may commit a step mid-transfer, so each sends a whole copy.
+        let blocking = self.opts.mesh.join_mode == loco_core::mesh::JoinMode::Blocking;
+        let k = if blocking { senders.len().max(1) } else { 1 };
+        let i_share = if blocking { i } else { 0 };
+        let own = if i == 0 { inner.export_optimizer()? } else { Vec::new() };
         let outer = self.outer.as_ref().expect("outer state");
-        let state = TransferState {
+        let shared = SharedState {
             outer_steps: outer.steps(),
             outer: outer.outer().to_vec(),
             momentum: outer.momentum().to_vec(),
-            inner,
         };
-        let bytes =
-            postcard::to_allocvec(&state).map_err(|e| InnerError::Backend(e.to_string()))?;
-        let digest = blake3::hash(&bytes).to_hex().to_string();
-        let bytes = Bytes::from(bytes);
-        let total = bytes.len() as u64;
-        let mut offset = 0usize;
-        loop {
-            let end = (offset + STATE_PIECE).min(bytes.len());
-            let header = Header::State(StateHeader {
-                epoch,
-                outer_step: state.outer_steps,
-                offset: offset as u64,
-                total,
-                digest: digest.clone(),
-            });
-            if !self.send(to, Frame { header, body: Body::Bytes(bytes.slice(offset..end)) }).await {
-                break;
-            }
-            offset = end;
-            if offset >= bytes.len() {
-                break;
+        let outer_step = shared.outer_steps;
+        let shared =
+            postcard::to_allocvec(&shared).map_err(|e| InnerError::Backend(e.to_string()))?;
+        let mut parts = vec![(PART_SHARED, Bytes::from(shared))];
+        if i == 0 {
+            parts.push((PART_OWN, Bytes::from(own)));
+        }
+        let mut sent = 0u64;
+        let mut first = true;
+        'parts: for (part, bytes) in parts {
+            let digest = blake3::hash(&bytes).to_hex().to_string();
+            let total = bytes.len() as u64;
+            let piece = piece_len(bytes.len());
+            let pieces = bytes.len().div_ceil(piece).max(1);
+            let stride = if part == PART_SHARED { k } else { 1 };
+            let offset = if part == PART_SHARED { i_share } else { 0 };
+            for j in (offset..pieces).step_by(stride) {
+                let lo = j * piece;
+                let hi = (lo + piece).min(bytes.len());
+                let header = Header::State(StateHeader {
+                    epoch,
+                    outer_step,
+                    offset: lo as u64,
+                    total,
+                    digest: digest.clone(),
+                    part,
+                });
+                let body = Body::Bytes(bytes.slice(lo..hi));
+                if !self.send(to, Frame { header, body }).await {
+                    break 'parts;
+                }
+                sent += (hi - lo) as u64;
+                if first {
+                    first = false;
+                    self.strike(FaultPhase::StateSend)?;
+                }
             }
         }
         self.step.recovery += self.clock.secs() - started;
-        self.event(EventKind::RecoveryDone, format!("sent {total} bytes of state to {to}"))
+        self.event(
+            EventKind::RecoveryDone,
+            format!("sent {sent} bytes of state (share {} of {k}) to {to}", i_share + 1),
+        )
     }
 
-    fn on_state(&mut self, h: StateHeader, body: Body) -> Result<(), WorkerError> {
-        let Some(f) = self.fetch.as_mut() else { return Ok(()) };
+    fn on_state(&mut self, from: NodeId, h: StateHeader, body: Body) -> Result<(), WorkerError> {
         let Body::Bytes(b) = body else { return Ok(()) };
-        if h.epoch < f.epoch || h.total > (1 << 40) {
-            return Ok(());
-        }
-        if f.digest.as_deref() != Some(h.digest.as_str()) {
-            // First piece, or a sender with a different (newer) state: start over with it.
-            f.digest = Some(h.digest.clone());
-            f.buf = vec![0u8; h.total as usize];
-            f.got.clear();
-        }
-        let end = h.offset as usize + b.len();
-        if end > f.buf.len() {
-            return Ok(());
-        }
-        f.buf[h.offset as usize..end].copy_from_slice(&b);
-        f.got.push((h.offset, end as u64));
-        let have: u64 = {
-            let mut spans = f.got.clone();
-            spans.sort_unstable();
-            let (mut covered, mut reach) = (0u64, 0u64);
-            for (a, e) in spans {
-                if e > reach {
-                    covered += e - a.max(reach);
-                    reach = e;
-                }
+        let Some(f) = self.fetch.as_mut() else {
+            // A sender was told before this node was (both by the coordinator): keep the piece
+            // for the FetchState that follows, within a bound.
+            let held: usize = self.early_state.iter().map(|(_, _, b)| b.len()).sum();
+            if held + b.len() <= MAX_EARLY_STATE_BYTES {
+                self.early_state.push((from, h, b));
             }
-            covered
+            return Ok(());
         };
-        if have < h.total {
+        if h.total > (1 << 40) || h.part > PART_OWN {
+            return Ok(());
+        }
+        // The own part must come whole from one sender: the first of the current assignment.
+        if h.part == PART_OWN && f.senders.first() != Some(&from) {
+            return Ok(());
+        }
+        if !f.parts[h.part as usize].put(&h, &b) || !f.parts.iter().all(PartBuf::complete) {
             return Ok(());
         }
         let f = self.fetch.take().expect("fetch");
-        if blake3::hash(&f.buf).to_hex().as_str() != h.digest {
+        let check = |p: &PartBuf| {
+            let (d, _) = p.digest.as_ref().expect("complete");
+            blake3::hash(&p.buf).to_hex().as_str() == d
+        };
+        if !f.parts.iter().all(check) {
             tracing::warn!(node = %self.opts.name, "state digest mismatch; waiting for another copy");
-            self.fetch = Some(Fetch { buf: Vec::new(), got: Vec::new(), digest: None, ..f });
+            self.fetch = Some(Fetch { parts: [PartBuf::default(), PartBuf::default()], ..f });
             return Ok(());
         }
-        let state: TransferState =
-            postcard::from_bytes(&f.buf).map_err(|e| InnerError::Backend(format!("state: {e}")))?;
-        let layout = self.inner.as_ref().map(|i| i.param_layout()).unwrap_or_default();
-        self.outer = Some(OuterState::restore(
+        let [shared_buf, own_buf] = f.parts;
+        let digest = shared_buf.digest.clone().map(|(d, _)| d).unwrap_or_default();
+        let shared: SharedState = postcard::from_bytes(&shared_buf.buf)
+            .map_err(|e| InnerError::Backend(format!("state: {e}")))?;
+        let layout = self.layout.clone();
+        let mut outer = OuterState::restore(
             self.opts.outer,
-            state.outer.clone(),
-            state.momentum,
+            shared.outer,
+            shared.momentum,
             buckets_from_sizes(layout),
-            state.outer_steps,
-        )?);
-        if let Some(inner) = self.inner.as_mut() {
-            inner.import_optimizer(&state.inner)?;
-            inner.set_params(&state.outer)?;
+            shared.outer_steps,
+        )?;
+        // Non-blocking mode: replay the steps committed here since the state was taken.
+        let mut replayed = 0;
+        for (step, avg) in f.log.iter().filter(|(s, _)| *s >= shared.outer_steps) {
+            if *step != outer.steps() {
+                return Err(InnerError::Backend(format!(
+                    "the state received is as of outer step {}, but this node holds no result \
+                     for step {}",
+                    shared.outer_steps,
+                    outer.steps()
+                ))
+                .into());
+            }
+            match avg {
+                Some(g) => {
+                    outer.pseudo_gradient_mut().copy_from_slice(g);
+                    outer.apply_outer_step();
+                }
+                None => outer.skip_outer_step(),
+            }
+            replayed += 1;
         }
+        let hash = weights_digest(outer.outer());
+        self.outer = Some(outer);
         self.step.recovery += self.clock.secs() - f.started;
         self.event(
             EventKind::RecoveryDone,
-            format!("received {} bytes of state, digest {}", h.total, &h.digest[..16]),
+            format!(
+                "received {} bytes of state as of outer step {}, digest {}, weights {hash}{}",
+                shared_buf.buf.len() + own_buf.buf.len(),
+                shared.outer_steps,
+                &digest[..16.min(digest.len())],
+                if replayed > 0 { format!(", {replayed} step(s) replayed") } else { String::new() }
+            ),
         )?;
+        self.pending_sync = Some(PendingSync { own: own_buf.buf });
+        if matches!(self.member.phase(), loco_core::mesh::MemberPhase::Syncing { .. }) {
+            // Blocking mode: the inner loop is idle; take the state and report now.
+            self.finish_pending_sync()?;
+        }
+        Ok(())
+    }
+
+    /// Gives the inner loop the received state and tells the coordinator this node is synced.
+    /// In non-blocking mode this waits for the next outer step's start, so that the first
+    /// pseudo-gradient this node contributes with weight 1 starts from the mesh's weights.
+    fn finish_pending_sync(&mut self) -> Result<(), WorkerError> {
+        let Some(p) = self.pending_sync.take() else { return Ok(()) };
+        if let Some(inner) = self.inner.as_mut() {
+            inner.import_optimizer(&p.own)?;
+        }
+        self.sync_inner_to_outer()?;
         self.member.report_sync_done(self.clock.now())?;
         Ok(())
     }
+}
+
+/// Kills this process at once with SIGKILL (fault injection).
+fn kill_self() {
+    let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+    // SIGKILL cannot be caught; should the raise fail, end as abruptly.
+    std::process::abort();
 }

@@ -42,6 +42,9 @@ fn worker(id: u32, coordinator: std::net::SocketAddr, dir: &std::path::Path) -> 
         tcp: TcpConfig::default(),
         metrics: Some(dir.join(format!("w{id}.jsonl"))),
         time_offset_s: 0.0,
+        checkpoint: None,
+        resume: None,
+        faults: Vec::new(),
     }
 }
 
@@ -75,6 +78,7 @@ async fn start_coordinator(
         names: BTreeMap::new(),
         metrics: Some(dir.join("coordinator.jsonl")),
         time_offset_s: 0.0,
+        start_outer_step: 0,
     };
     let t = bind(&copts).await.unwrap();
     let addr = t.local_addr();

@@ -30,6 +30,11 @@ pub struct NodeCtl {
     pub wake: Notify,
     /// Whether the node is a member of the mesh now (for the end-of-run events).
     pub member: Cell<bool>,
+    /// A crash armed by a `crash` event with `during`: it strikes when the node next enters
+    /// this phase.
+    pub armed: Cell<Option<loco_core::scenario::FaultPhase>>,
+    /// The armed crash struck: the node froze there, and the driver kills it at its next tick.
+    pub struck: Cell<bool>,
 }
 
 /// Everything the hosts of one replay share.

@@ -249,8 +249,12 @@ impl Driver<'_> {
                     if !self.hosts.contains(&id) {
                         continue;
                     }
-                    run.event(now, EventKind::Crash, Some(id), None, "killed");
                     let ctl = run.node(id);
+                    let detail = match ctl.armed.take() {
+                        Some(phase) => format!("SIGKILL during {phase} (fault injection)"),
+                        None => "killed".to_string(),
+                    };
+                    run.event(now, EventKind::Crash, Some(id), None, detail);
                     ctl.member.set(false);
                     ctl.hung.set(false);
                     run.net.bandwidth.borrow_mut().cancel_node(now, id);
@@ -402,6 +406,8 @@ pub(crate) fn replay(scenario: &Scenario, mut opts: ReplayOptions) -> Result<Run
             leave: Cell::new(false),
             wake: Notify::new(),
             member: Cell::new(false),
+            armed: Cell::new(None),
+            struck: Cell::new(false),
         })
         .collect();
     let run = Rc::new(RunCtx {
@@ -460,9 +466,24 @@ pub(crate) fn replay(scenario: &Scenario, mut opts: ReplayOptions) -> Result<Run
     loop {
         let now = d.now();
         while next_churn < churn.len() && Time::ZERO + churn[next_churn].at <= now {
-            let a = churn[next_churn].action.clone();
-            d.apply(&a);
+            let (a, during) = (churn[next_churn].action.clone(), churn[next_churn].during);
+            match (&a, during) {
+                (ChurnAction::Crash(ids), Some(phase)) => {
+                    for &id in ids {
+                        d.run.node(id).armed.set(Some(phase));
+                    }
+                }
+                _ => d.apply(&a),
+            }
             next_churn += 1;
+        }
+        // Armed crashes that struck since the last tick: the node froze where it was.
+        let struck: Vec<NodeId> = (0..s.nodes().len() as u32)
+            .map(NodeId)
+            .filter(|&id| d.run.node(id).struck.replace(false))
+            .collect();
+        if !struck.is_empty() {
+            d.apply(&ChurnAction::Crash(struck));
         }
         d.refresh_links();
         let (steps, last_progress) = {

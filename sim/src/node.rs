@@ -239,6 +239,18 @@ impl Node {
         self.run.node(self.id).hung.get()
     }
 
+    /// An armed crash for `phase` strikes: the node freezes (it sends and computes nothing more)
+    /// and the driver kills it at its next tick.
+    fn strike(&self, phase: loco_core::scenario::FaultPhase) -> bool {
+        let ctl = self.run.node(self.id);
+        if ctl.armed.get() != Some(phase) || ctl.struck.get() {
+            return false;
+        }
+        ctl.struck.set(true);
+        ctl.hung.set(true);
+        true
+    }
+
     /// Runs the process until it stops for good.
     pub(crate) async fn run(mut self) -> turmoil::Result {
         loop {
@@ -548,7 +560,7 @@ impl Node {
                     }
                 }
             }
-            MemberAction::SendState { epoch, to } => self.send_state(epoch, to),
+            MemberAction::SendState { epoch, to, .. } => self.send_state(epoch, to),
             MemberAction::StartAllReduce(s) => {
                 self.just_admitted = false;
                 return Flow::Start(s);
@@ -618,6 +630,7 @@ impl Node {
             a.epoch = epoch;
         }
         let remaining = self.compute_duration(step);
+        self.strike(loco_core::scenario::FaultPhase::Compute);
         let since = (!self.hung()).then_some(now);
         self.computing = Some(Computing { step, remaining, since });
     }
@@ -728,18 +741,25 @@ impl Node {
                         return flow;
                     }
                 }
-                for r in &mut rings.rings {
+                'rings: for r in &mut rings.rings {
                     while let Some((to, f)) = r.poll_send() {
+                        let mut phase = loco_core::scenario::FaultPhase::ReduceScatter;
                         if let Header::Collective(h) = &f.header {
-                            if h.phase == Phase::AllGather && h.step == 0 {
-                                rings.sums.push(h.weight_sum);
+                            if h.phase == Phase::AllGather {
+                                phase = loco_core::scenario::FaultPhase::AllGather;
+                                if h.step == 0 {
+                                    rings.sums.push(h.weight_sum);
+                                }
                             }
                         }
                         self.run.frames.set(self.run.frames.get() + 1);
                         self.net.enqueue(to, f);
+                        if self.strike(phase) {
+                            break 'rings;
+                        }
                     }
                 }
-                if !failed && rings.done() {
+                if !self.hung() && !failed && rings.done() {
                     self.finish_rings(rings);
                     return Flow::Continue;
                 }
@@ -890,9 +910,13 @@ impl Node {
                 offset: lo,
                 total,
                 digest: digest.clone(),
+                part: 0,
             });
             self.run.frames.set(self.run.frames.get() + 1);
             self.net.enqueue(to, Frame { header, body });
+            if self.strike(loco_core::scenario::FaultPhase::StateSend) {
+                break;
+            }
         }
     }
 

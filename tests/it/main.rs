@@ -2,5 +2,6 @@
 
 mod bench;
 mod common;
+mod faults;
 mod launch;
 mod replay;

@@ -198,6 +198,14 @@ impl Coordinator {
         }
     }
 
+    /// A coordinator whose first epoch starts at `outer_step` (a run resumed from checkpoints
+    /// taken after that many outer steps).
+    pub fn starting_at(cfg: MeshConfig, outer_step: u64) -> Self {
+        let mut c = Coordinator::new(cfg);
+        c.state.outer_step = outer_step;
+        c
+    }
+
     /// Everything the coordinator knows.
     pub fn state(&self) -> &MeshState {
         &self.state

@@ -6,7 +6,7 @@ use super::{EvictReason, LeaveReason, MeshConfig, MeshError, MeshMsg, Transfer, 
 use crate::ids::{Epoch, NodeId, Weight};
 use crate::time::Time;
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::time::Duration;
 
@@ -127,12 +127,16 @@ pub enum MemberAction {
         /// The senders.
         senders: Vec<NodeId>,
     },
-    /// Send the training state (as of the last commit) to a joiner.
+    /// Send the training state (as of the last commit) to a joiner: this node's share of it when
+    /// there are several senders. Comes again when the senders change (one of them died), so
+    /// that the shares are divided among those left.
     SendState {
         /// The epoch of the assignment.
         epoch: Epoch,
         /// The joiner.
         to: NodeId,
+        /// Every sender of this transfer, in id order (this node among them).
+        senders: Vec<NodeId>,
     },
     /// Start the all-reduce from the kept pseudo-gradient; report with
     /// [`Member::report_allreduce_done`] or [`Member::report_allreduce_failed`]. Do not apply
@@ -285,10 +289,13 @@ pub struct Member {
     synced: bool,
     collective: Option<(Epoch, u64)>,
     heard: Time,
+    /// When this member was last driven (a message or a timer): a gap much longer than the
+    /// heartbeat interval means this process itself was stopped (SIGSTOP, a VM pause).
+    awake: Time,
     heartbeats: u64,
     last_committed: Option<u64>,
     fetching: Option<Vec<NodeId>>,
-    sending: BTreeSet<NodeId>,
+    sending: BTreeMap<NodeId, Vec<NodeId>>,
     timers: TimerTable<MemberTimer>,
     prober: Prober,
     actions: VecDeque<MemberAction>,
@@ -311,10 +318,11 @@ impl Member {
             synced: false,
             collective: None,
             heard: Time::ZERO,
+            awake: Time::ZERO,
             heartbeats: 0,
             last_committed: None,
             fetching: None,
-            sending: BTreeSet::new(),
+            sending: BTreeMap::new(),
             timers: TimerTable::new(),
             prober: Prober::default(),
             actions: VecDeque::new(),
@@ -394,6 +402,7 @@ impl Member {
         }
         self.phase = MemberPhase::Joining;
         self.heard = now;
+        self.awake = now;
         self.send_coordinator(MeshMsg::Join { incarnation: self.incarnation });
         self.timers.set(MemberTimer::Heartbeat, now + self.cfg.heartbeat_interval);
         self.timers.set(MemberTimer::CoordinatorDeadline, now + self.cfg.coordinator_timeout);
@@ -501,6 +510,10 @@ impl Member {
     /// Deadlines passed (heartbeat due, coordinator silent, probe timed out). Early calls are
     /// no-ops.
     pub fn handle_timeout(&mut self, now: Time) {
+        // Stopped longer than half the coordinator timeout: the silence was this process's own.
+        let stalled =
+            now - self.awake > self.cfg.coordinator_timeout / 2 && self.phase != MemberPhase::Idle;
+        self.awake = now;
         for t in self.timers.expired(now) {
             match t {
                 MemberTimer::Heartbeat => {
@@ -516,6 +529,19 @@ impl Member {
                         });
                     }
                     self.timers.set(MemberTimer::Heartbeat, now + self.cfg.heartbeat_interval);
+                }
+                MemberTimer::CoordinatorDeadline if stalled => {
+                    // Ask before concluding: the coordinator answers (or evicts this node).
+                    self.heard = now;
+                    self.heartbeats += 1;
+                    self.send_coordinator(MeshMsg::Heartbeat {
+                        seq: self.heartbeats,
+                        epoch: self.epoch,
+                        phase: self.phase,
+                        synced: self.synced,
+                    });
+                    self.timers
+                        .set(MemberTimer::CoordinatorDeadline, now + self.cfg.coordinator_timeout);
                 }
                 MemberTimer::CoordinatorDeadline => {
                     let pending = match self.phase {
@@ -588,8 +614,10 @@ impl Member {
                 let senders = t.senders.clone();
                 self.actions.push_back(MemberAction::FetchState { epoch, senders });
             }
-            if t.senders.contains(&self.id) && self.sending.insert(t.joiner) {
-                self.actions.push_back(MemberAction::SendState { epoch, to: t.joiner });
+            if t.senders.contains(&self.id) && self.sending.get(&t.joiner) != Some(&t.senders) {
+                self.sending.insert(t.joiner, t.senders.clone());
+                let senders = t.senders.clone();
+                self.actions.push_back(MemberAction::SendState { epoch, to: t.joiner, senders });
             }
         }
     }
@@ -616,6 +644,7 @@ impl Member {
             return;
         }
         self.heard = now;
+        self.awake = now;
         self.timers.set(MemberTimer::CoordinatorDeadline, now + self.cfg.coordinator_timeout);
         match msg {
             MeshMsg::Queued { .. } => self.queued = true,

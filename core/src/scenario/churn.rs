@@ -9,7 +9,9 @@ use super::validate::{
     R, conflict, duration, expected, missing, one_of_text, positive_duration, quoted, rate,
     region_ref, unknown, varying,
 };
-use super::{ChurnAction, ChurnEvent, Cut, EventSource, LinkSpec, NodeSpec, Region, RegionId};
+use super::{
+    ChurnAction, ChurnEvent, Cut, EventSource, FaultPhase, LinkSpec, NodeSpec, Region, RegionId,
+};
 use crate::ids::NodeId;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -53,7 +55,8 @@ impl Kind {
         let node = matches!(field, "node" | "nodes");
         let link = matches!(field, "from" | "to" | "oneway");
         match self {
-            Kind::Join | Kind::Leave | Kind::Crash | Kind::Resume | Kind::Restart => node,
+            Kind::Crash => node || field == "during",
+            Kind::Join | Kind::Leave | Kind::Resume | Kind::Restart => node,
             Kind::Hang => node || field == "for",
             Kind::Partition => node || link || field == "for",
             Kind::Heal => node || link,
@@ -132,6 +135,7 @@ pub(super) fn churn(
             ("latency", c.latency.is_some()),
             ("jitter", c.jitter.is_some()),
             ("for", c.for_.is_some()),
+            ("during", c.during.is_some()),
         ];
         for (field, given) in present {
             if given && !kind.accepts(field) {
@@ -141,6 +145,13 @@ pub(super) fn churn(
                 ));
             }
         }
+        let during = match &c.during {
+            Some(d) => Some(FaultPhase::parse(d).ok_or_else(|| {
+                let names: Vec<&str> = FaultPhase::ALL.iter().map(|(n, _)| *n).collect();
+                expected(&cp.key("during"), one_of_text(&names), quoted(d))
+            })?),
+            None => None,
+        };
         let for_ = c.for_.as_ref().map(|f| positive_duration(&cp.key("for"), f)).transpose()?;
         let end_at = match for_ {
             Some(d) => Some(at.checked_add(d).ok_or_else(|| {
@@ -182,7 +193,9 @@ pub(super) fn churn(
                 EventSource::ChurnEnd(_) => Vec::new(),
                 _ => node_paths.clone(),
             };
-            pending.push(Pending { event: ChurnEvent { at, action, source }, path, node_paths });
+            let during = if matches!(source, EventSource::Churn(_)) { during } else { None };
+            let event = ChurnEvent { at, action, source, during };
+            pending.push(Pending { event, path, node_paths });
         };
         let node_kind = |ids: &Vec<NodeId>| -> R<Vec<NodeId>> {
             if ids.is_empty() {
@@ -388,6 +401,7 @@ pub(super) fn churn(
                     at: n.start,
                     action: ChurnAction::Join(vec![n.id]),
                     source: EventSource::NodeStart(n.entry),
+                    during: None,
                 },
                 path: path.clone(),
                 node_paths: vec![path],

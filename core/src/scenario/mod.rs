@@ -126,6 +126,8 @@
 //! jitter = "50ms"              # degrade: the new jitter (default unchanged)
 //! for = "10min"                # hang, partition, degrade: undo after this long
 //!                              # (a resume, heal or restore event); default never
+//! during = "reduce-scatter"    # crash: armed at `at`, fires when the node next enters this
+//!                              # phase: compute, reduce-scatter, all-gather or state-send
 //!
 //! [stop]                       # required: outer_steps, time, or both (the first reached)
 //! outer_steps = 30             # >= 1
@@ -143,6 +145,8 @@
 //! micro_batch = 4              # default 1; sequences per forward pass
 //! seq_len = 128                # default none (the model's); override for CPU runs
 //! checkpoint_dir = "ckpt"      # default none (no checkpoints); relative to the scenario file
+//! checkpoint_remote = "bucket" # default none; a second copy of each checkpoint, written after
+//!                              # the local one (a mounted remote file system); relative as above
 //! checkpoint_every = 1         # default 1 (outer steps); >= 1
 //! keep = 3                     # default 3; >= 1
 //! secret_env = "LOCO_SECRET"   # default "LOCO_SECRET": env variable with the run's secret
@@ -157,7 +161,7 @@
 //! |---|---|---|
 //! | `join` | `node`/`nodes` | a declared node without `start` starts then (same as setting its `start`) |
 //! | `leave` | `node`/`nodes` | graceful exit with a deathrattle |
-//! | `crash` | `node`/`nodes` | SIGKILL (also of a hung node) |
+//! | `crash` | `node`/`nodes`, `during` | SIGKILL (also of a hung node); with `during`, at the node's next entry into that phase after `at` |
 //! | `hang` | `node`/`nodes`, `for` | stops working but keeps sending heartbeats |
 //! | `resume` | `node`/`nodes` | a hung node works again |
 //! | `restart` | `node`/`nodes` | a node that crashed or left comes back and rejoins |
@@ -532,6 +536,48 @@ pub struct ChurnEvent {
     pub action: ChurnAction,
     /// Where it was written.
     pub source: EventSource,
+    /// A crash armed at `at` that fires when the node next enters this phase (`None`: at `at`).
+    pub during: Option<FaultPhase>,
+}
+
+/// A phase of a node's outer step, where a `crash` with `during` strikes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FaultPhase {
+    /// The inner steps (after the first inner step of an outer step).
+    Compute,
+    /// The reduce-scatter of the all-reduce (after sending its first segment).
+    ReduceScatter,
+    /// The all-gather of the all-reduce (after sending its first segment).
+    AllGather,
+    /// Sending the training state to a joiner (after its first piece).
+    StateSend,
+}
+
+impl FaultPhase {
+    /// Every phase with its name in scenario files.
+    pub const ALL: [(&'static str, FaultPhase); 4] = [
+        ("compute", FaultPhase::Compute),
+        ("reduce-scatter", FaultPhase::ReduceScatter),
+        ("all-gather", FaultPhase::AllGather),
+        ("state-send", FaultPhase::StateSend),
+    ];
+
+    /// Its name in scenario files.
+    pub fn as_str(self) -> &'static str {
+        FaultPhase::ALL.iter().find(|(_, p)| *p == self).map_or("?", |(n, _)| n)
+    }
+
+    /// The phase of a name, as written in scenario files.
+    pub fn parse(name: &str) -> Option<FaultPhase> {
+        FaultPhase::ALL.iter().find(|(n, _)| *n == name).map(|(_, p)| *p)
+    }
+}
+
+impl std::fmt::Display for FaultPhase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// When the run ends: at whichever comes first (at least one is set).
@@ -607,6 +653,9 @@ pub struct RealSpec {
     /// Checkpoint directory as written (relative to the scenario file); `None` for no
     /// checkpoints.
     pub checkpoint_dir: Option<String>,
+    /// A second checkpoint directory (the "remote") that each complete checkpoint is copied to
+    /// in the background, as written (relative to the scenario file).
+    pub checkpoint_remote: Option<String>,
     /// Checkpoint every this many outer steps.
     pub checkpoint_every: u64,
     /// Checkpoints kept.
@@ -623,6 +672,7 @@ impl Default for RealSpec {
             micro_batch: 1,
             seq_len: None,
             checkpoint_dir: None,
+            checkpoint_remote: None,
             checkpoint_every: 1,
             keep: 3,
             secret_env: "LOCO_SECRET".to_owned(),

@@ -230,6 +230,7 @@ pub(crate) struct RawChurn {
     pub(crate) jitter: Option<RawScalar>,
     #[serde(rename = "for")]
     pub(crate) for_: Option<RawScalar>,
+    pub(crate) during: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
@@ -256,6 +257,7 @@ pub(crate) struct RawReal {
     pub(crate) micro_batch: Option<u32>,
     pub(crate) seq_len: Option<u32>,
     pub(crate) checkpoint_dir: Option<String>,
+    pub(crate) checkpoint_remote: Option<String>,
     pub(crate) checkpoint_every: Option<u64>,
     pub(crate) keep: Option<u32>,
     pub(crate) secret_env: Option<String>,

@@ -840,12 +840,19 @@ fn real(r: &RawReal) -> R<RealSpec> {
         Some(s) => s.clone(),
         None => def.secret_env,
     };
+    if r.checkpoint_remote.is_some() && r.checkpoint_dir.is_none() {
+        return Err(missing(
+            &p.key("checkpoint_dir"),
+            "the local checkpoint directory that checkpoint_remote copies",
+        ));
+    }
     Ok(RealSpec {
         device,
         data: path_field("data", &r.data)?,
         micro_batch: at_least_one(&p.key("micro_batch"), r.micro_batch.unwrap_or(def.micro_batch))?,
         seq_len: r.seq_len.map(|s| at_least_one(&p.key("seq_len"), s)).transpose()?,
         checkpoint_dir: path_field("checkpoint_dir", &r.checkpoint_dir)?,
+        checkpoint_remote: path_field("checkpoint_remote", &r.checkpoint_remote)?,
         checkpoint_every: at_least_one(
             &p.key("checkpoint_every"),
             r.checkpoint_every.unwrap_or(def.checkpoint_every),
