@@ -30,8 +30,13 @@ pub(crate) fn load(path: &Path) -> Result<Scenario> {
     Scenario::load(path).map_err(|e| InputError(anyhow!(e)).into())
 }
 
+/// The run's secret: the scenario's `secret_env` variable when it is set, else its `secret`.
 fn secret(s: &Scenario) -> Option<Vec<u8>> {
-    std::env::var(&s.real().secret_env).ok().filter(|v| !v.is_empty()).map(String::into_bytes)
+    std::env::var(&s.real().secret_env)
+        .ok()
+        .filter(|v| !v.is_empty())
+        .or_else(|| s.real().secret.clone())
+        .map(String::into_bytes)
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {

@@ -42,7 +42,10 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 /// Version of the wire protocol; peers with another version are refused at the handshake.
-pub const PROTOCOL_VERSION: u16 = 1;
+/// 2: state pieces carry the part they belong to (the state travels in two parts).
+pub const PROTOCOL_VERSION: u16 = 2;
+/// Bytes of the handshake's answer: a [`HelloStatus`], then the answering side's version (LE).
+pub const HELLO_REPLY_LEN: usize = 3;
 const MAGIC: [u8; 4] = *b"LOCO";
 const HELLO_LEN: usize = 4 + 2 + 4 + 2 + 32;
 const PREFIX_LEN: usize = 17;
@@ -109,13 +112,31 @@ pub enum TcpError {
     },
 }
 
+/// The first byte of the handshake's answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
-enum HelloStatus {
+pub enum HelloStatus {
+    /// Accepted.
     Ok = 0,
+    /// Refused: another protocol version.
     BadVersion = 1,
+    /// Refused: the run's secret was not shown.
     BadSecret = 2,
+    /// Refused: not a loco peer.
     BadMagic = 3,
+}
+
+/// The handshake a dialer sends: magic, protocol `version`, its id, the port it listens on
+/// (0: none), and its proof of the run's secret. Public for diagnostics and fault-injection
+/// tests (a peer speaking an older version, or without the secret).
+pub fn hello(version: u16, from: NodeId, listen_port: u16, secret: Option<&[u8]>) -> Vec<u8> {
+    let mut h = Vec::with_capacity(HELLO_LEN);
+    h.extend_from_slice(&MAGIC);
+    h.extend_from_slice(&version.to_le_bytes());
+    h.extend_from_slice(&from.0.to_le_bytes());
+    h.extend_from_slice(&listen_port.to_le_bytes());
+    h.extend_from_slice(&auth_tag(secret, from));
+    h
 }
 
 /// What a writer task sends.
@@ -337,14 +358,9 @@ async fn dial(
     let unreachable = |_| TransportError::Unreachable(to);
     let mut s = TcpStream::connect(addr).await.map_err(unreachable)?;
     s.set_nodelay(true).map_err(unreachable)?;
-    let mut hello = Vec::with_capacity(HELLO_LEN);
-    hello.extend_from_slice(&MAGIC);
-    hello.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
-    hello.extend_from_slice(&me.0.to_le_bytes());
-    hello.extend_from_slice(&listen_port.to_le_bytes());
-    hello.extend_from_slice(&auth_tag(cfg.secret.as_deref(), me));
+    let hello = hello(PROTOCOL_VERSION, me, listen_port, cfg.secret.as_deref());
     s.write_all(&hello).await.map_err(unreachable)?;
-    let mut reply = [0u8; 3];
+    let mut reply = [0u8; HELLO_REPLY_LEN];
     s.read_exact(&mut reply).await.map_err(unreachable)?;
     let theirs = u16::from_le_bytes([reply[1], reply[2]]);
     let reason = match reply[0] {
@@ -415,6 +431,7 @@ async fn accept_handshake(
         HelloStatus::Ok
     };
     let mut reply = [status as u8, 0, 0];
+    debug_assert_eq!(reply.len(), HELLO_REPLY_LEN);
     reply[1..].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
     s.write_all(&reply).await.map_err(|e| format!("answering the handshake: {e}"))?;
     match status {

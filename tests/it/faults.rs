@@ -298,6 +298,21 @@ fn two_joiners_at_once_are_admitted_together_each_with_the_state() {
 }
 
 #[test]
+fn a_non_blocking_joiner_counts_with_weight_zero_until_it_holds_the_state() {
+    let (_ctx, r) = play("join-non-blocking");
+    r.assert_event("recovery-done", "late", "received");
+    assert_eq!(r.joiners_match_their_senders(), 1);
+    let weights: Vec<f64> = r
+        .rows
+        .iter()
+        .filter(|x| x["node"] == "late")
+        .map(|x| x["weight"].parse().unwrap())
+        .collect();
+    assert_eq!(weights.first(), Some(&0.0), "the joiner's first step has weight 0: {weights:?}");
+    assert!(weights.iter().skip(2).all(|&w| w == 1.0), "then it counts fully: {weights:?}");
+}
+
+#[test]
 fn when_the_coordinator_dies_the_members_checkpoint_and_stop_and_the_run_resumes() {
     let (_ctx, r) = play("coordinator-crash");
     for n in ["n-0", "n-1", "n-2"] {
@@ -369,5 +384,121 @@ fn copy_dir(from: &Path, to: &Path) {
         } else {
             std::fs::copy(e.path(), &target).unwrap();
         }
+    }
+}
+
+/// Peers that must not get in, while a run with a secret trains: one speaking an older protocol
+/// version, one without the run's secret, and one that knows the secret but sends a corrupt
+/// frame. Each is refused or cut off and logged; the run goes on untouched.
+#[test]
+fn strangers_old_versions_and_corrupt_frames_are_refused_and_the_run_goes_on() {
+    use loco_real::tcp::{HELLO_REPLY_LEN, HelloStatus, PROTOCOL_VERSION, hello};
+    use std::io::{Read, Write};
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let ctx = TestContext::new();
+    let out = ctx.path().join("run");
+    let secret = b"fault-suite secret";
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_loco"))
+        .args(["launch", &scenario("leave"), "--synthetic-params", "20000", "--timeout", "120"])
+        .arg("--out")
+        .arg(&out)
+        .arg("--checkpoint-dir")
+        .arg(ctx.path().join("ckpt"))
+        .current_dir(TestContext::repo())
+        .env("LOCO_SECRET", std::str::from_utf8(secret).unwrap())
+        .env_remove("LOCO_LOG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let addr_file = out.join("nodes").join("coordinator.addr");
+    let mut waited = 0;
+    let addr: std::net::SocketAddr = loop {
+        if let Some(a) =
+            std::fs::read_to_string(&addr_file).ok().and_then(|t| t.trim().parse().ok())
+        {
+            break a;
+        }
+        waited += 1;
+        assert!(waited < 300, "the coordinator did not start");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let knock = |h: Vec<u8>| -> (std::net::TcpStream, u8) {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+        s.write_all(&h).unwrap();
+        let mut reply = [0u8; HELLO_REPLY_LEN];
+        s.read_exact(&mut reply).unwrap();
+        (s, reply[0])
+    };
+    let stranger = loco_core::ids::NodeId(77);
+    let (_, old) = knock(hello(PROTOCOL_VERSION - 1, stranger, 0, Some(secret)));
+    assert_eq!(old, HelloStatus::BadVersion as u8);
+    let (_, unknown) = knock(hello(PROTOCOL_VERSION, stranger, 0, Some(b"a guess")));
+    assert_eq!(unknown, HelloStatus::BadSecret as u8);
+    let (mut s, ok) = knock(hello(PROTOCOL_VERSION, stranger, 0, Some(secret)));
+    assert_eq!(ok, HelloStatus::Ok as u8);
+    s.write_all(&[0xA5; 64]).unwrap();
+    let mut buf = [0u8; 16];
+    assert!(matches!(s.read(&mut buf), Ok(0) | Err(_)), "the corrupt connection is closed");
+    let o = child.wait_with_output().unwrap();
+    let err = stderr(&o);
+    assert!(o.status.success(), "stdout: {}\nstderr: {err}", stdout(&o));
+    let old_version = format!("speaks protocol version {}", PROTOCOL_VERSION - 1);
+    for needle in [old_version.as_str(), "does not know the run secret", "corrupt frame"] {
+        assert!(err.contains(needle), "no {needle:?} in the log:\n{err}");
+    }
+    let r = Run::read(out, ctx.path().join("ckpt"));
+    assert_eq!(r.steps_with_identical_replicas(), 16);
+}
+
+/// Bad scenario files stop `loco launch` before any process starts: exit 2, the file, the line
+/// and column, the field and what was expected; no run directory.
+#[test]
+fn bad_scenario_files_are_refused_before_anything_starts() {
+    let ctx = TestContext::new();
+    let good = std::fs::read_to_string(TestContext::repo().join(scenario("leave"))).unwrap();
+    let cases: [(&str, &str, &str, &[&str]); 5] = [
+        ("wrong type", "heartbeat = \"200ms\"", "heartbeat = 200", &["mesh.heartbeat", "expected"]),
+        (
+            "unknown field",
+            "[real]\n",
+            "[real]\ncheckpoint_evry = 2\n",
+            &["checkpoint_evry", "unknown field"],
+        ),
+        ("impossible count", "count = 3", "count = 0", &["nodes[0].count", "expected"]),
+        (
+            "unknown phase",
+            "kind = \"leave\"",
+            "kind = \"crash\"\nduring = \"lunch\"",
+            &["churn[0].during", "\"lunch\""],
+        ),
+        (
+            "impossible churn",
+            "node = \"n-1\"",
+            "node = \"n-9\"",
+            &["churn[0].node", "unknown node \"n-9\""],
+        ),
+    ];
+    for (what, from, to, needles) in cases {
+        assert!(good.contains(from), "{what}: {from:?} not in the scenario");
+        let path = ctx.path().join("bad.toml");
+        std::fs::write(&path, good.replacen(from, to, 1)).unwrap();
+        let out = ctx.path().join("run");
+        let o = ctx.loco(&[
+            "launch",
+            path.to_str().unwrap(),
+            "--synthetic-params",
+            "100",
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{what}: {err}");
+        assert!(err.contains("bad.toml:"), "{what}: no file:line:col in {err}");
+        for n in needles {
+            assert!(err.contains(n), "{what}: no {n:?} in {err}");
+        }
+        assert!(!out.exists(), "{what}: a run directory for a run that did not start");
     }
 }

@@ -150,6 +150,7 @@
 //! checkpoint_every = 1         # default 1 (outer steps); >= 1
 //! keep = 3                     # default 3; >= 1
 //! secret_env = "LOCO_SECRET"   # default "LOCO_SECRET": env variable with the run's secret
+//! secret = "..."               # default none; the secret itself, when that variable is unset
 //! ```
 //!
 //! # Nodes and churn
@@ -662,6 +663,9 @@ pub struct RealSpec {
     pub keep: u32,
     /// The environment variable holding the shared secret.
     pub secret_env: String,
+    /// The run's shared secret written in the file, used when the environment variable is not
+    /// set (a file is easier to leak than the environment: prefer `secret_env`).
+    pub secret: Option<String>,
 }
 
 impl Default for RealSpec {
@@ -676,6 +680,7 @@ impl Default for RealSpec {
             checkpoint_every: 1,
             keep: 3,
             secret_env: "LOCO_SECRET".to_owned(),
+            secret: None,
         }
     }
 }

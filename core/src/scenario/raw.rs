@@ -261,4 +261,5 @@ pub(crate) struct RawReal {
     pub(crate) checkpoint_every: Option<u64>,
     pub(crate) keep: Option<u32>,
     pub(crate) secret_env: Option<String>,
+    pub(crate) secret: Option<String>,
 }

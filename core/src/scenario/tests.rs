@@ -906,6 +906,33 @@ fn churn_field_errors() {
     );
 }
 
+#[test]
+fn a_crash_can_wait_for_a_phase() {
+    let churn = |body: &str| format!("{BASE}[[churn]]\n{body}");
+    let s = ok(&churn("at = \"2s\"\nkind = \"crash\"\nnode = \"eu\"\nduring = \"all-gather\"\n"));
+    let c = &s.churn()[0];
+    assert_eq!((c.at, c.during), (Duration::from_secs(2), Some(FaultPhase::AllGather)));
+    assert!(matches!(&c.action, ChurnAction::Crash(ids) if ids == &[NodeId(2)]));
+    for (name, phase) in FaultPhase::ALL {
+        assert_eq!(FaultPhase::parse(name), Some(phase));
+        assert_eq!(phase.to_string(), name);
+    }
+    let s = ok(&churn("at = \"2s\"\nkind = \"crash\"\nnode = \"eu\"\n"));
+    assert_eq!(s.churn()[0].during, None);
+    let src = churn("at = \"2s\"\nkind = \"crash\"\nnode = \"eu\"\nduring = \"lunch\"\n");
+    assert_msg_last(
+        &src,
+        "\"lunch\"",
+        r#"churn[0].during: expected one of "compute", "reduce-scatter", "all-gather", "state-send", got "lunch""#,
+    );
+    let src = churn("at = \"2s\"\nkind = \"leave\"\nnode = \"eu\"\nduring = \"compute\"\n");
+    assert_msg_last(
+        &src,
+        "\"compute\"",
+        "churn[0].during: `during` does not apply to a leave event",
+    );
+}
+
 fn assert_msg_last(src: &str, needle: &str, rest: &str) {
     let e = err(src);
     assert_eq!(e.to_string(), format!("t.toml:{}: {rest}", pos_last(src, needle)));

@@ -859,5 +859,11 @@ fn real(r: &RawReal) -> R<RealSpec> {
         )?,
         keep: at_least_one(&p.key("keep"), r.keep.unwrap_or(def.keep))?,
         secret_env,
+        secret: match &r.secret {
+            Some(s) if s.is_empty() => {
+                return Err(expected(&p.key("secret"), "a non-empty secret", quoted(s)));
+            }
+            other => other.clone(),
+        },
     })
 }
