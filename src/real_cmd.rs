@@ -452,6 +452,7 @@ pub(crate) fn launch(a: &crate::cli::LaunchArgs) -> Result<bool> {
     let limit =
         a.timeout.map(Duration::from_secs).or(s.stop().time.map(|t| t + Duration::from_secs(60)));
     let mut next = 0;
+    let mut failures: Vec<String> = Vec::new();
     let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
     loop {
         let elapsed = Duration::from_secs_f64((unix_now() - run_start).max(0.0));
@@ -526,8 +527,16 @@ pub(crate) fn launch(a: &crate::cli::LaunchArgs) -> Result<bool> {
             }
         }
         for p in workers.values_mut() {
-            if !p.stopped && p.child.try_wait()?.is_some() {
+            if p.stopped {
+                continue;
+            }
+            if let Some(status) = p.child.try_wait()? {
                 p.stopped = true;
+                // A worker that failed on its own (not a signal of the churn) is an error.
+                if status.code().is_some_and(|c| c != 0) {
+                    eprintln!("loco: worker {} failed ({status}); see its log above", p.name);
+                    failures.push(p.name.clone());
+                }
             }
         }
         if coord.child.try_wait()?.is_some() {
@@ -535,6 +544,15 @@ pub(crate) fn launch(a: &crate::cli::LaunchArgs) -> Result<bool> {
         }
         let all_workers_done = workers.values().all(|p| p.stopped);
         if coord.stopped && all_workers_done {
+            break;
+        }
+        let joins_ahead = timeline[next..]
+            .iter()
+            .any(|(_, a, _)| matches!(a, ChurnAction::Join(_) | ChurnAction::Restart(_)));
+        if all_workers_done && !coord.stopped && !joins_ahead {
+            eprintln!("loco: every worker has stopped and none is due to start; ending the run");
+            signal(&mut coord, nix::sys::signal::Signal::SIGTERM);
+            std::thread::sleep(Duration::from_secs(1));
             break;
         }
         if coord.stopped && !all_workers_done {
@@ -570,7 +588,7 @@ pub(crate) fn launch(a: &crate::cli::LaunchArgs) -> Result<bool> {
         }
     }
     let wall = unix_now() - run_start;
-    finish(&s, &out, &nodes_dir, launch_events, wall)
+    finish(&s, &out, &nodes_dir, launch_events, wall, &failures)
 }
 
 fn count_commits(path: &Path) -> usize {
@@ -624,6 +642,7 @@ fn finish(
     nodes_dir: &Path,
     mut events: Vec<EventRow>,
     wall: f64,
+    failures: &[String],
 ) -> Result<bool> {
     let mut rows: Vec<OuterStepRow> = Vec::new();
     let mut peaks: BTreeMap<String, u64> = BTreeMap::new();
@@ -658,6 +677,12 @@ fn finish(
         if distinct.len() > 1 {
             violations.push(format!("outer step {step}: replicas differ: {hashes:?}"));
         }
+    }
+    for name in failures {
+        violations.push(format!("worker {name} failed (exit status not 0); see the log"));
+    }
+    if rows.is_empty() {
+        violations.push("no outer step was committed".to_string());
     }
     let flops = loco_core::metrics::flops_per_token(
         s.model().non_embedding_params() as f64,

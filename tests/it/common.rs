@@ -43,3 +43,10 @@ pub(crate) fn stdout(o: &Output) -> String {
 pub(crate) fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
+
+/// Runs of real processes are timed (heartbeats, timeouts): one at a time within this test
+/// binary, so that they do not starve each other of the machine's cores.
+pub(crate) fn one_real_run_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}

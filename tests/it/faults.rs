@@ -8,7 +8,7 @@
 //! hash-equals the state its senders committed; events.csv says what happened; and the simulator
 //! tells the same membership story (the same epochs with the same members, the same evictions).
 
-use crate::common::{TestContext, stderr, stdout};
+use crate::common::{TestContext, one_real_run_at_a_time, stderr, stdout};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
@@ -156,20 +156,21 @@ fn scenario(name: &str) -> String {
     format!("scenarios/faults/{name}.toml")
 }
 
-/// Fault runs are timed (heartbeats, timeouts): one at a time, so that they do not starve each
-/// other of this machine's cores.
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 /// `loco launch` of a scenario with the synthetic objective; asserts that it succeeded.
 fn launch(ctx: &TestContext, scenario: &str, extra: &[&str]) -> Run {
-    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut args = vec!["--synthetic-params", "20000"];
+    args.extend_from_slice(extra);
+    launch_model(ctx, scenario, &args)
+}
+
+/// `loco launch` of a scenario with its own model (or what `extra` says); asserts success.
+fn launch_model(ctx: &TestContext, scenario: &str, extra: &[&str]) -> Run {
+    let _turn = one_real_run_at_a_time();
     let out = ctx.path().join("run");
     let ckpt = ctx.path().join("ckpt");
     let mut args = vec![
         "launch",
         scenario,
-        "--synthetic-params",
-        "20000",
         "--out",
         out.to_str().unwrap(),
         "--checkpoint-dir",
@@ -215,29 +216,31 @@ fn play(name: &str) -> (TestContext, Run) {
     (ctx, real)
 }
 
+/// n-1 killed in `phase`: evicted by its silence; the survivors finish every step together,
+/// retrying the step whose all-reduce it broke.
+fn killed_during(phase: &str, retried: bool) {
+    let (_ctx, r) = play(&format!("crash-in-{phase}"));
+    r.assert_event("crash", "n-1", &format!("SIGKILL during {phase}"));
+    r.assert_event("evict", "n-1", "heartbeat timeout");
+    if retried {
+        r.assert_event("retry", "", "attempt 1 on 2 nodes");
+    }
+    assert_eq!(r.steps_with_identical_replicas(), 16);
+}
+
 #[test]
 fn a_worker_killed_during_its_inner_steps_is_evicted_and_the_rest_go_on() {
-    let (_ctx, r) = play("crash-in-compute");
-    r.assert_event("crash", "n-1", "SIGKILL during compute");
-    r.assert_event("evict", "n-1", "heartbeat timeout");
-    assert_eq!(r.steps_with_identical_replicas(), 16);
+    killed_during("compute", false);
 }
 
 #[test]
 fn a_worker_killed_during_the_reduce_scatter_makes_the_survivors_retry_the_step() {
-    let (_ctx, r) = play("crash-in-reduce-scatter");
-    r.assert_event("crash", "n-1", "SIGKILL during reduce-scatter");
-    r.assert_event("evict", "n-1", "heartbeat timeout");
-    r.assert_event("retry", "", "attempt 1 on 2 nodes");
-    assert_eq!(r.steps_with_identical_replicas(), 16);
+    killed_during("reduce-scatter", true);
 }
 
 #[test]
 fn a_worker_killed_during_the_all_gather_makes_the_survivors_retry_the_step() {
-    let (_ctx, r) = play("crash-in-all-gather");
-    r.assert_event("crash", "n-1", "SIGKILL during all-gather");
-    r.assert_event("retry", "", "attempt 1 on 2 nodes");
-    assert_eq!(r.steps_with_identical_replicas(), 16);
+    killed_during("all-gather", true);
 }
 
 #[test]
@@ -331,14 +334,28 @@ fn when_the_coordinator_dies_the_members_checkpoint_and_stop_and_the_run_resumes
 /// the same loss, as the run that was never interrupted.
 #[test]
 fn a_run_resumed_from_a_checkpoint_continues_exactly() {
+    resume_continues_exactly(&["--synthetic-params", "20000"]);
+}
+
+/// The same with the tiny Llama: parameters, AdamW moments and step, the schedule and the data
+/// position all come back from the checkpoint.
+#[cfg(feature = "torch")]
+#[test]
+fn the_tiny_model_resumed_from_a_checkpoint_continues_exactly() {
+    resume_continues_exactly(&[]);
+}
+
+fn resume_continues_exactly(model: &[&str]) {
     let ctx = TestContext::new();
     let s = resumable_scenario(&ctx);
-    let full = launch(&ctx, s.to_str().unwrap(), &[]);
+    let full = launch_model(&ctx, s.to_str().unwrap(), model);
     assert_eq!(full.steps_with_identical_replicas(), 12);
     // Resume from step 6 in a copy of the checkpoints (the resumed run writes its own).
     let ctx2 = TestContext::new();
     copy_dir(&full.ckpt, &ctx2.path().join("ckpt"));
-    let resumed = launch(&ctx2, s.to_str().unwrap(), &["--resume-step", "6"]);
+    let mut args = model.to_vec();
+    args.extend_from_slice(&["--resume-step", "6"]);
+    let resumed = launch_model(&ctx2, s.to_str().unwrap(), &args);
     resumed.assert_event("start", "n-0", "resumed from checkpoint");
     let key = |r: &Row| (r["outer_step"].parse::<u64>().unwrap(), r["node"].clone());
     let want: BTreeMap<(u64, String), (String, String)> = full
@@ -394,7 +411,7 @@ fn copy_dir(from: &Path, to: &Path) {
 fn strangers_old_versions_and_corrupt_frames_are_refused_and_the_run_goes_on() {
     use loco_real::tcp::{HELLO_REPLY_LEN, HelloStatus, PROTOCOL_VERSION, hello};
     use std::io::{Read, Write};
-    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _turn = one_real_run_at_a_time();
     let ctx = TestContext::new();
     let out = ctx.path().join("run");
     let secret = b"fault-suite secret";

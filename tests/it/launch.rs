@@ -1,6 +1,6 @@
 //! `loco launch`: real processes on loopback, from a scenario file.
 
-use crate::common::{TestContext, stderr, stdout};
+use crate::common::{TestContext, one_real_run_at_a_time, stderr, stdout};
 use std::collections::BTreeMap;
 
 fn csv_rows(path: &std::path::Path) -> Vec<BTreeMap<String, String>> {
@@ -27,6 +27,7 @@ fn hashes_agree(rows: &[BTreeMap<String, String>]) -> usize {
 /// The protocol end to end without libtorch: a synthetic objective, the same churn.
 #[test]
 fn launch_with_a_synthetic_model_survives_the_crash_and_the_join() {
+    let _turn = one_real_run_at_a_time();
     let ctx = TestContext::new();
     let out = ctx.path().join("run");
     let o = ctx.loco(&[
@@ -55,6 +56,7 @@ fn launch_with_a_synthetic_model_survives_the_crash_and_the_join() {
 #[cfg(feature = "torch")]
 #[test]
 fn launch_trains_the_tiny_model_across_processes_with_a_crash_and_a_join() {
+    let _turn = one_real_run_at_a_time();
     let ctx = TestContext::new();
     let out = ctx.path().join("run");
     let o = ctx.loco(&[

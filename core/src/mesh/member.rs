@@ -520,26 +520,14 @@ impl Member {
                     if self.phase == MemberPhase::Joining && !self.queued {
                         self.send_coordinator(MeshMsg::Join { incarnation: self.incarnation });
                     } else {
-                        self.heartbeats += 1;
-                        self.send_coordinator(MeshMsg::Heartbeat {
-                            seq: self.heartbeats,
-                            epoch: self.epoch,
-                            phase: self.phase,
-                            synced: self.synced,
-                        });
+                        self.send_heartbeat();
                     }
                     self.timers.set(MemberTimer::Heartbeat, now + self.cfg.heartbeat_interval);
                 }
                 MemberTimer::CoordinatorDeadline if stalled => {
                     // Ask before concluding: the coordinator answers (or evicts this node).
                     self.heard = now;
-                    self.heartbeats += 1;
-                    self.send_coordinator(MeshMsg::Heartbeat {
-                        seq: self.heartbeats,
-                        epoch: self.epoch,
-                        phase: self.phase,
-                        synced: self.synced,
-                    });
+                    self.send_heartbeat();
                     self.timers
                         .set(MemberTimer::CoordinatorDeadline, now + self.cfg.coordinator_timeout);
                 }
@@ -561,6 +549,16 @@ impl Member {
                 }
             }
         }
+    }
+
+    fn send_heartbeat(&mut self) {
+        self.heartbeats += 1;
+        self.send_coordinator(MeshMsg::Heartbeat {
+            seq: self.heartbeats,
+            epoch: self.epoch,
+            phase: self.phase,
+            synced: self.synced,
+        });
     }
 
     fn probe_out(&mut self, out: Vec<ProbeOut>) {
