@@ -63,8 +63,8 @@
 //!
 //! Measured by `loco bench codec` (single core, 2^24 values of N(0,1), release build, on a
 //! 2-core AMD EPYC shared with other work): encoding runs at 0.36-0.44x a memcpy of the same f32
-//! buffer with the AVX2 kernel, median 0.39x over 19 runs (one run on a busy machine fell to
-//! 0.29x), against about 0.30x with the portable kernel; about 2 ms of its 8 ms go to the
+//! buffer with the AVX2 kernel, median about 0.39x over 28 runs (one run on a busy machine fell
+//! to 0.29x), against about 0.30x with the portable kernel; about 2 ms of its 8 ms go to the
 //! statistics pass, which is bound by memory. Decode-accumulate runs at 0.84-1.07x a memcpy.
 
 use super::{Codec, CodecKind};
