@@ -491,7 +491,7 @@ pub(crate) fn replay(scenario: &Scenario, mut opts: ReplayOptions) -> Result<Run
             (r.steps_done(), r.last_progress())
         };
         if let Some(p) = opts.progress.as_mut() {
-            if steps != reported_steps || ticks % 2000 == 0 {
+            if steps != reported_steps || ticks.is_multiple_of(2000) {
                 reported_steps = steps;
                 p(Progress {
                     simulated_seconds: now.as_secs_f64(),

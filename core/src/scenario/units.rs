@@ -67,7 +67,7 @@ pub fn format_duration(d: Duration) -> String {
     if ns == 0 {
         return "0s".to_owned();
     }
-    if ns % SEC == 0 && ns >= 60 * SEC {
+    if ns.is_multiple_of(SEC) && ns >= 60 * SEC {
         let mut secs = ns / SEC;
         let mut out = String::new();
         for (unit, size) in [("d", 86_400), ("h", 3_600), ("min", 60), ("s", 1)] {
