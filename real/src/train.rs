@@ -471,7 +471,7 @@ impl Trainer {
 
     fn check_batch(&self, tokens: &[i64]) -> Result<usize, TrainError> {
         let row = self.config.seq_len + 1;
-        if tokens.is_empty() || tokens.len() % row != 0 {
+        if tokens.is_empty() || !tokens.len().is_multiple_of(row) {
             return Err(TrainError::BadBatch { len: tokens.len(), row });
         }
         let vocab = self.model.spec().vocab;

@@ -311,13 +311,13 @@ fn check_spec(spec: &ModelSpec) -> Result<(), ModelError> {
             return bad(field, value, "at least 1");
         }
     }
-    if spec.dim % spec.heads != 0 {
+    if !spec.dim.is_multiple_of(spec.heads) {
         return bad("dim", spec.dim, "a multiple of heads");
     }
-    if spec.heads % spec.kv_heads != 0 {
+    if !spec.heads.is_multiple_of(spec.kv_heads) {
         return bad("heads", spec.heads, "a multiple of kv_heads");
     }
-    if spec.head_dim() % 2 != 0 {
+    if !spec.head_dim().is_multiple_of(2) {
         return bad("dim", spec.dim, "dim / heads even (RoPE rotates pairs)");
     }
     Ok(())
