@@ -558,6 +558,7 @@ impl<L: InnerLoop> Worker<L> {
         let (ck, _) = self.checkpointer.as_mut().expect("checked");
         let ticket = ck.save(snap);
         let spent = self.clock.secs() - t0;
+        self.strike(FaultPhase::Checkpoint)?;
         match ticket {
             Ok(t) => {
                 if let Some(prev) = t.previous {

@@ -666,6 +666,11 @@ impl Node {
             a.epoch = epoch;
         }
         self.close_row(step, now, hash);
+        // Where the real backend hands a due checkpoint to its writer (the simulator writes none).
+        let real = self.run.scenario.real();
+        if real.checkpoint_dir.is_some() && (step + 1) % real.checkpoint_every == 0 {
+            self.strike(loco_core::scenario::FaultPhase::Checkpoint);
+        }
     }
 
     /// Runs one all-reduce attempt until its rings finish (the result is kept for the commit),

@@ -244,6 +244,26 @@ fn a_worker_killed_during_the_all_gather_makes_the_survivors_retry_the_step() {
 }
 
 #[test]
+fn a_worker_killed_while_writing_a_checkpoint_leaves_only_complete_ones() {
+    let (_ctx, r) = play("crash-in-checkpoint");
+    r.assert_event("crash", "n-1", "SIGKILL during checkpoint");
+    r.assert_event("evict", "n-1", "heartbeat timeout");
+    // `play` loaded and verified every `step-<N>` directory, n-1's included; the one being written
+    // when it died is either complete or a `*.tmp-*` directory that listing ignores.
+    let n1 = loco_real::checkpoint::list(&r.ckpt, "n-1").unwrap();
+    assert!(!n1.is_empty(), "n-1 wrote checkpoints before it died");
+    let entries: Vec<String> = std::fs::read_dir(r.ckpt.join("n-1"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(
+        entries.iter().all(|e| e.starts_with("step-")),
+        "only checkpoint directories, complete or temporary: {entries:?}"
+    );
+    assert_eq!(r.steps_with_identical_replicas(), 16);
+}
+
+#[test]
 fn a_sender_killed_mid_transfer_leaves_the_joiner_the_rest_from_the_others() {
     let (_ctx, r) = play("crash-in-state-send");
     r.assert_event("crash", "n-0", "SIGKILL during state-send");

@@ -127,7 +127,8 @@
 //! for = "10min"                # hang, partition, degrade: undo after this long
 //!                              # (a resume, heal or restore event); default never
 //! during = "reduce-scatter"    # crash: armed at `at`, fires when the node next enters this
-//!                              # phase: compute, reduce-scatter, all-gather or state-send
+//!                              # phase: compute, reduce-scatter, all-gather, state-send or
+//!                              # checkpoint
 //!
 //! [stop]                       # required: outer_steps, time, or both (the first reached)
 //! outer_steps = 30             # >= 1
@@ -553,15 +554,19 @@ pub enum FaultPhase {
     AllGather,
     /// Sending the training state to a joiner (after its first piece).
     StateSend,
+    /// Writing a checkpoint (right after the snapshot went to the background writer; the
+    /// simulator, which writes none, strikes at the same point of the outer step).
+    Checkpoint,
 }
 
 impl FaultPhase {
     /// Every phase with its name in scenario files.
-    pub const ALL: [(&'static str, FaultPhase); 4] = [
+    pub const ALL: [(&'static str, FaultPhase); 5] = [
         ("compute", FaultPhase::Compute),
         ("reduce-scatter", FaultPhase::ReduceScatter),
         ("all-gather", FaultPhase::AllGather),
         ("state-send", FaultPhase::StateSend),
+        ("checkpoint", FaultPhase::Checkpoint),
     ];
 
     /// Its name in scenario files.

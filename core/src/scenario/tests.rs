@@ -923,7 +923,7 @@ fn a_crash_can_wait_for_a_phase() {
     assert_msg_last(
         &src,
         "\"lunch\"",
-        r#"churn[0].during: expected one of "compute", "reduce-scatter", "all-gather", "state-send", got "lunch""#,
+        r#"churn[0].during: expected one of "compute", "reduce-scatter", "all-gather", "state-send", "checkpoint", got "lunch""#,
     );
     let src = churn("at = \"2s\"\nkind = \"leave\"\nnode = \"eu\"\nduring = \"compute\"\n");
     assert_msg_last(
