@@ -78,7 +78,8 @@ pub(crate) struct LaunchArgs {
     pub(crate) timeout: Option<u64>,
     /// Continue from checkpoints (`[real] checkpoint_dir`): the newest outer step that every
     /// starting node has a complete checkpoint of. The run's step count and stop go on from
-    /// there; churn times count from this launch's start.
+    /// there; churn times count from this launch's start (as always, from the moment every
+    /// starting worker is up).
     #[arg(long)]
     pub(crate) resume: bool,
     /// Continue from the checkpoints of this outer step (implies --resume).
@@ -144,7 +145,8 @@ pub(crate) struct WorkerArgs {
     #[arg(long, value_name = "DIR")]
     pub(crate) resume: Option<PathBuf>,
     /// Fault injection: SIGKILL this process when it next enters PHASE (compute,
-    /// reduce-scatter, all-gather or state-send) at or after SECS seconds into the run.
+    /// reduce-scatter, all-gather, state-send or checkpoint) at or after SECS seconds after it
+    /// started.
     /// Repeatable. `loco launch` passes the scenario's `crash` events that have a `during`.
     #[arg(long, value_name = "PHASE@SECS")]
     pub(crate) crash_during: Vec<loco_real::node::Fault>,

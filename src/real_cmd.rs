@@ -411,7 +411,8 @@ pub(crate) fn launch(a: &crate::cli::LaunchArgs) -> Result<bool> {
             .filter(|c| {
                 c.at >= at && matches!(&c.action, ChurnAction::Crash(ids) if ids.contains(&node.id))
             })
-            .filter_map(|c| c.during.map(|p| format!("{p}@{}", c.at.as_secs_f64())))
+            // Armed relative to the process's own start.
+            .filter_map(|c| c.during.map(|p| format!("{p}@{}", (c.at - at).as_secs_f64())))
             .collect();
         let mut cmd = Command::new(&exe);
         cmd.arg("worker")
@@ -452,11 +453,23 @@ pub(crate) fn launch(a: &crate::cli::LaunchArgs) -> Result<bool> {
     let limit =
         a.timeout.map(Duration::from_secs).or(s.stop().time.map(|t| t + Duration::from_secs(60)));
     let mut next = 0;
+    let mut churn_t0: Option<Duration> = None;
     let mut failures: Vec<String> = Vec::new();
     let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
     loop {
         let elapsed = Duration::from_secs_f64((unix_now() - run_start).max(0.0));
-        while next < timeline.len() && timeline[next].0 <= elapsed {
+        // The scenario's clock starts once every starting worker is up: process start-up
+        // (loading libtorch takes a second or more on a busy machine) is not part of the run.
+        if churn_t0.is_none() {
+            let up = s.initial_nodes().all(|n| worker_started(&nodes_dir, &n.name));
+            if up || elapsed > Duration::from_secs(60) {
+                churn_t0 = Some(elapsed);
+            }
+        }
+        let churn_now = churn_t0.map(|t0| elapsed.saturating_sub(t0));
+        while let Some(churn_now) =
+            churn_now.filter(|&c| next < timeline.len() && timeline[next].0 <= c)
+        {
             let (_, action, in_process) = timeline[next].clone();
             next += 1;
             if in_process {
@@ -469,7 +482,7 @@ pub(crate) fn launch(a: &crate::cli::LaunchArgs) -> Result<bool> {
                 ChurnAction::Join(ids) | ChurnAction::Restart(ids) => {
                     for id in ids {
                         if let Some(n) = s.node(*id) {
-                            workers.insert(*id, spawn(n, elapsed)?);
+                            workers.insert(*id, spawn(n, churn_now)?);
                             launch_events.push(
                                 EventRow::new(at, EventKind::Restart)
                                     .node(n.name.clone())
@@ -589,6 +602,13 @@ pub(crate) fn launch(a: &crate::cli::LaunchArgs) -> Result<bool> {
     }
     let wall = unix_now() - run_start;
     finish(&s, &out, &nodes_dir, launch_events, wall, &failures)
+}
+
+/// Whether a worker has written its start event (it is up and about to join).
+fn worker_started(nodes_dir: &Path, name: &str) -> bool {
+    read_lines(&nodes_dir.join(format!("{name}.jsonl"))).is_ok_and(|l| {
+        l.iter().any(|x| matches!(x, MetricsLine::Event(e) if e.kind == EventKind::Start))
+    })
 }
 
 fn count_commits(path: &Path) -> usize {

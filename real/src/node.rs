@@ -90,12 +90,12 @@ pub struct CheckpointPlan {
 }
 
 /// A fault injected into a worker: the process kills itself (SIGKILL) when it next enters
-/// `phase` at or after `after_s` (on the launch's time base).
+/// `phase` at or after `after_s` seconds since it started.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Fault {
     /// Where it strikes.
     pub phase: FaultPhase,
-    /// Armed from this time on (seconds since the launch started).
+    /// Armed from this time on (seconds since this process started).
     pub after_s: f64,
 }
 
@@ -510,7 +510,7 @@ impl<L: InnerLoop> Worker<L> {
 
     /// Whether a fault armed for `phase` strikes now.
     fn armed(&self, phase: FaultPhase) -> bool {
-        let now = self.clock.secs();
+        let now = self.clock.start.elapsed().as_secs_f64();
         self.opts.faults.iter().any(|f| f.phase == phase && now >= f.after_s)
     }
 

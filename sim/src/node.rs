@@ -23,7 +23,8 @@ use loco_core::allreduce::schedule::chunk_range;
 use loco_core::allreduce::{DEFAULT_SEGMENT_ELEMS, Payload, RingAllReduce, RingConfig, RingError};
 use loco_core::diloco::OuterState;
 use loco_core::mesh::{
-    AllReduceStart, LeaveReason, Member, MemberAction, MemberPhase, StopReason, padded_frame,
+    AllReduceStart, JoinMode, LeaveReason, Member, MemberAction, MemberPhase, StopReason,
+    padded_frame,
 };
 use loco_core::metrics::{EventKind, OuterStepRow};
 use loco_core::transport::{Body, Frame, Header, Phase, StateHeader, TransportError};
@@ -88,9 +89,14 @@ struct Acct {
 struct Fetch {
     epoch: Epoch,
     senders: Vec<NodeId>,
-    /// Pieces received per sender, by offset (each sender sends a whole copy).
+    /// Pieces received, by offset: per sender in non-blocking mode (each sends a whole copy, of
+    /// the state as of its own last commit), pooled under [`POOLED`] in blocking mode (the
+    /// senders share out the pieces of one frozen state, and a reassignment keeps them).
     parts: BTreeMap<NodeId, BTreeMap<u64, Body>>,
 }
+
+/// The key of [`Fetch::parts`] for the pooled pieces of a blocking-mode transfer.
+const POOLED: NodeId = NodeId::COORDINATOR;
 
 /// The real numerics of a node.
 struct Real {
@@ -553,14 +559,21 @@ impl Node {
                     Some(epoch),
                     format!("from {}", names(&self.run, &senders)),
                 );
-                self.fetch = Some(Fetch { epoch, senders, parts: BTreeMap::new() });
+                match &mut self.fetch {
+                    // New senders (one died): the pieces already held are kept.
+                    Some(f) => {
+                        f.epoch = epoch;
+                        f.senders = senders;
+                    }
+                    None => self.fetch = Some(Fetch { epoch, senders, parts: BTreeMap::new() }),
+                }
                 if matches!(self.member.phase(), MemberPhase::Syncing { .. }) {
                     if let Some(a) = &mut self.acct {
                         a.recovery_from.get_or_insert(now);
                     }
                 }
             }
-            MemberAction::SendState { epoch, to, .. } => self.send_state(epoch, to),
+            MemberAction::SendState { epoch, to, senders } => self.send_state(epoch, to, &senders),
             MemberAction::StartAllReduce(s) => {
                 self.just_admitted = false;
                 return Flow::Start(s);
@@ -887,11 +900,18 @@ impl Node {
         }
     }
 
-    /// Sends the state as of the last commit to a joiner, in one piece per GPU of the joiner
-    /// (they travel as parallel flows). With several senders, each sends a whole copy (the
-    /// joiner keeps the first complete one), so a sender leaving mid-transfer does not break it.
-    fn send_state(&mut self, epoch: Epoch, to: NodeId) {
-        let parts = u64::from(self.run.node(to).spec.gpus.max(1));
+    /// Sends the state as of the last commit to a joiner, in pieces that travel as parallel
+    /// flows (one per GPU of the joiner). In blocking mode the state is frozen, so the senders
+    /// share out the pieces (sender `i` of `k` sends pieces `i`, `i + k`, ...) and a
+    /// reassignment after a sender's death divides them again; in non-blocking mode each sender
+    /// sends a whole copy and the joiner keeps the first complete one.
+    fn send_state(&mut self, epoch: Epoch, to: NodeId, senders: &[NodeId]) {
+        let blocking = self.run.mesh.join_mode == JoinMode::Blocking;
+        let (i, k) = match senders.iter().position(|&s| s == self.id) {
+            Some(i) if blocking => (i as u64, senders.len() as u64),
+            _ => (0, 1),
+        };
+        let parts = u64::from(self.run.node(to).spec.gpus.max(1)) * k;
         let last = self.member.last_committed();
         let bytes: Option<Vec<u8>> =
             self.real.as_ref().map(|r| numerics::encode_state(&StateSnapshot::of(&r.outer, last)));
@@ -899,7 +919,7 @@ impl Node {
             Some(b) => (b.len() as u64, numerics::state_digest(b)),
             None => (numerics::virtual_state_bytes(self.run.params), String::new()),
         };
-        for p in 0..parts {
+        for p in (i..parts).step_by(k as usize) {
             let lo = total * p / parts;
             let hi = total * (p + 1) / parts;
             if hi == lo && p > 0 {
@@ -927,10 +947,13 @@ impl Node {
 
     fn on_state_part(&mut self, from: NodeId, h: StateHeader, body: Body) {
         let Some(f) = &mut self.fetch else { return };
-        if h.epoch != f.epoch || !f.senders.contains(&from) {
+        let blocking = self.run.mesh.join_mode == JoinMode::Blocking;
+        // Blocking: any piece of the frozen state counts, from whichever sender, of any
+        // assignment. Non-blocking: whole copies from the current senders only.
+        if !blocking && (h.epoch != f.epoch || !f.senders.contains(&from)) {
             return;
         }
-        let parts = f.parts.entry(from).or_default();
+        let parts = f.parts.entry(if blocking { POOLED } else { from }).or_default();
         parts.insert(h.offset, body);
         let got: u64 = parts.values().map(Body::len).sum();
         if got < h.total {
