@@ -454,6 +454,7 @@ pub(crate) fn launch(a: &crate::cli::LaunchArgs) -> Result<bool> {
         a.timeout.map(Duration::from_secs).or(s.stop().time.map(|t| t + Duration::from_secs(60)));
     let mut next = 0;
     let mut churn_t0: Option<Duration> = None;
+    let mut hung: std::collections::BTreeSet<NodeId> = std::collections::BTreeSet::new();
     let mut failures: Vec<String> = Vec::new();
     let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
     loop {
@@ -513,6 +514,7 @@ pub(crate) fn launch(a: &crate::cli::LaunchArgs) -> Result<bool> {
                 ChurnAction::Hang(ids) => {
                     for id in ids {
                         if let Some(p) = workers.get_mut(id) {
+                            hung.insert(*id);
                             signal(p, Signal::SIGSTOP);
                             launch_events.push(
                                 EventRow::new(at, EventKind::Hang).node(name(id)).detail("SIGSTOP"),
@@ -523,6 +525,7 @@ pub(crate) fn launch(a: &crate::cli::LaunchArgs) -> Result<bool> {
                 ChurnAction::Resume(ids) => {
                     for id in ids {
                         if let Some(p) = workers.get_mut(id) {
+                            hung.remove(id);
                             signal(p, Signal::SIGCONT);
                         }
                     }
@@ -569,6 +572,12 @@ pub(crate) fn launch(a: &crate::cli::LaunchArgs) -> Result<bool> {
             break;
         }
         if coord.stopped && !all_workers_done {
+            // A process this launch stopped (hang) cannot stop on its own: let it run again.
+            for id in std::mem::take(&mut hung) {
+                if let Some(p) = workers.get_mut(&id) {
+                    signal(p, nix::sys::signal::Signal::SIGCONT);
+                }
+            }
             // The coordinator is gone: members stop on their own within the coordinator timeout.
             let grace = s.mesh().coordinator_timeout + Duration::from_secs(10);
             let deadline = unix_now() + grace.as_secs_f64();

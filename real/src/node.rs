@@ -334,7 +334,10 @@ struct Fetch {
     epoch: Epoch,
     started: f64,
     senders: Vec<NodeId>,
-    parts: [PartBuf; 2],
+    /// The replicated part, pooled from every sender.
+    shared: PartBuf,
+    /// The own part, per sender (any one sender's complete copy will do).
+    own: std::collections::BTreeMap<NodeId, PartBuf>,
     /// Non-blocking mode: the results this node committed while the transfer ran (the step and
     /// the averaged pseudo-gradient, `None` for a skipped step), replayed onto the received state.
     log: Vec<(u64, Option<Vec<f32>>)>,
@@ -740,7 +743,7 @@ impl<L: InnerLoop> Worker<L> {
                 match self.fetch.as_mut() {
                     // A sender died: new senders, and what already arrived is kept.
                     Some(f) => {
-                        let held: u64 = f.parts.iter().map(|p| p.held).sum();
+                        let held: u64 = f.shared.held + f.own.values().map(|p| p.held).sum::<u64>();
                         f.epoch = epoch;
                         f.senders = senders;
                         self.event(
@@ -756,7 +759,8 @@ impl<L: InnerLoop> Worker<L> {
                             epoch,
                             started: self.clock.secs(),
                             senders,
-                            parts: [PartBuf::default(), PartBuf::default()],
+                            shared: PartBuf::default(),
+                            own: std::collections::BTreeMap::new(),
                             log: Vec::new(),
                         });
                         self.event(
@@ -1104,24 +1108,36 @@ impl<L: InnerLoop> Worker<L> {
         if h.total > (1 << 40) || h.part > PART_OWN {
             return Ok(());
         }
-        // The own part must come whole from one sender: the first of the current assignment.
-        if h.part == PART_OWN && f.senders.first() != Some(&from) {
-            return Ok(());
-        }
-        if !f.parts[h.part as usize].put(&h, &b) || !f.parts.iter().all(PartBuf::complete) {
-            return Ok(());
-        }
-        let f = self.fetch.take().expect("fetch");
-        let check = |p: &PartBuf| {
-            let (d, _) = p.digest.as_ref().expect("complete");
-            blake3::hash(&p.buf).to_hex().as_str() == d
+        // The own part comes whole from one sender (the first of its assignment; after a
+        // reassignment, pieces of the new first sender's may arrive before this node hears of it).
+        let part = match h.part {
+            PART_SHARED => &mut f.shared,
+            _ => f.own.entry(from).or_default(),
         };
-        if !f.parts.iter().all(check) {
-            tracing::warn!(node = %self.opts.name, "state digest mismatch; waiting for another copy");
-            self.fetch = Some(Fetch { parts: [PartBuf::default(), PartBuf::default()], ..f });
+        if !part.put(&h, &b) {
             return Ok(());
         }
-        let [shared_buf, own_buf] = f.parts;
+        let verified = |p: &PartBuf| {
+            p.complete()
+                && p.digest
+                    .as_ref()
+                    .is_some_and(|(d, _)| blake3::hash(&p.buf).to_hex().as_str() == d)
+        };
+        if f.shared.complete() && !verified(&f.shared) {
+            tracing::warn!(node = %self.opts.name, "state digest mismatch; waiting for another copy");
+            f.shared = PartBuf::default();
+            return Ok(());
+        }
+        f.own.retain(|_, p| !p.complete() || verified(p));
+        let Some(own_from) = f.own.iter().find(|(_, p)| p.complete()).map(|(&k, _)| k) else {
+            return Ok(());
+        };
+        if !f.shared.complete() {
+            return Ok(());
+        }
+        let mut f = self.fetch.take().expect("fetch");
+        let own_buf = f.own.remove(&own_from).expect("found");
+        let shared_buf = f.shared;
         let digest = shared_buf.digest.clone().map(|(d, _)| d).unwrap_or_default();
         let shared: SharedState = postcard::from_bytes(&shared_buf.buf)
             .map_err(|e| InnerError::Backend(format!("state: {e}")))?;
