@@ -30,7 +30,7 @@
 //! logged and counted, and its connection closed; the dialer reconnects on its next send.
 
 use loco_core::ids::NodeId;
-use loco_core::transport::{Body, Frame, Header, Transport, TransportError};
+use loco_core::transport::{Body, Frame, Header, Transport, TransportError, pool};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -488,8 +488,9 @@ async fn read_frame<R: AsyncRead + Unpin>(
         }
         let mut header = vec![0u8; hlen as usize];
         s.read_exact(&mut header).await.map_err(|e| e.to_string())?;
-        // Read into uninitialised capacity: no zeroing of large bodies.
-        let mut body = bytes::BytesMut::with_capacity(blen as usize);
+        // Read into uninitialised capacity (no zeroing of large bodies), of a recycled buffer
+        // (no fresh pages for the kernel to zero either).
+        let mut body = pool::with_capacity(blen as usize);
         while body.len() < blen as usize {
             let mut limited = (&mut *s).take(blen - body.len() as u64);
             if limited.read_buf(&mut body).await.map_err(|e| e.to_string())? == 0 {
@@ -513,7 +514,7 @@ async fn read_frame<R: AsyncRead + Unpin>(
         }
         let header: Header =
             postcard::from_bytes(&header).map_err(|e| format!("undecodable header: {e}"))?;
-        Ok(Incoming::Frame(Frame { header, body: Body::Bytes(body.freeze()) }))
+        Ok(Incoming::Frame(Frame { header, body: Body::Bytes(pool::freeze(body)) }))
     };
     match tokio::time::timeout(cfg.frame_timeout, rest).await {
         Ok(r) => r.map(Some),

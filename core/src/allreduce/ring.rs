@@ -6,8 +6,7 @@ use super::schedule::{
 };
 use crate::codec::{Codec, CodecKind};
 use crate::ids::{Epoch, NodeId, Weight};
-use crate::transport::{Body, CollectiveHeader, Frame, Header, Phase};
-use bytes::Bytes;
+use crate::transport::{Body, CollectiveHeader, Frame, Header, Phase, pool};
 use std::collections::VecDeque;
 use std::ops::Range;
 
@@ -375,7 +374,7 @@ impl<'a> RingAllReduce<'a> {
                     if self.scratch.len() < n {
                         self.scratch.resize(n, 0.0);
                     }
-                    let mut out = vec![0u8; self.codec.encoded_len(n)];
+                    let mut out = pool::zeroed(self.codec.encoded_len(n));
                     self.codec.reduce_encode(
                         b,
                         &own[range],
@@ -383,7 +382,7 @@ impl<'a> RingAllReduce<'a> {
                         &mut self.scratch,
                         &mut out,
                     );
-                    Body::Bytes(Bytes::from(out))
+                    Body::Bytes(pool::freeze(out))
                 }
                 _ => Body::Virtual(self.codec.encoded_len(n) as u64),
             };
@@ -472,9 +471,9 @@ impl<'a> RingAllReduce<'a> {
         match self.payload {
             Payload::Virtual(_) => Body::Virtual(len as u64),
             Payload::Real(_) | Payload::Owned(_) => {
-                let mut buf = vec![0u8; len];
+                let mut buf = pool::zeroed(len);
                 self.codec.encode(&self.scratch[..n], &mut buf);
-                Body::Bytes(Bytes::from(buf))
+                Body::Bytes(pool::freeze(buf))
             }
         }
     }
