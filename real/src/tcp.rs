@@ -491,15 +491,17 @@ async fn read_frame<R: AsyncRead + Unpin>(
         // Read into uninitialised capacity (no zeroing of large bodies), of a recycled buffer
         // (no fresh pages for the kernel to zero either).
         let mut body = pool::with_capacity(blen as usize);
+        let mut h = crc32fast::Hasher::new();
+        h.update(&header);
         while body.len() < blen as usize {
             let mut limited = (&mut *s).take(blen - body.len() as u64);
+            let start = body.len();
             if limited.read_buf(&mut body).await.map_err(|e| e.to_string())? == 0 {
                 return Err("connection closed inside a frame".into());
             }
+            // Checksum each piece while it is still in the cache the kernel copied it through.
+            h.update(&body[start..]);
         }
-        let mut h = crc32fast::Hasher::new();
-        h.update(&header);
-        h.update(&body);
         if h.finalize() != crc {
             return Err("checksum mismatch".into());
         }
