@@ -8,11 +8,12 @@ cd "$(dirname "$0")/.."
 WORLD="${1:-4}"; ELEMENTS="${2:-25000000}"; REPEATS="${3:-3}"
 source scripts/torch-env.sh
 cargo build --release --quiet
+LOCO="${CARGO_TARGET_DIR:-target}/release/loco"
 best() { python3 -c 'import json,sys; print(min(json.loads(l)["seconds"] for l in sys.stdin if l.strip()))'; }
 run_n() { for _ in $(seq "$REPEATS"); do "$@"; done; }
 gloo=$(run_n "$LOCO_PYTHON" scripts/gloo_allreduce.py --world "$WORLD" --elements "$ELEMENTS" | best)
-fp32=$(run_n ./target/release/loco bench allreduce --backend tcp --world "$WORLD" --elements "$ELEMENTS" --codec fp32 --json | python3 -c 'import json,sys; d=sys.stdin.read().replace("}\n{","}\x00{").split("\x00"); [print(json.dumps(json.loads(x))) for x in d if x.strip()]' | best)
-uint8=$(run_n ./target/release/loco bench allreduce --backend tcp --world "$WORLD" --elements "$ELEMENTS" --codec uint8 --json | python3 -c 'import json,sys; d=sys.stdin.read().replace("}\n{","}\x00{").split("\x00"); [print(json.dumps(json.loads(x))) for x in d if x.strip()]' | best)
+fp32=$(run_n "$LOCO" bench allreduce --backend tcp --world "$WORLD" --elements "$ELEMENTS" --codec fp32 --json | python3 -c 'import json,sys; d=sys.stdin.read().replace("}\n{","}\x00{").split("\x00"); [print(json.dumps(json.loads(x))) for x in d if x.strip()]' | best)
+uint8=$(run_n "$LOCO" bench allreduce --backend tcp --world "$WORLD" --elements "$ELEMENTS" --codec uint8 --json | python3 -c 'import json,sys; d=sys.stdin.read().replace("}\n{","}\x00{").split("\x00"); [print(json.dumps(json.loads(x))) for x in d if x.strip()]' | best)
 python3 - "$WORLD" "$ELEMENTS" "$gloo" "$fp32" "$uint8" <<'PY'
 import sys
 world, n, gloo, fp32, uint8 = sys.argv[1], int(sys.argv[2]), *map(float, sys.argv[3:])

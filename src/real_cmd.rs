@@ -39,7 +39,8 @@ fn secret(s: &Scenario) -> Option<Vec<u8>> {
         .map(String::into_bytes)
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime> {
+/// The runtime of a real worker or coordinator (the all-reduce benchmark's ranks use it too).
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?)
 }
 

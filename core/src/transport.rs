@@ -5,7 +5,8 @@
 //! simulator sends the header through its network and charges the body's length to its bandwidth
 //! model, which is how a 10B-parameter all-reduce is simulated without 40 GB of memory.
 //!
-//! [`memory`] is an in-memory implementation over channels, for tests and benchmarks.
+//! [`memory`] is an in-memory implementation over channels, for tests and benchmarks; [`pool`]
+//! recycles the memory of large bodies.
 
 use crate::ids::{Epoch, NodeId};
 use bytes::Bytes;
@@ -13,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use std::future::Future;
 
 pub mod memory;
+pub mod pool;
 
 /// The body of a frame: real bytes, or only a length.
 #[derive(Clone, Debug, PartialEq, Eq)]

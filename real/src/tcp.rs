@@ -30,7 +30,7 @@
 //! logged and counted, and its connection closed; the dialer reconnects on its next send.
 
 use loco_core::ids::NodeId;
-use loco_core::transport::{Body, Frame, Header, Transport, TransportError};
+use loco_core::transport::{Body, Frame, Header, Transport, TransportError, pool};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -505,17 +505,20 @@ async fn read_frame<R: AsyncRead + Unpin>(
         }
         let mut header = vec![0u8; hlen as usize];
         s.read_exact(&mut header).await.map_err(|e| e.to_string())?;
-        // Read into uninitialised capacity: no zeroing of large bodies.
-        let mut body = bytes::BytesMut::with_capacity(blen as usize);
+        // Read into uninitialised capacity (no zeroing of large bodies), of a recycled buffer
+        // (no fresh pages for the kernel to zero either).
+        let mut body = pool::with_capacity(blen as usize);
+        let mut h = crc32fast::Hasher::new();
+        h.update(&header);
         while body.len() < blen as usize {
             let mut limited = (&mut *s).take(blen - body.len() as u64);
+            let start = body.len();
             if limited.read_buf(&mut body).await.map_err(|e| e.to_string())? == 0 {
                 return Err("connection closed inside a frame".into());
             }
+            // Checksum each piece while it is still in the cache the kernel copied it through.
+            h.update(&body[start..]);
         }
-        let mut h = crc32fast::Hasher::new();
-        h.update(&header);
-        h.update(&body);
         if h.finalize() != crc {
             return Err("checksum mismatch".into());
         }
@@ -530,7 +533,7 @@ async fn read_frame<R: AsyncRead + Unpin>(
         }
         let header: Header =
             postcard::from_bytes(&header).map_err(|e| format!("undecodable header: {e}"))?;
-        Ok(Incoming::Frame(Frame { header, body: Body::Bytes(body.freeze()) }))
+        Ok(Incoming::Frame(Frame { header, body: Body::Bytes(pool::freeze(body)) }))
     };
     match tokio::time::timeout(cfg.frame_timeout, rest).await {
         Ok(r) => r.map(Some),

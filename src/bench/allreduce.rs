@@ -197,7 +197,9 @@ pub(crate) fn run_rank(a: &crate::cli::AllreduceRank) -> Result<RankResult> {
     if a.rank >= world {
         bail!("--rank {} out of range for {world} ports", a.rank);
     }
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    // The runtime a real worker runs on: the connections' reader and writer tasks go on while
+    // the ring reduces, as they do in training.
+    let rt = crate::real_cmd::runtime()?;
     let mut data = rank_input(a.seed, a.rank, a.elements);
     rt.block_on(async {
         let addr = |p: u16| std::net::SocketAddr::from(([127, 0, 0, 1], p));

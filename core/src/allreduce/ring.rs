@@ -6,8 +6,7 @@ use super::schedule::{
 };
 use crate::codec::{Codec, CodecKind};
 use crate::ids::{Epoch, NodeId, Weight};
-use crate::transport::{Body, CollectiveHeader, Frame, Header, Phase};
-use bytes::Bytes;
+use crate::transport::{Body, CollectiveHeader, Frame, Header, Phase, pool};
 use std::collections::VecDeque;
 use std::ops::Range;
 
@@ -268,8 +267,18 @@ impl<'a> RingAllReduce<'a> {
             Pending::Ready(f) => f,
             Pending::Own { chunk, seg } => {
                 let range = self.segment(chunk, seg);
-                self.load_weighted_own(range.clone());
-                let body = self.encode_scratch(range.len());
+                let body = match self.payload.values() {
+                    // Weight 1: encode the values where they are, without a copy to scratch.
+                    Some(d) if self.weight == 1.0 => {
+                        let mut buf = pool::zeroed(self.codec.encoded_len(range.len()));
+                        self.codec.encode(&d[range], &mut buf);
+                        Body::Bytes(pool::freeze(buf))
+                    }
+                    _ => {
+                        self.load_weighted_own(range.clone());
+                        self.encode_scratch(range.len())
+                    }
+                };
                 self.frame(Phase::ReduceScatter, 0, chunk, seg, f64::from(self.weight), body)
             }
         };
@@ -375,7 +384,7 @@ impl<'a> RingAllReduce<'a> {
                     if self.scratch.len() < n {
                         self.scratch.resize(n, 0.0);
                     }
-                    let mut out = vec![0u8; self.codec.encoded_len(n)];
+                    let mut out = pool::zeroed(self.codec.encoded_len(n));
                     self.codec.reduce_encode(
                         b,
                         &own[range],
@@ -383,7 +392,7 @@ impl<'a> RingAllReduce<'a> {
                         &mut self.scratch,
                         &mut out,
                     );
-                    Body::Bytes(Bytes::from(out))
+                    Body::Bytes(pool::freeze(out))
                 }
                 _ => Body::Virtual(self.codec.encoded_len(n) as u64),
             };
@@ -391,27 +400,38 @@ impl<'a> RingAllReduce<'a> {
             self.queue.push_back(Pending::Ready(f));
             return;
         }
-        self.load_weighted_own(range.clone());
-        if let Body::Bytes(b) = body {
-            self.codec.decode_accumulate(b, &mut self.scratch[..n]);
-        }
         // Last reduce-scatter step: this node owns the chunk. Average, encode once, and take
-        // the decoded bytes as its own result, exactly as every other rank will.
+        // the decoded bytes as its own result, exactly as every other rank will. The values are
+        // reduced where they are (the result replaces them anyway): no copy to scratch.
         debug_assert_eq!(chunk, owned_chunk(self.world, self.rank));
-        if matches!(self.payload, Payload::Virtual(_)) {
-            // No values to average.
-        } else if weight_sum > 0.0 {
-            let ws = weight_sum as f32;
-            for v in &mut self.scratch[..n] {
-                *v /= ws;
+        let (codec, w) = (self.codec, self.weight);
+        let body = match (self.payload.values_mut(), body) {
+            (Some(d), Body::Bytes(b)) => {
+                let acc = &mut d[range];
+                if w == 0.0 {
+                    acc.fill(0.0);
+                } else if w != 1.0 {
+                    for v in acc.iter_mut() {
+                        *v *= w;
+                    }
+                }
+                codec.decode_accumulate(b, acc);
+                if weight_sum > 0.0 {
+                    let ws = weight_sum as f32;
+                    for v in acc.iter_mut() {
+                        *v /= ws;
+                    }
+                } else {
+                    acc.fill(0.0);
+                }
+                let mut buf = pool::zeroed(codec.encoded_len(n));
+                codec.encode(acc, &mut buf);
+                codec.decode(&buf, acc);
+                Body::Bytes(pool::freeze(buf))
             }
-        } else {
-            self.scratch[..n].fill(0.0);
-        }
-        let body = self.encode_scratch(n);
-        if let (Some(d), Body::Bytes(b)) = (self.payload.values_mut(), &body) {
-            self.codec.decode(b, &mut d[range]);
-        }
+            // Virtual numerics: only the length travels.
+            _ => self.encode_scratch(n),
+        };
         let f = self.frame(Phase::AllGather, 0, chunk, seg, weight_sum, body);
         self.queue.push_back(Pending::Ready(f));
     }
@@ -472,9 +492,9 @@ impl<'a> RingAllReduce<'a> {
         match self.payload {
             Payload::Virtual(_) => Body::Virtual(len as u64),
             Payload::Real(_) | Payload::Owned(_) => {
-                let mut buf = vec![0u8; len];
+                let mut buf = pool::zeroed(len);
                 self.codec.encode(&self.scratch[..n], &mut buf);
-                Body::Bytes(Bytes::from(buf))
+                Body::Bytes(pool::freeze(buf))
             }
         }
     }
