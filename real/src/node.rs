@@ -540,7 +540,7 @@ impl<L: InnerLoop> Worker<L> {
         let Some((_, every)) = &self.checkpointer else { return Ok(0.0) };
         let Some(outer) = self.outer.as_ref() else { return Ok(0.0) };
         let steps = outer.steps();
-        let due = force || steps % every == 0;
+        let due = force || steps.is_multiple_of(*every);
         if steps == 0 || !due || self.checkpointed == Some(steps) {
             return Ok(0.0);
         }

@@ -681,7 +681,7 @@ impl Node {
         self.close_row(step, now, hash);
         // Where the real backend hands a due checkpoint to its writer (the simulator writes none).
         let real = self.run.scenario.real();
-        if real.checkpoint_dir.is_some() && (step + 1) % real.checkpoint_every == 0 {
+        if real.checkpoint_dir.is_some() && (step + 1).is_multiple_of(real.checkpoint_every) {
             self.strike(loco_core::scenario::FaultPhase::Checkpoint);
         }
     }
