@@ -378,20 +378,14 @@ impl<'a> RingAllReduce<'a> {
         let n = range.len();
         let weight_sum = h.weight_sum + f64::from(self.weight);
         if step + 2 < self.world {
-            // A middle hop: reduce and re-encode in one call (fused where the codec can).
-            let body = match (body, self.payload.values()) {
+            // A middle hop: reduce and re-encode in one call (fused where the codec can), on the
+            // values themselves: each chunk passes through a rank once in the reduce-scatter and
+            // the all-gather overwrites it, so they are free working space (no scratch copy).
+            let (codec, w) = (self.codec, self.weight);
+            let body = match (body, self.payload.values_mut()) {
                 (Body::Bytes(b), Some(own)) => {
-                    if self.scratch.len() < n {
-                        self.scratch.resize(n, 0.0);
-                    }
-                    let mut out = pool::zeroed(self.codec.encoded_len(n));
-                    self.codec.reduce_encode(
-                        b,
-                        &own[range],
-                        self.weight,
-                        &mut self.scratch,
-                        &mut out,
-                    );
+                    let mut out = pool::zeroed(codec.encoded_len(n));
+                    codec.reduce_encode_in_place(b, &mut own[range], w, &mut out);
                     Body::Bytes(pool::freeze(out))
                 }
                 _ => Body::Virtual(self.codec.encoded_len(n) as u64),

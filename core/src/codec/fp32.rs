@@ -67,6 +67,11 @@ impl Codec for Fp32 {
         }
     }
 
+    /// Fused: reads the values once and leaves them as they were.
+    fn reduce_encode_in_place(&self, src: &[u8], acc: &mut [f32], weight: f32, dst: &mut [u8]) {
+        self.reduce_encode(src, acc, weight, &mut [], dst);
+    }
+
     fn decode(&self, src: &[u8], dst: &mut [f32]) {
         assert_eq!(src.len(), self.encoded_len(dst.len()), "fp32 decode: wrong buffer length");
         for (d, s) in dst.iter_mut().zip(src.chunks_exact(4)) {

@@ -143,4 +143,22 @@ pub trait Codec: Send + Sync {
         self.decode_accumulate(src, acc);
         self.encode(acc, dst);
     }
+
+    /// [`reduce_encode`](Self::reduce_encode) with the values themselves as working space:
+    /// `dst = encode(weight * acc + decode(src))`, the same bytes, without the copy into a
+    /// scratch buffer. Afterwards `acc` holds unspecified values (the reduced ones, or the old).
+    ///
+    /// # Panics
+    /// When the lengths do not match as for `encode` and `decode`.
+    fn reduce_encode_in_place(&self, src: &[u8], acc: &mut [f32], weight: f32, dst: &mut [u8]) {
+        if weight == 0.0 {
+            acc.fill(0.0);
+        } else if weight != 1.0 {
+            for a in acc.iter_mut() {
+                *a *= weight;
+            }
+        }
+        self.decode_accumulate(src, acc);
+        self.encode(acc, dst);
+    }
 }

@@ -220,7 +220,7 @@ proptest! {
 }
 
 #[test]
-fn reduce_encode_equals_the_three_pass_form_for_every_codec() {
+fn reduce_encode_in_both_forms_equals_the_three_pass_form_for_every_codec() {
     use super::CodecKind;
     let own: Vec<f32> = (0..1000).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
     let other: Vec<f32> = (0..1000).map(|i| (i as f32 * 0.11).cos()).collect();
@@ -238,6 +238,10 @@ fn reduce_encode_equals_the_three_pass_form_for_every_codec() {
             let mut scratch = vec![0.0f32; own.len()];
             c.reduce_encode(&src, &own, w, &mut scratch, &mut got);
             assert_eq!(got, want, "{kind} weight {w}");
+            let mut in_place = vec![0u8; src.len()];
+            let mut values = own.clone();
+            c.reduce_encode_in_place(&src, &mut values, w, &mut in_place);
+            assert_eq!(in_place, want, "{kind} weight {w}, in place");
         }
     }
 }
