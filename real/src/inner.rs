@@ -229,8 +229,11 @@ impl InnerLoop for TchInner {
         Ok(InnerStats { loss: Some(s.loss), tokens: s.tokens })
     }
 
+    /// AdamW's moments and step (no parameters: a joiner takes the outer weights as its
+    /// parameters, which the inner ones equal at an outer-step boundary), and the data position.
     fn export_optimizer(&self) -> Result<Vec<u8>, InnerError> {
-        let st = self.trainer.export_state().map_err(|e| InnerError::Backend(e.to_string()))?;
+        let mut st = self.trainer.export_state().map_err(|e| InnerError::Backend(e.to_string()))?;
+        st.params = Vec::new();
         let pos = self.data.position();
         postcard::to_allocvec(&(st, pos)).map_err(|e| InnerError::Backend(e.to_string()))
     }
@@ -239,8 +242,13 @@ impl InnerLoop for TchInner {
         if bytes.is_empty() {
             return Ok(());
         }
-        let (st, pos): (crate::train::TrainerState, crate::data::DataPosition) =
+        let (mut st, pos): (crate::train::TrainerState, crate::data::DataPosition) =
             postcard::from_bytes(bytes).map_err(|e| InnerError::Backend(e.to_string()))?;
+        if st.params.is_empty() {
+            // Sent without parameters: keep these (the worker sets the outer weights next).
+            st.params = vec![0.0; self.num_params()];
+            self.params_into(&mut st.params)?;
+        }
         self.trainer.import_state(&st).map_err(|e| InnerError::Backend(e.to_string()))?;
         // The data position is the joiner's own shard: keep its own position (its shard differs);
         // the sender's position is carried for checkpoints.
