@@ -804,7 +804,10 @@ impl<L: InnerLoop> Worker<L> {
                 if let Some(f) = self.fetch.as_mut() {
                     f.log.push((outer_step, Some(outer.pseudo_gradient().to_vec())));
                 }
-                outer.apply_outer_step();
+                // A state received meanwhile (non-blocking join) may already hold this step.
+                if outer.steps() == outer_step {
+                    outer.apply_outer_step();
+                }
                 let hash = self.sync_inner_to_outer()?;
                 self.inner_dirty = false;
                 self.early_state.clear();
@@ -819,7 +822,9 @@ impl<L: InnerLoop> Worker<L> {
                 if let Some(f) = self.fetch.as_mut() {
                     f.log.push((outer_step, None));
                 }
-                outer.skip_outer_step();
+                if outer.steps() == outer_step {
+                    outer.skip_outer_step();
+                }
                 let hash = self.sync_inner_to_outer()?;
                 self.inner_dirty = false;
                 self.early_state.clear();
@@ -1171,6 +1176,14 @@ impl<L: InnerLoop> Worker<L> {
             replayed += 1;
         }
         let hash = weights_digest(outer.outer());
+        // The pseudo-gradient buffer holds this step's all-reduce result when it has finished
+        // (the commit applies it next): it carries over to the received state.
+        if let Some(old) = self.outer.as_mut() {
+            let g = old.take_pseudo_gradient();
+            if g.len() == outer.len() {
+                outer.put_pseudo_gradient(g)?;
+            }
+        }
         self.outer = Some(outer);
         self.step.recovery += self.clock.secs() - f.started;
         self.event(
