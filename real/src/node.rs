@@ -797,38 +797,11 @@ impl<L: InnerLoop> Worker<L> {
                     .retain(|(_, f)| matches!(&f.header, Header::Collective(h) if h.epoch > epoch));
             }
             MemberAction::Commit { epoch, outer_step } => {
-                let outer = self
-                    .outer
-                    .as_mut()
-                    .ok_or(InnerError::Backend("commit without outer state".into()))?;
-                if let Some(f) = self.fetch.as_mut() {
-                    f.log.push((outer_step, Some(outer.pseudo_gradient().to_vec())));
-                }
-                // A state received meanwhile (non-blocking join) may already hold this step.
-                if outer.steps() == outer_step {
-                    outer.apply_outer_step();
-                }
-                let hash = self.sync_inner_to_outer()?;
-                self.inner_dirty = false;
-                self.early_state.clear();
-                self.step.checkpoint = self.checkpoint(false)?;
+                let hash = self.close_step(outer_step, true)?;
                 self.finish_step(epoch, outer_step, hash)?;
             }
             MemberAction::SkipStep { epoch, outer_step, attempts } => {
-                let outer = self
-                    .outer
-                    .as_mut()
-                    .ok_or(InnerError::Backend("skip without outer state".into()))?;
-                if let Some(f) = self.fetch.as_mut() {
-                    f.log.push((outer_step, None));
-                }
-                if outer.steps() == outer_step {
-                    outer.skip_outer_step();
-                }
-                let hash = self.sync_inner_to_outer()?;
-                self.inner_dirty = false;
-                self.early_state.clear();
-                self.step.checkpoint = self.checkpoint(false)?;
+                let hash = self.close_step(outer_step, false)?;
                 self.event(
                     EventKind::SkipStep,
                     format!("outer step {outer_step} skipped after {attempts} attempts"),
@@ -856,6 +829,32 @@ impl<L: InnerLoop> Worker<L> {
             }
         }
         Ok(None)
+    }
+
+    /// Ends `outer_step` as every member does: applies the all-reduce's result (`apply`) or skips
+    /// the update, resets the inner weights to the outer ones, and takes a checkpoint when one is
+    /// due; returns the digest of the outer weights.
+    fn close_step(&mut self, outer_step: u64, apply: bool) -> Result<String, WorkerError> {
+        let outer = self
+            .outer
+            .as_mut()
+            .ok_or(InnerError::Backend("end of a step without outer state".into()))?;
+        if let Some(f) = self.fetch.as_mut() {
+            f.log.push((outer_step, apply.then(|| outer.pseudo_gradient().to_vec())));
+        }
+        // A state received meanwhile (non-blocking join) may already hold this step.
+        if outer.steps() == outer_step {
+            if apply {
+                outer.apply_outer_step();
+            } else {
+                outer.skip_outer_step();
+            }
+        }
+        let hash = self.sync_inner_to_outer()?;
+        self.inner_dirty = false;
+        self.early_state.clear();
+        self.step.checkpoint = self.checkpoint(false)?;
+        Ok(hash)
     }
 
     fn on_computed(&mut self, stats: Vec<InnerStats>) -> Result<(), WorkerError> {

@@ -402,13 +402,7 @@ impl<'a> RingAllReduce<'a> {
         let body = match (self.payload.values_mut(), body) {
             (Some(d), Body::Bytes(b)) => {
                 let acc = &mut d[range];
-                if w == 0.0 {
-                    acc.fill(0.0);
-                } else if w != 1.0 {
-                    for v in acc.iter_mut() {
-                        *v *= w;
-                    }
-                }
+                crate::codec::weigh(acc, w);
                 codec.decode_accumulate(b, acc);
                 if weight_sum > 0.0 {
                     let ws = weight_sum as f32;

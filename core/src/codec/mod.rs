@@ -151,14 +151,20 @@ pub trait Codec: Send + Sync {
     /// # Panics
     /// When the lengths do not match as for `encode` and `decode`.
     fn reduce_encode_in_place(&self, src: &[u8], acc: &mut [f32], weight: f32, dst: &mut [u8]) {
-        if weight == 0.0 {
-            acc.fill(0.0);
-        } else if weight != 1.0 {
-            for a in acc.iter_mut() {
-                *a *= weight;
-            }
-        }
+        weigh(acc, weight);
         self.decode_accumulate(src, acc);
         self.encode(acc, dst);
+    }
+}
+
+/// `acc *= weight` in place, where weight 0 gives zeros whatever the values (even NaN) and
+/// weight 1 leaves them untouched.
+pub(crate) fn weigh(acc: &mut [f32], weight: f32) {
+    if weight == 0.0 {
+        acc.fill(0.0);
+    } else if weight != 1.0 {
+        for a in acc.iter_mut() {
+            *a *= weight;
+        }
     }
 }
