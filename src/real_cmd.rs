@@ -698,7 +698,8 @@ fn finish(
     events.sort_by(|a, b| a.time_s.total_cmp(&b.time_s));
     // Invariant: after each outer step, every node holds the same outer weights.
     let mut by_step: BTreeMap<u64, BTreeMap<String, String>> = BTreeMap::new();
-    for r in &rows {
+    // (An empty digest is a non-blocking joiner's step before it holds the state.)
+    for r in rows.iter().filter(|r| !r.weights_hash.is_empty()) {
         by_step.entry(r.outer_step).or_default().insert(r.node.clone(), r.weights_hash.clone());
     }
     let mut violations = Vec::new();

@@ -833,7 +833,8 @@ impl<L: InnerLoop> Worker<L> {
 
     /// Ends `outer_step` as every member does: applies the all-reduce's result (`apply`) or skips
     /// the update, resets the inner weights to the outer ones, and takes a checkpoint when one is
-    /// due; returns the digest of the outer weights.
+    /// due; returns the digest of the outer weights (empty while this node does not hold the
+    /// mesh's state yet).
     fn close_step(&mut self, outer_step: u64, apply: bool) -> Result<String, WorkerError> {
         let outer = self
             .outer
@@ -850,7 +851,12 @@ impl<L: InnerLoop> Worker<L> {
                 outer.skip_outer_step();
             }
         }
-        let hash = self.sync_inner_to_outer()?;
+        let mut hash = self.sync_inner_to_outer()?;
+        if self.fetch.is_some() {
+            // A non-blocking joiner still receiving the state holds its own weights, not the
+            // mesh's: no digest to compare (as in the simulator).
+            hash.clear();
+        }
         self.inner_dirty = false;
         self.early_state.clear();
         self.step.checkpoint = self.checkpoint(false)?;

@@ -47,7 +47,8 @@ pub struct OuterStepRow {
     pub tokens: u64,
     /// Training loss at the end of the step's inner steps, when there is a model.
     pub loss: Option<f64>,
-    /// Hex digest of the outer weights after the step; empty for virtual numerics.
+    /// Hex digest of the outer weights after the step; empty for virtual numerics and for a
+    /// non-blocking joiner that does not hold the mesh's state yet.
     pub weights_hash: String,
     /// The weight of this node's contribution to the average (0 for a joiner not yet caught up).
     pub weight: f64,
