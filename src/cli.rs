@@ -247,6 +247,10 @@ pub(crate) struct AllreduceBench {
     /// TCP connections per peer (tcp backend).
     #[arg(long, default_value_t = 1)]
     pub(crate) streams: usize,
+    /// Timed all-reduces in one run (tcp backend), each of the same inputs after a barrier; the
+    /// time reported is the best repetition's slowest rank, and the median is printed too.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) repeat: usize,
     /// Seed of the N(0,1) x 10 inputs.
     #[arg(long, default_value_t = 0)]
     pub(crate) seed: u64,
@@ -309,6 +313,8 @@ pub(crate) struct AllreduceRank {
     pub(crate) segment: usize,
     #[arg(long)]
     pub(crate) streams: usize,
+    #[arg(long, default_value_t = 1)]
+    pub(crate) repeat: usize,
     #[arg(long)]
     pub(crate) seed: u64,
 }

@@ -159,9 +159,14 @@ fn run(cli: Cli) -> Result<Outcome> {
                 codec: a.codec,
                 segment: a.segment,
                 seed: a.seed,
+                repeat: a.repeat,
             };
-            if a.world == 0 || a.segment == 0 {
-                let flag = if a.world == 0 { "--world" } else { "--segment" };
+            if a.world == 0 || a.segment == 0 || a.repeat == 0 {
+                let flag = match (a.world, a.segment) {
+                    (0, _) => "--world",
+                    (_, 0) => "--segment",
+                    _ => "--repeat",
+                };
                 return Err(InputError(anyhow::anyhow!("{flag}: expected at least 1")).into());
             }
             let report = match a.backend {

@@ -19,6 +19,8 @@ pub(crate) struct AllreduceBenchArgs {
     pub(crate) codec: CodecKind,
     pub(crate) segment: usize,
     pub(crate) seed: u64,
+    /// Timed all-reduces (tcp backend).
+    pub(crate) repeat: usize,
 }
 
 /// The figures of one run (the JSON of `--json`).
@@ -30,6 +32,12 @@ pub(crate) struct AllreduceBenchReport {
     pub(crate) elements: usize,
     pub(crate) segment_elems: usize,
     pub(crate) seconds: f64,
+    /// Each timed repetition's time (its slowest rank), in order; `seconds` is the least.
+    pub(crate) repetitions: Vec<f64>,
+    /// CPU time of one rank's all-reduce (user and system, all its threads; the median over
+    /// repetitions of the mean over ranks); tcp backend only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) cpu_seconds_per_rank: Option<f64>,
     /// Body bytes sent by each rank (the maximum over ranks).
     pub(crate) bytes_sent_per_rank: u64,
     /// The ring's theoretical 2(W-1)/W x payload in this codec's bytes per value, tables aside.
@@ -97,6 +105,8 @@ pub(crate) fn run(args: &AllreduceBenchArgs) -> Result<AllreduceBenchReport> {
         elements: args.elements,
         segment_elems: args.segment,
         seconds,
+        repetitions: vec![seconds],
+        cpu_seconds_per_rank: None,
         bytes_sent_per_rank,
         ring_formula_bytes,
         rel_rms_error,
@@ -112,7 +122,22 @@ impl AllreduceBenchReport {
         writeln!(out, "  codec                {}", self.codec)?;
         writeln!(out, "  world x elements     {} x {}", self.world, self.elements)?;
         writeln!(out, "  segment              {} values", self.segment_elems)?;
-        writeln!(out, "  time                 {:.4} s", self.seconds)?;
+        if let Some(c) = self.cpu_seconds_per_rank {
+            writeln!(out, "  CPU per rank         {c:.4} s (user + system)")?;
+        }
+        if self.repetitions.len() > 1 {
+            let mut sorted = self.repetitions.clone();
+            sorted.sort_by(f64::total_cmp);
+            writeln!(
+                out,
+                "  time                 {:.4} s best, {:.4} s median of {} repetitions",
+                self.seconds,
+                sorted[sorted.len() / 2],
+                sorted.len()
+            )?;
+        } else {
+            writeln!(out, "  time                 {:.4} s", self.seconds)?;
+        }
         writeln!(
             out,
             "  bytes sent per rank  {} ({:.4}x the ring formula 2(W-1)/W x payload = {:.0})",
@@ -139,6 +164,7 @@ mod tests {
                 codec,
                 segment: 4096,
                 seed: 1,
+                repeat: 1,
             })
             .unwrap();
             assert!(r.replicas_identical);
@@ -169,7 +195,11 @@ mod tests {
 #[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub(crate) struct RankResult {
     pub(crate) rank: usize,
-    pub(crate) seconds: f64,
+    /// This rank's time of each timed repetition.
+    pub(crate) seconds: Vec<f64>,
+    /// The process's CPU time (user and system, all threads) of each timed repetition.
+    pub(crate) cpu_seconds: Vec<f64>,
+    /// Body bytes sent in one repetition.
     pub(crate) body_bytes_sent: u64,
     /// Hash of the result's bits, to compare replicas across processes.
     pub(crate) result_hash: String,
@@ -189,6 +219,15 @@ fn rank_input(seed: u64, rank: usize, n: usize) -> Vec<f32> {
         .collect()
 }
 
+/// This process's CPU time so far (user and system, every thread), in seconds.
+fn cpu_seconds() -> f64 {
+    use nix::sys::resource::{UsageWho, getrusage};
+    getrusage(UsageWho::RUSAGE_SELF).map_or(0.0, |u| {
+        let t = |v: nix::sys::time::TimeVal| v.tv_sec() as f64 + v.tv_usec() as f64 * 1e-6;
+        t(u.user_time()) + t(u.system_time())
+    })
+}
+
 /// Runs one rank: listen on its port, connect to the others, a small warm-up all-reduce (which
 /// also lines the ranks up), then the timed one.
 pub(crate) fn run_rank(a: &crate::cli::AllreduceRank) -> Result<RankResult> {
@@ -200,7 +239,8 @@ pub(crate) fn run_rank(a: &crate::cli::AllreduceRank) -> Result<RankResult> {
     // The runtime a real worker runs on: the connections' reader and writer tasks go on while
     // the ring reduces, as they do in training.
     let rt = crate::real_cmd::runtime()?;
-    let mut data = rank_input(a.seed, a.rank, a.elements);
+    let input = rank_input(a.seed, a.rank, a.elements);
+    let mut data = input.clone();
     rt.block_on(async {
         let addr = |p: u16| std::net::SocketAddr::from(([127, 0, 0, 1], p));
         let cfg = TcpConfig { streams: a.streams.max(1), ..TcpConfig::default() };
@@ -212,24 +252,42 @@ pub(crate) fn run_rank(a: &crate::cli::AllreduceRank) -> Result<RankResult> {
         }
         let right = ring[(a.rank + 1) % world];
         t.connect_within(right, std::time::Duration::from_secs(30)).await?;
-        let mut warm = vec![1.0f32; world * 16];
-        let cfg0 = RingConfig::new(Epoch(1), 0, ring.clone(), me, a.codec);
-        let warm_len = warm.len();
-        // Frames of the timed collective may arrive before this rank finished the warm-up.
+        // Frames of a collective may arrive before this rank finished the one before.
         let mut stash = Vec::new();
-        run_ring_stashed(&mut t, cfg0, Some(&mut warm), warm_len, Weight::ONE, &mut stash).await?;
-        let mut cfg1 = RingConfig::new(Epoch(1), 1, ring.clone(), me, a.codec);
-        cfg1.segment_elems = a.segment.max(1);
-        let started = crate::clock::now();
-        let stats =
-            run_ring_stashed(&mut t, cfg1, Some(&mut data), a.elements, Weight::ONE, &mut stash)
+        let mut seconds = Vec::with_capacity(a.repeat);
+        let mut cpu = Vec::with_capacity(a.repeat);
+        let mut stats = None;
+        for rep in 0..a.repeat.max(1) as u64 {
+            // A small all-reduce first: a barrier (and, the first time, the connections'
+            // warm-up); then the timed one, of the same inputs every time.
+            let mut warm = vec![1.0f32; world * 16];
+            let warm_len = warm.len();
+            let cfg0 = RingConfig::new(Epoch(1), 2 * rep, ring.clone(), me, a.codec);
+            run_ring_stashed(&mut t, cfg0, Some(&mut warm), warm_len, Weight::ONE, &mut stash)
                 .await?;
-        let seconds = crate::clock::now().duration_since(started).as_secs_f64();
+            data.copy_from_slice(&input);
+            let mut cfg1 = RingConfig::new(Epoch(1), 2 * rep + 1, ring.clone(), me, a.codec);
+            cfg1.segment_elems = a.segment.max(1);
+            let started = crate::clock::now();
+            let cpu0 = cpu_seconds();
+            let s = run_ring_stashed(
+                &mut t,
+                cfg1,
+                Some(&mut data),
+                a.elements,
+                Weight::ONE,
+                &mut stash,
+            )
+            .await?;
+            seconds.push(crate::clock::now().duration_since(started).as_secs_f64());
+            cpu.push(cpu_seconds() - cpu0);
+            stats = Some(s);
+        }
         // Let the last frames drain before the process exits.
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-        anyhow::Ok((seconds, stats))
+        anyhow::Ok((seconds, cpu, stats.expect("at least one repetition")))
     })
-    .map(|(seconds, stats)| {
+    .map(|(seconds, cpu, stats)| {
         let mut h = blake3::Hasher::new();
         for v in &data {
             h.update(&v.to_bits().to_le_bytes());
@@ -248,6 +306,7 @@ pub(crate) fn run_rank(a: &crate::cli::AllreduceRank) -> Result<RankResult> {
         RankResult {
             rank: a.rank,
             seconds,
+            cpu_seconds: cpu,
             body_bytes_sent: stats.body_bytes_sent,
             result_hash: h.finalize().to_hex()[..16].to_string(),
             rel_rms_error,
@@ -276,6 +335,7 @@ pub(crate) fn run_tcp(args: &AllreduceBenchArgs, streams: usize) -> Result<Allre
                 .args(["bench", "allreduce-rank", "--rank", &r.to_string(), "--ports", &ports_arg])
                 .args(["--elements", &args.elements.to_string(), "--codec", args.codec.name()])
                 .args(["--segment", &args.segment.to_string(), "--streams", &streams.to_string()])
+                .args(["--repeat", &args.repeat.max(1).to_string()])
                 .args(["--seed", &args.seed.to_string()])
                 .stdout(std::process::Stdio::piped())
                 .spawn()
@@ -292,7 +352,20 @@ pub(crate) fn run_tcp(args: &AllreduceBenchArgs, streams: usize) -> Result<Allre
             .map_err(|e| anyhow::anyhow!("rank {r} printed no result: {e}"))?;
         results.push(res);
     }
-    let seconds = results.iter().map(|r| r.seconds).fold(0.0, f64::max);
+    // A repetition takes as long as its slowest rank.
+    let repetitions: Vec<f64> = (0..args.repeat.max(1))
+        .map(|i| {
+            results.iter().map(|r| r.seconds.get(i).copied().unwrap_or(0.0)).fold(0.0, f64::max)
+        })
+        .collect();
+    let seconds = repetitions.iter().copied().fold(f64::INFINITY, f64::min);
+    let mut cpu: Vec<f64> = (0..args.repeat.max(1))
+        .map(|i| {
+            results.iter().map(|r| r.cpu_seconds.get(i).copied().unwrap_or(0.0)).sum::<f64>()
+                / results.len().max(1) as f64
+        })
+        .collect();
+    cpu.sort_by(f64::total_cmp);
     let per_value = args.codec.codec().encoded_len(1 << 20) as f64 / f64::from(1 << 20);
     Ok(AllreduceBenchReport {
         backend: "tcp",
@@ -301,6 +374,8 @@ pub(crate) fn run_tcp(args: &AllreduceBenchArgs, streams: usize) -> Result<Allre
         elements: args.elements,
         segment_elems: args.segment,
         seconds,
+        repetitions,
+        cpu_seconds_per_rank: cpu.get(cpu.len() / 2).copied(),
         bytes_sent_per_rank: results.iter().map(|r| r.body_bytes_sent).max().unwrap_or(0),
         ring_formula_bytes: 2.0 * (args.world as f64 - 1.0) / args.world as f64
             * args.elements as f64
