@@ -1,24 +1,38 @@
 #!/usr/bin/env bash
 # loco's ring all-reduce over TCP (one process per rank, loopback) next to torch.distributed's
 # gloo all_reduce from the same PyTorch install, same world size and size, in one run.
-#   usage: scripts/bench-allreduce-vs-gloo.sh [WORLD] [ELEMENTS] [REPEATS]
-# Default: 4 processes, 25M float32 values (100 MB), best of 3 runs each.
+#   usage: scripts/bench-allreduce-vs-gloo.sh [WORLD] [ELEMENTS] [REPEAT]
+# Default: 4 processes, 25M float32 values (100 MB), 7 timed all-reduces of the same inputs in
+# each implementation's processes (after a warm-up, each after a barrier). A repetition takes
+# as long as its slowest rank; the table shows the best and the median repetition, and the
+# ratios to gloo of each.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-WORLD="${1:-4}"; ELEMENTS="${2:-25000000}"; REPEATS="${3:-3}"
+WORLD="${1:-4}"; ELEMENTS="${2:-25000000}"; REPEAT="${3:-7}"
 source scripts/torch-env.sh
 cargo build --release --quiet
 LOCO="${CARGO_TARGET_DIR:-target}/release/loco"
-best() { python3 -c 'import json,sys; print(min(json.loads(l)["seconds"] for l in sys.stdin if l.strip()))'; }
-run_n() { for _ in $(seq "$REPEATS"); do "$@"; done; }
-gloo=$(run_n "$LOCO_PYTHON" scripts/gloo_allreduce.py --world "$WORLD" --elements "$ELEMENTS" | best)
-fp32=$(run_n "$LOCO" bench allreduce --backend tcp --world "$WORLD" --elements "$ELEMENTS" --codec fp32 --json | python3 -c 'import json,sys; d=sys.stdin.read().replace("}\n{","}\x00{").split("\x00"); [print(json.dumps(json.loads(x))) for x in d if x.strip()]' | best)
-uint8=$(run_n "$LOCO" bench allreduce --backend tcp --world "$WORLD" --elements "$ELEMENTS" --codec uint8 --json | python3 -c 'import json,sys; d=sys.stdin.read().replace("}\n{","}\x00{").split("\x00"); [print(json.dumps(json.loads(x))) for x in d if x.strip()]' | best)
+gloo=$("$LOCO_PYTHON" scripts/gloo_allreduce.py --world "$WORLD" --elements "$ELEMENTS" \
+  --repeat "$REPEAT" 2>/dev/null)
+loco_run() {
+  "$LOCO" bench allreduce --backend tcp --world "$WORLD" --elements "$ELEMENTS" --codec "$1" \
+    --repeat "$REPEAT" --json
+}
+fp32=$(loco_run fp32)
+uint8=$(loco_run uint8)
 python3 - "$WORLD" "$ELEMENTS" "$gloo" "$fp32" "$uint8" <<'PY'
-import sys
-world, n, gloo, fp32, uint8 = sys.argv[1], int(sys.argv[2]), *map(float, sys.argv[3:])
-print(f"all-reduce of {n} float32 ({n*4/1e6:.0f} MB) over {world} processes on loopback, best of runs")
-print(f"{'implementation':<28}{'seconds':>10}{'x gloo':>10}")
-for name, t in [("torch gloo fp32", gloo), ("loco ring fp32", fp32), ("loco ring uint8", uint8)]:
-    print(f"{name:<28}{t:>10.3f}{t/gloo:>10.2f}")
+import json, statistics, sys
+world, n = sys.argv[1], int(sys.argv[2])
+runs = [json.loads(a) for a in sys.argv[3:]]
+print(f"all-reduce of {n} float32 ({n*4/1e6:.0f} MB) over {world} processes on loopback, "
+      f"{len(runs[0]['repetitions'])} repetitions each")
+print(f"{'implementation':<20}{'best s':>9}{'x gloo':>8}{'median s':>10}{'x gloo':>8}{'CPU/rank s':>12}")
+g_best = runs[0]["seconds"]
+g_med = statistics.median(runs[0]["repetitions"])
+names = ["torch gloo fp32", "loco ring fp32", "loco ring uint8"]
+for name, r in zip(names, runs):
+    best, med = r["seconds"], statistics.median(r["repetitions"])
+    cpu = r.get("cpu_seconds_per_rank")
+    cpu = f"{cpu:>12.4f}" if cpu is not None else f"{'-':>12}"
+    print(f"{name:<20}{best:>9.4f}{best/g_best:>8.2f}{med:>10.4f}{med/g_med:>8.2f}{cpu}")
 PY

@@ -4,7 +4,8 @@
 Starts WORLD processes on 127.0.0.1, each with ELEMENTS float32 values, does a small warm-up
 all_reduce, then times REPEAT all_reduces of the same inputs, each after a barrier (SUM, then
 divide: the same average loco computes), and prints one JSON line: the best repetition's
-slowest rank ("seconds") and every repetition's, as `loco bench allreduce --repeat` does.
+slowest rank ("seconds"), every repetition's, and the CPU time per rank, as `loco bench allreduce
+--repeat` does.
 
 Usage: gloo_allreduce.py [--world 4] [--elements 25000000] [--repeat 1]
 """
@@ -35,15 +36,16 @@ def rank_main(rank: int, world: int, elements: int, repeat: int, port: int, out)
     x = inputs.clone()
     warm = torch.ones(world * 16)
     dist.all_reduce(warm)
-    seconds = []
+    seconds, cpu = [], []
     for _ in range(repeat):
         x.copy_(inputs)
         dist.barrier()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         dist.all_reduce(x)
         x /= world
         seconds.append(time.perf_counter() - t0)
-    out.put((rank, seconds))
+        cpu.append(time.process_time() - c0)
+    out.put((rank, seconds, cpu))
     dist.destroy_process_group()
 
 
@@ -66,7 +68,11 @@ def main() -> None:
     for pr in procs:
         pr.join(timeout=60)
     # A repetition takes as long as its slowest rank.
-    reps = [max(t[i] for _, t in times) for i in range(max(1, a.repeat))]
+    n = max(1, a.repeat)
+    reps = [max(t[i] for _, t, _ in times) for i in range(n)]
+    # CPU time of one rank's all-reduce (all its threads): the median over repetitions of the
+    # mean over ranks, as loco's bench reports it.
+    cpu = sorted(sum(c[i] for _, _, c in times) / len(times) for i in range(n))
     print(json.dumps({
         "backend": "gloo",
         "codec": "fp32",
@@ -74,6 +80,7 @@ def main() -> None:
         "elements": a.elements,
         "seconds": min(reps),
         "repetitions": reps,
+        "cpu_seconds_per_rank": cpu[len(cpu) // 2],
         "torch": torch.__version__,
     }))
 

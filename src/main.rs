@@ -170,7 +170,14 @@ fn run(cli: Cli) -> Result<Outcome> {
                 return Err(InputError(anyhow::anyhow!("{flag}: expected at least 1")).into());
             }
             let report = match a.backend {
-                cli::BenchBackend::Memory => bench::allreduce::run(&args)?,
+                cli::BenchBackend::Memory => {
+                    if a.repeat > 1 {
+                        tracing::warn!(
+                            "--repeat applies to --backend tcp; the memory backend runs once"
+                        );
+                    }
+                    bench::allreduce::run(&args)?
+                }
                 cli::BenchBackend::Tcp => bench::allreduce::run_tcp(&args, a.streams)?,
             };
             print_report(a.json, &report, |out| report.print_table(out))?;

@@ -30,6 +30,42 @@ fn bench_allreduce_json_has_the_contract_fields() {
     assert!((150_000..150_000 + 6 * 1024 + 1).contains(&bytes), "bytes {bytes}");
 }
 
+/// Over TCP with `--repeat`: one process per rank, each repetition timed, the best reported, the
+/// replicas identical in the last one, and the CPU per rank measured.
+#[test]
+fn bench_allreduce_over_tcp_repeats_and_reports_the_best_and_the_cpu() {
+    let ctx = TestContext::new();
+    let out = ctx.loco(&[
+        "bench",
+        "allreduce",
+        "--backend",
+        "tcp",
+        "--world",
+        "3",
+        "--elements",
+        "200000",
+        "--codec",
+        "uint8",
+        "--repeat",
+        "3",
+        "--json",
+    ]);
+    assert!(out.status.success(), "stderr: {}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("JSON");
+    assert_eq!(v["backend"], "tcp");
+    assert_eq!(v["replicas_identical"], true);
+    let reps: Vec<f64> =
+        v["repetitions"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+    assert_eq!(reps.len(), 3);
+    assert!(reps.iter().all(|&t| t > 0.0), "{reps:?}");
+    let best = reps.iter().copied().fold(f64::INFINITY, f64::min);
+    assert_eq!(v["seconds"].as_f64().unwrap(), best);
+    let cpu = v["cpu_seconds_per_rank"].as_f64().unwrap();
+    assert!(cpu > 0.0, "CPU per rank {cpu}");
+    let err = v["rel_rms_error"].as_f64().unwrap();
+    assert!(err > 0.0 && err < 0.03, "uint8 W=3 error {err}");
+}
+
 #[test]
 fn bench_codec_prints_memcpy_and_ratios() {
     let ctx = TestContext::new();
@@ -51,6 +87,9 @@ fn bad_flags_exit_2_and_name_the_flag() {
     let out = ctx.loco(&["bench", "allreduce", "--world", "0"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("--world"), "{}", stderr(&out));
+    let out = ctx.loco(&["bench", "allreduce", "--repeat", "0"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("--repeat"), "{}", stderr(&out));
 }
 
 /// `loco bench quality` at a toy size: the four runs, their accounting, and the same figures
