@@ -156,6 +156,10 @@ type Directory = Arc<std::sync::Mutex<BTreeMap<NodeId, SocketAddr>>>;
 struct Peer {
     addr: SocketAddr,
     streams: Vec<mpsc::UnboundedSender<Outgoing>>,
+    /// The connection for live-recovery state, opened when the first state frame goes to this
+    /// peer: a state of gigabytes must not hold up the collective and mesh frames queued
+    /// behind it (a non-blocking joiner's ring would wait for its whole state otherwise).
+    bulk: Option<mpsc::UnboundedSender<Outgoing>>,
     next: usize,
     failed: Arc<AtomicBool>,
 }
@@ -282,19 +286,29 @@ impl TcpTransport {
             let failed = Arc::new(AtomicBool::new(false));
             let mut streams = Vec::with_capacity(self.cfg.streams.max(1));
             for _ in 0..self.cfg.streams.max(1) {
-                let stream = tokio::time::timeout(
-                    self.cfg.connect_timeout,
-                    dial(self.id, self.local_addr.port(), to, addr, &self.cfg),
-                )
-                .await
-                .map_err(|_| TransportError::Unreachable(to))??;
-                let (tx, rx) = mpsc::unbounded_channel();
-                tokio::spawn(write_loop(to, stream, rx, failed.clone(), self.stats.clone()));
-                streams.push(tx);
+                streams.push(self.open_stream(to, addr, &failed).await?);
             }
-            self.peers.insert(to, Peer { addr, streams, next: 0, failed });
+            self.peers.insert(to, Peer { addr, streams, bulk: None, next: 0, failed });
         }
         Ok(self.peers.get_mut(&to).expect("inserted"))
+    }
+
+    /// Dials one more connection to `to` at `addr` and starts its writer task.
+    async fn open_stream(
+        &self,
+        to: NodeId,
+        addr: SocketAddr,
+        failed: &Arc<AtomicBool>,
+    ) -> Result<mpsc::UnboundedSender<Outgoing>, TransportError> {
+        let stream = tokio::time::timeout(
+            self.cfg.connect_timeout,
+            dial(self.id, self.local_addr.port(), to, addr, &self.cfg),
+        )
+        .await
+        .map_err(|_| TransportError::Unreachable(to))??;
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(write_loop(to, stream, rx, failed.clone(), self.stats.clone()));
+        Ok(tx)
     }
 }
 
@@ -312,16 +326,28 @@ impl Transport for TcpTransport {
         }
         let stats = self.stats.clone();
         let peer = self.connect(to).await?;
-        let i = match frame.header {
-            Header::Collective(_) => {
-                peer.next = (peer.next + 1) % peer.streams.len();
-                peer.next
+        if matches!(frame.header, Header::State(_)) && peer.bulk.is_none() {
+            let (addr, failed) = (peer.addr, peer.failed.clone());
+            let bulk = self.open_stream(to, addr, &failed).await;
+            let peer = self.peers.get_mut(&to).ok_or(TransportError::Unreachable(to))?;
+            match bulk {
+                Ok(tx) => peer.bulk = Some(tx),
+                Err(e) => {
+                    self.peers.remove(&to);
+                    return Err(e);
+                }
             }
-            Header::Mesh(_) | Header::State(_) => 0,
+        }
+        let peer = self.peers.get_mut(&to).ok_or(TransportError::Unreachable(to))?;
+        let queue = match (&frame.header, &peer.bulk) {
+            (Header::Collective(_), _) => {
+                peer.next = (peer.next + 1) % peer.streams.len();
+                &peer.streams[peer.next]
+            }
+            (Header::State(_), Some(bulk)) => bulk,
+            (Header::Mesh(_) | Header::State(_), _) => &peer.streams[0],
         };
-        if peer.streams[i].send(Outgoing::Frame(frame)).is_err()
-            || peer.failed.load(Ordering::Relaxed)
-        {
+        if queue.send(Outgoing::Frame(frame)).is_err() || peer.failed.load(Ordering::Relaxed) {
             self.peers.remove(&to);
             return Err(TransportError::Unreachable(to));
         }

@@ -5,7 +5,7 @@ use bytes::Bytes;
 use loco_core::allreduce::{RingConfig, run_ring};
 use loco_core::codec::CodecKind;
 use loco_core::ids::{Epoch, Weight};
-use loco_core::transport::{CollectiveHeader, Phase};
+use loco_core::transport::{CollectiveHeader, Phase, StateHeader};
 
 fn loopback() -> SocketAddr {
     "127.0.0.1:0".parse().unwrap()
@@ -222,4 +222,36 @@ async fn addresses_are_learned_from_handshakes_and_passed_on_in_directories() {
     a[0].send(NodeId(1), collective(5)).await.unwrap();
     let (from, f) = recv_within(&mut b[0]).await.expect("peer frame");
     assert_eq!((from, f), (NodeId(0), collective(5)));
+}
+
+/// A large state frame does not hold up the collective frames sent after it: the state has a
+/// connection of its own, so the small frame arrives first, and the state arrives intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_state_frame_does_not_hold_up_the_collective_frames_behind_it() {
+    let (mut a, mut b) = pair(TcpConfig::default()).await;
+    let big = Bytes::from(vec![7u8; 256 << 20]);
+    let state = Frame {
+        header: Header::State(StateHeader {
+            epoch: Epoch(1),
+            outer_step: 3,
+            offset: 0,
+            total: big.len() as u64,
+            digest: String::new(),
+            part: 0,
+        }),
+        body: Body::Bytes(big.clone()),
+    };
+    // A collective frame first, so that the ordinary connection exists before the state's.
+    a.send(NodeId(1), collective(0)).await.unwrap();
+    assert_eq!(recv_within(&mut b).await.expect("first frame").1, collective(0));
+    a.send(NodeId(1), state).await.unwrap();
+    a.send(NodeId(1), collective(1)).await.unwrap();
+    let (_, first) = recv_within(&mut b).await.expect("a frame");
+    assert_eq!(first, collective(1), "the collective frame came first");
+    let (_, second) = tokio::time::timeout(Duration::from_secs(30), b.recv())
+        .await
+        .expect("the state within 30 s")
+        .unwrap();
+    assert!(matches!(second.header, Header::State(_)));
+    assert!(matches!(&second.body, Body::Bytes(x) if *x == big));
 }
