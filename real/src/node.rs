@@ -343,6 +343,18 @@ struct Fetch {
     log: Vec<(u64, Option<Vec<f32>>)>,
 }
 
+/// A state serialised and hashed for a joiner, its pieces not yet queued.
+struct PreparedState {
+    epoch: Epoch,
+    to: NodeId,
+    outer_step: u64,
+    /// Senders sharing the replicated part, and this node's place among them.
+    k: usize,
+    i_share: usize,
+    /// `(part, BLAKE3 digest, bytes)`.
+    parts: Vec<(u32, String, Bytes)>,
+}
+
 /// A received state whose last steps wait for the inner loop (non-blocking mode: it was computing
 /// when the state arrived, from parameters that were not the mesh's).
 struct PendingSync {
@@ -361,6 +373,8 @@ struct Worker<L: InnerLoop> {
     fetch: Option<Fetch>,
     pending_sync: Option<PendingSync>,
     deferred_sends: Vec<(Epoch, NodeId, Vec<NodeId>)>,
+    /// States being serialised and hashed for joiners, off the event loop.
+    preparing: tokio::task::JoinSet<Result<PreparedState, InnerError>>,
     step: StepClock,
     metrics: Option<MetricsFile>,
     checkpointer: Option<(Checkpointer, u64)>,
@@ -408,6 +422,7 @@ pub async fn run_worker<L: InnerLoop>(
         fetch: None,
         pending_sync: None,
         deferred_sends: Vec::new(),
+        preparing: tokio::task::JoinSet::new(),
         step: StepClock::default(),
         metrics,
         checkpointer,
@@ -456,8 +471,12 @@ impl<L: InnerLoop> Worker<L> {
                     self.inner = Some(inner);
                     self.on_computed(stats?)?;
                     for (epoch, to, senders) in std::mem::take(&mut self.deferred_sends) {
-                        self.send_state(epoch, to, senders).await?;
+                        self.send_state(epoch, to, senders)?;
                     }
+                }
+                Some(done) = self.preparing.join_next(), if !self.preparing.is_empty() => {
+                    let prepared = done.map_err(|e| InnerError::Backend(format!("preparing a state panicked: {e}")))??;
+                    self.queue_state(prepared).await?;
                 }
                 () = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if deadline.is_some() => {
                     self.member.handle_timeout(self.clock.now());
@@ -774,7 +793,7 @@ impl<L: InnerLoop> Worker<L> {
                 }
             }
             MemberAction::SendState { epoch, to, senders } => {
-                self.send_state(epoch, to, senders).await?
+                self.send_state(epoch, to, senders)?
             }
             MemberAction::StartAllReduce(start) => self.start_ring(start).await?,
             MemberAction::AbortAllReduce { epoch, op } => {
@@ -1034,7 +1053,12 @@ impl<L: InnerLoop> Worker<L> {
     /// Sends this node's share of the state to a joiner: the pieces `i, i + k, i + 2k, ...` of the
     /// replicated part (it is sender `i` of `k`), and, from the first sender only, its own inner
     /// optimiser state whole. A sender still computing (non-blocking mode) sends when it is done.
-    async fn send_state(
+    ///
+    /// The state is copied here, at once (a consistent snapshot); serialising and hashing it, which
+    /// for a large model takes seconds, run on a blocking thread, and the pieces are queued when
+    /// that is done ([`queue_state`](Self::queue_state)), so that this node keeps its heartbeats
+    /// and its part in the all-reduce meanwhile.
+    fn send_state(
         &mut self,
         epoch: Epoch,
         to: NodeId,
@@ -1052,24 +1076,37 @@ impl<L: InnerLoop> Worker<L> {
         let blocking = self.opts.mesh.join_mode == loco_core::mesh::JoinMode::Blocking;
         let k = if blocking { senders.len().max(1) } else { 1 };
         let i_share = if blocking { i } else { 0 };
-        let own = if i == 0 { inner.export_optimizer()? } else { Vec::new() };
+        let own = if i == 0 { Some(inner.export_optimizer()?) } else { None };
         let outer = self.outer.as_ref().expect("outer state");
         let shared = SharedState {
             outer_steps: outer.steps(),
             outer: outer.outer().to_vec(),
             momentum: outer.momentum().to_vec(),
         };
-        let outer_step = shared.outer_steps;
-        let shared =
-            postcard::to_allocvec(&shared).map_err(|e| InnerError::Backend(e.to_string()))?;
-        let mut parts = vec![(PART_SHARED, Bytes::from(shared))];
-        if i == 0 {
-            parts.push((PART_OWN, Bytes::from(own)));
-        }
+        self.preparing.spawn_blocking(move || {
+            let outer_step = shared.outer_steps;
+            let shared =
+                postcard::to_allocvec(&shared).map_err(|e| InnerError::Backend(e.to_string()))?;
+            let mut parts = vec![(PART_SHARED, Bytes::from(shared))];
+            parts.extend(own.map(|own| (PART_OWN, Bytes::from(own))));
+            let parts = parts
+                .into_iter()
+                .map(|(part, bytes)| (part, blake3::hash(&bytes).to_hex().to_string(), bytes))
+                .collect();
+            Ok(PreparedState { epoch, to, outer_step, k, i_share, parts })
+        });
+        // The time this node's loop spent on it (the rest runs beside the loop).
+        self.step.recovery += self.clock.secs() - started;
+        Ok(())
+    }
+
+    /// Queues the pieces of a prepared state (reference-counted slices, no copy).
+    async fn queue_state(&mut self, p: PreparedState) -> Result<(), WorkerError> {
+        let PreparedState { epoch, to, outer_step, k, i_share, parts } = p;
+        let started = self.clock.secs();
         let mut sent = 0u64;
         let mut first = true;
-        'parts: for (part, bytes) in parts {
-            let digest = blake3::hash(&bytes).to_hex().to_string();
+        'parts: for (part, digest, bytes) in parts {
             let total = bytes.len() as u64;
             let piece = piece_len(bytes.len());
             let pieces = bytes.len().div_ceil(piece).max(1);

@@ -181,3 +181,107 @@ async fn a_crashed_worker_is_evicted_and_the_survivors_agree() {
     let last = rows(&dir.path().join("w0.jsonl"));
     assert_eq!(last.last().unwrap().world, 3);
 }
+
+/// An inner loop whose optimiser state is large: the synthetic objective's, then `pad` bytes
+/// (a stand-in for a big model's AdamW moments), so that a live-recovery transfer takes a while.
+struct BigState(Quadratic, Duration, usize);
+
+impl loco_real::inner::InnerLoop for BigState {
+    fn param_layout(&self) -> Vec<(String, usize)> {
+        self.0.param_layout()
+    }
+    fn params_into(&self, out: &mut [f32]) -> Result<(), loco_real::inner::InnerError> {
+        self.0.params_into(out)
+    }
+    fn set_params(&mut self, p: &[f32]) -> Result<(), loco_real::inner::InnerError> {
+        self.0.set_params(p)
+    }
+    fn step(&mut self) -> Result<loco_real::inner::InnerStats, loco_real::inner::InnerError> {
+        std::thread::sleep(self.1);
+        self.0.step()
+    }
+    fn export_optimizer(&self) -> Result<Vec<u8>, loco_real::inner::InnerError> {
+        let own = self.0.export_optimizer()?;
+        let mut out = (own.len() as u64).to_le_bytes().to_vec();
+        out.extend_from_slice(&own);
+        out.resize(out.len() + self.2, 0xa5);
+        Ok(out)
+    }
+    fn import_optimizer(&mut self, bytes: &[u8]) -> Result<(), loco_real::inner::InnerError> {
+        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        assert_eq!(bytes.len(), 8 + n + self.2, "the whole state arrived");
+        assert!(bytes[8 + n..].iter().all(|&b| b == 0xa5));
+        self.0.import_optimizer(&bytes[8..8 + n])
+    }
+}
+
+/// A non-blocking joiner whose state takes several outer steps to arrive: the members do not
+/// wait, and the joiner closes steps without the mesh's weights (no digest, weight 0), replays
+/// them onto the state when it arrives, then counts fully; every replica ends identical. For
+/// that the sender keeps its part in the ring while it serialises and hashes the state (off its
+/// event loop), and its collective frames do not queue behind the state's (which have a
+/// connection of their own).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_blocking_joiner_replays_the_steps_committed_while_a_large_state_arrived() {
+    const PAD: usize = 192 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = mesh();
+    m.join_mode = loco_core::mesh::JoinMode::NonBlocking;
+    let copts = CoordinatorOptions {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        mesh: m.clone(),
+        tcp: TcpConfig::default(),
+        stop_outer_steps: Some(40),
+        stop_time: None,
+        names: BTreeMap::new(),
+        metrics: Some(dir.path().join("coordinator.jsonl")),
+        time_offset_s: 0.0,
+        start_outer_step: 0,
+    };
+    let t = bind(&copts).await.unwrap();
+    let addr = t.local_addr();
+    let coord = tokio::spawn(run_coordinator(copts, t, std::future::pending()));
+    let start = |id: u32| {
+        let mut o = worker(id, addr, dir.path());
+        o.mesh = m.clone();
+        let inner = BigState(Quadratic::new(2_000, 1, id), Duration::from_millis(5), PAD);
+        tokio::spawn(run_worker(o, inner, std::future::pending()))
+    };
+    let mut ws: Vec<_> = [0, 2, 3].into_iter().map(start).collect();
+    let first = dir.path().join("w0.jsonl");
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while rows(&first).is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the members finished a step");
+    ws.push(start(1));
+    let reports = tokio::time::timeout(Duration::from_secs(120), async {
+        let mut out = Vec::new();
+        for w in ws {
+            out.push(w.await.unwrap().unwrap());
+        }
+        out
+    })
+    .await
+    .expect("every worker finishes");
+    coord.await.unwrap().unwrap();
+    for r in &reports {
+        assert_eq!(r.weights_hash, reports[0].weights_hash, "replicas agree at the end");
+    }
+    let joiner = rows(&dir.path().join("w1.jsonl"));
+    let members = rows(&first);
+    let unsynced = joiner.iter().take_while(|r| r.weights_hash.is_empty()).count();
+    assert!(unsynced >= 1, "the joiner closed steps before its state arrived: {joiner:?}");
+    assert!(joiner[..unsynced].iter().all(|r| r.weight == 0.0), "{joiner:?}");
+    assert!(joiner[unsynced..].iter().all(|r| !r.weights_hash.is_empty()), "{joiner:?}");
+    assert_eq!(joiner.last().unwrap().weight, 1.0, "it counts fully in the end");
+    // Its digests equal the members' at every step it holds the state.
+    for r in &joiner[unsynced..] {
+        let m = members.iter().find(|x| x.outer_step == r.outer_step).unwrap();
+        assert_eq!(r.weights_hash, m.weights_hash, "outer step {}", r.outer_step);
+    }
+    let events = std::fs::read_to_string(dir.path().join("w1.jsonl")).unwrap();
+    assert!(events.contains("step(s) replayed"), "{events}");
+}
