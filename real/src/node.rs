@@ -341,6 +341,18 @@ struct Fetch {
     /// Non-blocking mode: the results this node committed while the transfer ran (the step and
     /// the averaged pseudo-gradient, `None` for a skipped step), replayed onto the received state.
     log: Vec<(u64, Option<Vec<f32>>)>,
+    /// Both parts are complete and being verified off the event loop.
+    verifying: bool,
+}
+
+/// A received state whose digests were checked (and, when both are right, decoded).
+struct Checked {
+    shared: PartBuf,
+    own: PartBuf,
+    own_from: NodeId,
+    shared_ok: bool,
+    own_ok: bool,
+    decoded: Option<SharedState>,
 }
 
 /// A state serialised and hashed for a joiner, its pieces not yet queued.
@@ -375,6 +387,8 @@ struct Worker<L: InnerLoop> {
     deferred_sends: Vec<(Epoch, NodeId, Vec<NodeId>)>,
     /// States being serialised and hashed for joiners, off the event loop.
     preparing: tokio::task::JoinSet<Result<PreparedState, InnerError>>,
+    /// A received state being verified and decoded, off the event loop.
+    verifying: tokio::task::JoinSet<Result<Checked, InnerError>>,
     step: StepClock,
     metrics: Option<MetricsFile>,
     checkpointer: Option<(Checkpointer, u64)>,
@@ -423,6 +437,7 @@ pub async fn run_worker<L: InnerLoop>(
         pending_sync: None,
         deferred_sends: Vec::new(),
         preparing: tokio::task::JoinSet::new(),
+        verifying: tokio::task::JoinSet::new(),
         step: StepClock::default(),
         metrics,
         checkpointer,
@@ -477,6 +492,10 @@ impl<L: InnerLoop> Worker<L> {
                 Some(done) = self.preparing.join_next(), if !self.preparing.is_empty() => {
                     let prepared = done.map_err(|e| InnerError::Backend(format!("preparing a state panicked: {e}")))??;
                     self.queue_state(prepared).await?;
+                }
+                Some(done) = self.verifying.join_next(), if !self.verifying.is_empty() => {
+                    let checked = done.map_err(|e| InnerError::Backend(format!("verifying a state panicked: {e}")))??;
+                    self.on_verified(checked)?;
                 }
                 () = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if deadline.is_some() => {
                     self.member.handle_timeout(self.clock.now());
@@ -781,6 +800,7 @@ impl<L: InnerLoop> Worker<L> {
                             shared: PartBuf::default(),
                             own: std::collections::BTreeMap::new(),
                             log: Vec::new(),
+                            verifying: false,
                         });
                         self.event(
                             EventKind::RecoveryStart,
@@ -1152,7 +1172,7 @@ impl<L: InnerLoop> Worker<L> {
             }
             return Ok(());
         };
-        if h.total > (1 << 40) || h.part > PART_OWN {
+        if h.total > (1 << 40) || h.part > PART_OWN || f.verifying {
             return Ok(());
         }
         // The own part comes whole from one sender (the first of its assignment; after a
@@ -1161,33 +1181,67 @@ impl<L: InnerLoop> Worker<L> {
             PART_SHARED => &mut f.shared,
             _ => f.own.entry(from).or_default(),
         };
-        if !part.put(&h, &b) {
-            return Ok(());
+        if part.put(&h, &b) {
+            self.verify_when_complete();
         }
-        let verified = |p: &PartBuf| {
-            p.complete()
-                && p.digest
-                    .as_ref()
-                    .is_some_and(|(d, _)| blake3::hash(&p.buf).to_hex().as_str() == d)
-        };
-        if f.shared.complete() && !verified(&f.shared) {
-            tracing::warn!(node = %self.opts.name, "state digest mismatch; waiting for another copy");
-            f.shared = PartBuf::default();
-            return Ok(());
-        }
-        f.own.retain(|_, p| !p.complete() || verified(p));
+        Ok(())
+    }
+
+    /// When both parts of the state are complete, checks their digests and decodes them on a
+    /// blocking thread (for a large model that takes seconds: this node keeps its heartbeats and
+    /// its part in the ring meanwhile); [`on_verified`](Self::on_verified) takes the result.
+    fn verify_when_complete(&mut self) {
+        let Some(f) = self.fetch.as_mut() else { return };
         let Some(own_from) = f.own.iter().find(|(_, p)| p.complete()).map(|(&k, _)| k) else {
+            return;
+        };
+        if f.verifying || !f.shared.complete() {
+            return;
+        }
+        let shared = std::mem::take(&mut f.shared);
+        let own = f.own.remove(&own_from).expect("found");
+        f.verifying = true;
+        self.verifying.spawn_blocking(move || {
+            let ok = |p: &PartBuf| {
+                p.digest.as_ref().is_some_and(|(d, _)| blake3::hash(&p.buf).to_hex().as_str() == d)
+            };
+            let (shared_ok, own_ok) = (ok(&shared), ok(&own));
+            let decoded = (shared_ok && own_ok).then(|| postcard::from_bytes(&shared.buf));
+            let decoded =
+                decoded.transpose().map_err(|e| InnerError::Backend(format!("state: {e}")))?;
+            Ok(Checked { shared, own, own_from, shared_ok, own_ok, decoded })
+        });
+    }
+
+    /// Takes a verified state: the outer state from it, the steps committed meanwhile replayed
+    /// (non-blocking mode), the inner part for the inner loop. A part whose digest is wrong is
+    /// dropped, and the transfer waits for another copy.
+    fn on_verified(&mut self, c: Checked) -> Result<(), WorkerError> {
+        let Some(f) = self.fetch.as_mut() else { return Ok(()) };
+        f.verifying = false;
+        let Checked { shared: shared_buf, own: own_buf, own_from, shared_ok, own_ok, decoded } = c;
+        let Some(shared) = decoded else {
+            tracing::warn!(
+                node = %self.opts.name,
+                "state digest mismatch ({}); waiting for another copy",
+                match (shared_ok, own_ok) {
+                    (false, false) => "both parts",
+                    (false, true) => "the replicated part",
+                    _ => "the inner part",
+                }
+            );
+            // Keep what was right; pieces of the rest are taken again.
+            if shared_ok && f.shared.digest.is_none() {
+                f.shared = shared_buf;
+            }
+            if own_ok {
+                f.own.entry(own_from).or_insert(own_buf);
+            }
+            self.verify_when_complete();
             return Ok(());
         };
-        if !f.shared.complete() {
-            return Ok(());
-        }
-        let mut f = self.fetch.take().expect("fetch");
-        let own_buf = f.own.remove(&own_from).expect("found");
-        let shared_buf = f.shared;
+        let f = self.fetch.take().expect("fetch");
         let digest = shared_buf.digest.clone().map(|(d, _)| d).unwrap_or_default();
-        let shared: SharedState = postcard::from_bytes(&shared_buf.buf)
-            .map_err(|e| InnerError::Backend(format!("state: {e}")))?;
         let layout = self.layout.clone();
         let mut outer = OuterState::restore(
             self.opts.outer,
