@@ -270,7 +270,7 @@ impl<'a> RingAllReduce<'a> {
                 let body = match self.payload.values() {
                     // Weight 1: encode the values where they are, without a copy to scratch.
                     Some(d) if self.weight == 1.0 => {
-                        let mut buf = pool::zeroed(self.codec.encoded_len(range.len()));
+                        let mut buf = pool::for_overwrite(self.codec.encoded_len(range.len()));
                         self.codec.encode(&d[range], &mut buf);
                         Body::Bytes(pool::freeze(buf))
                     }
@@ -384,7 +384,7 @@ impl<'a> RingAllReduce<'a> {
             let (codec, w) = (self.codec, self.weight);
             let body = match (body, self.payload.values_mut()) {
                 (Body::Bytes(b), Some(own)) => {
-                    let mut out = pool::zeroed(codec.encoded_len(n));
+                    let mut out = pool::for_overwrite(codec.encoded_len(n));
                     codec.reduce_encode_in_place(b, &mut own[range], w, &mut out);
                     Body::Bytes(pool::freeze(out))
                 }
@@ -412,7 +412,7 @@ impl<'a> RingAllReduce<'a> {
                 } else {
                     acc.fill(0.0);
                 }
-                let mut buf = pool::zeroed(codec.encoded_len(n));
+                let mut buf = pool::for_overwrite(codec.encoded_len(n));
                 codec.encode(acc, &mut buf);
                 codec.decode(&buf, acc);
                 Body::Bytes(pool::freeze(buf))
@@ -480,7 +480,7 @@ impl<'a> RingAllReduce<'a> {
         match self.payload {
             Payload::Virtual(_) => Body::Virtual(len as u64),
             Payload::Real(_) | Payload::Owned(_) => {
-                let mut buf = pool::zeroed(len);
+                let mut buf = pool::for_overwrite(len);
                 self.codec.encode(&self.scratch[..n], &mut buf);
                 Body::Bytes(pool::freeze(buf))
             }

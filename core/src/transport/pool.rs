@@ -9,7 +9,8 @@
 //!
 //! Only buffers of at least [`MIN_POOLED`] bytes are kept, and at most [`MAX_IDLE_BYTES`] of
 //! them while unused; the rest go back to the allocator. Reuse never changes what a body holds:
-//! [`zeroed`] zeroes, and readers fill a buffer from [`with_capacity`] before freezing it.
+//! [`zeroed`] zeroes, readers fill a buffer from [`with_capacity`] before freezing it, and
+//! encoders overwrite the whole of a [`for_overwrite`] buffer.
 
 use bytes::Bytes;
 use std::sync::Mutex;
@@ -34,16 +35,31 @@ fn idle() -> std::sync::MutexGuard<'static, Idle> {
 /// An empty buffer with room for at least `n` bytes: an idle one of `n` to `2n` bytes' capacity
 /// when there is one, else a new one.
 pub fn with_capacity(n: usize) -> Vec<u8> {
+    let mut b = reuse(n);
+    b.clear();
+    b
+}
+
+/// An idle buffer of `n` to `2n` bytes' capacity, with its old contents, or a new empty one.
+fn reuse(n: usize) -> Vec<u8> {
     if n >= MIN_POOLED {
         let mut idle = idle();
         if let Some(i) = idle.bufs.iter().position(|b| b.capacity() >= n && b.capacity() <= 2 * n) {
-            let mut b = idle.bufs.swap_remove(i);
+            let b = idle.bufs.swap_remove(i);
             idle.bytes -= b.capacity();
-            b.clear();
             return b;
         }
     }
     Vec::with_capacity(n)
+}
+
+/// A buffer of `n` bytes to be overwritten whole (an encoder's output): a reused buffer keeps
+/// its old bytes where it had some, and only the rest is zeroed, which saves a pass over the
+/// buffer. What it holds is unspecified, never uninitialised.
+pub fn for_overwrite(n: usize) -> Vec<u8> {
+    let mut b = reuse(n);
+    b.resize(n, 0);
+    b
 }
 
 /// A buffer of `n` zero bytes (see [`with_capacity`]).
@@ -106,6 +122,21 @@ mod tests {
         let again = takes.iter().find(|b| b.as_ptr() == ptr).expect("reused");
         assert_eq!(again.len(), n);
         assert!(again.iter().all(|&x| x == 0), "zeroed() zeroes reused memory");
+    }
+
+    #[test]
+    fn a_buffer_for_overwrite_keeps_old_bytes_and_zeroes_only_what_is_new() {
+        let n = MIN_POOLED * 5 + 3;
+        let mut a = Vec::with_capacity(n + 100);
+        a.resize(n, 0xab);
+        let ptr = a.as_ptr();
+        drop(freeze(a));
+        // Longer than the old contents, within the capacity: the old bytes stay, the rest is 0.
+        let takes: Vec<Vec<u8>> = (0..64).map(|_| for_overwrite(n + 50)).collect();
+        let again = takes.iter().find(|b| b.as_ptr() == ptr).expect("reused");
+        assert_eq!(again.len(), n + 50);
+        assert!(again[..n].iter().all(|&x| x == 0xab), "no pass over the old bytes");
+        assert!(again[n..].iter().all(|&x| x == 0), "new bytes are zeroed");
     }
 
     #[test]
