@@ -59,9 +59,38 @@ fn rows(path: &std::path::Path) -> Vec<loco_core::metrics::OuterStepRow> {
         .collect()
 }
 
-/// Starts a coordinator that stops after `steps` outer steps; its events go to `dir`.
+/// Waits (at most 30 s) until the worker writing `path` has finished an outer step.
+async fn first_step_of(path: &std::path::Path) {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while rows(path).is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{} finished no step", path.display()));
+}
+
+/// The reports of `ws`, which must all finish within `secs`.
+async fn reports_of(
+    ws: Vec<tokio::task::JoinHandle<Result<WorkerReport, loco_real::node::WorkerError>>>,
+    secs: u64,
+) -> Vec<WorkerReport> {
+    tokio::time::timeout(Duration::from_secs(secs), async {
+        let mut out = Vec::new();
+        for w in ws {
+            out.push(w.await.unwrap().unwrap());
+        }
+        out
+    })
+    .await
+    .expect("every worker finishes in time")
+}
+
+/// Starts a coordinator with `mesh` that stops after `steps` outer steps; its events go to
+/// `dir`.
 async fn start_coordinator(
     dir: &std::path::Path,
+    mesh: MeshConfig,
     steps: u64,
 ) -> (
     std::net::SocketAddr,
@@ -71,7 +100,7 @@ async fn start_coordinator(
 ) {
     let copts = CoordinatorOptions {
         listen: "127.0.0.1:0".parse().unwrap(),
-        mesh: mesh(),
+        mesh,
         tcp: TcpConfig::default(),
         stop_outer_steps: Some(steps),
         stop_time: None,
@@ -85,8 +114,10 @@ async fn start_coordinator(
     (addr, tokio::spawn(run_coordinator(copts, t, std::future::pending())))
 }
 
-/// Slows a worker's inner steps down so a crash can land mid-run.
-struct Slow(Quadratic, Duration);
+/// Slows a worker's inner steps down (so that a crash can land mid-run), and pads its optimiser
+/// state with `.2` bytes (a stand-in for a big model's AdamW moments, so that a live-recovery
+/// transfer takes a while).
+struct Slow(Quadratic, Duration, usize);
 
 impl loco_real::inner::InnerLoop for Slow {
     fn param_layout(&self) -> Vec<(String, usize)> {
@@ -102,12 +133,25 @@ impl loco_real::inner::InnerLoop for Slow {
         std::thread::sleep(self.1);
         self.0.step()
     }
+    fn export_optimizer(&self) -> Result<Vec<u8>, loco_real::inner::InnerError> {
+        let own = self.0.export_optimizer()?;
+        let mut out = (own.len() as u64).to_le_bytes().to_vec();
+        out.extend_from_slice(&own);
+        out.resize(out.len() + self.2, 0xa5);
+        Ok(out)
+    }
+    fn import_optimizer(&mut self, bytes: &[u8]) -> Result<(), loco_real::inner::InnerError> {
+        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        assert_eq!(bytes.len(), 8 + n + self.2, "the whole state arrived");
+        assert!(bytes[8 + n..].iter().all(|&b| b == 0xa5));
+        self.0.import_optimizer(&bytes[8..8 + n])
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_workers_train_and_end_bit_identical_after_every_outer_step() {
     let dir = tempfile::tempdir().unwrap();
-    let (addr, coord) = start_coordinator(dir.path(), 4).await;
+    let (addr, coord) = start_coordinator(dir.path(), mesh(), 4).await;
     let mut ws = Vec::new();
     for id in 0..3 {
         let o = worker(id, addr, dir.path());
@@ -143,33 +187,18 @@ async fn three_workers_train_and_end_bit_identical_after_every_outer_step() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_worker_is_evicted_and_the_survivors_agree() {
     let dir = tempfile::tempdir().unwrap();
-    let (addr, coord) = start_coordinator(dir.path(), 5).await;
+    let (addr, coord) = start_coordinator(dir.path(), mesh(), 5).await;
     let mut ws = Vec::new();
     for id in 0..4 {
         let o = worker(id, addr, dir.path());
-        let inner = Slow(Quadratic::new(5_000, 1, id), Duration::from_millis(20));
+        let inner = Slow(Quadratic::new(5_000, 1, id), Duration::from_millis(20), 0);
         ws.push(tokio::spawn(run_worker(o, inner, std::future::pending())));
     }
     // Crash worker 3 (abort its task: its sockets close, no deathrattle) after its first step.
-    let crash_after = dir.path().join("w3.jsonl");
-    tokio::time::timeout(Duration::from_secs(30), async {
-        while rows(&crash_after).is_empty() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("worker 3 finished a step");
+    first_step_of(&dir.path().join("w3.jsonl")).await;
     let victim = ws.pop().unwrap();
     victim.abort();
-    let reports = tokio::time::timeout(Duration::from_secs(60), async {
-        let mut out = Vec::new();
-        for w in ws {
-            out.push(w.await.unwrap().unwrap());
-        }
-        out
-    })
-    .await
-    .expect("the survivors finish");
+    let reports = reports_of(ws, 60).await;
     coord.await.unwrap().unwrap();
     for r in &reports {
         assert_eq!(r.stop, StopReason::Shutdown);
@@ -180,39 +209,6 @@ async fn a_crashed_worker_is_evicted_and_the_survivors_agree() {
     // The steps after the eviction ran on 3 members.
     let last = rows(&dir.path().join("w0.jsonl"));
     assert_eq!(last.last().unwrap().world, 3);
-}
-
-/// An inner loop whose optimiser state is large: the synthetic objective's, then `pad` bytes
-/// (a stand-in for a big model's AdamW moments), so that a live-recovery transfer takes a while.
-struct BigState(Quadratic, Duration, usize);
-
-impl loco_real::inner::InnerLoop for BigState {
-    fn param_layout(&self) -> Vec<(String, usize)> {
-        self.0.param_layout()
-    }
-    fn params_into(&self, out: &mut [f32]) -> Result<(), loco_real::inner::InnerError> {
-        self.0.params_into(out)
-    }
-    fn set_params(&mut self, p: &[f32]) -> Result<(), loco_real::inner::InnerError> {
-        self.0.set_params(p)
-    }
-    fn step(&mut self) -> Result<loco_real::inner::InnerStats, loco_real::inner::InnerError> {
-        std::thread::sleep(self.1);
-        self.0.step()
-    }
-    fn export_optimizer(&self) -> Result<Vec<u8>, loco_real::inner::InnerError> {
-        let own = self.0.export_optimizer()?;
-        let mut out = (own.len() as u64).to_le_bytes().to_vec();
-        out.extend_from_slice(&own);
-        out.resize(out.len() + self.2, 0xa5);
-        Ok(out)
-    }
-    fn import_optimizer(&mut self, bytes: &[u8]) -> Result<(), loco_real::inner::InnerError> {
-        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-        assert_eq!(bytes.len(), 8 + n + self.2, "the whole state arrived");
-        assert!(bytes[8 + n..].iter().all(|&b| b == 0xa5));
-        self.0.import_optimizer(&bytes[8..8 + n])
-    }
 }
 
 /// A non-blocking joiner whose state takes several outer steps to arrive: the members do not
@@ -227,45 +223,18 @@ async fn a_non_blocking_joiner_replays_the_steps_committed_while_a_large_state_a
     let dir = tempfile::tempdir().unwrap();
     let mut m = mesh();
     m.join_mode = loco_core::mesh::JoinMode::NonBlocking;
-    let copts = CoordinatorOptions {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        mesh: m.clone(),
-        tcp: TcpConfig::default(),
-        stop_outer_steps: Some(40),
-        stop_time: None,
-        names: BTreeMap::new(),
-        metrics: Some(dir.path().join("coordinator.jsonl")),
-        time_offset_s: 0.0,
-        start_outer_step: 0,
-    };
-    let t = bind(&copts).await.unwrap();
-    let addr = t.local_addr();
-    let coord = tokio::spawn(run_coordinator(copts, t, std::future::pending()));
+    let (addr, coord) = start_coordinator(dir.path(), m.clone(), 40).await;
     let start = |id: u32| {
         let mut o = worker(id, addr, dir.path());
         o.mesh = m.clone();
-        let inner = BigState(Quadratic::new(2_000, 1, id), Duration::from_millis(5), PAD);
+        let inner = Slow(Quadratic::new(2_000, 1, id), Duration::from_millis(5), PAD);
         tokio::spawn(run_worker(o, inner, std::future::pending()))
     };
     let mut ws: Vec<_> = [0, 2, 3].into_iter().map(start).collect();
     let first = dir.path().join("w0.jsonl");
-    tokio::time::timeout(Duration::from_secs(30), async {
-        while rows(&first).is_empty() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .expect("the members finished a step");
+    first_step_of(&first).await;
     ws.push(start(1));
-    let reports = tokio::time::timeout(Duration::from_secs(120), async {
-        let mut out = Vec::new();
-        for w in ws {
-            out.push(w.await.unwrap().unwrap());
-        }
-        out
-    })
-    .await
-    .expect("every worker finishes");
+    let reports = reports_of(ws, 120).await;
     coord.await.unwrap().unwrap();
     for r in &reports {
         assert_eq!(r.weights_hash, reports[0].weights_hash, "replicas agree at the end");
