@@ -137,6 +137,10 @@ pub(crate) struct WorkerArgs {
     /// Unix time (seconds) the run started, the time base of the metrics.
     #[arg(long, hide = true)]
     pub(crate) run_start: Option<f64>,
+    /// Unix time (seconds) to ask to join at, once started up (`loco launch` starts joiners
+    /// early, so that nodes the scenario starts together ask together).
+    #[arg(long, hide = true)]
+    pub(crate) join_at: Option<f64>,
     /// Replace the model by a synthetic objective with this many parameters.
     #[arg(long, value_name = "N")]
     pub(crate) synthetic_params: Option<usize>,

@@ -204,6 +204,9 @@ fn make_inner(
     }
 }
 
+/// How long before its join a joiner's process is started by `loco launch`.
+const JOIN_LEAD: Duration = Duration::from_secs(3);
+
 /// `loco worker`.
 pub(crate) fn worker(a: &crate::cli::WorkerArgs) -> Result<()> {
     let s = load(&a.scenario)?;
@@ -242,6 +245,12 @@ pub(crate) fn worker(a: &crate::cli::WorkerArgs) -> Result<()> {
         resume: a.resume.clone(),
         faults: a.crash_during.clone(),
     };
+    if let Some(t) = a.join_at {
+        // Started early (loading libtorch and building the model take a while, and not equally
+        // long for every process): wait for the scenario's time to ask to join, at most 60 s.
+        let wait = (t - unix_now()).clamp(0.0, 60.0);
+        std::thread::sleep(Duration::from_secs_f64(wait));
+    }
     let report = runtime()?.block_on(run_worker(opts, inner, terminate_signal()))?;
     eprintln!(
         "loco: worker {} stopped: {} ({} outer steps, weights {})",
@@ -403,7 +412,10 @@ pub(crate) fn launch(a: &crate::cli::LaunchArgs) -> Result<bool> {
     };
     let mut incarnation: BTreeMap<NodeId, u64> = BTreeMap::new();
     let ckpt_root = checkpoint_root(&s, &a.scenario, a.checkpoint_dir.as_deref());
-    let mut spawn = |node: &loco_core::scenario::NodeSpec, at: Duration| -> Result<Proc> {
+    let mut spawn = |node: &loco_core::scenario::NodeSpec,
+                     at: Duration,
+                     join_at: Option<f64>|
+     -> Result<Proc> {
         let inc = incarnation.entry(node.id).and_modify(|i| *i += 1).or_insert(1);
         // Crashes with a `during` are armed inside the process, which kills itself there.
         let faults: Vec<String> = s
@@ -427,6 +439,9 @@ pub(crate) fn launch(a: &crate::cli::LaunchArgs) -> Result<bool> {
         if let Some(n) = a.synthetic_params {
             cmd.args(["--synthetic-params", &n.to_string()]);
         }
+        if let Some(t) = join_at {
+            cmd.args(["--join-at", &t.to_string()]);
+        }
         for f in &faults {
             cmd.args(["--crash-during", f]);
         }
@@ -446,7 +461,7 @@ pub(crate) fn launch(a: &crate::cli::LaunchArgs) -> Result<bool> {
     let timeline: Vec<(Duration, ChurnAction, bool)> =
         s.churn().iter().map(|c| (c.at, c.action.clone(), c.during.is_some())).collect();
     for n in s.initial_nodes() {
-        workers.insert(n.id, spawn(n, Duration::ZERO)?);
+        workers.insert(n.id, spawn(n, Duration::ZERO, None)?);
         launch_events.push(
             EventRow::new(0.0, EventKind::Start).node(n.name.clone()).detail("process started"),
         );
@@ -454,6 +469,8 @@ pub(crate) fn launch(a: &crate::cli::LaunchArgs) -> Result<bool> {
     let limit =
         a.timeout.map(Duration::from_secs).or(s.stop().time.map(|t| t + Duration::from_secs(60)));
     let mut next = 0;
+    // Join events whose processes were started ahead of time.
+    let mut prestarted: std::collections::BTreeSet<usize> = std::collections::BTreeSet::new();
     let mut churn_t0: Option<Duration> = None;
     let mut hung: std::collections::BTreeSet<NodeId> = std::collections::BTreeSet::new();
     let mut failures: Vec<String> = Vec::new();
@@ -469,10 +486,31 @@ pub(crate) fn launch(a: &crate::cli::LaunchArgs) -> Result<bool> {
             }
         }
         let churn_now = churn_t0.map(|t0| elapsed.saturating_sub(t0));
+        // Joiners start early and wait for their time to ask to join (start-up takes a while,
+        // and not equally long for every process: nodes the scenario starts together would ask
+        // some hundred milliseconds apart, and could be admitted at different outer steps).
+        if let (Some(now), Some(t0)) = (churn_now, churn_t0) {
+            for (j, (t, action, _)) in timeline.iter().enumerate().skip(next) {
+                if *t > now + JOIN_LEAD {
+                    break;
+                }
+                let ChurnAction::Join(ids) = action else { continue };
+                if !prestarted.insert(j) {
+                    continue;
+                }
+                let join_at = run_start + (t0 + *t).as_secs_f64();
+                for id in ids {
+                    if let Some(n) = s.node(*id) {
+                        workers.insert(*id, spawn(n, now, Some(join_at))?);
+                    }
+                }
+            }
+        }
         while let Some(churn_now) =
             churn_now.filter(|&c| next < timeline.len() && timeline[next].0 <= c)
         {
             let (_, action, in_process) = timeline[next].clone();
+            let started_early = prestarted.contains(&next);
             next += 1;
             if in_process {
                 continue; // armed in the worker at its start
@@ -484,11 +522,18 @@ pub(crate) fn launch(a: &crate::cli::LaunchArgs) -> Result<bool> {
                 ChurnAction::Join(ids) | ChurnAction::Restart(ids) => {
                     for id in ids {
                         if let Some(n) = s.node(*id) {
-                            workers.insert(*id, spawn(n, churn_now)?);
+                            if !started_early {
+                                workers.insert(*id, spawn(n, churn_now, None)?);
+                            }
+                            let detail = if started_early {
+                                "process started ahead; asks to join now"
+                            } else {
+                                "process started"
+                            };
                             launch_events.push(
                                 EventRow::new(at, EventKind::Restart)
                                     .node(n.name.clone())
-                                    .detail("process started"),
+                                    .detail(detail),
                             );
                         }
                     }

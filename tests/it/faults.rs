@@ -91,7 +91,8 @@ impl Run {
     }
 
     /// Every joiner's received state equals what the members committed: the weights it reports
-    /// after "as of outer step S" are the members' weights after step S - 1. Returns how many.
+    /// after "as of outer step S" are the members' weights after step S - 1, or, when it replayed
+    /// R steps committed meanwhile (non-blocking mode), after step S - 1 + R. Returns how many.
     fn joiners_match_their_senders(&self) -> usize {
         let mut n = 0;
         for e in self
@@ -102,8 +103,13 @@ impl Run {
             let d = &e["detail"];
             let as_of: u64 = field_after(d, "as of outer step ").parse().unwrap();
             let weights = field_after(d, "weights ");
-            if as_of > 0 {
-                let want = self.hash_after(as_of - 1).expect("the members' row of that step");
+            let replayed: u64 = d
+                .split(", ")
+                .find_map(|p| p.strip_suffix(" step(s) replayed"))
+                .map_or(0, |r| r.parse().unwrap());
+            if as_of + replayed > 0 {
+                let step = as_of + replayed - 1;
+                let want = self.hash_after(step).expect("the members' row of that step");
                 assert_eq!(weights, want, "joiner {}: {d}", e["node"]);
             }
             n += 1;
