@@ -223,6 +223,13 @@ pub(crate) fn worker(a: &crate::cli::WorkerArgs) -> Result<()> {
         })?
         .clone();
     let inner = make_inner(&s, &a.scenario, &node, a.synthetic_params)?;
+    if let Some(t) = a.join_at {
+        // Started early (loading libtorch and building the model take a while, and not equally
+        // long for every process): wait for the scenario's time to ask to join, at most 60 s.
+        // Before the options: the metrics' time base and the faults' clock start after it.
+        let wait = (t - unix_now()).clamp(0.0, 60.0);
+        std::thread::sleep(Duration::from_secs_f64(wait));
+    }
     let opts = WorkerOptions {
         id: node.id,
         name: node.name.clone(),
@@ -245,12 +252,6 @@ pub(crate) fn worker(a: &crate::cli::WorkerArgs) -> Result<()> {
         resume: a.resume.clone(),
         faults: a.crash_during.clone(),
     };
-    if let Some(t) = a.join_at {
-        // Started early (loading libtorch and building the model take a while, and not equally
-        // long for every process): wait for the scenario's time to ask to join, at most 60 s.
-        let wait = (t - unix_now()).clamp(0.0, 60.0);
-        std::thread::sleep(Duration::from_secs_f64(wait));
-    }
     let report = runtime()?.block_on(run_worker(opts, inner, terminate_signal()))?;
     eprintln!(
         "loco: worker {} stopped: {} ({} outer steps, weights {})",
@@ -501,7 +502,8 @@ pub(crate) fn launch(a: &crate::cli::LaunchArgs) -> Result<bool> {
                 let join_at = run_start + (t0 + *t).as_secs_f64();
                 for id in ids {
                     if let Some(n) = s.node(*id) {
-                        workers.insert(*id, spawn(n, now, Some(join_at))?);
+                        // Faults count from the join, where the worker's clock starts.
+                        workers.insert(*id, spawn(n, *t, Some(join_at))?);
                     }
                 }
             }

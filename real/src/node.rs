@@ -341,8 +341,6 @@ struct Fetch {
     /// Non-blocking mode: the results this node committed while the transfer ran (the step and
     /// the averaged pseudo-gradient, `None` for a skipped step), replayed onto the received state.
     log: Vec<(u64, Option<Vec<f32>>)>,
-    /// Both parts are complete and being verified off the event loop.
-    verifying: bool,
 }
 
 /// A received state whose digests were checked (and, when both are right, decoded).
@@ -387,7 +385,8 @@ struct Worker<L: InnerLoop> {
     deferred_sends: Vec<(Epoch, NodeId, Vec<NodeId>)>,
     /// States being serialised and hashed for joiners, off the event loop.
     preparing: tokio::task::JoinSet<Result<PreparedState, InnerError>>,
-    /// A received state being verified and decoded, off the event loop.
+    /// A received state being verified and decoded, off the event loop (at most one; while it
+    /// runs, further state pieces are dropped).
     verifying: tokio::task::JoinSet<Result<Checked, InnerError>>,
     step: StepClock,
     metrics: Option<MetricsFile>,
@@ -800,7 +799,6 @@ impl<L: InnerLoop> Worker<L> {
                             shared: PartBuf::default(),
                             own: std::collections::BTreeMap::new(),
                             log: Vec::new(),
-                            verifying: false,
                         });
                         self.event(
                             EventKind::RecoveryStart,
@@ -1172,7 +1170,8 @@ impl<L: InnerLoop> Worker<L> {
             }
             return Ok(());
         };
-        if h.total > (1 << 40) || h.part > PART_OWN || f.verifying {
+        // While a complete copy is being verified, nothing more is taken.
+        if h.total > (1 << 40) || h.part > PART_OWN || !self.verifying.is_empty() {
             return Ok(());
         }
         // The own part comes whole from one sender (the first of its assignment; after a
@@ -1195,12 +1194,11 @@ impl<L: InnerLoop> Worker<L> {
         let Some(own_from) = f.own.iter().find(|(_, p)| p.complete()).map(|(&k, _)| k) else {
             return;
         };
-        if f.verifying || !f.shared.complete() {
+        if !self.verifying.is_empty() || !f.shared.complete() {
             return;
         }
         let shared = std::mem::take(&mut f.shared);
         let own = f.own.remove(&own_from).expect("found");
-        f.verifying = true;
         self.verifying.spawn_blocking(move || {
             let ok = |p: &PartBuf| {
                 p.digest.as_ref().is_some_and(|(d, _)| blake3::hash(&p.buf).to_hex().as_str() == d)
@@ -1218,7 +1216,6 @@ impl<L: InnerLoop> Worker<L> {
     /// dropped, and the transfer waits for another copy.
     fn on_verified(&mut self, c: Checked) -> Result<(), WorkerError> {
         let Some(f) = self.fetch.as_mut() else { return Ok(()) };
-        f.verifying = false;
         let Checked { shared: shared_buf, own: own_buf, own_from, shared_ok, own_ok, decoded } = c;
         let Some(shared) = decoded else {
             tracing::warn!(

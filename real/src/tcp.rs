@@ -328,24 +328,23 @@ impl Transport for TcpTransport {
         let peer = self.connect(to).await?;
         if matches!(frame.header, Header::State(_)) && peer.bulk.is_none() {
             let (addr, failed) = (peer.addr, peer.failed.clone());
-            let bulk = self.open_stream(to, addr, &failed).await;
-            let peer = self.peers.get_mut(&to).ok_or(TransportError::Unreachable(to))?;
-            match bulk {
-                Ok(tx) => peer.bulk = Some(tx),
+            let tx = match self.open_stream(to, addr, &failed).await {
+                Ok(tx) => tx,
                 Err(e) => {
                     self.peers.remove(&to);
                     return Err(e);
                 }
-            }
+            };
+            self.peers.get_mut(&to).ok_or(TransportError::Unreachable(to))?.bulk = Some(tx);
         }
         let peer = self.peers.get_mut(&to).ok_or(TransportError::Unreachable(to))?;
-        let queue = match (&frame.header, &peer.bulk) {
-            (Header::Collective(_), _) => {
+        let queue = match &frame.header {
+            Header::Collective(_) => {
                 peer.next = (peer.next + 1) % peer.streams.len();
                 &peer.streams[peer.next]
             }
-            (Header::State(_), Some(bulk)) => bulk,
-            (Header::Mesh(_) | Header::State(_), _) => &peer.streams[0],
+            Header::State(_) => peer.bulk.as_ref().expect("opened above"),
+            Header::Mesh(_) => &peer.streams[0],
         };
         if queue.send(Outgoing::Frame(frame)).is_err() || peer.failed.load(Ordering::Relaxed) {
             self.peers.remove(&to);
