@@ -258,14 +258,15 @@ pub(crate) fn run_rank(a: &crate::cli::AllreduceRank) -> Result<RankResult> {
         let mut cpu = Vec::with_capacity(a.repeat);
         let mut stats = None;
         for rep in 0..a.repeat.max(1) as u64 {
-            // A small all-reduce first: a barrier (and, the first time, the connections'
-            // warm-up); then the timed one, of the same inputs every time.
+            // The inputs first (a pass over the whole buffer, which must not overlap another
+            // rank's timed all-reduce), then a small all-reduce: a barrier (and, the first time,
+            // the connections' warm-up); then the timed one, of the same inputs every time.
+            data.copy_from_slice(&input);
             let mut warm = vec![1.0f32; world * 16];
             let warm_len = warm.len();
             let cfg0 = RingConfig::new(Epoch(1), 2 * rep, ring.clone(), me, a.codec);
             run_ring_stashed(&mut t, cfg0, Some(&mut warm), warm_len, Weight::ONE, &mut stash)
                 .await?;
-            data.copy_from_slice(&input);
             let mut cfg1 = RingConfig::new(Epoch(1), 2 * rep + 1, ring.clone(), me, a.codec);
             cfg1.segment_elems = a.segment.max(1);
             let started = crate::clock::now();

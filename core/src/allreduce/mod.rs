@@ -20,6 +20,7 @@ pub mod schedule;
 
 mod driver;
 mod ring;
+mod scratch;
 
 pub use driver::{run_ring, run_ring_stashed};
 pub use ring::{DEFAULT_SEGMENT_ELEMS, Payload, RingAllReduce, RingConfig, RingError, RingStats};

@@ -4,6 +4,7 @@ use super::schedule::{
     ag_recv_chunk, ag_send_chunk, chunk_range, owned_chunk, rs_recv_chunk, segment_count,
     segment_range,
 };
+use super::scratch::Scratch;
 use crate::codec::{Codec, CodecKind};
 use crate::ids::{Epoch, NodeId, Weight};
 use crate::transport::{Body, CollectiveHeader, Frame, Header, Phase, pool};
@@ -173,7 +174,8 @@ pub struct RingAllReduce<'a> {
     remaining: usize,
     max_segs: usize,
     queue: VecDeque<Pending>,
-    scratch: Vec<f32>,
+    /// Working space of one segment (see the `scratch` module).
+    scratch: Scratch,
     stats: RingStats,
 }
 
@@ -210,7 +212,7 @@ impl<'a> RingAllReduce<'a> {
             remaining: 0,
             max_segs,
             queue: VecDeque::new(),
-            scratch: Vec::new(),
+            scratch: Scratch::default(),
             stats: RingStats::default(),
             payload,
             cfg,
@@ -378,14 +380,15 @@ impl<'a> RingAllReduce<'a> {
         let n = range.len();
         let weight_sum = h.weight_sum + f64::from(self.weight);
         if step + 2 < self.world {
-            // A middle hop: reduce and re-encode in one call (fused where the codec can), on the
-            // values themselves: each chunk passes through a rank once in the reduce-scatter and
-            // the all-gather overwrites it, so they are free working space (no scratch copy).
+            // A middle hop: reduce into the scratch segment and encode from there (fused where
+            // the codec can). The values are only read: each chunk passes through a rank once in
+            // the reduce-scatter and the all-gather overwrites it, so writing the partial sums
+            // back would be memory traffic for nothing.
             let (codec, w) = (self.codec, self.weight);
-            let body = match (body, self.payload.values_mut()) {
+            let body = match (body, self.payload.values()) {
                 (Body::Bytes(b), Some(own)) => {
                     let mut out = pool::for_overwrite(codec.encoded_len(n));
-                    codec.reduce_encode_in_place(b, &mut own[range], w, &mut out);
+                    codec.reduce_encode(b, &own[range], w, self.scratch.get(n), &mut out);
                     Body::Bytes(pool::freeze(out))
                 }
                 _ => Body::Virtual(self.codec.encoded_len(n) as u64),
@@ -395,26 +398,15 @@ impl<'a> RingAllReduce<'a> {
             return;
         }
         // Last reduce-scatter step: this node owns the chunk. Average, encode once, and take
-        // the decoded bytes as its own result, exactly as every other rank will. The values are
-        // reduced where they are (the result replaces them anyway): no copy to scratch.
+        // the decoded bytes as its own result, exactly as every other rank will (one call: the
+        // codec reads the values once and writes them once).
         debug_assert_eq!(chunk, owned_chunk(self.world, self.rank));
         let (codec, w) = (self.codec, self.weight);
         let body = match (self.payload.values_mut(), body) {
             (Some(d), Body::Bytes(b)) => {
-                let acc = &mut d[range];
-                crate::codec::weigh(acc, w);
-                codec.decode_accumulate(b, acc);
-                if weight_sum > 0.0 {
-                    let ws = weight_sum as f32;
-                    for v in acc.iter_mut() {
-                        *v /= ws;
-                    }
-                } else {
-                    acc.fill(0.0);
-                }
                 let mut buf = pool::for_overwrite(codec.encoded_len(n));
-                codec.encode(acc, &mut buf);
-                codec.decode(&buf, acc);
+                let scratch = self.scratch.get(n);
+                codec.reduce_average(b, &mut d[range], w, weight_sum, scratch, &mut buf);
                 Body::Bytes(pool::freeze(buf))
             }
             // Virtual numerics: only the length travels.
@@ -459,10 +451,7 @@ impl<'a> RingAllReduce<'a> {
         let Some(d) = self.payload.values() else {
             return;
         };
-        if self.scratch.len() < n {
-            self.scratch.resize(n, 0.0);
-        }
-        let out = &mut self.scratch[..n];
+        let out = self.scratch.get(n);
         let w = self.weight;
         if w == 0.0 {
             out.fill(0.0);
@@ -481,7 +470,7 @@ impl<'a> RingAllReduce<'a> {
             Payload::Virtual(_) => Body::Virtual(len as u64),
             Payload::Real(_) | Payload::Owned(_) => {
                 let mut buf = pool::for_overwrite(len);
-                self.codec.encode(&self.scratch[..n], &mut buf);
+                self.codec.encode(self.scratch.get(n), &mut buf);
                 Body::Bytes(pool::freeze(buf))
             }
         }

@@ -67,15 +67,68 @@ impl Codec for Fp32 {
         }
     }
 
-    /// Fused: reads the values once and leaves them as they were.
-    fn reduce_encode_in_place(&self, src: &[u8], acc: &mut [f32], weight: f32, dst: &mut [u8]) {
-        self.reduce_encode(src, acc, weight, &mut [], dst);
+    /// One pass: reads the values and the received bytes once, writes the average into both
+    /// the output bytes and the values.
+    fn reduce_average(
+        &self,
+        src: &[u8],
+        own: &mut [f32],
+        weight: f32,
+        weight_sum: f64,
+        _scratch: &mut [f32],
+        dst: &mut [u8],
+    ) {
+        assert_eq!(src.len(), self.encoded_len(own.len()), "fp32 reduce: wrong buffer length");
+        assert_eq!(dst.len(), src.len(), "fp32 reduce: wrong buffer length");
+        if weight_sum <= 0.0 {
+            dst.fill(0);
+            own.fill(0.0);
+            return;
+        }
+        let ws = weight_sum as f32;
+        // The default's arithmetic: weigh (0 gives 0, 1 leaves the value), add, divide.
+        if weight == 0.0 {
+            average_pass(src, own, dst, ws, |_| 0.0);
+        } else if weight == 1.0 {
+            average_pass(src, own, dst, ws, |o| o);
+        } else {
+            average_pass(src, own, dst, ws, |o| weight * o);
+        }
     }
 
+    /// Large outputs are written with streaming stores where the processor has them (the same
+    /// bits; see `stream`).
     fn decode(&self, src: &[u8], dst: &mut [f32]) {
         assert_eq!(src.len(), self.encoded_len(dst.len()), "fp32 decode: wrong buffer length");
+        let one = |i: usize| {
+            let s = &src[4 * i..4 * i + 4];
+            f32::from_le_bytes([s[0], s[1], s[2], s[3]])
+        };
+        #[cfg(target_arch = "x86_64")]
+        {
+            let block = |i: usize, out: &mut [f32; super::stream::BLOCK]| {
+                let bytes = &src[4 * i..4 * (i + super::stream::BLOCK)];
+                for (o, s) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                    *o = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+                }
+            };
+            if super::stream::fill(dst, one, block) {
+                return;
+            }
+        }
         for (d, s) in dst.iter_mut().zip(src.chunks_exact(4)) {
             *d = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
         }
+    }
+}
+
+/// `v = (weigh(own) + decode(src)) / ws`, written into `dst` as bytes and into `own`.
+#[inline(always)]
+fn average_pass(src: &[u8], own: &mut [f32], dst: &mut [u8], ws: f32, weigh: impl Fn(f32) -> f32) {
+    let values = dst.chunks_exact_mut(4).zip(src.chunks_exact(4)).zip(own.iter_mut());
+    for ((d, s), o) in values {
+        let v = (weigh(*o) + f32::from_le_bytes([s[0], s[1], s[2], s[3]])) / ws;
+        d.copy_from_slice(&v.to_le_bytes());
+        *o = v;
     }
 }

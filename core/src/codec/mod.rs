@@ -21,6 +21,8 @@ use std::str::FromStr;
 mod fp32;
 mod half16;
 mod int8block;
+#[cfg(target_arch = "x86_64")]
+mod stream;
 #[cfg(test)]
 mod tests;
 mod uint8;
@@ -144,16 +146,37 @@ pub trait Codec: Send + Sync {
         self.encode(acc, dst);
     }
 
-    /// [`reduce_encode`](Self::reduce_encode) with the values themselves as working space:
-    /// `dst = encode(weight * acc + decode(src))`, the same bytes, without the copy into a
-    /// scratch buffer. Afterwards `acc` holds unspecified values (the reduced ones, or the old).
+    /// The last reduce-scatter hop, at the chunk's owner: the average
+    /// `x = (weight * own + decode(src)) / weight_sum` (all zeros when `weight_sum` is not
+    /// positive) is encoded into `dst`, and `own` is replaced by `decode(dst)`, the values every
+    /// other rank will decode from the same bytes. `scratch` (at least `own.len()` values) is
+    /// working space. Codecs may fuse the passes; the result must equal this default's.
     ///
     /// # Panics
     /// When the lengths do not match as for `encode` and `decode`.
-    fn reduce_encode_in_place(&self, src: &[u8], acc: &mut [f32], weight: f32, dst: &mut [u8]) {
-        weigh(acc, weight);
-        self.decode_accumulate(src, acc);
+    fn reduce_average(
+        &self,
+        src: &[u8],
+        own: &mut [f32],
+        weight: f32,
+        weight_sum: f64,
+        scratch: &mut [f32],
+        dst: &mut [u8],
+    ) {
+        let acc = &mut scratch[..own.len()];
+        if weight_sum > 0.0 {
+            acc.copy_from_slice(own);
+            weigh(acc, weight);
+            self.decode_accumulate(src, acc);
+            let ws = weight_sum as f32;
+            for v in acc.iter_mut() {
+                *v /= ws;
+            }
+        } else {
+            acc.fill(0.0);
+        }
         self.encode(acc, dst);
+        self.decode(dst, own);
     }
 }
 

@@ -219,29 +219,74 @@ proptest! {
     }
 }
 
+/// The fused reduce steps give the bytes (and values) of the separate passes they replace, for
+/// every codec, weight and weight sum, at lengths around the statistics block and the streaming
+/// threshold, and at every alignment of the values.
 #[test]
-fn reduce_encode_in_both_forms_equals_the_three_pass_form_for_every_codec() {
-    use super::CodecKind;
-    let own: Vec<f32> = (0..1000).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
-    let other: Vec<f32> = (0..1000).map(|i| (i as f32 * 0.11).cos()).collect();
+fn fused_reduce_steps_equal_the_separate_passes_for_every_codec() {
+    let big = (1 << 15) + 1029;
+    for n in [1usize, 17, 1023, 1024, 1025, 5000, big] {
+        let own: Vec<f32> = (0..n + 7).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
+        let other: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
+        for kind in CodecKind::ALL {
+            let c = kind.codec();
+            let mut src = vec![0u8; c.encoded_len(n)];
+            c.encode(&other, &mut src);
+            for (w, offset) in [(0.0f32, 0usize), (1.0, 1), (0.5, 3), (1.0, 7)] {
+                let own = &own[offset..offset + n];
+                // Middle hop: encode(weigh(own) + decode(src)).
+                let mut acc: Vec<f32> =
+                    own.iter().map(|o| if w == 0.0 { 0.0 } else { w * o }).collect();
+                c.decode_accumulate(&src, &mut acc);
+                let mut want = vec![0u8; src.len()];
+                c.encode(&acc, &mut want);
+                let mut got = vec![0xa5u8; src.len()];
+                let mut scratch = vec![f32::NAN; n + 3];
+                c.reduce_encode(&src, own, w, &mut scratch, &mut got);
+                assert_eq!(got, want, "{kind} n {n} weight {w}");
+                // Owner: the average, its bytes, and the decoded bytes as the values.
+                for ws in [0.0f64, 1.0, 3.0] {
+                    let avg: Vec<f32> = if ws > 0.0 {
+                        acc.iter().map(|a| a / ws as f32).collect()
+                    } else {
+                        vec![0.0; n]
+                    };
+                    let mut want = vec![0u8; src.len()];
+                    c.encode(&avg, &mut want);
+                    let mut want_values = vec![0.0f32; n];
+                    c.decode(&want, &mut want_values);
+                    let mut got = vec![0x5au8; src.len()];
+                    let mut values = own.to_vec();
+                    c.reduce_average(&src, &mut values, w, ws, &mut scratch, &mut got);
+                    assert_eq!(got, want, "{kind} n {n} weight {w} sum {ws}");
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&values), bits(&want_values), "{kind} n {n} w {w} sum {ws}");
+                }
+            }
+        }
+    }
+}
+
+/// Decoding into outputs long enough for streaming stores, at every alignment, gives the bits of
+/// the ordinary loop, which `decode_accumulate` into zeros runs.
+#[test]
+fn large_decodes_equal_accumulation_into_zeros() {
+    let n = (1 << 15) + 100;
+    let x = normal(n, 5);
     for kind in CodecKind::ALL {
         let c = kind.codec();
-        let mut src = vec![0u8; c.encoded_len(other.len())];
-        c.encode(&other, &mut src);
-        for w in [0.0f32, 1.0, 0.5] {
-            let mut acc: Vec<f32> =
-                own.iter().map(|o| if w == 0.0 { 0.0 } else { w * o }).collect();
-            c.decode_accumulate(&src, &mut acc);
-            let mut want = vec![0u8; src.len()];
-            c.encode(&acc, &mut want);
-            let mut got = vec![0u8; src.len()];
-            let mut scratch = vec![0.0f32; own.len()];
-            c.reduce_encode(&src, &own, w, &mut scratch, &mut got);
-            assert_eq!(got, want, "{kind} weight {w}");
-            let mut in_place = vec![0u8; src.len()];
-            let mut values = own.clone();
-            c.reduce_encode_in_place(&src, &mut values, w, &mut in_place);
-            assert_eq!(in_place, want, "{kind} weight {w}, in place");
+        let mut e = vec![0u8; c.encoded_len(n)];
+        c.encode(&x, &mut e);
+        let mut want = vec![0.0f32; n];
+        c.decode_accumulate(&e, &mut want);
+        let mut buf = vec![f32::NAN; n + 8];
+        for offset in 0..8 {
+            let dst = &mut buf[offset..offset + n];
+            c.decode(&e, dst);
+            for (i, (a, b)) in dst.iter().zip(&want).enumerate() {
+                // 0 + v is v, except that -0 becomes +0.
+                assert!(a.to_bits() == b.to_bits() || *a == 0.0 && *b == 0.0, "{kind} {i}");
+            }
         }
     }
 }

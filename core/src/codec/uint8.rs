@@ -126,8 +126,22 @@ struct Stats {
 /// multiply and one add per vector), then the lanes in f64. A block whose f32 sum is not finite
 /// (NaN, inf, or squares beyond f32) or tiny is summed again in f64, over its finite values.
 fn stats(src: &[f32]) -> Stats {
-    let mut st = Stats { sum_sq: 0.0, finite: 0, plain: true };
+    let mut st = Stats::new();
     for block in src.chunks(STAT_BLOCK) {
+        st.add_block(block);
+    }
+    st
+}
+
+impl Stats {
+    fn new() -> Self {
+        Stats { sum_sq: 0.0, finite: 0, plain: true }
+    }
+
+    /// Adds one block of [`STAT_BLOCK`] values (or the last, shorter one) to the statistics.
+    #[inline]
+    fn add_block(&mut self, block: &[f32]) {
+        let st = self;
         let mut acc = [0.0f32; LANES];
         let mut body = block.chunks_exact(LANES);
         for c in &mut body {
@@ -157,7 +171,6 @@ fn stats(src: &[f32]) -> Stats {
             }
         }
     }
-    st
 }
 
 /// How a chunk with these statistics is binned: `(pre, inv)`, where a value's bin is computed from
@@ -448,11 +461,61 @@ fn decode_with(src: &[u8], dst: &mut [f32], f: impl Fn(&mut f32, f32)) {
     }
 }
 
+/// The reduce step of [`Uint8::reduce_encode`] and [`Uint8::reduce_average`] in one pass:
+/// `out[i] = (weigh(own[i]) + decode(src)[i]) / div` (no division without `div`), with the same
+/// f32 operations as the default methods' separate passes, and the statistics of `out` gathered
+/// block by block while each block is still in the L1 cache. `own` is only read: on the
+/// reduce-scatter's middle hops its values are never needed again, and writing them back to
+/// memory was a third of the hop's memory traffic.
+fn combine(src: &[u8], own: &[f32], weight: f32, div: Option<f32>, out: &mut [f32]) -> Stats {
+    match div {
+        None if weight == 0.0 => combine_with(src, own, out, |_, v| 0.0 + v),
+        None if weight == 1.0 => combine_with(src, own, out, |o, v| o + v),
+        None => combine_with(src, own, out, |o, v| weight * o + v),
+        Some(d) if weight == 0.0 => combine_with(src, own, out, |_, v| (0.0 + v) / d),
+        Some(d) if weight == 1.0 => combine_with(src, own, out, |o, v| (o + v) / d),
+        Some(d) => combine_with(src, own, out, |o, v| (weight * o + v) / d),
+    }
+}
+
+#[inline(always)]
+fn combine_with(src: &[u8], own: &[f32], out: &mut [f32], f: impl Fn(f32, f32) -> f32) -> Stats {
+    let table = read_table(src);
+    let codes = &src[TABLE_BYTES..];
+    let mut st = Stats::new();
+    let blocks =
+        out.chunks_mut(STAT_BLOCK).zip(own.chunks(STAT_BLOCK)).zip(codes.chunks(STAT_BLOCK));
+    for ((o, x), q) in blocks {
+        let mut oc = o.chunks_exact_mut(LANES);
+        let mut xc = x.chunks_exact(LANES);
+        let mut qc = q.chunks_exact(LANES);
+        for ((ol, xl), ql) in (&mut oc).zip(&mut xc).zip(&mut qc) {
+            let mut v = [0.0f32; LANES];
+            for k in 0..LANES {
+                v[k] = table[usize::from(ql[k])];
+            }
+            for k in 0..LANES {
+                ol[k] = f(xl[k], v[k]);
+            }
+        }
+        let rest = oc.into_remainder().iter_mut().zip(xc.remainder()).zip(qc.remainder());
+        for ((ol, xl), ql) in rest {
+            *ol = f(*xl, table[usize::from(*ql)]);
+        }
+        st.add_block(o);
+    }
+    st
+}
+
 /// Encodes `src` into `dst` (of [`Codec::encoded_len`] bytes); with `fast`, the plain path may use
 /// the x86-64 AVX2 kernel (same bytes).
 fn encode(src: &[f32], dst: &mut [u8], fast: bool) {
+    encode_with(src, &stats(src), dst, fast);
+}
+
+/// [`encode`] with the statistics of `src` already gathered.
+fn encode_with(src: &[f32], st: &Stats, dst: &mut [u8], fast: bool) {
     let (table_bytes, codes) = dst.split_at_mut(TABLE_BYTES);
-    let st = stats(src);
     let (pre, inv) = scaling(st.sum_sq, st.finite);
     // Bin centres of the plain path, in input units.
     let scale = 1.0 / inv;
@@ -494,9 +557,67 @@ impl Codec for Uint8 {
         decode_with(src, dst, |d, v| *d += v);
     }
 
+    /// Large outputs are written with streaming stores where the processor has them (the same
+    /// bits; see `stream`).
     fn decode(&self, src: &[u8], dst: &mut [f32]) {
         assert_eq!(src.len(), self.encoded_len(dst.len()), "uint8 decode: wrong buffer length");
+        #[cfg(target_arch = "x86_64")]
+        {
+            let table = read_table(src);
+            let codes = &src[TABLE_BYTES..];
+            let one = |i: usize| table[usize::from(codes[i])];
+            let block = |i: usize, out: &mut [f32; super::stream::BLOCK]| {
+                let q = &codes[i..i + super::stream::BLOCK];
+                for (o, c) in out.iter_mut().zip(q) {
+                    *o = table[usize::from(*c)];
+                }
+            };
+            if super::stream::fill(dst, one, block) {
+                return;
+            }
+        }
         decode_with(src, dst, |d, v| *d = v);
+    }
+
+    /// Fused: the reduce and the encoder's statistics in one pass into `scratch`, then the
+    /// encoder's second pass from there (see `combine`).
+    fn reduce_encode(
+        &self,
+        src: &[u8],
+        own: &[f32],
+        weight: f32,
+        scratch: &mut [f32],
+        dst: &mut [u8],
+    ) {
+        assert_eq!(src.len(), self.encoded_len(own.len()), "uint8 reduce: wrong buffer length");
+        assert_eq!(dst.len(), src.len(), "uint8 reduce: wrong buffer length");
+        let acc = &mut scratch[..own.len()];
+        let st = combine(src, own, weight, None, acc);
+        encode_with(acc, &st, dst, true);
+    }
+
+    /// Fused as [`reduce_encode`](Self::reduce_encode), with the division; `own` is read once
+    /// and written once, by the decode.
+    fn reduce_average(
+        &self,
+        src: &[u8],
+        own: &mut [f32],
+        weight: f32,
+        weight_sum: f64,
+        scratch: &mut [f32],
+        dst: &mut [u8],
+    ) {
+        assert_eq!(src.len(), self.encoded_len(own.len()), "uint8 reduce: wrong buffer length");
+        assert_eq!(dst.len(), src.len(), "uint8 reduce: wrong buffer length");
+        let acc = &mut scratch[..own.len()];
+        let st = if weight_sum > 0.0 {
+            combine(src, own, weight, Some(weight_sum as f32), acc)
+        } else {
+            acc.fill(0.0);
+            stats(acc)
+        };
+        encode_with(acc, &st, dst, true);
+        self.decode(dst, own);
     }
 }
 
