@@ -20,9 +20,14 @@
 //! | 1 | kind: 0 = a core frame, 1 = a directory of peer addresses |
 //! | 4 | header length H |
 //! | 8 | body length B |
-//! | 4 | CRC-32 of header and body |
 //! | H | header, `postcard`-encoded [`Header`] (or the directory) |
 //! | B | body |
+//! | 8 | XXH3-64 of header and body |
+//!
+//! The checksum comes last so that both ends hash a large body piece by piece, each piece just
+//! before it is written to the socket or just after it was read from it, while it is in the
+//! cache ([`PIECE`] bytes at a time): hashing a whole body first, and then having the kernel copy
+//! it, read every byte from memory twice.
 //!
 //! A frame, once its first byte has arrived, must complete within [`TcpConfig::frame_timeout`];
 //! a connection may be idle for any time between frames (DiLoCo's rings are idle during inner
@@ -32,6 +37,7 @@
 use loco_core::ids::NodeId;
 use loco_core::transport::{Body, Frame, Header, Transport, TransportError, pool};
 use std::collections::BTreeMap;
+use std::hash::Hasher;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -43,15 +49,24 @@ use tokio::task::JoinHandle;
 
 /// Version of the wire protocol; peers with another version are refused at the handshake.
 /// 2: state pieces carry the part they belong to (the state travels in two parts).
-pub const PROTOCOL_VERSION: u16 = 2;
+/// 3: frames are checksummed with XXH3-64 instead of CRC-32 (twice as fast, and 64 bits).
+pub const PROTOCOL_VERSION: u16 = 3;
 /// Bytes of the handshake's answer: a [`HelloStatus`], then the answering side's version (LE).
 pub const HELLO_REPLY_LEN: usize = 3;
 const MAGIC: [u8; 4] = *b"LOCO";
 const HELLO_LEN: usize = 4 + 2 + 4 + 2 + 32;
-const PREFIX_LEN: usize = 17;
+const PREFIX_LEN: usize = 13;
+const CHECKSUM_LEN: usize = 8;
+/// Largest piece of a body hashed and written (or read and hashed) at a time: it stays in the
+/// core's L2 cache between the two.
+pub const PIECE: usize = 128 << 10;
 const KIND_FRAME: u8 = 0;
 const KIND_DIRECTORY: u8 = 1;
 const MAX_HEADER: u32 = 1 << 20;
+/// The frame checksum: XXH3-64 (with the AVX2 kernel where the processor has it, chosen at run
+/// time), about twice as fast as CRC-32 with carry-less multiplication on the all-reduce's
+/// megabyte bodies, and with a 64-bit result.
+type Checksum = twox_hash::XxHash3_64;
 
 /// Settings of the TCP transport.
 #[derive(Clone, Debug)]
@@ -518,7 +533,6 @@ async fn read_frame<R: AsyncRead + Unpin>(
         let kind = prefix[0];
         let hlen = u32::from_le_bytes(prefix[1..5].try_into().expect("4 bytes"));
         let blen = u64::from_le_bytes(prefix[5..13].try_into().expect("8 bytes"));
-        let crc = u32::from_le_bytes(prefix[13..17].try_into().expect("4 bytes"));
         if kind != KIND_FRAME && kind != KIND_DIRECTORY {
             return Err(format!("unknown frame kind {kind}"));
         }
@@ -533,18 +547,21 @@ async fn read_frame<R: AsyncRead + Unpin>(
         // Read into uninitialised capacity (no zeroing of large bodies), of a recycled buffer
         // (no fresh pages for the kernel to zero either).
         let mut body = pool::with_capacity(blen as usize);
-        let mut h = crc32fast::Hasher::new();
-        h.update(&header);
+        let mut h = Checksum::default();
+        h.write(&header);
         while body.len() < blen as usize {
-            let mut limited = (&mut *s).take(blen - body.len() as u64);
+            let piece = (blen - body.len() as u64).min(PIECE as u64);
+            let mut limited = (&mut *s).take(piece);
             let start = body.len();
             if limited.read_buf(&mut body).await.map_err(|e| e.to_string())? == 0 {
                 return Err("connection closed inside a frame".into());
             }
             // Checksum each piece while it is still in the cache the kernel copied it through.
-            h.update(&body[start..]);
+            h.write(&body[start..]);
         }
-        if h.finalize() != crc {
+        let mut sum = [0u8; CHECKSUM_LEN];
+        s.read_exact(&mut sum).await.map_err(|e| e.to_string())?;
+        if h.finish() != u64::from_le_bytes(sum) {
             return Err("checksum mismatch".into());
         }
         if kind == KIND_DIRECTORY {
@@ -566,9 +583,9 @@ async fn read_frame<R: AsyncRead + Unpin>(
     }
 }
 
-/// Encodes the prefix and header of a message (a frame's body is written as it is).
-fn encode_prefix(msg: &Outgoing) -> Result<Vec<u8>, String> {
-    let (kind, header, body): (u8, Vec<u8>, &[u8]) = match msg {
+/// The message's header bytes (or the directory) and body.
+fn parts(msg: &Outgoing) -> Result<(u8, Vec<u8>, &[u8]), String> {
+    Ok(match msg {
         Outgoing::Frame(frame) => {
             let Body::Bytes(body) = &frame.body else { return Err("virtual body".into()) };
             (KIND_FRAME, postcard::to_allocvec(&frame.header).map_err(|e| e.to_string())?, body)
@@ -578,28 +595,49 @@ fn encode_prefix(msg: &Outgoing) -> Result<Vec<u8>, String> {
                 entries.iter().map(|(n, a)| (n.0, a.to_string())).collect();
             (KIND_DIRECTORY, postcard::to_allocvec(&list).map_err(|e| e.to_string())?, &[])
         }
-    };
-    let mut h = crc32fast::Hasher::new();
-    h.update(&header);
-    h.update(body);
-    let mut out = Vec::with_capacity(PREFIX_LEN + header.len());
-    out.push(kind);
-    out.extend_from_slice(&(header.len() as u32).to_le_bytes());
-    out.extend_from_slice(&(body.len() as u64).to_le_bytes());
-    out.extend_from_slice(&h.finalize().to_le_bytes());
-    out.extend_from_slice(&header);
+    })
+}
+
+/// Encodes a whole message into one buffer: prefix, header, body and checksum.
+fn encode_msg(msg: &Outgoing) -> Result<Vec<u8>, String> {
+    let (kind, header, body) = parts(msg)?;
+    let mut out = Vec::with_capacity(PREFIX_LEN + header.len() + body.len() + CHECKSUM_LEN);
+    push_prefix(&mut out, kind, &header, body.len());
+    out.extend_from_slice(body);
+    let mut h = Checksum::default();
+    h.write(&header);
+    h.write(body);
+    out.extend_from_slice(&h.finish().to_le_bytes());
     Ok(out)
 }
 
+fn push_prefix(out: &mut Vec<u8>, kind: u8, header: &[u8], body_len: usize) {
+    out.push(kind);
+    out.extend_from_slice(&(header.len() as u32).to_le_bytes());
+    out.extend_from_slice(&(body_len as u64).to_le_bytes());
+    out.extend_from_slice(header);
+}
+
+/// Writes one message; returns the bytes written. A message with a small body goes out in one
+/// write; a large body is hashed and written [`PIECE`] bytes at a time, then the checksum.
 async fn write_msg<W: AsyncWrite + Unpin>(w: &mut W, msg: &Outgoing) -> Result<u64, String> {
-    let prefix = encode_prefix(msg)?;
-    w.write_all(&prefix).await.map_err(|e| e.to_string())?;
-    let mut n = prefix.len() as u64;
-    if let Outgoing::Frame(Frame { body: Body::Bytes(b), .. }) = msg {
-        w.write_all(b).await.map_err(|e| e.to_string())?;
-        n += b.len() as u64;
+    let (kind, header, body) = parts(msg)?;
+    if body.len() <= PIECE {
+        let bytes = encode_msg(msg)?;
+        w.write_all(&bytes).await.map_err(|e| e.to_string())?;
+        return Ok(bytes.len() as u64);
     }
-    Ok(n)
+    let mut head = Vec::with_capacity(PREFIX_LEN + header.len());
+    push_prefix(&mut head, kind, &header, body.len());
+    w.write_all(&head).await.map_err(|e| e.to_string())?;
+    let mut h = Checksum::default();
+    h.write(&header);
+    for piece in body.chunks(PIECE) {
+        h.write(piece);
+        w.write_all(piece).await.map_err(|e| e.to_string())?;
+    }
+    w.write_all(&h.finish().to_le_bytes()).await.map_err(|e| e.to_string())?;
+    Ok((head.len() + body.len() + CHECKSUM_LEN) as u64)
 }
 
 async fn write_loop(

@@ -94,6 +94,30 @@ async fn ring_allreduce_over_tcp_with_several_streams_gives_identical_replicas()
     assert!(err < 0.03, "uint8 error {err}");
 }
 
+/// A body longer than a piece is written piece by piece, in the same bytes as one write, and a
+/// flipped bit anywhere in it fails the checksum at the end.
+#[tokio::test]
+async fn a_large_body_is_hashed_piece_by_piece_and_checked_whole() {
+    let body: Vec<u8> = (0..3 * PIECE + 17).map(|i| (i % 251) as u8).collect();
+    let frame = Frame { header: collective(1).header, body: Body::Bytes(Bytes::from(body)) };
+    let msg = Outgoing::Frame(frame.clone());
+    let mut wire = Vec::new();
+    let n = write_msg(&mut wire, &msg).await.unwrap();
+    assert_eq!(n as usize, wire.len());
+    assert_eq!(wire, encode_msg(&msg).unwrap(), "in pieces or in one write, the same bytes");
+    let cfg = TcpConfig::default();
+    let got = read_frame(&mut &wire[..], &cfg).await;
+    assert!(matches!(got, Ok(Some(Incoming::Frame(ref f))) if *f == frame));
+    for at in [PREFIX_LEN + 30, wire.len() - CHECKSUM_LEN - PIECE - 3, wire.len() - 1] {
+        let mut bad = wire.clone();
+        bad[at] ^= 0x10;
+        match read_frame(&mut &bad[..], &cfg).await {
+            Err(e) => assert!(e.contains("checksum"), "byte {at}: {e}"),
+            Ok(_) => panic!("a flipped bit at byte {at} went through"),
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_corrupt_frame_is_dropped_counted_and_the_link_recovers() {
     let (mut a, mut b) = pair(TcpConfig::default()).await;
@@ -109,9 +133,8 @@ async fn a_corrupt_frame_is_dropped_counted_and_the_link_recovers() {
     let mut reply = [0u8; 3];
     raw.read_exact(&mut reply).await.unwrap();
     assert_eq!(reply[0], HelloStatus::Ok as u8);
-    let mut bytes = encode_prefix(&Outgoing::Frame(collective(7))).unwrap();
-    bytes[13] ^= 0xff; // break the checksum
-    bytes.extend_from_slice(&[7u8; 1007]);
+    let mut bytes = encode_msg(&Outgoing::Frame(collective(7))).unwrap();
+    *bytes.last_mut().unwrap() ^= 0xff; // break the checksum
     raw.write_all(&bytes).await.unwrap();
     // The connection is closed by the receiver.
     let mut buf = [0u8; 1];
