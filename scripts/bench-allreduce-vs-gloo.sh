@@ -5,7 +5,9 @@
 # Default: 4 processes, 25M float32 values (100 MB), 7 timed all-reduces of the same inputs in
 # each implementation's processes (after a warm-up, each after a barrier). A repetition takes
 # as long as its slowest rank; the table shows the best and the median repetition, and the
-# ratios to gloo of each.
+# ratios to gloo of each. It also prints this machine's single-core memcpy bandwidth over 64 MiB:
+# the ratios depend on how compute and memory bandwidth compare (the codec is compute, gloo's
+# work mostly copies), so a figure means little without it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORLD="${1:-4}"; ELEMENTS="${2:-25000000}"; REPEAT="${3:-7}"
@@ -20,12 +22,14 @@ loco_run() {
 }
 fp32=$(loco_run fp32)
 uint8=$(loco_run uint8)
-python3 - "$WORLD" "$ELEMENTS" "$gloo" "$fp32" "$uint8" <<'PY'
+memcpy=$("$LOCO" bench codec --codec fp32 --threads 1 --repeats 3 --json)
+python3 - "$WORLD" "$ELEMENTS" "$memcpy" "$gloo" "$fp32" "$uint8" <<'PY'
 import json, statistics, sys
 world, n = sys.argv[1], int(sys.argv[2])
-runs = [json.loads(a) for a in sys.argv[3:]]
+memcpy = json.loads(sys.argv[3])["memcpy_gbps"]
+runs = [json.loads(a) for a in sys.argv[4:]]
 print(f"all-reduce of {n} float32 ({n*4/1e6:.0f} MB) over {world} processes on loopback, "
-      f"{len(runs[0]['repetitions'])} repetitions each")
+      f"{len(runs[0]['repetitions'])} repetitions each; memcpy on one core {memcpy:.1f} GB/s")
 print(f"{'implementation':<20}{'best s':>9}{'x gloo':>8}{'median s':>10}{'x gloo':>8}{'CPU/rank s':>12}")
 g_best = runs[0]["seconds"]
 g_med = statistics.median(runs[0]["repetitions"])
