@@ -48,8 +48,11 @@
 //! 65536 values; summing offsets from the bin centre keeps a table entry within about 1e-6 of a
 //! bin width of the exact mean, and exact for a bin holding one value. Otherwise (the *general*
 //! path: NaN, inf, |x| > 2^100, or a tiny chunk) the values themselves are summed in f64, finite
-//! values only. Decoding is one table lookup and one add per value, eight codes per load. Nothing
-//! is allocated.
+//! values only. Decoding is one table lookup and one add per value, eight codes per load; a large
+//! `decode` writes through streaming stores (see `stream`). The ring's reduce steps
+//! (`reduce_encode`, `reduce_average`) compute the sum into the caller's scratch segment and
+//! gather the statistics in the same pass, block by block while each block is in the L1 cache,
+//! so the statistics pass does not read the values again. Nothing is allocated.
 //!
 //! The histogram update bounds the plain path: one read-add-write of a bin per value, which no
 //! vector instruction does. The portable kernel (groups of 32, auto-vectorised for the x86-64
