@@ -599,16 +599,22 @@ fn parts(msg: &Outgoing) -> Result<(u8, Vec<u8>, &[u8]), String> {
 }
 
 /// Encodes a whole message into one buffer: prefix, header, body and checksum.
+#[cfg(test)]
 fn encode_msg(msg: &Outgoing) -> Result<Vec<u8>, String> {
     let (kind, header, body) = parts(msg)?;
+    Ok(encode_parts(kind, &header, body))
+}
+
+/// [`encode_msg`] of a message already split by [`parts`].
+fn encode_parts(kind: u8, header: &[u8], body: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(PREFIX_LEN + header.len() + body.len() + CHECKSUM_LEN);
-    push_prefix(&mut out, kind, &header, body.len());
+    push_prefix(&mut out, kind, header, body.len());
     out.extend_from_slice(body);
     let mut h = Checksum::default();
-    h.write(&header);
+    h.write(header);
     h.write(body);
     out.extend_from_slice(&h.finish().to_le_bytes());
-    Ok(out)
+    out
 }
 
 fn push_prefix(out: &mut Vec<u8>, kind: u8, header: &[u8], body_len: usize) {
@@ -623,7 +629,7 @@ fn push_prefix(out: &mut Vec<u8>, kind: u8, header: &[u8], body_len: usize) {
 async fn write_msg<W: AsyncWrite + Unpin>(w: &mut W, msg: &Outgoing) -> Result<u64, String> {
     let (kind, header, body) = parts(msg)?;
     if body.len() <= PIECE {
-        let bytes = encode_msg(msg)?;
+        let bytes = encode_parts(kind, &header, body);
         w.write_all(&bytes).await.map_err(|e| e.to_string())?;
         return Ok(bytes.len() as u64);
     }

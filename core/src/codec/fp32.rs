@@ -46,8 +46,7 @@ impl Codec for Fp32 {
         _scratch: &mut [f32],
         dst: &mut [u8],
     ) {
-        assert_eq!(src.len(), self.encoded_len(own.len()), "fp32 reduce: wrong buffer length");
-        assert_eq!(dst.len(), src.len(), "fp32 reduce: wrong buffer length");
+        super::assert_reduce_lengths(self, src, own.len(), dst);
         let chunks = dst.chunks_exact_mut(4).zip(src.chunks_exact(4)).zip(own);
         if weight == 0.0 {
             for ((d, s), _) in chunks {
@@ -78,8 +77,7 @@ impl Codec for Fp32 {
         _scratch: &mut [f32],
         dst: &mut [u8],
     ) {
-        assert_eq!(src.len(), self.encoded_len(own.len()), "fp32 reduce: wrong buffer length");
-        assert_eq!(dst.len(), src.len(), "fp32 reduce: wrong buffer length");
+        super::assert_reduce_lengths(self, src, own.len(), dst);
         if weight_sum <= 0.0 {
             dst.fill(0);
             own.fill(0.0);
@@ -100,12 +98,12 @@ impl Codec for Fp32 {
     /// bits; see `stream`).
     fn decode(&self, src: &[u8], dst: &mut [f32]) {
         assert_eq!(src.len(), self.encoded_len(dst.len()), "fp32 decode: wrong buffer length");
-        let one = |i: usize| {
-            let s = &src[4 * i..4 * i + 4];
-            f32::from_le_bytes([s[0], s[1], s[2], s[3]])
-        };
         #[cfg(target_arch = "x86_64")]
         {
+            let one = |i: usize| {
+                let s = &src[4 * i..4 * i + 4];
+                f32::from_le_bytes([s[0], s[1], s[2], s[3]])
+            };
             let block = |i: usize, out: &mut [f32; super::stream::BLOCK]| {
                 let bytes = &src[4 * i..4 * (i + super::stream::BLOCK)];
                 for (o, s) in out.iter_mut().zip(bytes.chunks_exact(4)) {

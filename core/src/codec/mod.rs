@@ -180,9 +180,24 @@ pub trait Codec: Send + Sync {
     }
 }
 
+/// The reduce steps' length contract: `src` and `dst` both hold the encoding of `n` values.
+///
+/// # Panics
+/// When they do not (a caller bug, not a data condition).
+pub(crate) fn assert_reduce_lengths(c: &dyn Codec, src: &[u8], n: usize, dst: &[u8]) {
+    let want = c.encoded_len(n);
+    assert!(
+        src.len() == want && dst.len() == want,
+        "{} reduce: wrong buffer length ({} and {} bytes for {n} values, expected {want})",
+        c.kind(),
+        src.len(),
+        dst.len()
+    );
+}
+
 /// `acc *= weight` in place, where weight 0 gives zeros whatever the values (even NaN) and
 /// weight 1 leaves them untouched.
-pub(crate) fn weigh(acc: &mut [f32], weight: f32) {
+fn weigh(acc: &mut [f32], weight: f32) {
     if weight == 0.0 {
         acc.fill(0.0);
     } else if weight != 1.0 {

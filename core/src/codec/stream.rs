@@ -31,7 +31,8 @@ pub(crate) const BLOCK: usize = 16;
 /// Writes `dst[i] = one(i)` for every `i`, with streaming stores for the 32-byte-aligned blocks
 /// of 16 values (`block(i, out)` fills `out[k] = one(i + k)`), when the processor has AVX and
 /// `dst` holds at least [`MIN_VALUES`] values. Returns `false`, having written nothing,
-/// otherwise.
+/// otherwise. `block` is `one` for 16 values at once: built from `one`, the lookups' bounds
+/// checks per value took about a quarter more time.
 #[inline]
 pub(crate) fn fill(
     dst: &mut [f32],

@@ -442,8 +442,12 @@ fn read_table(src: &[u8]) -> [f32; 256] {
 /// `LANES` codes go to a small array first, so that the adds and stores to `dst` vectorise.
 #[inline(always)]
 fn decode_with(src: &[u8], dst: &mut [f32], f: impl Fn(&mut f32, f32)) {
-    let table = read_table(src);
-    let codes = &src[TABLE_BYTES..];
+    decode_table(&read_table(src), &src[TABLE_BYTES..], dst, f);
+}
+
+/// [`decode_with`] of codes whose table has been read.
+#[inline(always)]
+fn decode_table(table: &[f32; 256], codes: &[u8], dst: &mut [f32], f: impl Fn(&mut f32, f32)) {
     let mut c = codes.chunks_exact(LANES);
     let mut d = dst.chunks_exact_mut(LANES);
     for (cc, dc) in (&mut c).zip(&mut d) {
@@ -564,10 +568,10 @@ impl Codec for Uint8 {
     /// bits; see `stream`).
     fn decode(&self, src: &[u8], dst: &mut [f32]) {
         assert_eq!(src.len(), self.encoded_len(dst.len()), "uint8 decode: wrong buffer length");
+        let table = read_table(src);
+        let codes = &src[TABLE_BYTES..];
         #[cfg(target_arch = "x86_64")]
         {
-            let table = read_table(src);
-            let codes = &src[TABLE_BYTES..];
             let one = |i: usize| table[usize::from(codes[i])];
             let block = |i: usize, out: &mut [f32; super::stream::BLOCK]| {
                 let q = &codes[i..i + super::stream::BLOCK];
@@ -579,7 +583,7 @@ impl Codec for Uint8 {
                 return;
             }
         }
-        decode_with(src, dst, |d, v| *d = v);
+        decode_table(&table, codes, dst, |d, v| *d = v);
     }
 
     /// Fused: the reduce and the encoder's statistics in one pass into `scratch`, then the
@@ -592,8 +596,7 @@ impl Codec for Uint8 {
         scratch: &mut [f32],
         dst: &mut [u8],
     ) {
-        assert_eq!(src.len(), self.encoded_len(own.len()), "uint8 reduce: wrong buffer length");
-        assert_eq!(dst.len(), src.len(), "uint8 reduce: wrong buffer length");
+        super::assert_reduce_lengths(self, src, own.len(), dst);
         let acc = &mut scratch[..own.len()];
         let st = combine(src, own, weight, None, acc);
         encode_with(acc, &st, dst, true);
@@ -610,8 +613,7 @@ impl Codec for Uint8 {
         scratch: &mut [f32],
         dst: &mut [u8],
     ) {
-        assert_eq!(src.len(), self.encoded_len(own.len()), "uint8 reduce: wrong buffer length");
-        assert_eq!(dst.len(), src.len(), "uint8 reduce: wrong buffer length");
+        super::assert_reduce_lengths(self, src, own.len(), dst);
         let acc = &mut scratch[..own.len()];
         let st = if weight_sum > 0.0 {
             combine(src, own, weight, Some(weight_sum as f32), acc)
