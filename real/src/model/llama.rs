@@ -43,12 +43,14 @@ pub enum ModelError {
         got: usize,
     },
     /// A CUDA device that libtorch does not see.
-    #[error("device cuda:{index}: libtorch sees {available} CUDA device(s)")]
+    #[error("device cuda:{index}: libtorch sees {available} CUDA device(s); {library}")]
     NoCuda {
         /// The device asked for.
         index: u32,
         /// How many libtorch sees.
         available: i64,
+        /// Whether libtorch's CUDA library loaded, and if not, why.
+        library: String,
     },
     /// An input that is not a `[batch, seq]` tensor of token ids.
     #[error(
@@ -74,16 +76,21 @@ impl<T> TorchContext<T> for Result<T, TchError> {
     }
 }
 
-/// The tch device for a scenario's device; fails for a CUDA device libtorch does not see.
+/// The tch device for a scenario's device; fails for a CUDA device libtorch does not see. A CUDA
+/// device first loads libtorch's CUDA library ([`load_cuda`](crate::torch_info::load_cuda)).
 pub fn tch_device(device: loco_core::scenario::Device) -> Result<Device, ModelError> {
     match device {
         loco_core::scenario::Device::Cpu => Ok(Device::Cpu),
         loco_core::scenario::Device::Cuda(index) => {
+            let library = match crate::torch_info::load_cuda() {
+                Ok(()) => "its CUDA library is loaded".to_owned(),
+                Err(e) => format!("its CUDA library did not load: {e}"),
+            };
             let available = tch::Cuda::device_count();
             if i64::from(index) < available {
                 Ok(Device::Cuda(index as usize))
             } else {
-                Err(ModelError::NoCuda { index, available })
+                Err(ModelError::NoCuda { index, available, library })
             }
         }
     }
