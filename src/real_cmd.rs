@@ -183,6 +183,12 @@ fn make_inner(
             tch::set_num_threads(1);
         }
         let trainer = Trainer::new(s.model(), cfg.clone(), device, s.seed())?;
+        tracing::info!(
+            params = trainer.num_params(),
+            device = %s.real().device,
+            precision = %cfg.precision,
+            "model ready"
+        );
         let source = match &s.real().data {
             Some(d) => DataSource::File(scenario_base(scenario_path).join(d)),
             None => DataSource::Synthetic(Synthetic { seed: s.seed(), sequences: 1 << 20 }),
@@ -675,13 +681,8 @@ fn count_commits(path: &Path) -> usize {
 fn check_memory(s: &Scenario) -> Result<()> {
     use loco_real::memory::{MemoryPlan, Place, host_available_bytes};
     let seq = s.real().seq_len.unwrap_or(s.model().seq_len);
-    let plan = MemoryPlan::new(
-        s.model(),
-        s.real().device,
-        s.real().micro_batch,
-        seq,
-        loco_real::model::Precision::F32,
-    );
+    let plan =
+        MemoryPlan::new(s.model(), s.real().device, s.real().micro_batch, seq, s.real().precision);
     let nodes = s.initial_nodes().count().max(1) as u64;
     if let Some(avail) = host_available_bytes() {
         let need = plan.total(Place::Host).saturating_mul(nodes);

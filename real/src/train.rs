@@ -158,7 +158,7 @@ pub struct TrainConfig {
 impl TrainConfig {
     /// The configuration a scenario gives: `seq_len` from `[real]` or the model, `micro_batch`
     /// from `[real]`, `batch_rows = max(1, batch_tokens / seq_len)`, the optimiser and schedule
-    /// from `[diloco]`, eps 1e-8, fp32.
+    /// from `[diloco]`, eps 1e-8, the precision from `[real]`.
     pub fn from_scenario(model: &ModelSpec, diloco: &DilocoSpec, real: &RealSpec) -> TrainConfig {
         let seq_len = real.seq_len.unwrap_or(model.seq_len).max(1) as usize;
         TrainConfig {
@@ -175,7 +175,7 @@ impl TrainConfig {
             weight_decay: diloco.weight_decay,
             grad_clip: diloco.grad_clip,
             z_loss: diloco.z_loss,
-            precision: Precision::F32,
+            precision: real.precision,
         }
     }
 
@@ -667,6 +667,9 @@ mod tests {
         assert_eq!((cfg.seq_len, cfg.micro_batch, cfg.batch_rows), (32, 4, 8));
         assert_eq!(cfg.betas, (0.9, 0.95));
         assert_eq!(cfg.z_loss, 2e-4);
+        assert_eq!(cfg.precision, Precision::F32);
+        let bf16 = RealSpec { precision: Precision::Bf16, ..real.clone() };
+        assert_eq!(TrainConfig::from_scenario(&spec, &diloco, &bf16).precision, Precision::Bf16);
         cfg.validate(&spec).unwrap();
         let too_long = TrainConfig { seq_len: 65, ..cfg.clone() };
         let err = too_long.validate(&spec).unwrap_err().to_string();

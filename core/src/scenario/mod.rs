@@ -142,6 +142,8 @@
 //!
 //! [real]                       # real backend only
 //! device = "cpu"               # default "cpu"; or "cuda" / "cuda:N"
+//! precision = "f32"            # default "f32" on the CPU, "bf16" on CUDA: what the model
+//!                              # computes in (weights and optimiser state stay fp32)
 //! data = "data/corpus.txt"     # default none (synthetic); relative to the scenario file
 //! micro_batch = 4              # default 1; sequences per forward pass
 //! seq_len = 128                # default none (the model's); override for CPU runs
@@ -636,6 +638,17 @@ pub enum Device {
     Cuda(u32),
 }
 
+impl Device {
+    /// The device written as `name`: "cpu", "cuda" (device 0) or "cuda:N".
+    pub fn from_name(name: &str) -> Option<Device> {
+        match name {
+            "cpu" => Some(Device::Cpu),
+            "cuda" => Some(Device::Cuda(0)),
+            _ => name.strip_prefix("cuda:").and_then(|n| n.parse().ok()).map(Device::Cuda),
+        }
+    }
+}
+
 impl fmt::Display for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -645,11 +658,63 @@ impl fmt::Display for Device {
     }
 }
 
+/// The element type the real backend's model computes in. Master weights, gradients and the
+/// optimiser state are fp32 in both.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// Everything in fp32 (the CPU default; deterministic on the CPU).
+    #[default]
+    F32,
+    /// Matmuls, attention and the residual stream in bf16, from fp32 weights cast in the forward
+    /// pass; RMSNorm, RoPE and the loss in fp32 (mixed precision without autocast). The CUDA
+    /// default: GPUs' peak flops (and so MFU) are quoted for bf16.
+    Bf16,
+}
+
+impl Precision {
+    /// Bytes per activation value.
+    pub fn bytes(self) -> u64 {
+        match self {
+            Precision::F32 => 4,
+            Precision::Bf16 => 2,
+        }
+    }
+
+    /// The precision written as `name`: "f32" or "bf16".
+    pub fn from_name(name: &str) -> Option<Precision> {
+        match name {
+            "f32" => Some(Precision::F32),
+            "bf16" => Some(Precision::Bf16),
+            _ => None,
+        }
+    }
+
+    /// The default on `device`: fp32 on the CPU, bf16 on CUDA.
+    pub fn default_for(device: Device) -> Precision {
+        match device {
+            Device::Cpu => Precision::F32,
+            Device::Cuda(_) => Precision::Bf16,
+        }
+    }
+}
+
+impl fmt::Display for Precision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Precision::F32 => "f32",
+            Precision::Bf16 => "bf16",
+        })
+    }
+}
+
 /// The `[real]` section.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct RealSpec {
     /// Where to compute.
     pub device: Device,
+    /// What the model computes in (default: [`Precision::default_for`] the device).
+    pub precision: Precision,
     /// Training data file as written (relative to the scenario file); `None` for synthetic data.
     pub data: Option<String>,
     /// Sequences per forward pass.
@@ -677,6 +742,7 @@ impl Default for RealSpec {
     fn default() -> Self {
         RealSpec {
             device: Device::Cpu,
+            precision: Precision::F32,
             data: None,
             micro_batch: 1,
             seq_len: None,

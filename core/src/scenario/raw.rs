@@ -253,6 +253,7 @@ pub(crate) struct RawSim {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawReal {
     pub(crate) device: Option<String>,
+    pub(crate) precision: Option<String>,
     pub(crate) data: Option<String>,
     pub(crate) micro_batch: Option<u32>,
     pub(crate) seq_len: Option<u32>,

@@ -842,6 +842,15 @@ fn backend_section_constraints() {
     assert_msg(&src, "0\n", "real.keep: expected an integer >= 1, got 0");
     let s = ok(&format!("{BASE}[real]\ndevice = \"cuda\"\n"));
     assert_eq!(s.real().device, Device::Cuda(0));
+    // The precision defaults by device and can be set either way.
+    assert_eq!(s.real().precision, Precision::Bf16);
+    assert_eq!(ok(BASE).real().precision, Precision::F32);
+    let s = ok(&format!("{BASE}[real]\ndevice = \"cuda:1\"\nprecision = \"f32\"\n"));
+    assert_eq!((s.real().device, s.real().precision), (Device::Cuda(1), Precision::F32));
+    let s = ok(&format!("{BASE}[real]\nprecision = \"bf16\"\n"));
+    assert_eq!(s.real().precision, Precision::Bf16);
+    let src = format!("{BASE}[real]\nprecision = \"fp16\"\n");
+    assert_msg(&src, "\"fp16\"", r#"real.precision: expected "f32" or "bf16", got "fp16""#);
 }
 
 #[test]

@@ -10,8 +10,8 @@ use super::units::{
     UnitError, duration_from_secs_f64, format_duration, parse_duration, parse_rate, parse_size,
 };
 use super::{
-    Decay, Device, DilocoSpec, LinkSpec, ModelSpec, NodeSpec, Numerics, Preset, Published,
-    RealSpec, Region, RegionId, Scenario, SimSpec, Stop, Varying,
+    Decay, Device, DilocoSpec, LinkSpec, ModelSpec, NodeSpec, Numerics, Precision, Preset,
+    Published, RealSpec, Region, RegionId, Scenario, SimSpec, Stop, Varying,
 };
 use crate::codec::CodecKind;
 use crate::ids::NodeId;
@@ -814,18 +814,14 @@ fn real(r: &RawReal) -> R<RealSpec> {
     let def = RealSpec::default();
     let device = match r.device.as_deref() {
         None => def.device,
-        Some("cpu") => Device::Cpu,
-        Some("cuda") => Device::Cuda(0),
-        Some(other) => match other.strip_prefix("cuda:").and_then(|n| n.parse::<u32>().ok()) {
-            Some(i) => Device::Cuda(i),
-            None => {
-                return Err(expected(
-                    &p.key("device"),
-                    r#""cpu", "cuda" or "cuda:N""#,
-                    quoted(other),
-                ));
-            }
-        },
+        Some(name) => Device::from_name(name).ok_or_else(|| {
+            expected(&p.key("device"), r#""cpu", "cuda" or "cuda:N""#, quoted(name))
+        })?,
+    };
+    let precision = match r.precision.as_deref() {
+        None => Precision::default_for(device),
+        Some(name) => Precision::from_name(name)
+            .ok_or_else(|| expected(&p.key("precision"), r#""f32" or "bf16""#, quoted(name)))?,
     };
     let path_field = |key: &str, v: &Option<String>| -> R<Option<String>> {
         match v {
@@ -848,6 +844,7 @@ fn real(r: &RawReal) -> R<RealSpec> {
     }
     Ok(RealSpec {
         device,
+        precision,
         data: path_field("data", &r.data)?,
         micro_batch: at_least_one(&p.key("micro_batch"), r.micro_batch.unwrap_or(def.micro_batch))?,
         seq_len: r.seq_len.map(|s| at_least_one(&p.key("seq_len"), s)).transpose()?,

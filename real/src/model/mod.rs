@@ -105,28 +105,7 @@ pub fn layer_layout(spec: &ModelSpec) -> Vec<(String, usize)> {
     out
 }
 
-/// The element type the model computes in. Master weights, gradients and the optimizer state are
-/// fp32 in both.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Precision {
-    /// Everything in fp32 (the CPU default; deterministic on the CPU).
-    #[default]
-    F32,
-    /// Matmuls, attention and the residual stream in bf16, from fp32 weights cast in the forward
-    /// pass; RMSNorm, RoPE and the loss in fp32 (mixed precision without autocast).
-    Bf16,
-}
-
-impl Precision {
-    /// Bytes per activation value.
-    pub fn bytes(self) -> u64 {
-        match self {
-            Precision::F32 => 4,
-            Precision::Bf16 => 2,
-        }
-    }
-}
+pub use loco_core::scenario::Precision;
 
 #[cfg(test)]
 mod tests {
