@@ -2,6 +2,7 @@
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use loco_core::codec::CodecKind;
+use loco_core::scenario::{Device, Precision, Preset};
 use std::path::PathBuf;
 
 /// loco: elastic, decentralised DiLoCo training.
@@ -186,6 +187,52 @@ pub(crate) enum BenchCommand {
     /// the eval loss on the held-out last 5% of the text. Exits 1 when DiLoCo does not beat
     /// 1 worker or uint8 ends more than 1% from fp32.
     Quality(QualityBench),
+    /// Inner-step throughput of a model preset on one device (needs `--features torch`):
+    /// tokens/s, achieved flops by PRIME's formula, MFU against `--peak-flops`, the step time a
+    /// scenario's `[[nodes]] step_time` would take for that batch, and peak memory. Synthetic
+    /// tokens; the full inner step (forward, backward, clipping, AdamW) as a worker runs it.
+    Train(TrainBench),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct TrainBench {
+    /// Model preset: tiny, 150m, 1b or 10b.
+    #[arg(long, default_value = "tiny", value_parser = parse_preset)]
+    pub(crate) preset: Preset,
+    /// Where to train: cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu", value_parser = parse_device)]
+    pub(crate) device: Device,
+    /// What the model computes in: f32 or bf16 (default: f32 on the CPU, bf16 on CUDA).
+    #[arg(long, value_parser = parse_precision)]
+    pub(crate) precision: Option<Precision>,
+    /// Sequences per forward pass.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) micro_batch: usize,
+    /// Sequences per inner step, accumulated over micro-batches (default: one micro-batch).
+    #[arg(long)]
+    pub(crate) batch_rows: Option<usize>,
+    /// Tokens per sequence (default: the preset's seq_len).
+    #[arg(long)]
+    pub(crate) seq_len: Option<usize>,
+    /// Timed inner steps.
+    #[arg(long, default_value_t = 10)]
+    pub(crate) steps: usize,
+    /// Untimed inner steps before them (allocator warm-up, kernel selection, lazy set-up).
+    #[arg(long, default_value_t = 2)]
+    pub(crate) warmup: usize,
+    /// libtorch intra-op threads (default: libtorch's choice, all cores).
+    #[arg(long)]
+    pub(crate) threads: Option<usize>,
+    /// The device's peak flops per second in the compute precision, for MFU (H100 or H200 SXM
+    /// bf16 dense: 989e12; A100: 312e12). Without it MFU is not computed.
+    #[arg(long, value_name = "FLOPS")]
+    pub(crate) peak_flops: Option<f64>,
+    /// Seed of the initial weights and of the synthetic tokens.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) seed: u64,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -325,4 +372,19 @@ pub(crate) struct AllreduceRank {
 
 fn parse_codec(s: &str) -> Result<CodecKind, String> {
     s.parse()
+}
+
+fn parse_preset(s: &str) -> Result<Preset, String> {
+    Preset::from_name(s).ok_or_else(|| {
+        let names: Vec<&str> = Preset::ALL.iter().map(|p| p.name()).collect();
+        format!("expected one of {}", names.join(", "))
+    })
+}
+
+fn parse_device(s: &str) -> Result<Device, String> {
+    Device::from_name(s).ok_or_else(|| "expected cpu, cuda or cuda:N".to_owned())
+}
+
+fn parse_precision(s: &str) -> Result<Precision, String> {
+    Precision::from_name(s).ok_or_else(|| "expected f32 or bf16".to_owned())
 }

@@ -186,6 +186,10 @@ fn run(cli: Cli) -> Result<Outcome> {
             let r = bench::allreduce::run_rank(&a)?;
             println!("{}", serde_json::to_string(&r)?);
         }
+        Command::Bench(BenchCommand::Train(a)) => {
+            let report = bench::train::run(&a)?;
+            print_report(a.json, &report, |out| report.print_table(out))?;
+        }
         Command::Bench(BenchCommand::Quality(a)) => {
             let report = bench::quality::run(&a)?;
             print_report(a.json, &report, |out| report.print_table(out))?;

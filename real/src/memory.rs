@@ -134,6 +134,15 @@ impl MemoryPlan {
         MemoryPlan { model, params: n, device, micro_batch, seq_len, items }
     }
 
+    /// The plan of the model alone: without DiLoCo's outer state and the flat inner copy on the
+    /// host (for training outside a worker, as `loco bench train` does).
+    pub fn without_outer_state(&self) -> MemoryPlan {
+        const OUTER: [&str; 4] =
+            ["outer weights", "pseudo-gradient", "outer momentum", "flat inner copy"];
+        let items = self.items.iter().filter(|i| !OUTER.contains(&i.what)).cloned().collect();
+        MemoryPlan { items, ..self.clone() }
+    }
+
     /// Bytes of `what` (an item's name), summed over places; 0 if absent.
     pub fn bytes(&self, what: &str) -> u64 {
         self.items.iter().filter(|i| i.what == what).map(|i| i.bytes).sum()
@@ -262,6 +271,11 @@ mod tests {
         assert!(plan.fits(Place::Host, 1 << 30).is_ok());
         let bf16 = MemoryPlan::new(&spec, Device::Cpu, 4, 64, Precision::Bf16);
         assert!(bf16.bytes("activations") < plan.bytes("activations"));
+        // The model alone: the outer state's three copies and the flat inner copy are gone.
+        let model = plan.without_outer_state();
+        assert_eq!(model.total(Place::Host), plan.total(Place::Host) - 4 * 4 * n);
+        assert_eq!((model.bytes("outer momentum"), model.bytes("weights")), (0, 4 * n));
+        assert!(!model.describe(Place::Host).contains("outer"));
     }
 
     #[test]

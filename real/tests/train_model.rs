@@ -312,31 +312,3 @@ fn bad_input_and_non_finite_steps_change_nothing() {
         .unwrap_err();
     assert!(matches!(err, TrainError::BadConfig { field: "micro_batch", .. }), "{err}");
 }
-
-/// Throughput of the tiny preset on this CPU (prints; asserts nothing about speed):
-/// `cargo test --release -p loco-real --features torch --test train_model -- --nocapture throughput`
-#[test]
-#[allow(clippy::disallowed_methods)] // wall-clock time is what is measured here
-fn throughput_of_the_tiny_preset() {
-    let spec = tiny();
-    let mut t = Trainer::new(&spec, config(1e-3), Device::Cpu, 1).unwrap();
-    let mut data = genesis(Order::Sequential);
-    t.inner_step(&data.next_batch(16).unwrap()).unwrap();
-    let steps = 20;
-    let start = std::time::Instant::now();
-    let mut tokens = 0;
-    for _ in 0..steps {
-        tokens += t.inner_step(&data.next_batch(16).unwrap()).unwrap().tokens;
-    }
-    let secs = start.elapsed().as_secs_f64();
-    let tps = tokens as f64 / secs;
-    let flops = spec.flops_per_token() as f64 * tps;
-    println!(
-        "tiny preset on cpu ({} torch threads): {steps} steps of {} tokens in {secs:.3} s = {tps:.0} tokens/s, {:.3} GFLOP/s by PRIME's formula ({} flops/token)",
-        tch::get_num_threads(),
-        tokens / steps,
-        flops / 1e9,
-        spec.flops_per_token()
-    );
-    assert!(tps > 0.0);
-}

@@ -3,3 +3,4 @@
 pub(crate) mod allreduce;
 pub mod codec;
 pub(crate) mod quality;
+pub(crate) mod train;

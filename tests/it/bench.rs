@@ -1,4 +1,4 @@
-//! `loco bench codec` and `loco bench allreduce`.
+//! `loco bench codec`, `allreduce`, `quality` and `train`.
 
 use crate::common::{TestContext, stderr, stdout};
 
@@ -178,6 +178,85 @@ fn bench_quality_explains_its_requirements() {
     let err = stderr(&out);
     if cfg!(feature = "torch") {
         assert!(err.contains("--workers"), "{err}");
+    } else {
+        assert!(err.contains("--features torch"), "{err}");
+    }
+}
+
+/// `loco bench train` on the tiny preset: its figures follow from each other (tokens/s from the
+/// step times, flops from PRIME's formula, MFU from the peak given), and the loss is a loss.
+#[cfg(feature = "torch")]
+#[test]
+fn bench_train_figures_follow_from_its_measurements() {
+    let ctx = TestContext::new();
+    let out = ctx.loco(&[
+        "bench",
+        "train",
+        "--preset",
+        "tiny",
+        "--micro-batch",
+        "2",
+        "--batch-rows",
+        "4",
+        "--seq-len",
+        "32",
+        "--steps",
+        "3",
+        "--warmup",
+        "1",
+        "--threads",
+        "1",
+        "--peak-flops",
+        "1e11",
+        "--json",
+    ]);
+    assert!(out.status.success(), "stderr: {}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("JSON");
+    let f = |k: &str| v[k].as_f64().unwrap_or_else(|| panic!("{k} in {v}"));
+    assert_eq!((v["preset"].as_str(), v["device"].as_str()), (Some("tiny"), Some("cpu")));
+    assert_eq!(v["precision"], "f32", "the CPU default");
+    assert_eq!(v["torch_threads"], 1);
+    assert_eq!((v["batch_rows"].as_u64(), v["micro_batch"].as_u64()), (Some(4), Some(2)));
+    assert_eq!(v["tokens_per_step"], 4 * 32);
+    // PRIME's formula at the sequence length trained (32): 2 layers, 4 heads of 16.
+    let non_embedding = v["non_embedding_params"].as_u64().unwrap();
+    // Untied: only the input embedding (256 x 64) is left out of the count.
+    assert_eq!(v["params"].as_u64().unwrap(), non_embedding + 256 * 64);
+    assert_eq!(v["flops_per_token"].as_u64().unwrap(), 6 * non_embedding + 12 * 2 * 4 * 16 * 32);
+    let steps: Vec<f64> =
+        v["step_seconds"].as_array().unwrap().iter().map(|s| s.as_f64().unwrap()).collect();
+    assert_eq!(steps.len(), 3);
+    assert!(steps.iter().all(|s| *s > 0.0));
+    let tps = 3.0 * 128.0 / steps.iter().sum::<f64>();
+    assert!((f("tokens_per_second") / tps - 1.0).abs() < 1e-9, "{v}");
+    let achieved = tps * f("flops_per_token");
+    assert!((f("achieved_flops") / achieved - 1.0).abs() < 1e-9);
+    assert!((f("mfu") / (achieved / 1e11) - 1.0).abs() < 1e-9);
+    let mut sorted = steps.clone();
+    sorted.sort_by(f64::total_cmp);
+    assert_eq!(f("median_step_seconds"), sorted[1]);
+    // Byte-level tokens start near ln(256) = 5.5 nats.
+    assert!((4.0..7.0).contains(&f("first_loss")), "{v}");
+    assert!(f("last_loss").is_finite());
+    assert!(v["peak_rss_bytes"].as_u64().unwrap() > 10 << 20);
+    assert!(v["memory_plan"].as_str().unwrap().contains("on cpu for weights"), "{v}");
+}
+
+/// `bench train` refuses bad flags by name, and without libtorch says how to get it.
+#[test]
+fn bench_train_explains_bad_flags_and_its_requirements() {
+    let ctx = TestContext::new();
+    let out = ctx.loco(&["bench", "train", "--preset", "3b"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("expected one of tiny, 150m, 1b, 10b"), "{}", stderr(&out));
+    let out = ctx.loco(&["bench", "train", "--device", "gpu0"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("expected cpu, cuda or cuda:N"), "{}", stderr(&out));
+    let out = ctx.loco(&["bench", "train", "--seq-len", "65"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    if cfg!(feature = "torch") {
+        assert!(err.contains("--seq-len: expected 1 ..= 64"), "{err}");
     } else {
         assert!(err.contains("--features torch"), "{err}");
     }
