@@ -40,7 +40,8 @@ pub(crate) enum Command {
     /// metrics files. With several directories, also a side-by-side Table-2-style comparison
     /// (comparison.html, comparison.csv) in the first.
     Report(ReportArgs),
-    /// Performance figures: codecs, the ring all-reduce, the simulator.
+    /// Performance and quality figures: codecs, the ring all-reduce, the simulator, DiLoCo's
+    /// quality, and training throughput.
     #[command(subcommand)]
     Bench(BenchCommand),
 }
