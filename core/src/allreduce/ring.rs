@@ -451,17 +451,7 @@ impl<'a> RingAllReduce<'a> {
         let Some(d) = self.payload.values() else {
             return;
         };
-        let out = self.scratch.get(n);
-        let w = self.weight;
-        if w == 0.0 {
-            out.fill(0.0);
-        } else if w == 1.0 {
-            out.copy_from_slice(&d[range]);
-        } else {
-            for (o, x) in out.iter_mut().zip(&d[range]) {
-                *o = w * x;
-            }
-        }
+        crate::codec::load_weighted(self.scratch.get(n), &d[range], self.weight);
     }
 
     fn encode_scratch(&mut self, n: usize) -> Body {

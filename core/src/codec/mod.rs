@@ -133,15 +133,7 @@ pub trait Codec: Send + Sync {
         dst: &mut [u8],
     ) {
         let acc = &mut scratch[..own.len()];
-        if weight == 0.0 {
-            acc.fill(0.0);
-        } else if weight == 1.0 {
-            acc.copy_from_slice(own);
-        } else {
-            for (a, o) in acc.iter_mut().zip(own) {
-                *a = weight * o;
-            }
-        }
+        load_weighted(acc, own, weight);
         self.decode_accumulate(src, acc);
         self.encode(acc, dst);
     }
@@ -165,8 +157,7 @@ pub trait Codec: Send + Sync {
     ) {
         let acc = &mut scratch[..own.len()];
         if weight_sum > 0.0 {
-            acc.copy_from_slice(own);
-            weigh(acc, weight);
+            load_weighted(acc, own, weight);
             self.decode_accumulate(src, acc);
             let ws = weight_sum as f32;
             for v in acc.iter_mut() {
@@ -195,14 +186,20 @@ pub(crate) fn assert_reduce_lengths(c: &dyn Codec, src: &[u8], n: usize, dst: &[
     );
 }
 
-/// `acc *= weight` in place, where weight 0 gives zeros whatever the values (even NaN) and
-/// weight 1 leaves them untouched.
-fn weigh(acc: &mut [f32], weight: f32) {
+/// `out = weight * own`, where weight 0 gives zeros whatever the values (even NaN) and weight 1
+/// copies them. The ring's own contribution and the default reduce steps start from this.
+///
+/// # Panics
+/// When the lengths differ.
+pub(crate) fn load_weighted(out: &mut [f32], own: &[f32], weight: f32) {
     if weight == 0.0 {
-        acc.fill(0.0);
-    } else if weight != 1.0 {
-        for a in acc.iter_mut() {
-            *a *= weight;
+        out.fill(0.0);
+    } else if weight == 1.0 {
+        out.copy_from_slice(own);
+    } else {
+        assert_eq!(out.len(), own.len(), "load_weighted: lengths");
+        for (o, x) in out.iter_mut().zip(own) {
+            *o = weight * x;
         }
     }
 }
