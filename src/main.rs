@@ -8,6 +8,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod bench;
 mod cli;
 mod clock;
+mod human;
 mod real_cmd;
 mod replay;
 
@@ -224,19 +225,47 @@ pub(crate) fn print_summary(s: &loco_core::metrics::Summary, dir: &std::path::Pa
             s.simulated_seconds / 3600.0
         );
     }
-    let _ =
-        writeln!(out, "utilisation         {:.1}% (compute / wall)", 100.0 * s.utilization.mean);
+    let u = &s.utilization;
     let _ = writeln!(
         out,
-        "all-reduce          median {:.2} s, p5 {:.2} s, p95 {:.2} s",
-        s.allreduce_seconds.median, s.allreduce_seconds.p5, s.allreduce_seconds.p95
+        "utilisation         {:.1}% (compute / wall; Table 2's inner / (inner + all-reduce): {:.1}%)",
+        100.0 * u.mean,
+        100.0 * u.table2
     );
-    let _ = writeln!(out, "bytes sent          {}", s.bytes_sent_total);
+    let a = &s.allreduce_seconds;
+    let _ = writeln!(
+        out,
+        "all-reduce          median {}, p5 {}, p95 {} ({} all-reduces)",
+        human::seconds(a.median),
+        human::seconds(a.p5),
+        human::seconds(a.p95),
+        a.count
+    );
+    let _ = writeln!(
+        out,
+        "bytes sent          {} ({} bytes)",
+        human::bytes(s.bytes_sent_total),
+        s.bytes_sent_total
+    );
+    if let Some(t) = s.tokens_per_second {
+        let step = s
+            .inner_step_seconds
+            .map(|st| format!(", inner step {}", human::seconds(st)))
+            .unwrap_or_default();
+        let _ = writeln!(out, "throughput          {} tokens/s{step}", human::rate(t));
+    }
+    if let Some(m) = s.mfu {
+        let _ = writeln!(out, "MFU                 {:.1}%", 100.0 * m);
+    }
     let m = &s.membership;
     let _ = writeln!(
         out,
-        "membership          max {} nodes, {} joins, {} leaves, {} evictions, {} epochs",
-        m.max_nodes, m.joins, m.leaves, m.evictions, m.epochs
+        "membership          max {}, {}, {}, {}, {}",
+        human::count(m.max_nodes.into(), "node"),
+        human::count(m.joins, "join"),
+        human::count(m.leaves, "leave"),
+        human::count(m.evictions, "eviction"),
+        human::count(m.epochs, "epoch")
     );
     if let Some(l) = s.final_loss {
         let _ = writeln!(out, "final loss          {l:.4}");

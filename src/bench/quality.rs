@@ -236,9 +236,9 @@ impl QualityReport {
         )?;
         for r in &self.runs {
             let bytes = if r.bytes_estimated {
-                format!("~{}", human_bytes(r.bytes_per_worker))
+                format!("~{}", crate::human::bytes(r.bytes_per_worker))
             } else {
-                human_bytes(r.bytes_per_worker)
+                crate::human::bytes(r.bytes_per_worker)
             };
             writeln!(
                 out,
@@ -292,19 +292,6 @@ impl QualityReport {
             verdict(c.replicas_identical)
         )?;
         writeln!(out, "total time {:.1} s", self.seconds)
-    }
-}
-
-fn human_bytes(b: u64) -> String {
-    let b = b as f64;
-    if b >= 1e9 {
-        format!("{:.2} GB", b / 1e9)
-    } else if b >= 1e6 {
-        format!("{:.2} MB", b / 1e6)
-    } else if b >= 1e3 {
-        format!("{:.1} kB", b / 1e3)
-    } else {
-        format!("{b} B")
     }
 }
 
