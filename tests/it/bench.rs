@@ -261,3 +261,47 @@ fn bench_train_explains_bad_flags_and_its_requirements() {
         assert!(err.contains("--features torch"), "{err}");
     }
 }
+
+/// The gloo comparison script: both implementations' rows, pooled over interleaved rounds, with
+/// the machine's figures. Small sizes (it is the script's plumbing that is tested here, not the
+/// ratios); needs the PyTorch environment, which the torch-feature test command has set up.
+#[cfg(feature = "torch")]
+#[test]
+fn the_gloo_comparison_script_prints_both_implementations() {
+    let _one = crate::common::one_real_run_at_a_time();
+    let out = std::process::Command::new("bash")
+        .args(["scripts/bench-allreduce-vs-gloo.sh", "2", "20000", "2", "2"])
+        .current_dir(TestContext::repo())
+        .env("LOCO_BIN", env!("CARGO_BIN_EXE_loco"))
+        .env_remove("LOCO_LOG")
+        .output()
+        .expect("run the script");
+    let text = stdout(&out);
+    assert!(out.status.success(), "stdout: {text}\nstderr: {}", stderr(&out));
+    assert!(
+        text.contains("over 2 processes on loopback, 4 repetitions each in 2 round(s)"),
+        "{text}"
+    );
+    assert!(text.contains("memcpy on one core"), "{text}");
+    for name in ["torch gloo fp32", "loco ring fp32", "loco ring uint8"] {
+        let row = text.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{text}"));
+        let figures: Vec<f64> =
+            row[name.len()..].split_whitespace().map(|f| f.parse().expect("a number")).collect();
+        assert_eq!(figures.len(), 5, "{row}");
+        assert!(figures.iter().all(|f| f.is_finite() && *f > 0.0), "{row}");
+        // Best at most the median; gloo's own ratios are 1.
+        assert!(figures[0] <= figures[2], "{row}");
+        if name.starts_with("torch") {
+            assert_eq!((figures[1], figures[3]), (1.0, 1.0), "{row}");
+        }
+    }
+    assert!(text.contains("the targets, uint8 at most 0.5x gloo and fp32 at most 1.2x"), "{text}");
+    // A bad argument is refused before anything runs.
+    let bad = std::process::Command::new("bash")
+        .args(["scripts/bench-allreduce-vs-gloo.sh", "four"])
+        .current_dir(TestContext::repo())
+        .output()
+        .expect("run the script");
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(stderr(&bad).contains("got 'four'"), "{}", stderr(&bad));
+}
