@@ -1,10 +1,12 @@
 //! Numbers written for people: terminal tables and messages (never files that tools read).
 
 /// Bytes in decimal units with three significant digits or so: `512 B`, `38.2 kB`, `101.94 MB`,
-/// `2.40 GB`.
+/// `2.40 GB`, `7.98 TB`.
 pub(crate) fn bytes(b: u64) -> String {
     let f = b as f64;
-    if f >= 1e9 {
+    if f >= 1e12 {
+        format!("{:.2} TB", f / 1e12)
+    } else if f >= 1e9 {
         format!("{:.2} GB", f / 1e9)
     } else if f >= 1e6 {
         format!("{:.2} MB", f / 1e6)
@@ -52,6 +54,7 @@ mod tests {
         assert_eq!(super::bytes(38_200), "38.2 kB");
         assert_eq!(super::bytes(101_935_041), "101.94 MB");
         assert_eq!(super::bytes(2_400_000_000), "2.40 GB");
+        assert_eq!(super::bytes(7_979_550_171_008), "7.98 TB");
         assert_eq!(super::seconds(438.9), "438.90 s");
         assert_eq!(super::seconds(0.00112), "1.12 ms");
         assert_eq!(super::seconds(0.000085), "85 us");
