@@ -128,6 +128,37 @@ fn decode_with(src: &[u8], dst: &mut [f32], f: impl Fn(&mut f32, f32)) {
     }
 }
 
+/// Encodes one block (at most [`BLOCK`] values) into its scale and codes (`4 + src.len()` bytes).
+#[inline(always)]
+fn encode_block(s: &[f32], d: &mut [u8]) {
+    let a = absmax(s);
+    let (head, codes) = d.split_at_mut(4);
+    head.copy_from_slice(&block_scale(a).to_le_bytes());
+    if a >= TINY {
+        quantise::<false>(s, codes, 1.0, 127.0 / a);
+    } else if a > 0.0 {
+        quantise::<true>(s, codes, TINY_PRE, 127.0 / (a * TINY_PRE));
+    } else {
+        // No finite non-zero value: zeros and NaN to 0, +-inf to +-127 (decoded as 0).
+        quantise::<false>(s, codes, 1.0, 1.0);
+    }
+}
+
+/// One block of a reduce step: `acc[..own.len()] = weight * own + decode(src)` (the block's
+/// received bytes), in a working block on the stack that stays in the L1 cache.
+#[inline(always)]
+fn reduce_block<'a>(
+    src: &[u8],
+    own: &[f32],
+    weight: f32,
+    acc: &'a mut [f32; BLOCK],
+) -> &'a mut [f32] {
+    let acc = &mut acc[..own.len()];
+    super::load_weighted(acc, own, weight);
+    decode_with(src, acc, |a, v| *a += v);
+    acc
+}
+
 impl Codec for Int8Block {
     fn kind(&self) -> CodecKind {
         CodecKind::Int8Block
@@ -144,17 +175,7 @@ impl Codec for Int8Block {
             "int8-block encode: wrong buffer length"
         );
         for (s, d) in src.chunks(BLOCK).zip(dst.chunks_mut(BLOCK_BYTES)) {
-            let a = absmax(s);
-            let (head, codes) = d.split_at_mut(4);
-            head.copy_from_slice(&block_scale(a).to_le_bytes());
-            if a >= TINY {
-                quantise::<false>(s, codes, 1.0, 127.0 / a);
-            } else if a > 0.0 {
-                quantise::<true>(s, codes, TINY_PRE, 127.0 / (a * TINY_PRE));
-            } else {
-                // No finite non-zero value: zeros and NaN to 0, +-inf to +-127 (decoded as 0).
-                quantise::<false>(s, codes, 1.0, 1.0);
-            }
+            encode_block(s, d);
         }
     }
 
@@ -174,6 +195,60 @@ impl Codec for Int8Block {
             "int8-block decode: wrong buffer length"
         );
         decode_with(src, dst, |d, v| *d = v);
+    }
+
+    /// Fused, block by block: each block is reduced, scaled and quantised while it is in
+    /// registers and the L1 cache (the default's scratch pass over the segment is not needed:
+    /// blocks are encoded independently). Same arithmetic, so the same bytes.
+    fn reduce_encode(
+        &self,
+        src: &[u8],
+        own: &[f32],
+        weight: f32,
+        _scratch: &mut [f32],
+        dst: &mut [u8],
+    ) {
+        super::assert_reduce_lengths(self, src, own.len(), dst);
+        let mut acc = [0.0f32; BLOCK];
+        let blocks =
+            src.chunks(BLOCK_BYTES).zip(own.chunks(BLOCK)).zip(dst.chunks_mut(BLOCK_BYTES));
+        for ((s, o), d) in blocks {
+            encode_block(reduce_block(s, o, weight, &mut acc), d);
+        }
+    }
+
+    /// Fused like [`reduce_encode`](Self::reduce_encode): average, encode and decode back into
+    /// `own`, one block at a time. Same bytes and values as the default.
+    fn reduce_average(
+        &self,
+        src: &[u8],
+        own: &mut [f32],
+        weight: f32,
+        weight_sum: f64,
+        _scratch: &mut [f32],
+        dst: &mut [u8],
+    ) {
+        super::assert_reduce_lengths(self, src, own.len(), dst);
+        let mut acc = [0.0f32; BLOCK];
+        let blocks =
+            src.chunks(BLOCK_BYTES).zip(own.chunks_mut(BLOCK)).zip(dst.chunks_mut(BLOCK_BYTES));
+        for ((s, o), d) in blocks {
+            let avg = if weight_sum > 0.0 {
+                let ws = weight_sum as f32;
+                let a = reduce_block(s, o, weight, &mut acc);
+                for v in a.iter_mut() {
+                    *v /= ws;
+                }
+                a
+            } else {
+                // No weight at all: the average is zeros, whatever the values.
+                let a = &mut acc[..o.len()];
+                a.fill(0.0);
+                a
+            };
+            encode_block(avg, d);
+            decode_with(d, o, |x, v| *x = v);
+        }
     }
 }
 
