@@ -283,7 +283,7 @@ fn the_gloo_comparison_script_prints_both_implementations() {
         "{text}"
     );
     assert!(text.contains("memcpy on one core"), "{text}");
-    for name in ["torch gloo fp32", "loco ring fp32", "loco ring uint8"] {
+    for name in ["torch gloo fp32", "loco ring fp32", "loco ring uint8", "loco ring int8-block"] {
         let row = text.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{text}"));
         let figures: Vec<f64> =
             row[name.len()..].split_whitespace().map(|f| f.parse().expect("a number")).collect();
