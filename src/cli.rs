@@ -345,6 +345,10 @@ pub(crate) struct QualityBench {
     /// Seed of the initial weights and of the data order.
     #[arg(long, default_value_t = 0)]
     pub(crate) seed: u64,
+    /// One more DiLoCo run with this codec (fp16, bf16, int8-block; repeatable), shown beside
+    /// fp32 and uint8 with its loss relative to fp32's; no claim is checked for it
+    #[arg(long = "also-codec", value_name = "CODEC", value_parser = parse_codec)]
+    pub(crate) also_codec: Vec<CodecKind>,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub(crate) json: bool,

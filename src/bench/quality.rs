@@ -4,7 +4,8 @@
 //! (131,392 parameters, byte-level vocabulary 256, sequences of 64 bytes) trained on a text file
 //! (by default `data/genesis-kjv.txt`), with the inner settings of `scenarios/tiny-real.toml`
 //! (AdamW peak lr 1e-3 after a 10-step linear warmup, betas 0.9/0.95, weight decay 0.1, clip 1,
-//! z-loss 2e-4) and `batch_rows` sequences per inner step. Four runs, every one from the same
+//! z-loss 2e-4) and `batch_rows` sequences per inner step. Four runs (and one more DiLoCo run per
+//! `--also-codec`, after the uint8 one), every one from the same
 //! starting point and with the same number `T = H x outer_steps` of inner steps per worker. The
 //! starting point is the seeded initial model, trained by one worker for `pretrain_steps` steps
 //! on the whole training set (weights, AdamW state and schedule position, exported and imported
@@ -115,19 +116,32 @@ pub(crate) struct QualityReport {
     pub(crate) outer_steps: u64,
     /// The seed of the weights and of the data order.
     pub(crate) seed: u64,
-    /// The four runs, in the order of the module docs.
+    /// The four runs, in the order of the module docs, with the `--also-codec` runs after uint8's.
     pub(crate) runs: Vec<RunReport>,
+    /// Each `--also-codec` run's final eval loss relative to DiLoCo fp32's, minus 1 (no claim).
+    pub(crate) also_vs_fp32: Vec<AlsoCodec>,
     /// The claims of issue 6.
     pub(crate) claims: Claims,
     /// Wall time of the whole benchmark.
     pub(crate) seconds: f64,
 }
 
+/// An `--also-codec` run, compared with DiLoCo fp32.
+#[derive(Clone, Debug, Serialize)]
+#[cfg_attr(not(feature = "torch"), allow(dead_code))]
+pub(crate) struct AlsoCodec {
+    /// The codec's name.
+    pub(crate) codec: String,
+    /// Its final eval loss relative to fp32's, minus 1.
+    pub(crate) vs_fp32: f64,
+}
+
 /// One training run.
 #[derive(Clone, Debug, Serialize)]
 #[cfg_attr(not(feature = "torch"), allow(dead_code))]
 pub(crate) struct RunReport {
-    /// Short name: `single`, `diloco-fp32`, `diloco-uint8`, `data-parallel`.
+    /// Short name: `single`, `diloco-fp32`, `diloco-uint8` (`diloco-int8-block`, ...),
+    /// `data-parallel`.
     pub(crate) name: String,
     /// Workers whose compute it uses.
     pub(crate) workers: usize,
@@ -222,7 +236,7 @@ impl QualityReport {
         writeln!(out)?;
         writeln!(
             out,
-            "{:<16} {:>7} {:>11} {:>9} {:>6} {:>13} {:>10} {:>10} {:>8} {:>7}",
+            "{:<18} {:>7} {:>11} {:>9} {:>6} {:>13} {:>10} {:>10} {:>8} {:>7}",
             "run",
             "workers",
             "steps/wkr",
@@ -242,7 +256,7 @@ impl QualityReport {
             };
             writeln!(
                 out,
-                "{:<16} {:>7} {:>11} {:>9} {:>6} {:>13} {:>10.4} {:>10.4} {:>8.3} {:>6.1}s",
+                "{:<18} {:>7} {:>11} {:>9} {:>6} {:>13} {:>10.4} {:>10.4} {:>8.3} {:>6.1}s",
                 r.name,
                 r.workers,
                 r.steps_per_worker,
@@ -258,14 +272,14 @@ impl QualityReport {
         writeln!(out)?;
         write!(out, "eval loss by step {:>5}", "step")?;
         for r in &self.runs {
-            write!(out, " {:>14}", r.name)?;
+            write!(out, " {:>17}", r.name)?;
         }
         writeln!(out)?;
         let points = self.runs.iter().map(|r| r.curve.len()).min().unwrap_or(0);
         for i in 0..points {
             write!(out, "{:>23}", self.runs[0].curve[i].step)?;
             for r in &self.runs {
-                write!(out, " {:>14.4}", r.curve[i].eval_loss)?;
+                write!(out, " {:>17.4}", r.curve[i].eval_loss)?;
             }
             writeln!(out)?;
         }
@@ -286,6 +300,9 @@ impl QualityReport {
             100.0 * c.uint8_vs_fp32,
             verdict(c.uint8_within_tolerance)
         )?;
+        for a in &self.also_vs_fp32 {
+            writeln!(out, "    {} against fp32 (no claim): {:+.3}%", a.codec, 100.0 * a.vs_fp32)?;
+        }
         writeln!(
             out,
             "    DiLoCo replicas bit-identical after every outer step: {}",
@@ -394,6 +411,13 @@ pub(crate) fn run(args: &QualityBench) -> Result<QualityReport> {
     let single = plan.single()?;
     let fp32 = plan.diloco(CodecKind::Fp32)?;
     let uint8 = plan.diloco(CodecKind::Uint8)?;
+    let mut also_codecs: Vec<CodecKind> = Vec::new();
+    for &c in &args.also_codec {
+        if !matches!(c, CodecKind::Fp32 | CodecKind::Uint8) && !also_codecs.contains(&c) {
+            also_codecs.push(c);
+        }
+    }
+    let also = also_codecs.iter().map(|&c| plan.diloco(c)).collect::<Result<Vec<_>>>()?;
     let dp = plan.data_parallel()?;
     let diloco_vs_single = fp32.final_eval_loss / single.final_eval_loss - 1.0;
     let uint8_vs_fp32 = uint8.final_eval_loss / fp32.final_eval_loss - 1.0;
@@ -403,8 +427,21 @@ pub(crate) fn run(args: &QualityBench) -> Result<QualityReport> {
         uint8_within_tolerance: uint8_vs_fp32.abs() <= UINT8_TOLERANCE,
         uint8_vs_fp32,
         uint8_tolerance: UINT8_TOLERANCE,
-        replicas_identical: fp32.replicas_identical && uint8.replicas_identical,
+        replicas_identical: fp32.replicas_identical
+            && uint8.replicas_identical
+            && also.iter().all(|r| r.replicas_identical),
     };
+    let also_vs_fp32 = also_codecs
+        .iter()
+        .zip(&also)
+        .map(|(c, r)| AlsoCodec {
+            codec: c.to_string(),
+            vs_fp32: r.final_eval_loss / fp32.final_eval_loss - 1.0,
+        })
+        .collect();
+    let mut runs = vec![single, fp32, uint8];
+    runs.extend(also);
+    runs.push(dp);
     Ok(QualityReport {
         model: Preset::Tiny.name(),
         params: plan.params(),
@@ -422,7 +459,8 @@ pub(crate) fn run(args: &QualityBench) -> Result<QualityReport> {
         inner_steps: args.inner_steps,
         outer_steps: args.outer_steps,
         seed: args.seed,
-        runs: vec![single, fp32, uint8, dp],
+        runs,
+        also_vs_fp32,
         claims,
         seconds: crate::clock::now().duration_since(started).as_secs_f64(),
     })
@@ -654,13 +692,16 @@ impl Plan<'_> {
         })
     }
 
-    /// Runs 2 and 3: DiLoCo with `codec`.
+    /// Runs 2 and 3 (and the `--also-codec` runs): DiLoCo with `codec`.
     fn diloco(&self, codec: loco_core::codec::CodecKind) -> Result<RunReport> {
+        use loco_core::codec::CodecKind;
         use loco_core::diloco::{OuterState, buckets_from_sizes};
         let name = match codec {
-            loco_core::codec::CodecKind::Fp32 => "diloco-fp32",
-            loco_core::codec::CodecKind::Uint8 => "diloco-uint8",
-            _ => "diloco",
+            CodecKind::Fp32 => "diloco-fp32",
+            CodecKind::Uint8 => "diloco-uint8",
+            CodecKind::Fp16 => "diloco-fp16",
+            CodecKind::Bf16 => "diloco-bf16",
+            CodecKind::Int8Block => "diloco-int8-block",
         };
         let mut rec = Recorder::new(name);
         let w = self.workers;

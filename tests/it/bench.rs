@@ -161,6 +161,59 @@ fn bench_quality_is_deterministic_and_accounts_its_runs() {
     assert!((rel - (l2 / l1 - 1.0)).abs() < 1e-12, "{rel}");
 }
 
+/// `--also-codec` adds one DiLoCo run per further codec (repeats, fp32 and uint8 ignored), after
+/// uint8's, with its loss relative to fp32's; the claims are unchanged by it.
+#[cfg(feature = "torch")]
+#[test]
+fn bench_quality_runs_the_further_codecs_it_is_given() {
+    let ctx = TestContext::new();
+    let out = ctx.loco(&[
+        "bench",
+        "quality",
+        "--workers",
+        "2",
+        "--inner-steps",
+        "3",
+        "--outer-steps",
+        "2",
+        "--pretrain-steps",
+        "3",
+        "--also-codec",
+        "int8-block",
+        "--also-codec",
+        "uint8",
+        "--also-codec",
+        "int8-block",
+        "--json",
+    ]);
+    assert!(matches!(out.status.code(), Some(0 | 1)), "stderr: {}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("JSON");
+    let r = v["runs"].as_array().unwrap();
+    let names: Vec<&str> = r.iter().map(|r| r["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        ["single", "diloco-fp32", "diloco-uint8", "diloco-int8-block", "data-parallel"]
+    );
+    let also = v["also_vs_fp32"].as_array().unwrap();
+    assert_eq!(also.len(), 1, "{also:?}");
+    assert_eq!(also[0]["codec"], "int8-block");
+    let loss = |i: usize| r[i]["final_eval_loss"].as_f64().unwrap();
+    let rel = also[0]["vs_fp32"].as_f64().unwrap();
+    assert!((rel - (loss(3) / loss(1) - 1.0)).abs() < 1e-12, "{rel}");
+    assert_eq!(r[3]["replicas_identical"], true);
+    assert_eq!(
+        (r[3]["sync_rounds"].as_u64(), r[3]["compute_batches"].as_u64()),
+        (Some(2), Some(12))
+    );
+    // About uint8's bytes: one byte per value, and a 4-byte scale per 256 values.
+    let (u8b, i8b) =
+        (r[2]["bytes_per_worker"].as_u64().unwrap(), r[3]["bytes_per_worker"].as_u64().unwrap());
+    assert!(i8b * 10 > u8b * 9 && i8b * 10 < u8b * 11, "uint8 {u8b} int8-block {i8b}");
+    let bad = ctx.loco(&["bench", "quality", "--also-codec", "int4"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(stderr(&bad).contains("--also-codec"), "{}", stderr(&bad));
+}
+
 #[cfg(feature = "torch")]
 fn claims_hold(v: &serde_json::Value) -> bool {
     let c = &v["claims"];
