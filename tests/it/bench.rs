@@ -92,27 +92,23 @@ fn bad_flags_exit_2_and_name_the_flag() {
     assert!(stderr(&out).contains("--repeat"), "{}", stderr(&out));
 }
 
+/// `loco bench quality --json` at a toy size (2 workers, 2 outer steps of 3 inner steps, from 3
+/// pretraining steps), with `extra` arguments.
+#[cfg(feature = "torch")]
+fn toy_quality<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["bench", "quality", "--json", "--workers", "2", "--inner-steps", "3"];
+    args.extend(["--outer-steps", "2", "--pretrain-steps", "3"]);
+    args.extend_from_slice(extra);
+    args
+}
+
 /// `loco bench quality` at a toy size: the four runs, their accounting, and the same figures
 /// from the same seed (one libtorch thread, seeded weights and data order).
 #[cfg(feature = "torch")]
 #[test]
 fn bench_quality_is_deterministic_and_accounts_its_runs() {
     let ctx = TestContext::new();
-    let args = [
-        "bench",
-        "quality",
-        "--workers",
-        "2",
-        "--inner-steps",
-        "3",
-        "--outer-steps",
-        "2",
-        "--pretrain-steps",
-        "3",
-        "--seed",
-        "5",
-        "--json",
-    ];
+    let args = toy_quality(&["--seed", "5"]);
     let run = || {
         let out = ctx.loco(&args);
         // Exit 1 only says a claim failed, which a 6-step run may well do.
@@ -167,25 +163,9 @@ fn bench_quality_is_deterministic_and_accounts_its_runs() {
 #[test]
 fn bench_quality_runs_the_further_codecs_it_is_given() {
     let ctx = TestContext::new();
-    let out = ctx.loco(&[
-        "bench",
-        "quality",
-        "--workers",
-        "2",
-        "--inner-steps",
-        "3",
-        "--outer-steps",
-        "2",
-        "--pretrain-steps",
-        "3",
-        "--also-codec",
-        "int8-block",
-        "--also-codec",
-        "uint8",
-        "--also-codec",
-        "int8-block",
-        "--json",
-    ]);
+    let also =
+        ["--also-codec", "int8-block", "--also-codec", "uint8", "--also-codec", "int8-block"];
+    let out = ctx.loco(&toy_quality(&also));
     assert!(matches!(out.status.code(), Some(0 | 1)), "stderr: {}", stderr(&out));
     let v: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("JSON");
     let r = v["runs"].as_array().unwrap();
