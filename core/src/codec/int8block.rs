@@ -229,22 +229,25 @@ impl Codec for Int8Block {
         dst: &mut [u8],
     ) {
         super::assert_reduce_lengths(self, src, own.len(), dst);
+        // No weight at all (`None`): the average is zeros, whatever the values.
+        let ws = (weight_sum > 0.0).then_some(weight_sum as f32);
         let mut acc = [0.0f32; BLOCK];
         let blocks =
             src.chunks(BLOCK_BYTES).zip(own.chunks_mut(BLOCK)).zip(dst.chunks_mut(BLOCK_BYTES));
         for ((s, o), d) in blocks {
-            let avg = if weight_sum > 0.0 {
-                let ws = weight_sum as f32;
-                let a = reduce_block(s, o, weight, &mut acc);
-                for v in a.iter_mut() {
-                    *v /= ws;
+            let avg = match ws {
+                Some(ws) => {
+                    let a = reduce_block(s, o, weight, &mut acc);
+                    for v in a.iter_mut() {
+                        *v /= ws;
+                    }
+                    a
                 }
-                a
-            } else {
-                // No weight at all: the average is zeros, whatever the values.
-                let a = &mut acc[..o.len()];
-                a.fill(0.0);
-                a
+                None => {
+                    let a = &mut acc[..o.len()];
+                    a.fill(0.0);
+                    a
+                }
             };
             encode_block(avg, d);
             decode_with(d, o, |x, v| *x = v);
