@@ -46,6 +46,7 @@ pub mod codec;
 pub mod diloco;
 pub mod ids;
 pub mod mesh;
+pub mod node;
 pub mod metrics;
 pub mod scenario;
 pub mod time;

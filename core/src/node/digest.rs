@@ -1,0 +1,42 @@
+//! The digest of a float vector, for the `weights_hash` column and the invariant checks.
+
+/// Hex characters kept of the digest (64 bits: collisions among a run's few thousand rows are
+/// out of reach, and the CSV stays readable).
+pub const WEIGHTS_DIGEST_HEX: usize = 16;
+
+/// BLAKE3 of the little-endian bits of `v`, as the first [`WEIGHTS_DIGEST_HEX`] hex characters.
+/// Both backends write this for the same weights, so their rows compare.
+pub fn weights_digest(v: &[f32]) -> String {
+    let mut h = blake3::Hasher::new();
+    // Hash in blocks: a 10B-parameter vector goes through without a copy of itself.
+    let mut buf = [0u8; 4096];
+    for chunk in v.chunks(buf.len() / 4) {
+        for (i, x) in chunk.iter().enumerate() {
+            buf[4 * i..4 * i + 4].copy_from_slice(&x.to_bits().to_le_bytes());
+        }
+        h.update(&buf[..4 * chunk.len()]);
+    }
+    h.finalize().to_hex()[..WEIGHTS_DIGEST_HEX].to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn digest_depends_on_every_bit_and_the_order() {
+        assert_eq!(weights_digest(&[1.0, 2.0]), weights_digest(&[1.0, 2.0]));
+        assert_ne!(weights_digest(&[1.0, 2.0]), weights_digest(&[2.0, 1.0]));
+        assert_ne!(weights_digest(&[0.0]), weights_digest(&[-0.0]));
+        assert_eq!(weights_digest(&[]).len(), WEIGHTS_DIGEST_HEX);
+    }
+
+    #[test]
+    fn digest_is_blake3_of_the_little_endian_bits() {
+        // The same bytes hashed at once: the block loop must not change the digest.
+        let v: Vec<f32> = (0..5000).map(|i| i as f32 * 0.5 - 7.0).collect();
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect();
+        let whole = blake3::hash(&bytes).to_hex()[..WEIGHTS_DIGEST_HEX].to_string();
+        assert_eq!(weights_digest(&v), whole);
+    }
+}

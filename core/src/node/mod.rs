@@ -1,0 +1,20 @@
+//! The node: what one member of the mesh does, decided once for every backend.
+//!
+//! The [`Member`](crate::mesh::Member) decides membership; this module holds the rest of a
+//! node's protocol work that both backends need, as pure code with injected time:
+//!
+//! - [`digest`]: the one digest of outer weights written to `outer_steps.csv` (BLAKE3);
+//! - [`state`]: live recovery's wire format (one encoding and one digest of the training state),
+//!   the senders' piece plan, the joiner's bounded assembly, and the replay log a non-blocking
+//!   joiner replays onto a late state;
+//! - [`rings`]: the `G` per-shard ring all-reduces of one outer step under one epoch, with the
+//!   stale-frame count and the frames that arrive before their collective starts;
+//! - [`acct`]: step accounting: where a node's wall time went in one outer step, closed into one
+//!   [`OuterStepRow`](crate::metrics::OuterStepRow).
+//!
+//! The simulator and the real backend execute these; neither re-implements them.
+
+pub mod acct;
+pub mod digest;
+pub mod rings;
+pub mod state;
