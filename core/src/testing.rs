@@ -12,7 +12,8 @@
 //!
 //! Faults: [`crash`](Network::crash) (SIGKILL: the node vanishes, frames to it are lost),
 //! [`leave`](Network::leave) (deathrattle), [`hang`](Network::hang) (the application stops but
-//! the heartbeats go on), [`crash_coordinator`](Network::crash_coordinator),
+//! the heartbeats go on), [`restart`](Network::restart) (a new incarnation) and
+//! [`restart_same_incarnation`](Network::restart_same_incarnation), [`crash_coordinator`](Network::crash_coordinator),
 //! [`cut`](Network::cut) / [`isolate`](Network::isolate) / [`recover`](Network::recover),
 //! [`set_drop_rate`](Network::set_drop_rate), per-node clock offsets
 //! ([`set_clock_offset`](Network::set_clock_offset)).
@@ -359,6 +360,17 @@ impl<D: Driver> Network<D> {
     /// clock (negative: behind; local times clamp at 0), that joins now.
     pub fn add_node_with(&mut self, id: NodeId, driver: D, shards: u16, offset_secs: f64) {
         let incarnation = self.nodes.get(&id).map_or(0, |n| n.incarnation + 1);
+        self.start_node(id, driver, shards, offset_secs, incarnation);
+    }
+
+    fn start_node(
+        &mut self,
+        id: NodeId,
+        driver: D,
+        shards: u16,
+        offset_secs: f64,
+        incarnation: u64,
+    ) {
         let member = Member::new(id, incarnation, self.cfg.clone(), shards);
         let offset_ns = (offset_secs * 1e9) as i64;
         let node =
@@ -378,6 +390,18 @@ impl<D: Driver> Network<D> {
         let (shards, offset) =
             self.nodes.get(&id).map_or((1, 0.0), |n| (n.shards, n.offset_ns as f64 * 1e-9));
         self.add_node_with(id, driver, shards, offset);
+    }
+
+    /// Restarts a node (after a crash or not) with the SAME incarnation as its last process: a
+    /// misconfigured supervisor, or a process that does not persist its incarnation. The new
+    /// process has none of the old one's state.
+    pub fn restart_same_incarnation(&mut self, id: NodeId, driver: D) {
+        let (shards, offset, incarnation) = self
+            .nodes
+            .get(&id)
+            .map_or((1, 0.0, 0), |n| (n.shards, n.offset_ns as f64 * 1e-9, n.incarnation));
+        self.fault(id, format!("restart reusing incarnation {incarnation}"));
+        self.start_node(id, driver, shards, offset, incarnation);
     }
 
     /// SIGKILL: the node's member vanishes without a word; frames to it are lost.

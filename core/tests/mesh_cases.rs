@@ -1,9 +1,11 @@
 //! The elastic mesh over the in-memory harness on a virtual clock: reference.md's test cases
-//! 6 to 11, each citing the case and the PRIME defect it guards against.
+//! 6 to 11, each citing the case and the PRIME defect it guards against; then the three edge
+//! cases of the membership rules (no member holding the state, a barrier nobody reaches, a
+//! restart that reuses its incarnation).
 
 use loco_core::mesh::{
-    EvictReason, LeaveReason, MemberAction, MemberPhase, MeshConfig, MeshEvent, StopReason,
-    bottleneck,
+    Coordinator, CoordinatorAction, EvictReason, JoinMode, LeaveReason, MemberAction, MemberPhase,
+    MeshConfig, MeshEvent, MeshMsg, Phase, StopReason, bottleneck,
 };
 use loco_core::testing::{Network, Workload};
 use loco_core::{Epoch, NodeId, Time};
@@ -362,10 +364,7 @@ fn two_joiners_at_once_are_both_admitted_once_each() {
     net.add_node(NodeId(6), workload());
     // The boundary is at 60 s; the joiners then receive the state for 20 s (blocking mode).
     net.run_until(at(70)).unwrap();
-    assert!(matches!(
-        net.coordinator().unwrap().state().phase,
-        loco_core::mesh::Phase::Sync { .. }
-    ));
+    assert!(matches!(net.coordinator().unwrap().state().phase, Phase::Sync { .. }));
     net.add_node(NodeId(7), workload()); // during the change
     net.run_until(at(300)).unwrap();
     let f = formed(&net);
@@ -484,4 +483,305 @@ fn the_ring_is_ordered_by_measured_bandwidth() {
         .collect();
     assert_eq!(bottleneck(&idx, &w), 100e6, "ring {ring:?}");
     assert_eq!(bottleneck(&[0, 1, 2, 3, 4], &w), 1e6);
+}
+
+// ---- No member holding the state, a barrier nobody reaches, a reused incarnation ----
+
+/// The coordinator's `NoSyncedMember` events: (time, outer step, evicted, unsynced).
+type Halt = (Time, u64, Vec<(NodeId, EvictReason)>, Vec<NodeId>);
+
+fn halts(net: &Network) -> Vec<Halt> {
+    net.events()
+        .into_iter()
+        .filter_map(|(t, e)| match e {
+            MeshEvent::NoSyncedMember { outer_step, evicted, unsynced, .. } => {
+                Some((t, *outer_step, evicted.clone(), unsynced.clone()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// Case 1, non-blocking: the members holding the state crash while the only joiner (weight 0)
+/// still fetches it. The mesh must not train on from the joiner's fresh weights: the run stops
+/// with a typed event, the joiner is told why, and so is a node that joins afterwards.
+#[test]
+fn non_blocking_joiner_left_without_any_synced_member_stops_the_run() {
+    let cfg = MeshConfig { join_mode: JoinMode::NonBlocking, ..MeshConfig::default() };
+    let slow_sync = Workload::new(secs(60), secs(10), secs(500));
+    let mut net = Network::formed(cfg, 2, &slow_sync, 21);
+    net.run_until(at(30)).unwrap();
+    net.add_node(NodeId(2), slow_sync.clone());
+    net.run_until(at(75)).unwrap(); // n2 admitted at 60 s with weight 0; step 0 committed
+    assert_eq!(net.coordinator().unwrap().members(), ids(&[0, 1, 2]));
+    net.crash(NodeId(0));
+    net.crash(NodeId(1));
+    net.run_until(at(100)).unwrap();
+    let h = halts(&net);
+    assert_eq!(h.len(), 1, "{h:?}");
+    let (t, step, evicted, unsynced) = &h[0];
+    assert!(*t >= at(80) && *t < at(81), "after the heartbeat timeout: {t}");
+    assert_eq!(*step, 1);
+    let hb = EvictReason::HeartbeatTimeout;
+    assert_eq!(*evicted, vec![(NodeId(0), hb), (NodeId(1), hb)]);
+    assert_eq!(*unsynced, ids(&[2]));
+    assert!(net.coordinator().unwrap().is_stopped());
+    assert_eq!(
+        stops(&net, NodeId(2)).into_iter().map(|(_, r)| r).collect::<Vec<_>>(),
+        vec![StopReason::NoSyncedMember { outer_step: 1, synced: false, last_committed: Some(0) }]
+    );
+    // It never trained on alone: no all-reduce of step 1, no epoch without a synced member.
+    assert!(starts(&net, NodeId(2)).iter().all(|s| s.outer_step == 0));
+    assert_eq!(formed(&net).len(), 2);
+    // A node that joins later learns why at once.
+    net.add_node(NodeId(3), workload());
+    net.run_for(ms(10)).unwrap();
+    let (_, r) = &stops(&net, NodeId(3))[0];
+    assert!(matches!(r, StopReason::NoSyncedMember { outer_step: 1, synced: false, .. }));
+    assert!(r.to_string().contains("resumed from checkpoints"), "{r}");
+    assert_eq!(net.next_event(), None, "quiescent");
+}
+
+/// Case 1, blocking: the only sender dies while two joiners receive the state. Before, they were
+/// released into an all-reduce of total weight 0 and trained on from their fresh weights.
+#[test]
+fn blocking_joiners_whose_sender_died_stop_the_run() {
+    let mut net = Network::formed(MeshConfig::default(), 1, &workload(), 22);
+    net.run_until(at(30)).unwrap();
+    net.add_node(NodeId(5), workload());
+    net.add_node(NodeId(6), workload());
+    net.run_until(at(65)).unwrap(); // the boundary at 60 s: both fetch the state from n0
+    assert!(matches!(net.coordinator().unwrap().state().phase, Phase::Sync { .. }));
+    net.crash(NodeId(0));
+    net.run_until(at(200)).unwrap();
+    let h = halts(&net);
+    assert_eq!(h.len(), 1, "{h:?}");
+    assert_eq!((h[0].1, h[0].3.clone()), (0, ids(&[5, 6])));
+    for i in [5, 6] {
+        assert!(starts(&net, NodeId(i)).is_empty(), "n{i} never reduced");
+        assert_eq!(
+            stops(&net, NodeId(i)).into_iter().map(|(_, r)| r).collect::<Vec<_>>(),
+            vec![StopReason::NoSyncedMember { outer_step: 0, synced: false, last_committed: None }]
+        );
+    }
+}
+
+/// Case 2: every member hangs while still beating. Nobody reaches the barrier, yet the wait ends
+/// at `compute_timeout` after the step began: all are evicted as having missed the barrier, which
+/// leaves no member holding the state, so the run stops; a queued joiner is told why.
+#[test]
+fn a_mesh_whose_members_all_hang_is_stopped_at_the_compute_deadline() {
+    let cfg = MeshConfig { compute_timeout: secs(300), ..MeshConfig::default() };
+    let mut net = Network::formed(cfg, 3, &workload(), 23);
+    net.run_until(at(30)).unwrap();
+    for i in 0..3 {
+        net.hang(NodeId(i));
+    }
+    net.run_until(at(100)).unwrap();
+    net.add_node(NodeId(7), workload());
+    net.run_until(at(299)).unwrap();
+    assert_eq!(net.coordinator().unwrap().members(), ids(&[0, 1, 2]), "they still beat");
+    assert!(halts(&net).is_empty());
+    net.run_until(at(301)).unwrap();
+    let h = halts(&net);
+    assert_eq!(h.len(), 1, "{h:?}");
+    let missed: Vec<_> = (0..3).map(|i| (NodeId(i), EvictReason::BarrierMissed)).collect();
+    assert_eq!((h[0].1, h[0].2.clone(), h[0].3.clone()), (0, missed, vec![]));
+    for i in 0..3 {
+        assert!(matches!(
+            stops(&net, NodeId(i))[..],
+            [(_, StopReason::Evicted(EvictReason::BarrierMissed))]
+        ));
+    }
+    assert!(matches!(
+        stops(&net, NodeId(7))[..],
+        [(_, StopReason::NoSyncedMember { outer_step: 0, synced: false, last_committed: None })]
+    ));
+}
+
+/// Case 2: the compute deadline only bounds a barrier nobody reached. Once a member arrives,
+/// the deadline is `barrier_timeout` after that arrival, even past `compute_timeout`.
+#[test]
+fn the_compute_deadline_does_not_cut_short_a_barrier_that_opened() {
+    let cfg = MeshConfig {
+        compute_timeout: secs(100),
+        barrier_timeout: secs(300),
+        ..MeshConfig::default()
+    };
+    let mut net = Network::formed(cfg, 3, &workload(), 24);
+    net.run_until(at(30)).unwrap();
+    net.hang(NodeId(1));
+    net.run_until(at(359)).unwrap();
+    assert_eq!(net.coordinator().unwrap().members(), ids(&[0, 1, 2]));
+    net.run_until(at(361)).unwrap();
+    assert_eq!(net.coordinator().unwrap().members(), ids(&[0, 2]));
+    assert_eq!(formed(&net)[1].4, vec![(NodeId(1), EvictReason::BarrierMissed)]);
+}
+
+/// Case 3: a member's process restarts with the incarnation of the one before. Its state died
+/// with the old process: the old membership is evicted as restarted at once (it must not count
+/// as holding the state, nor be waited for), the new process is refused (each incarnation is
+/// admitted once), and the others go on.
+#[test]
+fn a_restart_that_reuses_its_incarnation_is_evicted_and_refused() {
+    let mut net = Network::formed(MeshConfig::default(), 3, &workload(), 25);
+    net.run_until(at(90)).unwrap(); // step 0 committed at 70 s, step 1 computing
+    net.restart_same_incarnation(NodeId(1), workload());
+    net.run_until(at(91)).unwrap();
+    let f = formed(&net);
+    assert_eq!(f.len(), 2, "{f:?}");
+    assert_eq!(
+        (f[1].2.clone(), f[1].4.clone()),
+        (ids(&[0, 2]), vec![(NodeId(1), EvictReason::Restarted)])
+    );
+    assert!(f[1].0 < at(90) + ms(10), "evicted as soon as it joined: {}", f[1].0);
+    let refused: Vec<_> = net
+        .events()
+        .into_iter()
+        .filter_map(|(_, e)| match e {
+            MeshEvent::JoinRefused { node, incarnation, reason } => {
+                Some((*node, *incarnation, *reason))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(refused, vec![(NodeId(1), 0, EvictReason::IncarnationReused)]);
+    let m1 = net.member(NodeId(1)).unwrap();
+    assert_eq!(m1.incarnation(), 0);
+    assert!(m1.is_stopped());
+    let s1 = stops(&net, NodeId(1));
+    assert_eq!(s1.last().unwrap().1, StopReason::Evicted(EvictReason::IncarnationReused));
+    net.run_until(at(200)).unwrap();
+    for i in [0, 2] {
+        assert_eq!(net.member(NodeId(i)).unwrap().last_committed(), Some(1));
+    }
+    // A restart with a new incarnation is admitted again at the next boundary.
+    net.restart(NodeId(1), workload());
+    net.run_until(at(300)).unwrap();
+    assert_eq!(net.coordinator().unwrap().members(), ids(&[0, 1, 2]));
+}
+
+/// Case 3 meets case 1: the only member restarts with its incarnation. Its state is gone and
+/// nobody else holds it: the run stops rather than re-form from the new process's fresh weights.
+#[test]
+fn the_only_member_restarting_with_its_incarnation_stops_the_run() {
+    let mut net = Network::formed(MeshConfig::default(), 1, &workload(), 26);
+    net.run_until(at(90)).unwrap();
+    net.restart_same_incarnation(NodeId(0), workload());
+    net.run_until(at(100)).unwrap();
+    let h = halts(&net);
+    assert_eq!(h.len(), 1, "{h:?}");
+    assert_eq!((h[0].1, h[0].2.clone()), (1, vec![(NodeId(0), EvictReason::Restarted)]));
+    assert!(net.member(NodeId(0)).unwrap().is_stopped());
+    assert_eq!(formed(&net).len(), 1, "no new epoch from fresh weights");
+}
+
+/// Case 3, the coordinator alone: a `Join` with a member's incarnation is a repeat while the
+/// member has not shown it knows it was admitted (answered with the admission again, nothing
+/// evicted), and a restart after that.
+#[test]
+fn a_repeated_join_is_a_repeat_only_until_the_member_confirms_its_admission() {
+    let cfg = MeshConfig { min_members: 2, join_window: Duration::ZERO, ..MeshConfig::default() };
+    let mut c = Coordinator::new(cfg);
+    let drain = |c: &mut Coordinator| std::iter::from_fn(|| c.poll_action()).collect::<Vec<_>>();
+    let n0 = NodeId(0);
+    let n1 = NodeId(1);
+    c.handle_message(at(0), n0, MeshMsg::Join { incarnation: 4 });
+    c.handle_message(at(0), n1, MeshMsg::Join { incarnation: 9 });
+    let a = drain(&mut c);
+    let view = |to| CoordinatorAction::Send {
+        to,
+        msg: MeshMsg::View { epoch: Epoch(1), outer_step: 0, members: ids(&[0, 1]) },
+    };
+    assert!(a.contains(&view(n0)), "{a:?}");
+    // The join repeated with the heartbeats crosses the view: a repeat, answered again.
+    c.handle_message(at(1), n0, MeshMsg::Join { incarnation: 4 });
+    let a = drain(&mut c);
+    assert!(a.contains(&view(n0)), "{a:?}");
+    assert_eq!(c.epoch(), Epoch(1));
+    // n0's process shows that it knows it is a member.
+    let beat = MeshMsg::Heartbeat {
+        seq: 1,
+        epoch: Some(Epoch(1)),
+        phase: MemberPhase::Computing { outer_step: 0 },
+        synced: true,
+    };
+    c.handle_message(at(2), n0, beat);
+    assert!(c.state().members[&n0].confirmed);
+    drain(&mut c);
+    // Now the same incarnation joining again is a restarted process.
+    c.handle_message(at(3), n0, MeshMsg::Join { incarnation: 4 });
+    let a = drain(&mut c);
+    let reason = EvictReason::IncarnationReused;
+    assert!(a.contains(&CoordinatorAction::Send { to: n0, msg: MeshMsg::Evicted { reason } }));
+    assert!(a.contains(&CoordinatorAction::Event(MeshEvent::JoinRefused {
+        node: n0,
+        incarnation: 4,
+        reason
+    })));
+    assert_eq!(c.members(), ids(&[1]));
+    assert!(c.state().queue.is_empty(), "not queued");
+    let formed = a.iter().find_map(|x| match x {
+        CoordinatorAction::Event(MeshEvent::EpochFormed { evicted, .. }) => Some(evicted.clone()),
+        _ => None,
+    });
+    assert_eq!(formed, Some(vec![(n0, EvictReason::Restarted)]));
+    // It stays refused; a new incarnation is queued.
+    c.handle_message(at(4), n0, MeshMsg::Join { incarnation: 4 });
+    assert!(
+        drain(&mut c)
+            .contains(&CoordinatorAction::Send { to: n0, msg: MeshMsg::Evicted { reason } })
+    );
+    c.handle_message(at(5), n0, MeshMsg::Join { incarnation: 5 });
+    assert!(c.state().is_queued(n0));
+}
+
+/// Who holds the state: a non-blocking joiner whose `Release` (its admission) was lost, and
+/// whose step then ended, is never sent a `View`: a member that receives a `View` while waiting
+/// for its admission takes itself for a founding member holding the initial state, and would
+/// report itself synced with fresh weights.
+#[test]
+fn a_joiner_that_missed_its_admission_is_not_admitted_as_a_founding_member() {
+    let cfg = MeshConfig {
+        min_members: 2,
+        join_window: Duration::ZERO,
+        join_mode: JoinMode::NonBlocking,
+        allreduce_timeout: secs(100),
+        heartbeat_timeout: secs(1000), // nobody is silent here
+        ..MeshConfig::default()
+    };
+    let mut c = Coordinator::new(cfg);
+    let drain = |c: &mut Coordinator| std::iter::from_fn(|| c.poll_action()).collect::<Vec<_>>();
+    let (n0, n1, n5) = (NodeId(0), NodeId(1), NodeId(5));
+    c.handle_message(at(0), n0, MeshMsg::Join { incarnation: 0 });
+    c.handle_message(at(0), n1, MeshMsg::Join { incarnation: 0 });
+    c.handle_message(at(1), n5, MeshMsg::Join { incarnation: 0 });
+    let computing = |k| MemberPhase::Computing { outer_step: k };
+    let beat = |epoch, phase| MeshMsg::Heartbeat { seq: 0, epoch, phase, synced: true };
+    for n in [n0, n1] {
+        c.handle_message(at(2), n, beat(Some(Epoch(1)), computing(0)));
+        c.handle_message(at(2), n, MeshMsg::Barrier { outer_step: 0 });
+    }
+    assert_eq!(c.members(), ids(&[0, 1, 5]), "admitted at the boundary");
+    drain(&mut c); // n5's Release is lost
+    // The all-reduce stalls (n5 never runs it; its heartbeats meanwhile are lost) and is skipped.
+    let t = at(2) + secs(100);
+    c.handle_timeout(t);
+    assert!(matches!(c.state().phase, Phase::Compute { .. }), "{:?}", c.state().phase);
+    c.handle_message(
+        t + secs(1),
+        n5,
+        MeshMsg::Heartbeat { seq: 1, epoch: None, phase: MemberPhase::Joining, synced: false },
+    );
+    // A member leaves mid-compute: the new epoch's `View` goes to the others only.
+    c.handle_message(t + secs(2), n1, MeshMsg::Leave { reason: LeaveReason::Graceful });
+    let sent: Vec<_> = drain(&mut c)
+        .into_iter()
+        .filter_map(|a| match a {
+            CoordinatorAction::Send { to, msg: MeshMsg::View { .. } } => Some(to),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(sent, ids(&[0]));
+    assert!(!c.state().members[&n5].synced);
 }

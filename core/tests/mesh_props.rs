@@ -1,7 +1,8 @@
 //! Property tests of the membership function: random event sequences against the coordinator,
 //! and random churn scripts against the whole mesh in the harness. Invariants: no member in two
 //! epochs at once, no joiner admitted twice, the ring always a permutation of the members,
-//! replicas never disagree on an outer step's outcome, and nothing hangs.
+//! replicas never disagree on an outer step's outcome, a running mesh always has a member that
+//! holds the state (else the run stops), and nothing hangs.
 
 use loco_core::mesh::{
     BandwidthMatrix, Coordinator, CoordinatorAction, LeaveReason, MemberAction, MemberPhase,
@@ -132,6 +133,22 @@ fn apply(c: &mut Coordinator, now: &mut Time, ev: &Ev, admitted: &mut BTreeSet<(
                 epoch = e;
                 members = m;
             }
+            CoordinatorAction::Event(MeshEvent::NoSyncedMember {
+                epoch: e,
+                evicted,
+                unsynced,
+                ..
+            }) => {
+                // The run stops: the evicted leave, and none of the members left holds the state.
+                assert_eq!(e, epoch);
+                for (id, _) in &evicted {
+                    assert!(members.contains(id), "{id} evicted but not a member");
+                }
+                members.retain(|id| !evicted.iter().any(|(g, _)| g == id));
+                assert_eq!(unsynced, members);
+                assert!(members.iter().all(|id| !c.state().members[id].synced));
+                assert!(c.is_stopped());
+            }
             CoordinatorAction::Send {
                 to,
                 msg: MeshMsg::Release { epoch: e, ring, weights, .. },
@@ -153,11 +170,15 @@ fn apply(c: &mut Coordinator, now: &mut Time, ev: &Ev, admitted: &mut BTreeSet<(
     assert_eq!(c.epoch(), epoch);
     assert_eq!(c.members(), members);
     let st = c.state();
-    if let Phase::Reduce { .. } = st.phase {
+    if let (Phase::Reduce { .. }, false) = (&st.phase, c.is_stopped()) {
         assert!(is_permutation(&st.ring, &members));
     }
     for j in &st.queue {
         assert!(!st.members.contains_key(&j.id) || st.members[&j.id].restarted);
+    }
+    // After the first epoch, a running mesh always has a member that holds the state.
+    if !c.is_stopped() && st.phase != Phase::Forming {
+        assert!(st.members.values().any(|m| m.synced), "no synced member: {st:?}");
     }
 }
 
@@ -328,6 +349,7 @@ proptest! {
             barrier_timeout: Duration::from_secs(120),
             sync_timeout: Duration::from_secs(120),
             allreduce_timeout: Duration::from_secs(300),
+            compute_timeout: Duration::from_secs(600),
             ..MeshConfig::default()
         };
         let mut net = Network::formed(cfg, 4, &w, seed);
@@ -367,22 +389,25 @@ proptest! {
         prop_assert!(r.is_ok(), "{:?}", r);
         check_trace(&net);
         let Some(c) = net.coordinator() else { return Ok(()) };
-        if c.state().phase == Phase::Forming {
-            // Everyone left; the mesh re-forms once `min_members` (4 here) join again.
-            prop_assert!(c.members().is_empty());
+        if c.is_stopped() {
+            // No member holding the state was left (every synced one crashed, left, restarted
+            // or hung): the run stopped rather than train on from fresh weights, and every node
+            // still running has been told.
+            let halted = net.events().iter().any(|(_, e)| matches!(e, MeshEvent::NoSyncedMember { .. }));
+            prop_assert!(halted);
+            for id in net.node_ids() {
+                prop_assert!(net.member(id).is_none_or(|m| m.is_stopped()), "{} still runs", id);
+            }
             return Ok(());
         }
+        prop_assert!(c.state().phase != Phase::Forming, "a formed mesh never forms again");
         let working: Vec<NodeId> = net
             .node_ids()
             .into_iter()
             .filter(|id| !hung.contains(id))
             .filter(|&id| net.member(id).is_some_and(|m| !m.is_stopped()))
             .collect();
-        if c.members().iter().all(|id| hung.contains(id)) {
-            // Only hung members are left: the barrier never opens (nobody arrives), so nothing
-            // evicts them, joiners wait, and no step could complete anyway.
-            return Ok(());
-        }
+        // Hung members are evicted at the barrier deadline even if nobody arrives.
         prop_assert_eq!(c.members(), working.clone());
         let steps: BTreeSet<Option<u64>> =
             working.iter().map(|&id| net.member(id).unwrap().last_committed()).collect();

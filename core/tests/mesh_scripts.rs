@@ -6,13 +6,14 @@
 //!
 //! ```text
 //! config KEY=VALUE ...      min_members, join_window, heartbeat_timeout, barrier_timeout,
-//!                           allreduce_timeout, sync_timeout, max_retries (durations: 30s, 500ms),
-//!                           join_mode=blocking|non-blocking
+//!                           compute_timeout, allreduce_timeout, sync_timeout, max_retries
+//!                           (durations: 30s, 500ms), join_mode=blocking|non-blocking
 //! workload COMPUTE ALLREDUCE SYNC
 //! start n0 n1 ...           nodes that join now
 //! run DURATION              advance the virtual clock
 //! join nX                   a node starts and joins
 //! crash nX | hang nX | restart nX | leave nX [graceful|panic|signal]
+//! restart-same nX           restart with the incarnation of its last process
 //! skew nX SECONDS           the clock offset of node nX when it starts (later)
 //! coordinator-crash
 //! ```
@@ -58,7 +59,9 @@ fn render(net: &Network) -> String {
                 | MeshEvent::EpochFormed { .. }
                 | MeshEvent::Released { .. }
                 | MeshEvent::Committed { .. }
-                | MeshEvent::StepSkipped { .. } => e.to_string(),
+                | MeshEvent::StepSkipped { .. }
+                | MeshEvent::JoinRefused { .. }
+                | MeshEvent::NoSyncedMember { .. } => e.to_string(),
                 _ => continue,
             },
             TraceKind::Member(MemberAction::Admitted { epoch, .. }) => {
@@ -107,6 +110,7 @@ fn run_script(script: &str) -> Result<String, String> {
                         "join_window" => cfg.join_window = duration(v).map_err(err)?,
                         "heartbeat_timeout" => cfg.heartbeat_timeout = duration(v).map_err(err)?,
                         "barrier_timeout" => cfg.barrier_timeout = duration(v).map_err(err)?,
+                        "compute_timeout" => cfg.compute_timeout = duration(v).map_err(err)?,
                         "allreduce_timeout" => cfg.allreduce_timeout = duration(v).map_err(err)?,
                         "sync_timeout" => cfg.sync_timeout = duration(v).map_err(err)?,
                         "join_mode" => {
@@ -148,6 +152,9 @@ fn run_script(script: &str) -> Result<String, String> {
                     ("crash", [n]) => net.crash(node(n).map_err(err)?),
                     ("hang", [n]) => net.hang(node(n).map_err(err)?),
                     ("restart", [n]) => net.restart(node(n).map_err(err)?, workload.clone()),
+                    ("restart-same", [n]) => {
+                        net.restart_same_incarnation(node(n).map_err(err)?, workload.clone())
+                    }
                     ("leave", [n, rest @ ..]) => {
                         let reason = match rest.first().copied().unwrap_or("graceful") {
                             "graceful" => LeaveReason::Graceful,

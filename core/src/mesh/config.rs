@@ -21,6 +21,7 @@ pub enum JoinMode {
 /// | `heartbeat_interval` | 2 s | report |
 /// | `heartbeat_timeout` | 6 s | report (PRIME's code: 10 s) |
 /// | `barrier_timeout` | 600 s | PRIME (3600 s in production) |
+/// | `compute_timeout` | 4 h | loco |
 /// | `max_retries` | 3 | PRIME |
 /// | `join_mode` | blocking | PRIME's production mode |
 /// | `probe_duration` | 1 s | PRIME's iperf runs |
@@ -39,7 +40,8 @@ pub struct MeshConfig {
     /// (default 6 s, as in the report; PRIME's code defaulted to 10 s).
     pub heartbeat_timeout: Duration,
     /// Deadline of the barrier before each all-reduce; a member that misses it is evicted even if
-    /// it still sends heartbeats (default 600 s). The deadline runs from the first arrival.
+    /// it still sends heartbeats (default 600 s). The deadline runs from the first arrival; while
+    /// nobody has arrived, [`compute_timeout`](Self::compute_timeout) bounds the wait instead.
     pub barrier_timeout: Duration,
     /// How many times a failed all-reduce is retried on a new epoch (default 3). Past this bound
     /// every member skips the outer update of that step, and the skip is logged.
@@ -76,6 +78,14 @@ pub struct MeshConfig {
     /// How many peers send the state to one joiner (default 1).
     #[serde(default = "defaults::state_senders")]
     pub state_senders: usize,
+    /// Deadline of the barrier while no member has reached it: if nobody arrives this long after
+    /// the outer step began (on the coordinator's clock: the commit or skip of the step before,
+    /// or the formation of the mesh), every member is evicted as having missed the barrier, even
+    /// if they all still beat (default 4 h). Once a member arrives, the deadline is
+    /// [`barrier_timeout`](Self::barrier_timeout) after that arrival instead, so this bound only
+    /// matters when every member hangs. It must exceed the longest compute of one outer step.
+    #[serde(default = "defaults::compute_timeout")]
+    pub compute_timeout: Duration,
 }
 
 mod defaults {
@@ -98,6 +108,9 @@ mod defaults {
     pub(super) fn state_senders() -> usize {
         1
     }
+    pub(super) fn compute_timeout() -> Duration {
+        Duration::from_secs(4 * 3600)
+    }
 }
 
 impl Default for MeshConfig {
@@ -116,6 +129,7 @@ impl Default for MeshConfig {
             allreduce_timeout: defaults::allreduce_timeout(),
             retry_backoff: defaults::retry_backoff(),
             state_senders: defaults::state_senders(),
+            compute_timeout: defaults::compute_timeout(),
         }
     }
 }
@@ -174,6 +188,7 @@ impl MeshConfig {
             ("coordinator_timeout", self.coordinator_timeout),
             ("sync_timeout", self.sync_timeout),
             ("allreduce_timeout", self.allreduce_timeout),
+            ("compute_timeout", self.compute_timeout),
         ];
         for (field, d) in positive {
             if d.is_zero() {
@@ -219,6 +234,7 @@ mod tests {
         assert_eq!(c.heartbeat_interval, Duration::from_secs(2));
         assert_eq!(c.heartbeat_timeout, Duration::from_secs(6));
         assert_eq!(c.max_retries, 3);
+        assert_eq!(c.compute_timeout, Duration::from_secs(4 * 3600));
     }
 
     #[test]
@@ -229,6 +245,8 @@ mod tests {
         assert!(e.to_string().contains("mesh.heartbeat_timeout"), "{e}");
         let c = MeshConfig { barrier_timeout: Duration::ZERO, ..MeshConfig::default() };
         assert_eq!(c.validate(), Err(MeshConfigError::Zero { field: "barrier_timeout" }));
+        let c = MeshConfig { compute_timeout: Duration::ZERO, ..MeshConfig::default() };
+        assert_eq!(c.validate(), Err(MeshConfigError::Zero { field: "compute_timeout" }));
         let c = MeshConfig { max_retries: 5000, ..MeshConfig::default() };
         assert_eq!(
             c.validate(),
@@ -248,6 +266,7 @@ mod tests {
             "allreduce_timeout",
             "retry_backoff",
             "state_senders",
+            "compute_timeout",
         ] {
             o.remove(k);
         }

@@ -33,6 +33,16 @@ pub enum MeshEvent {
         /// The node.
         node: NodeId,
     },
+    /// A join was refused (it was told `Evicted { reason }`): its incarnation was admitted once
+    /// already (a process restarted with the incarnation of the one before).
+    JoinRefused {
+        /// The node.
+        node: NodeId,
+        /// The incarnation it joined with.
+        incarnation: u64,
+        /// What it was told.
+        reason: EvictReason,
+    },
     /// A new epoch was formed.
     EpochFormed {
         /// The epoch.
@@ -106,6 +116,19 @@ pub enum MeshEvent {
     DecisionLimit,
     /// The coordinator told every node to stop.
     Shutdown,
+    /// No member holding the training state is left: the coordinator stopped the run (it told
+    /// the members and queued joiners left `NoSyncedMember`, and answers any later message the
+    /// same way). The run must be resumed from checkpoints taken after `outer_step` outer steps.
+    NoSyncedMember {
+        /// The last epoch formed.
+        epoch: Epoch,
+        /// The outer step that could not be finished (every step before it was).
+        outer_step: u64,
+        /// Members removed by this last change, with the reason.
+        evicted: Vec<(NodeId, EvictReason)>,
+        /// The members left, none of which holds the state.
+        unsynced: Vec<NodeId>,
+    },
 }
 
 impl fmt::Display for MeshEvent {
@@ -115,6 +138,9 @@ impl fmt::Display for MeshEvent {
                 write!(f, "{node} queued to join (position {position})")
             }
             MeshEvent::JoinerForgotten { node } => write!(f, "joiner {node} forgotten"),
+            MeshEvent::JoinRefused { node, incarnation, reason } => {
+                write!(f, "join of {node} (incarnation {incarnation}) refused: {reason}")
+            }
             MeshEvent::EpochFormed { epoch, members, admitted, evicted } => {
                 write!(f, "epoch {epoch}: {} members", members.len())?;
                 for a in admitted {
@@ -151,6 +177,17 @@ impl fmt::Display for MeshEvent {
             MeshEvent::Waiting(r) => write!(f, "waiting: {r}"),
             MeshEvent::DecisionLimit => write!(f, "decision limit reached"),
             MeshEvent::Shutdown => write!(f, "shutdown"),
+            MeshEvent::NoSyncedMember { epoch, outer_step, evicted, unsynced } => {
+                write!(f, "{epoch}: no member holds the training state")?;
+                for (e, why) in evicted {
+                    write!(f, ", -{e} ({why})")?;
+                }
+                if !unsynced.is_empty() {
+                    let v: Vec<String> = unsynced.iter().map(ToString::to_string).collect();
+                    write!(f, ", left without it: {}", v.join(" "))?;
+                }
+                write!(f, "; run stopped at outer step {outer_step}, resume from checkpoints")
+            }
         }
     }
 }
@@ -182,6 +219,9 @@ pub struct Coordinator {
     last_reason: Option<Reason>,
     probes: ProbePlan,
     stopped: bool,
+    /// Once stopped: the message that answers any member's message (`Shutdown` or
+    /// `NoSyncedMember`), so that a node that missed it, or joins late, learns why.
+    farewell: Option<MeshMsg>,
 }
 
 impl Coordinator {
@@ -195,6 +235,7 @@ impl Coordinator {
             last_reason: None,
             probes: ProbePlan::default(),
             stopped: false,
+            farewell: None,
         }
     }
 
@@ -231,7 +272,8 @@ impl Coordinator {
         self.state.outer_step
     }
 
-    /// True after [`shutdown`](Self::shutdown).
+    /// True after [`shutdown`](Self::shutdown), or once the run stopped because no member holds
+    /// the training state ([`MeshEvent::NoSyncedMember`]).
     pub fn is_stopped(&self) -> bool {
         self.stopped
     }
@@ -271,11 +313,26 @@ impl Coordinator {
         }
         self.event(MeshEvent::Shutdown);
         self.stopped = true;
+        self.farewell = Some(MeshMsg::Shutdown);
     }
 
     /// A message from `from` arrived at `now` (the coordinator's clock).
     pub fn handle_message(&mut self, now: Time, from: NodeId, msg: MeshMsg) {
         if self.stopped {
+            // The run is over: a member's message (not its deathrattle) gets the final word again.
+            let to_us = matches!(
+                msg,
+                MeshMsg::Join { .. }
+                    | MeshMsg::Heartbeat { .. }
+                    | MeshMsg::Barrier { .. }
+                    | MeshMsg::Done { .. }
+                    | MeshMsg::Failed { .. }
+                    | MeshMsg::Synced { .. }
+                    | MeshMsg::ProbeReport { .. }
+            );
+            if let (true, Some(m)) = (to_us, self.farewell.clone()) {
+                self.send(from, m);
+            }
             return;
         }
         // Liveness: stamped with our own receive time, whatever the message.
@@ -286,6 +343,19 @@ impl Coordinator {
             j.last_seen = j.last_seen.max(now);
         }
         let is_member = self.state.members.contains_key(&from);
+        // Only a process that knows it was admitted sends these (see `MemberInfo::confirmed`).
+        let confirms = matches!(
+            msg,
+            MeshMsg::Heartbeat { epoch: Some(_), .. }
+                | MeshMsg::Barrier { .. }
+                | MeshMsg::Done { .. }
+                | MeshMsg::Failed { .. }
+                | MeshMsg::Synced { .. }
+                | MeshMsg::ProbeReport { .. }
+        );
+        if let (true, Some(m)) = (confirms, self.state.members.get_mut(&from)) {
+            m.confirmed = true;
+        }
         match msg {
             MeshMsg::Join { incarnation } => self.on_join(now, from, incarnation),
             MeshMsg::Heartbeat { epoch, phase, synced, .. } => {
@@ -301,7 +371,7 @@ impl Coordinator {
             MeshMsg::Barrier { outer_step } if is_member => {
                 let cur = self.state.outer_step;
                 match &mut self.state.phase {
-                    Phase::Compute { barrier_opened } if outer_step == cur => {
+                    Phase::Compute { barrier_opened, .. } if outer_step == cur => {
                         barrier_opened.get_or_insert(now);
                         if let Some(m) = self.state.members.get_mut(&from) {
                             m.arrived = Some(outer_step);
@@ -377,6 +447,7 @@ impl Coordinator {
             | MeshMsg::Evicted { .. }
             | MeshMsg::ProbeRequest { .. }
             | MeshMsg::Shutdown
+            | MeshMsg::NoSyncedMember { .. }
             | MeshMsg::Probe { .. }
             | MeshMsg::ProbeAck { .. } => {}
         }
@@ -427,13 +498,18 @@ impl Coordinator {
                 {
                     // Its `Barrier` was lost.
                     info.arrived = Some(k);
-                    if let Phase::Compute { barrier_opened } = &mut self.state.phase {
+                    if let Phase::Compute { barrier_opened, .. } = &mut self.state.phase {
                         barrier_opened.get_or_insert(now);
                     }
                 }
-                MemberPhase::Joining => {
+                // It missed its admission. It takes a `View` for the admission of a founding
+                // member, which starts from the initial state: only right for one. A joiner
+                // admitted at a boundary whose `Release` was lost (and whose step is over) gets
+                // nothing: it misses the barrier and is evicted at its deadline.
+                MemberPhase::Joining if info.synced => {
                     self.send(from, MeshMsg::View { epoch: cur, outer_step: k, members });
                 }
+                MemberPhase::Joining => {}
                 _ if behind => {
                     self.send(from, MeshMsg::View { epoch: cur, outer_step: k, members })
                 }
@@ -486,17 +562,25 @@ impl Coordinator {
             && outer_step == self.state.outer_step
     }
 
+    /// A `Join`. From a current member, see the rule in the [module documentation](super).
     fn on_join(&mut self, now: Time, from: NodeId, incarnation: u64) {
         if let Some(m) = self.state.members.get_mut(&from) {
-            if m.incarnation == incarnation {
-                return; // a repeated join that crossed our answer
+            if m.incarnation == incarnation && !m.confirmed {
+                // A repeat that crossed its admission (or a process that restarted before it
+                // learnt of it, and so has done nothing as a member): admit it again.
+                self.repair(now, from, None, MemberPhase::Joining, false);
+                return;
             }
-            // The old process is gone; evict it, queue the new one.
+            // The process this membership describes is gone, with its state and its
+            // pseudo-gradient: evict it (`decide` does, as restarted). A new incarnation is
+            // queued below; the same one is refused below (it was admitted once).
             m.restarted = true;
         }
         if self.state.admitted.contains(&(from, incarnation)) {
-            // That process was a member and was removed: it must come back as a new incarnation.
-            self.send(from, MeshMsg::Evicted { reason: EvictReason::NotAMember });
+            // That incarnation was admitted once: it must come back as a new incarnation.
+            let reason = EvictReason::IncarnationReused;
+            self.send(from, MeshMsg::Evicted { reason });
+            self.event(MeshEvent::JoinRefused { node: from, incarnation, reason });
             return;
         }
         if let Some(j) = self.state.queue.iter_mut().find(|j| j.id == from) {
@@ -557,6 +641,10 @@ impl Coordinator {
                     }
                 }
                 Decision::NewEpoch(plan) => self.apply_epoch(now, plan),
+                Decision::NoSyncedMember { evicted, unsynced } => {
+                    self.stop_without_state(evicted, unsynced);
+                    break;
+                }
                 Decision::Release(round) => self.start_round(now, round),
                 Decision::Commit { outer_step } => {
                     let epoch = self.state.epoch;
@@ -567,6 +655,10 @@ impl Coordinator {
                 }
             }
             applied += 1;
+        }
+        if self.stopped {
+            self.timers = TimerTable::new();
+            return;
         }
         self.run_probes(now);
         self.timers = timers(&self.state, &self.cfg);
@@ -579,10 +671,9 @@ impl Coordinator {
         self.timers.clear_expired(now);
     }
 
-    fn apply_epoch(&mut self, now: Time, p: EpochPlan) {
-        let forming = self.state.phase == Phase::Forming;
-        self.state.epoch = p.epoch;
-        for &(id, reason) in &p.evicted {
+    /// Removes evicted members, telling those that can still hear it.
+    fn evict(&mut self, evicted: &[(NodeId, EvictReason)]) {
+        for &(id, reason) in evicted {
             self.state.members.remove(&id);
             self.probes.forget(id);
             // A restarted node's id now belongs to its new incarnation, and a node that sent its
@@ -591,6 +682,36 @@ impl Coordinator {
                 self.send(id, MeshMsg::Evicted { reason });
             }
         }
+    }
+
+    /// No member holding the state is left after `evicted`: stop the run. The members left and
+    /// the queued joiners are told why; so is any node that writes to us later.
+    fn stop_without_state(&mut self, evicted: Vec<(NodeId, EvictReason)>, unsynced: Vec<NodeId>) {
+        self.evict(&evicted);
+        let msg = MeshMsg::NoSyncedMember { outer_step: self.state.outer_step };
+        let to: Vec<NodeId> = self
+            .state
+            .member_ids()
+            .into_iter()
+            .chain(self.state.queue.iter().map(|j| j.id))
+            .collect();
+        for id in to {
+            self.send(id, msg.clone());
+        }
+        self.event(MeshEvent::NoSyncedMember {
+            epoch: self.state.epoch,
+            outer_step: self.state.outer_step,
+            evicted,
+            unsynced,
+        });
+        self.stopped = true;
+        self.farewell = Some(msg);
+    }
+
+    fn apply_epoch(&mut self, now: Time, p: EpochPlan) {
+        let forming = self.state.phase == Phase::Forming;
+        self.state.epoch = p.epoch;
+        self.evict(&p.evicted);
         let step = self.state.outer_step;
         for &id in &p.admitted {
             let Some(pos) = self.state.queue.iter().position(|j| j.id == id) else { continue };
@@ -608,16 +729,22 @@ impl Coordinator {
         });
         let members = self.state.member_ids();
         match p.then {
-            Then::Forming => {
-                self.state.phase = Phase::Forming;
-                self.state.ring.clear();
-            }
             Then::Compute => {
                 if forming {
-                    self.state.phase = Phase::Compute { barrier_opened: None };
+                    self.state.phase = Phase::Compute { since: now, barrier_opened: None };
                 }
                 let epoch = p.epoch;
-                self.broadcast(&MeshMsg::View { epoch, outer_step: step, members });
+                let view = MeshMsg::View { epoch, outer_step: step, members: members.clone() };
+                for id in members {
+                    // A member still waiting for its admission takes a `View` for the admission
+                    // of a founding member, which starts from the initial state. So a joiner
+                    // admitted at a boundary that has not confirmed it (its `Release` may have
+                    // been lost) gets none: it would train from fresh weights and report itself
+                    // synced. Once it confirms, the repair of its heartbeats sends the epoch.
+                    if self.state.members.get(&id).is_some_and(|m| m.synced || m.confirmed) {
+                        self.send(id, view.clone());
+                    }
+                }
                 if forming {
                     self.request_probes();
                 }
@@ -668,9 +795,9 @@ impl Coordinator {
     }
 
     /// After a commit or a skip: the next outer step is computed; links not measured yet are.
-    fn next_step(&mut self, _now: Time) {
+    fn next_step(&mut self, now: Time) {
         self.state.outer_step += 1;
-        self.state.phase = Phase::Compute { barrier_opened: None };
+        self.state.phase = Phase::Compute { since: now, barrier_opened: None };
         self.state.transfers.clear();
         for m in self.state.members.values_mut() {
             m.done = false;

@@ -5,13 +5,21 @@
 //!
 //! Rules, in order, per phase:
 //!
+//! - **Always** (after the first epoch): a change of membership that would leave no member
+//!   holding the training state (synced) stops the run instead ([`Decision::NoSyncedMember`]):
+//!   going on would train from a joiner's fresh weights. A new epoch whose all-reduce would have
+//!   weight 0 on every member (those left have no pseudo-gradient for the step) skips the step
+//!   instead of running it.
 //! - **Forming**: wait for [`MeshConfig::min_members`] live joiners and the join window after the
-//!   first of them; then form the first epoch with all of them.
+//!   first of them; then form the first epoch with all of them (they all hold the same initial
+//!   state, so nothing can be lost before it).
 //! - **Compute**: a dead member (deathrattle, restart, heartbeat timeout) forms a new epoch
 //!   without it at once. When every member has reached the barrier, or the barrier deadline has
 //!   passed (the missing ones are evicted), the step's boundary: the queued joiners are admitted,
 //!   then, in blocking mode with joiners, the state transfers run (**Sync**), else the all-reduce
-//!   is released (**Reduce**).
+//!   is released (**Reduce**). The barrier deadline is [`MeshConfig::barrier_timeout`] after the
+//!   first arrival, or [`MeshConfig::compute_timeout`] after the step began while nobody has
+//!   arrived.
 //! - **Sync**: a death forms a new epoch and reassigns the senders; when every joiner holds the
 //!   state the all-reduce is released; past the sync deadline the joiners still without it are
 //!   evicted.
@@ -46,6 +54,14 @@ pub enum Decision {
         /// The step committed.
         outer_step: u64,
     },
+    /// No member holding the training state is left (after these evictions): stop the run, which
+    /// must be resumed from checkpoints.
+    NoSyncedMember {
+        /// Members removed now, with the reason, in id order.
+        evicted: Vec<(NodeId, EvictReason)>,
+        /// The members left, none of which holds the state, in id order.
+        unsynced: Vec<NodeId>,
+    },
 }
 
 /// A new epoch: who is in it, who came and went, and what the members do next.
@@ -66,8 +82,6 @@ pub struct EpochPlan {
 /// What follows the formation of an epoch.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Then {
-    /// Nobody is left: wait for joiners to form the mesh again.
-    Forming,
     /// Compute the current outer step (formation, or a member left while computing).
     Compute,
     /// Blocking mode: the joiners receive the state first.
@@ -124,7 +138,8 @@ pub enum Reason {
         arrived: usize,
         /// Members in all.
         of: usize,
-        /// The barrier deadline, once the first member arrived.
+        /// The barrier deadline: [`MeshConfig::barrier_timeout`] after the first arrival, or
+        /// [`MeshConfig::compute_timeout`] after the step began while nobody has arrived.
         deadline: Option<Time>,
     },
     /// Blocking mode: joiners receive the state.
@@ -186,7 +201,6 @@ impl fmt::Display for Reason {
 impl fmt::Display for Then {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Then::Forming => write!(f, "forming again"),
             Then::Compute => write!(f, "compute"),
             Then::Sync { transfers } => write!(f, "sync {} joiner(s)", transfers.len()),
             Then::Reduce(r) => write!(f, "{r}"),
@@ -225,6 +239,13 @@ impl fmt::Display for Decision {
             }
             Decision::Release(r) => write!(f, "release {r}"),
             Decision::Commit { outer_step } => write!(f, "commit step {outer_step}"),
+            Decision::NoSyncedMember { evicted, unsynced } => {
+                write!(f, "stop: no member holds the state")?;
+                for (id, why) in evicted {
+                    write!(f, ", evicted {id} ({why})")?;
+                }
+                write!(f, "; left without it: {}", list(unsynced))
+            }
         }
     }
 }
@@ -282,8 +303,8 @@ pub(crate) fn timers(s: &MeshState, cfg: &MeshConfig) -> TimerTable<CoordTimer> 
             t.set_opt(CoordTimer::JoinWindow, first.map(|q| q + cfg.join_window));
         }
         Phase::Forming => {}
-        Phase::Compute { barrier_opened } => {
-            t.set_opt(CoordTimer::BarrierDeadline, barrier_opened.map(|o| o + cfg.barrier_timeout));
+        Phase::Compute { since, barrier_opened } => {
+            t.set(CoordTimer::BarrierDeadline, barrier_deadline(*since, *barrier_opened, cfg));
         }
         Phase::Sync { since } => t.set(CoordTimer::SyncDeadline, *since + cfg.sync_timeout),
         Phase::Reduce { since, failed_at, .. } => {
@@ -297,6 +318,15 @@ pub(crate) fn timers(s: &MeshState, cfg: &MeshConfig) -> TimerTable<CoordTimer> 
 /// The next time at which [`decide`] may answer differently without a new event.
 pub fn next_deadline(s: &MeshState, cfg: &MeshConfig) -> Option<Time> {
     timers(s, cfg).next_timeout()
+}
+
+/// The barrier deadline of a step that began at `since`: `barrier_timeout` after the first
+/// arrival, or `compute_timeout` after the start while nobody has arrived.
+fn barrier_deadline(since: Time, opened: Option<Time>, cfg: &MeshConfig) -> Time {
+    match opened {
+        Some(o) => o + cfg.barrier_timeout,
+        None => since + cfg.compute_timeout,
+    }
 }
 
 fn is_silent(now: Time, last_seen: Time, cfg: &MeshConfig) -> bool {
@@ -364,6 +394,8 @@ fn without(members: &[NodeId], gone: &[(NodeId, EvictReason)]) -> Vec<NodeId> {
     members.iter().copied().filter(|id| !gone.iter().any(|(g, _)| g == id)).collect()
 }
 
+/// A new epoch of `members`, unless it would leave no member holding the state (after the first
+/// epoch): then the run stops. A round in which every member has weight 0 is a skip.
 fn plan(
     s: &MeshState,
     members: Vec<NodeId>,
@@ -371,7 +403,18 @@ fn plan(
     evicted: Vec<(NodeId, EvictReason)>,
     then: Then,
 ) -> Decision {
-    let then = if members.is_empty() { Then::Forming } else { then };
+    if s.phase != Phase::Forming && !members.iter().any(|&id| s.is_synced(id)) {
+        // Joiners being admitted are not members of `s` yet: they are not reported as members.
+        let unsynced = members.into_iter().filter(|id| s.members.contains_key(id)).collect();
+        return Decision::NoSyncedMember { evicted, unsynced };
+    }
+    let then = match then {
+        Then::Reduce(r) if r.weights.iter().all(|w| w.get() == 0.0) => {
+            // Nobody left has a pseudo-gradient for this step: nothing to average.
+            Then::Skip { attempts: r.attempt }
+        }
+        then => then,
+    };
     Decision::NewEpoch(EpochPlan { epoch: s.epoch.next(), members, admitted, evicted, then })
 }
 
@@ -385,6 +428,10 @@ pub fn decide(now: Time, s: &MeshState, cfg: &MeshConfig) -> Decision {
     }
     let dead = dead_members(now, s, cfg);
     let ids = s.member_ids();
+    if s.phase != Phase::Forming && !s.members.values().any(|m| m.synced) {
+        // Not reachable through `plan`, which never forms such an epoch; kept for any state.
+        return Decision::NoSyncedMember { unsynced: without(&ids, &dead), evicted: dead };
+    }
     match &s.phase {
         Phase::Forming => {
             let live = live_joiners(now, s, cfg);
@@ -407,7 +454,7 @@ pub fn decide(now: Time, s: &MeshState, cfg: &MeshConfig) -> Decision {
             members.sort();
             plan(s, members, admitted, Vec::new(), Then::Compute)
         }
-        Phase::Compute { barrier_opened } => {
+        Phase::Compute { since, barrier_opened } => {
             if !dead.is_empty() {
                 let members = without(&ids, &dead);
                 return plan(s, members, Vec::new(), dead, Then::Compute);
@@ -418,11 +465,13 @@ pub fn decide(now: Time, s: &MeshState, cfg: &MeshConfig) -> Decision {
                 .filter(|(_, m)| m.arrived != Some(s.outer_step))
                 .map(|(&id, _)| id)
                 .collect();
-            let deadline = barrier_opened.map(|o| o + cfg.barrier_timeout);
+            let deadline = barrier_deadline(*since, *barrier_opened, cfg);
             if missing.is_empty() {
                 return boundary(now, s, cfg, Vec::new());
             }
-            if deadline.is_some_and(|d| now >= d) {
+            if now >= deadline {
+                // With nobody arrived, that is every member: then no member holding the state is
+                // left, and `plan` stops the run.
                 let evicted = missing.into_iter().map(|id| (id, EvictReason::BarrierMissed));
                 return boundary(now, s, cfg, evicted.collect());
             }
@@ -430,7 +479,7 @@ pub fn decide(now: Time, s: &MeshState, cfg: &MeshConfig) -> Decision {
                 outer_step: s.outer_step,
                 arrived: ids.len() - missing.len(),
                 of: ids.len(),
-                deadline,
+                deadline: Some(deadline),
             })
         }
         Phase::Sync { since } => {
@@ -532,326 +581,5 @@ fn boundary(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::mesh::{LeaveReason, MemberInfo};
-    use std::time::Duration;
-
-    fn secs(s: u64) -> Duration {
-        Duration::from_secs(s)
-    }
-
-    fn t(s: u64) -> Time {
-        Time::ZERO + secs(s)
-    }
-
-    /// `now - d`: the past, faked.
-    fn ago(now: Time, d: Duration) -> Time {
-        Time::from_nanos(now.as_nanos() - d.as_nanos() as u64)
-    }
-
-    fn cfg() -> MeshConfig {
-        MeshConfig::default()
-    }
-
-    /// A mesh in epoch 1 computing step 0, with members `ids`, all heard from at `seen`.
-    fn mesh(ids: &[u32], seen: Time) -> MeshState {
-        let mut s = MeshState { epoch: Epoch(1), ..MeshState::default() };
-        s.phase = Phase::Compute { barrier_opened: None };
-        for &i in ids {
-            s.members.insert(NodeId(i), MemberInfo::new(0, seen, Epoch(1), 0, true));
-        }
-        s
-    }
-
-    fn arrive(s: &mut MeshState, ids: &[u32], at: Time) {
-        for &i in ids {
-            s.members.get_mut(&NodeId(i)).unwrap().arrived = Some(s.outer_step);
-        }
-        if let Phase::Compute { barrier_opened } = &mut s.phase {
-            barrier_opened.get_or_insert(at);
-        }
-    }
-
-    fn queue(s: &mut MeshState, id: u32, at: Time) {
-        s.queue.push(Joiner { id: NodeId(id), incarnation: 0, queued_at: at, last_seen: at });
-    }
-
-    fn reducing(ids: &[u32], seen: Time, attempt: u32) -> MeshState {
-        let mut s = mesh(ids, seen);
-        s.phase = Phase::Reduce { attempt, since: seen, failed_at: None };
-        s
-    }
-
-    fn expect_epoch(d: Decision) -> EpochPlan {
-        match d {
-            Decision::NewEpoch(p) => p,
-            other => panic!("expected a new epoch, got {other}"),
-        }
-    }
-
-    fn n(ids: &[u32]) -> Vec<NodeId> {
-        ids.iter().map(|&i| NodeId(i)).collect()
-    }
-
-    #[test]
-    fn forming_waits_for_min_members_and_the_window() {
-        let c = MeshConfig { min_members: 2, join_window: secs(5), ..cfg() };
-        let mut s = MeshState::default();
-        assert_eq!(decide(t(0), &s, &c), Decision::Wait(Reason::NoJoiners));
-        queue(&mut s, 1, t(0));
-        assert_eq!(
-            decide(t(1), &s, &c),
-            Decision::Wait(Reason::TooFewJoiners { joined: 1, need: 2 })
-        );
-        queue(&mut s, 0, t(1));
-        assert_eq!(decide(t(2), &s, &c), Decision::Wait(Reason::JoinWindow { until: t(5) }));
-        let p = expect_epoch(decide(t(5), &s, &c));
-        assert_eq!(p.epoch, Epoch(1));
-        assert_eq!(p.members, n(&[0, 1]));
-        assert_eq!(p.admitted, n(&[1, 0]));
-        assert_eq!(p.then, Then::Compute);
-    }
-
-    #[test]
-    fn all_arrived_releases_in_the_same_epoch_with_unit_weights() {
-        let mut s = mesh(&[0, 1, 2], t(10));
-        arrive(&mut s, &[0, 1, 2], t(10));
-        match decide(t(10), &s, &cfg()) {
-            Decision::Release(r) => {
-                assert_eq!(r.ring, n(&[0, 1, 2]));
-                assert_eq!(r.weights, vec![Weight::ONE; 3]);
-                assert_eq!(r.attempt, 0);
-            }
-            d => panic!("{d}"),
-        }
-    }
-
-    #[test]
-    fn a_joiner_waits_for_the_boundary_then_is_admitted_once_with_weight_zero() {
-        let c = MeshConfig { join_mode: JoinMode::NonBlocking, ..cfg() };
-        let mut s = mesh(&[0, 1], t(10));
-        queue(&mut s, 5, t(10));
-        arrive(&mut s, &[0], t(10));
-        assert!(matches!(decide(t(10), &s, &c), Decision::Wait(Reason::Barrier { .. })));
-        arrive(&mut s, &[1], t(11));
-        let p = expect_epoch(decide(t(11), &s, &c));
-        assert_eq!(p.epoch, Epoch(2));
-        assert_eq!(p.admitted, n(&[5]));
-        assert_eq!(p.members, n(&[0, 1, 5]));
-        match p.then {
-            Then::Reduce(r) => {
-                let w: Vec<f32> = r.weights.iter().map(|w| w.get()).collect();
-                let pos = r.ring.iter().position(|&x| x == NodeId(5)).unwrap();
-                assert_eq!(w[pos], 0.0);
-                assert_eq!(w.iter().sum::<f32>(), 2.0);
-                assert_eq!(r.transfers, vec![Transfer { joiner: NodeId(5), senders: n(&[0]) }]);
-            }
-            other => panic!("{other}"),
-        }
-    }
-
-    #[test]
-    fn blocking_mode_syncs_joiners_before_the_release() {
-        let mut s = mesh(&[0, 1], t(10));
-        queue(&mut s, 7, t(10));
-        queue(&mut s, 8, t(10));
-        arrive(&mut s, &[0, 1], t(10));
-        let p = expect_epoch(decide(t(10), &s, &cfg()));
-        assert_eq!(p.admitted, n(&[7, 8]));
-        assert_eq!(
-            p.then,
-            Then::Sync {
-                transfers: vec![
-                    Transfer { joiner: NodeId(7), senders: n(&[0]) },
-                    Transfer { joiner: NodeId(8), senders: n(&[1]) },
-                ]
-            }
-        );
-    }
-
-    #[test]
-    fn a_sender_dying_during_sync_reassigns_the_transfer() {
-        let mut s = mesh(&[0, 1, 7], t(100));
-        s.members.get_mut(&NodeId(7)).unwrap().synced = false;
-        s.members.get_mut(&NodeId(7)).unwrap().first_step = 1;
-        s.phase = Phase::Sync { since: t(100) };
-        s.members.get_mut(&NodeId(0)).unwrap().last_seen = ago(t(100), secs(10));
-        let p = expect_epoch(decide(t(100), &s, &cfg()));
-        assert_eq!(p.evicted, vec![(NodeId(0), EvictReason::HeartbeatTimeout)]);
-        assert_eq!(
-            p.then,
-            Then::Sync { transfers: vec![Transfer { joiner: NodeId(7), senders: n(&[1]) }] }
-        );
-    }
-
-    #[test]
-    fn a_joiner_that_does_not_sync_in_time_is_evicted_and_the_rest_reduce() {
-        let mut s = mesh(&[0, 1, 7], t(5000));
-        s.members.get_mut(&NodeId(7)).unwrap().synced = false;
-        s.phase = Phase::Sync { since: t(1000) };
-        let p = expect_epoch(decide(t(1000) + cfg().sync_timeout, &s, &cfg()));
-        assert_eq!(p.evicted, vec![(NodeId(7), EvictReason::SyncTimeout)]);
-        assert!(matches!(p.then, Then::Reduce(ref r) if r.ring == n(&[0, 1])));
-    }
-
-    #[test]
-    fn a_dead_heartbeat_is_judged_by_the_coordinators_clock() {
-        let now = t(100);
-        let mut s = mesh(&[0, 1, 2], now);
-        // Faked past: n1 was last heard 10 s ago.
-        s.members.get_mut(&NodeId(1)).unwrap().last_seen = ago(now, secs(10));
-        let p = expect_epoch(decide(now, &s, &cfg()));
-        assert_eq!(p.evicted, vec![(NodeId(1), EvictReason::HeartbeatTimeout)]);
-        assert_eq!(p.members, n(&[0, 2]));
-        assert_eq!(p.then, Then::Compute);
-        // 5.9 s is not yet dead.
-        s.members.get_mut(&NodeId(1)).unwrap().last_seen = ago(now, Duration::from_millis(5900));
-        assert!(matches!(decide(now, &s, &cfg()), Decision::Wait(_)));
-    }
-
-    #[test]
-    fn a_deathrattle_shrinks_the_mesh_at_once() {
-        let mut s = mesh(&[0, 1, 2], t(50));
-        s.members.get_mut(&NodeId(2)).unwrap().leaving = Some(LeaveReason::Signal);
-        let p = expect_epoch(decide(t(50), &s, &cfg()));
-        assert_eq!(p.evicted, vec![(NodeId(2), EvictReason::Deathrattle(LeaveReason::Signal))]);
-    }
-
-    /// PRIME defect 2: a node that hangs but still beats must be evicted at the barrier deadline.
-    #[test]
-    fn a_hung_member_that_beats_is_evicted_at_the_barrier_deadline() {
-        let c = cfg();
-        let opened = t(1000);
-        let deadline = opened + c.barrier_timeout;
-        let mut s = mesh(&[0, 1, 2], deadline); // everyone beats
-        arrive(&mut s, &[0, 2], opened);
-        assert!(matches!(
-            decide(ago(deadline, secs(1)), &s, &c),
-            Decision::Wait(Reason::Barrier { arrived: 2, of: 3, .. })
-        ));
-        let p = expect_epoch(decide(deadline, &s, &c));
-        assert_eq!(p.evicted, vec![(NodeId(1), EvictReason::BarrierMissed)]);
-        assert!(matches!(p.then, Then::Reduce(ref r) if r.ring == n(&[0, 2])));
-    }
-
-    #[test]
-    fn a_death_during_the_allreduce_retries_on_a_new_epoch_with_the_survivors_weights() {
-        let now = t(200);
-        let mut s = reducing(&[0, 1, 2, 3], now, 0);
-        s.members.get_mut(&NodeId(3)).unwrap().last_seen = ago(now, secs(10));
-        let p = expect_epoch(decide(now, &s, &cfg()));
-        assert_eq!(p.epoch, Epoch(2));
-        match p.then {
-            Then::Reduce(r) => {
-                assert_eq!(r.attempt, 1);
-                assert_eq!(r.ring, n(&[0, 1, 2]));
-                // PRIME defect 3: the divisor is the survivors' weight, 3, not the old 4.
-                assert_eq!(r.weights.iter().map(|w| w.get()).sum::<f32>(), 3.0);
-            }
-            other => panic!("{other}"),
-        }
-    }
-
-    /// PRIME defect 4: past the retry bound, every member skips (never a local fallback).
-    #[test]
-    fn past_max_retries_every_member_skips() {
-        let now = t(300);
-        let c = cfg();
-        let mut s = reducing(&[0, 1, 2], now, c.max_retries);
-        s.members.get_mut(&NodeId(2)).unwrap().leaving = Some(LeaveReason::Panic);
-        let p = expect_epoch(decide(now, &s, &c));
-        assert_eq!(p.then, Then::Skip { attempts: c.max_retries + 1 });
-        assert_eq!(p.members, n(&[0, 1]));
-    }
-
-    #[test]
-    fn a_reported_failure_waits_for_the_backoff_then_retries_with_the_same_members() {
-        let c = cfg();
-        let mut s = reducing(&[0, 1], t(400), 0);
-        s.phase = Phase::Reduce { attempt: 0, since: t(400), failed_at: Some(t(401)) };
-        let until = t(401) + c.retry_backoff;
-        assert_eq!(decide(t(402), &s, &c), Decision::Wait(Reason::RetryBackoff { until }));
-        let mut s2 = s.clone();
-        for m in s2.members.values_mut() {
-            m.last_seen = until;
-        }
-        let p = expect_epoch(decide(until, &s2, &c));
-        assert!(p.evicted.is_empty());
-        assert!(matches!(p.then, Then::Reduce(ref r) if r.attempt == 1 && r.ring.len() == 2));
-    }
-
-    #[test]
-    fn an_allreduce_past_its_deadline_is_skipped_not_retried() {
-        let c = cfg();
-        let mut s = reducing(&[0, 1, 2], t(0), 0);
-        let deadline = t(0) + c.allreduce_timeout;
-        for m in s.members.values_mut() {
-            m.last_seen = deadline;
-        }
-        assert!(matches!(decide(ago(deadline, secs(1)), &s, &c), Decision::Wait(_)));
-        let p = expect_epoch(decide(deadline, &s, &c));
-        assert_eq!(p.then, Then::Skip { attempts: 1 });
-        assert_eq!(p.members, n(&[0, 1, 2]));
-    }
-
-    #[test]
-    fn all_done_commits_even_if_one_died_after_reporting() {
-        let now = t(500);
-        let mut s = reducing(&[0, 1], now, 0);
-        for m in s.members.values_mut() {
-            m.done = true;
-        }
-        s.members.get_mut(&NodeId(1)).unwrap().last_seen = ago(now, secs(60));
-        assert_eq!(decide(now, &s, &cfg()), Decision::Commit { outer_step: 0 });
-    }
-
-    #[test]
-    fn a_joiner_queued_during_the_allreduce_waits_for_the_next_boundary() {
-        let now = t(600);
-        let mut s = reducing(&[0, 1], now, 0);
-        queue(&mut s, 9, now);
-        s.members.get_mut(&NodeId(1)).unwrap().leaving = Some(LeaveReason::Graceful);
-        let p = expect_epoch(decide(now, &s, &cfg()));
-        assert!(p.admitted.is_empty());
-        assert_eq!(p.members, n(&[0]));
-    }
-
-    #[test]
-    fn silent_joiners_are_forgotten_and_everyone_gone_forms_again() {
-        let mut s = mesh(&[0], t(0));
-        queue(&mut s, 4, t(0));
-        assert_eq!(decide(t(6), &s, &cfg()), Decision::ForgetJoiners(n(&[4])));
-        s.queue.clear();
-        let p = expect_epoch(decide(t(6), &s, &cfg()));
-        assert_eq!(p.then, Then::Forming);
-        assert!(p.members.is_empty());
-    }
-
-    #[test]
-    fn decisions_display() {
-        let mut s = reducing(&[0, 1], t(0), 0);
-        s.members.get_mut(&NodeId(1)).unwrap().leaving = Some(LeaveReason::Graceful);
-        let d = decide(t(0), &s, &cfg());
-        assert_eq!(
-            d.to_string(),
-            "new epoch e2: members [n0], evicted n1 (deathrattle (graceful exit)); then \
-             all-reduce step 0 attempt 1 ring [n0] weight 1"
-        );
-    }
-
-    #[test]
-    fn next_deadline_is_the_earliest_timer() {
-        let c = cfg();
-        let mut s = mesh(&[0, 1], t(10));
-        s.members.get_mut(&NodeId(0)).unwrap().last_seen = t(8);
-        assert_eq!(next_deadline(&s, &c), Some(t(8) + c.heartbeat_timeout));
-        arrive(&mut s, &[1], t(9));
-        assert_eq!(next_deadline(&s, &c), Some(t(8) + c.heartbeat_timeout));
-        s.phase = Phase::Reduce { attempt: 0, since: t(10), failed_at: Some(t(10)) };
-        assert_eq!(
-            next_deadline(&s, &c),
-            Some((t(8) + c.heartbeat_timeout).min(t(10) + c.retry_backoff))
-        );
-    }
-}
+#[path = "decide_tests.rs"]
+mod tests;

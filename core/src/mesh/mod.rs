@@ -25,9 +25,25 @@
 //! Afterwards joiners are admitted only at an outer-step boundary, all queued ones at once, each
 //! once; a joiner that arrives while a boundary is being processed waits for the next one.
 //!
+//! **Join from a current member.** Each (node, incarnation) is admitted at most once. A `Join`
+//! from a node that is a member:
+//! - with another incarnation: the old process is gone; its membership is evicted
+//!   ([`EvictReason::Restarted`]) and the new incarnation is queued;
+//! - with the same incarnation, while the member has not yet shown that it knows it was admitted
+//!   (no heartbeat with an epoch, barrier arrival, `Done`, `Failed`, `Synced` or probe report
+//!   received since its admission): a repeat that crossed the admission, answered by sending the
+//!   admission again;
+//! - with the same incarnation, after that: the process restarted and reuses its incarnation
+//!   (the transport delivers in order, and a live member never sends `Join` again). Its state and
+//!   its pseudo-gradient died with the old process, so the old membership is evicted
+//!   ([`EvictReason::Restarted`]: it no longer counts as holding the state) and the new process is
+//!   refused with `Evicted { reason: IncarnationReused }` ([`MeshEvent::JoinRefused`]); it must
+//!   restart with a new incarnation. A `Join` with an incarnation admitted earlier and since
+//!   removed is refused the same way.
+//!
 //! **Outer step k.** Each member runs its inner steps ([`MemberAction::Compute`]), then sends
-//! `Barrier { k }`. When every member has arrived, or [`MeshConfig::barrier_timeout`] after the
-//! first arrival (evicting the missing ones, even if they still beat), the coordinator
+//! `Barrier { k }`. When every member has arrived, or at the barrier deadline (evicting the
+//! missing ones, even if they still beat), the coordinator
 //! - admits the queued joiners and forms a new epoch if anything changed;
 //! - in blocking mode with joiners, sends `Sync` naming the peers that send each joiner the state
 //!   ([`MemberAction::FetchState`], [`MemberAction::SendState`]) and waits for `Synced`;
@@ -38,6 +54,12 @@
 //!   ([`MemberAction::Commit`]) and computes step k + 1. Nobody applies a result before this,
 //!   so a failure at any point of the all-reduce leaves every replica in the same state.
 //!
+//! The barrier deadline is [`MeshConfig::barrier_timeout`] after the first arrival; while nobody
+//! has arrived, it is [`MeshConfig::compute_timeout`] after the step began (the coordinator's
+//! commit or skip of step k - 1, or the formation of the mesh). So a mesh whose members all hang
+//! while still beating is not waited on forever: they are all evicted, which leaves no member
+//! holding the state (below).
+//!
 //! **Failure during the all-reduce.** An eviction (heartbeat timeout, deathrattle) or a reported
 //! failure (after [`MeshConfig::retry_backoff`]) makes the coordinator form a new epoch and send
 //! a new `Release` with `attempt + 1`: the survivors abort ([`MemberAction::AbortAllReduce`]) and
@@ -46,6 +68,22 @@
 //! all-reduce. Past [`MeshConfig::max_retries`], or past [`MeshConfig::allreduce_timeout`] with
 //! nobody evicted, the coordinator sends `Skip`: every member skips the outer update of step k
 //! (outer weights unchanged, inner weights reset to them), logged as [`MeshEvent::StepSkipped`].
+//! A retry whose members all have weight 0 (the ones left hold the state but have no
+//! pseudo-gradient for step k: they were admitted at its boundary) is not run: step k is skipped.
+//!
+//! **No member holds the state.** Founding members hold the training state (they start from the
+//! same initial weights, or from the same checkpoint in a resumed run); a joiner admitted later
+//! holds it once it reports `Synced` (also repaired from its heartbeats). If, after the first
+//! epoch, an eviction would leave no member holding the state (every synced member was evicted,
+//! left, crashed or restarted, and only joiners without it remain: non-blocking joiners at
+//! weight 0, or blocking joiners whose senders all died), going on would train from fresh
+//! weights. Instead the coordinator stops the run ([`MeshEvent::NoSyncedMember`]): the evicted
+//! members get `Evicted` as usual, every other member and queued joiner gets
+//! `NoSyncedMember { outer_step }` ([`StopReason::NoSyncedMember`]), and so does any node that
+//! writes to the coordinator afterwards. Outer steps before `outer_step` were finished (committed
+//! or skipped); the run must be resumed from checkpoints
+//! ([`Coordinator::starting_at`]). Before the first epoch there is nothing to lose, so the mesh
+//! just waits for joiners.
 //!
 //! **Lost messages.** The transport delivers in order or not at all. Joins repeat until
 //! answered; every heartbeat carries the member's epoch and phase, and the coordinator repairs
@@ -127,8 +165,13 @@ pub enum EvictReason {
     /// As a joiner in blocking mode, it did not receive the state within
     /// [`MeshConfig::sync_timeout`].
     SyncTimeout,
-    /// It joined again with a new incarnation: the old process is gone.
+    /// It joined again (with a new incarnation, or with the same one after it had shown that it
+    /// knew it was a member): the old process is gone, with its state.
     Restarted,
+    /// Sent to a process that joins with an incarnation already admitted once (a process
+    /// restarted with the incarnation of the one before): each (node, incarnation) is admitted at
+    /// most once. It must join again with a new incarnation.
+    IncarnationReused,
     /// It sent a member's message but is not a member (evicted earlier, or unknown).
     NotAMember,
 }
@@ -141,6 +184,9 @@ impl fmt::Display for EvictReason {
             EvictReason::BarrierMissed => f.write_str("missed the barrier deadline"),
             EvictReason::SyncTimeout => f.write_str("did not receive the state in time"),
             EvictReason::Restarted => f.write_str("restarted"),
+            EvictReason::IncarnationReused => {
+                f.write_str("incarnation already used: join again with a new incarnation")
+            }
             EvictReason::NotAMember => f.write_str("not a member"),
         }
     }
@@ -308,6 +354,13 @@ pub enum MeshMsg {
     },
     /// The run is over: stop.
     Shutdown,
+    /// The run cannot go on: no member holding the training state is left (see the module
+    /// documentation). Stop; the run must be resumed from checkpoints.
+    NoSyncedMember {
+        /// The outer step the mesh was at: every step before it was finished (committed or
+        /// skipped), so the run resumes from checkpoints taken after that many outer steps.
+        outer_step: u64,
+    },
 
     // ---- member <-> member ----
     /// A bandwidth probe; its body is padding of a known length.

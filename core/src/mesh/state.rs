@@ -24,8 +24,13 @@ pub struct MemberInfo {
     pub arrived: Option<u64>,
     /// Its deathrattle, if it sent one.
     pub leaving: Option<LeaveReason>,
-    /// It joined again with another incarnation: the process this record describes is gone.
+    /// It joined again (another incarnation, or the same one once `confirmed`): the process this
+    /// record describes is gone.
     pub restarted: bool,
+    /// It sent a message only an admitted process sends (a heartbeat with an epoch, a barrier
+    /// arrival, `Done`, `Failed`, `Synced`, a probe report): its process knows it is a member, so
+    /// a later `Join` with its incarnation comes from a restarted process, not a repeat.
+    pub confirmed: bool,
     /// It reported the current all-reduce attempt done.
     pub done: bool,
     /// It reported the current all-reduce attempt failed.
@@ -44,6 +49,7 @@ impl MemberInfo {
             arrived: None,
             leaving: None,
             restarted: false,
+            confirmed: false,
             done: false,
             failed: false,
         }
@@ -66,10 +72,14 @@ pub struct Joiner {
 /// Where the mesh is in its cycle.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Phase {
-    /// No epoch yet (or every member is gone): waiting for enough joiners.
+    /// No epoch yet: waiting for enough joiners. (After the first epoch, a mesh left without a
+    /// member holding the state stops instead of forming again.)
     Forming,
     /// Members compute the current outer step; the barrier opens at the first arrival.
     Compute {
+        /// When the step began (formation, or the commit or skip of the step before): the
+        /// barrier deadline while nobody has arrived counts from it.
+        since: Time,
         /// When the first member reached the barrier of the current step.
         barrier_opened: Option<Time>,
     },
@@ -154,6 +164,11 @@ impl Default for MeshState {
 }
 
 impl MeshState {
+    /// Whether `id` is a member that holds the training state.
+    pub fn is_synced(&self, id: NodeId) -> bool {
+        self.members.get(&id).is_some_and(|m| m.synced)
+    }
+
     /// The members of the current epoch, in id order.
     pub fn member_ids(&self) -> Vec<NodeId> {
         self.members.keys().copied().collect()

@@ -575,6 +575,8 @@ fn mesh(m: &RawMesh, regions: &[Region]) -> R<(MeshConfig, RegionId)> {
             .as_ref()
             .map_or(Ok(def.retry_backoff), |r| duration(&p.key("retry_backoff"), r))?,
         state_senders: usize_at_least_one("state_senders", m.state_senders, def.state_senders)?,
+        // Not in the scenario schema yet: the default.
+        compute_timeout: def.compute_timeout,
     };
     // The mesh's own rules, for any this function does not check itself.
     config.validate().map_err(|e| conflict(&p, e.to_string()))?;

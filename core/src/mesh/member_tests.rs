@@ -1,0 +1,210 @@
+//! Unit tests of the `member` module (a sibling file keeps the module short).
+
+use super::*;
+
+fn t(s: u64) -> Time {
+    Time::ZERO + Duration::from_secs(s)
+}
+
+/// `now - d`: the past, faked.
+fn ago(now: Time, d: Duration) -> Time {
+    Time::from_nanos(now.as_nanos() - d.as_nanos() as u64)
+}
+
+fn drain(m: &mut Member) -> Vec<MemberAction> {
+    std::iter::from_fn(|| m.poll_action()).collect()
+}
+
+fn joined(id: u32) -> Member {
+    let mut m = Member::new(NodeId(id), 0, MeshConfig::default(), 1);
+    m.join(t(0)).unwrap();
+    m.handle_message(
+        t(0),
+        NodeId::COORDINATOR,
+        MeshMsg::View { epoch: Epoch(1), outer_step: 0, members: vec![NodeId(0), NodeId(id)] },
+    );
+    drain(&mut m);
+    m
+}
+
+fn release(epoch: u64, attempt: u32, ring: &[u32]) -> MeshMsg {
+    MeshMsg::Release {
+        epoch: Epoch(epoch),
+        outer_step: 0,
+        attempt,
+        ring: ring.iter().map(|&i| NodeId(i)).collect(),
+        weights: vec![Weight::ONE; ring.len()],
+        transfers: vec![],
+    }
+}
+
+#[test]
+fn join_then_view_admits_and_computes() {
+    let mut m = Member::new(NodeId(3), 0, MeshConfig::default(), 1);
+    m.join(t(0)).unwrap();
+    assert_eq!(
+        drain(&mut m),
+        vec![MemberAction::Send {
+            to: NodeId::COORDINATOR,
+            msg: MeshMsg::Join { incarnation: 0 },
+            padding: 0
+        }]
+    );
+    let view = MeshMsg::View { epoch: Epoch(1), outer_step: 0, members: vec![NodeId(3)] };
+    m.handle_message(t(1), NodeId::COORDINATOR, view);
+    let a = drain(&mut m);
+    assert_eq!(a[0], MemberAction::Admitted { epoch: Epoch(1), outer_step: 0 });
+    assert!(a.contains(&MemberAction::Compute { epoch: Epoch(1), outer_step: 0 }));
+    assert_eq!(m.phase(), MemberPhase::Computing { outer_step: 0 });
+    assert_eq!(m.epoch(), Some(Epoch(1)));
+}
+
+#[test]
+fn heartbeats_repeat_join_until_queued_then_beat() {
+    let cfg = MeshConfig::default();
+    let mut m = Member::new(NodeId(1), 7, cfg.clone(), 1);
+    m.join(t(0)).unwrap();
+    drain(&mut m);
+    let due = m.poll_timeout().unwrap();
+    assert_eq!(due, t(0) + cfg.heartbeat_interval);
+    m.handle_timeout(ago(due, Duration::from_millis(1))); // early: no-op
+    assert!(drain(&mut m).is_empty());
+    m.handle_timeout(due);
+    assert!(matches!(
+        drain(&mut m)[..],
+        [MemberAction::Send { msg: MeshMsg::Join { incarnation: 7 }, .. }]
+    ));
+    m.handle_message(due, NodeId::COORDINATOR, MeshMsg::Queued { position: 0 });
+    let due = m.poll_timeout().unwrap();
+    m.handle_timeout(due);
+    assert!(matches!(
+        drain(&mut m)[..],
+        [MemberAction::Send {
+            msg: MeshMsg::Heartbeat {
+                seq: 1,
+                epoch: None,
+                phase: MemberPhase::Joining,
+                synced: false
+            },
+            ..
+        }]
+    ));
+}
+
+#[test]
+fn a_silent_coordinator_stops_the_member_within_the_deadline() {
+    let cfg = MeshConfig::default();
+    let mut m = joined(1);
+    let now = loop {
+        let now = m.poll_timeout().expect("a member always has a deadline until it stops");
+        m.handle_timeout(now);
+        if let Some(MemberAction::Stop(r)) =
+            drain(&mut m).into_iter().find(|a| matches!(a, MemberAction::Stop(_)))
+        {
+            assert_eq!(
+                r,
+                StopReason::CoordinatorLost {
+                    silent_for: cfg.coordinator_timeout,
+                    last_committed: None,
+                    pending: None
+                }
+            );
+            assert!(r.to_string().starts_with("coordinator lost"), "{r}");
+            break now;
+        }
+    };
+    assert_eq!(now, t(0) + cfg.coordinator_timeout);
+    assert!(m.is_stopped());
+    assert_eq!(m.poll_timeout(), None);
+}
+
+#[test]
+fn a_retry_aborts_then_restarts_and_old_reports_are_refused() {
+    let mut m = joined(1);
+    m.barrier_arrive(t(1), 0).unwrap();
+    m.handle_message(t(2), NodeId::COORDINATOR, release(1, 0, &[0, 1, 2]));
+    let a = drain(&mut m);
+    let MemberAction::StartAllReduce(s) = a.last().unwrap().clone() else { panic!("{a:?}") };
+    assert_eq!((s.epoch, s.op, s.total_weight), (Epoch(1), op_id(0, 0), 3.0));
+    m.handle_message(t(3), NodeId::COORDINATOR, release(2, 1, &[0, 1]));
+    let a = drain(&mut m);
+    assert_eq!(a[0], MemberAction::AbortAllReduce { epoch: Epoch(1), op: op_id(0, 0) });
+    assert!(matches!(&a[1], MemberAction::EpochChanged { epoch: Epoch(2), .. }));
+    let MemberAction::StartAllReduce(s) = a[2].clone() else { panic!("{a:?}") };
+    assert_eq!((s.epoch, s.attempt, s.total_weight), (Epoch(2), 1, 2.0));
+    assert_eq!(
+        m.report_allreduce_done(t(4), Epoch(1), op_id(0, 0)),
+        Err(MeshError::StaleEpoch { got: Epoch(1), current: Some(Epoch(2)) })
+    );
+    m.report_allreduce_done(t(4), Epoch(2), op_id(0, 1)).unwrap();
+    // A stale release of the older epoch changes nothing.
+    m.handle_message(t(5), NodeId::COORDINATOR, release(1, 0, &[0, 1]));
+    assert!(matches!(
+        drain(&mut m)[..],
+        [MemberAction::Send { msg: MeshMsg::Done { epoch: Epoch(2), attempt: 1, .. }, .. }]
+    ));
+    m.handle_message(t(6), NodeId::COORDINATOR, MeshMsg::Commit { epoch: Epoch(2), outer_step: 0 });
+    let a = drain(&mut m);
+    assert_eq!(a[0], MemberAction::Commit { epoch: Epoch(2), outer_step: 0 });
+    assert_eq!(a[1], MemberAction::Compute { epoch: Epoch(2), outer_step: 1 });
+    assert_eq!(m.last_committed(), Some(0));
+}
+
+#[test]
+fn commands_in_the_wrong_phase_are_errors_not_panics() {
+    let mut m = Member::new(NodeId(1), 0, MeshConfig::default(), 1);
+    assert!(matches!(m.barrier_arrive(t(0), 0), Err(MeshError::WrongPhase { .. })));
+    assert!(matches!(m.report_sync_done(t(0)), Err(MeshError::WrongPhase { .. })));
+    let mut m = joined(1);
+    assert_eq!(m.barrier_arrive(t(0), 5), Err(MeshError::WrongStep { got: 5, expected: Some(0) }));
+    assert_eq!(
+        m.report_allreduce_done(t(0), Epoch(1), 0),
+        Err(MeshError::UnknownOp { got: 0, running: None })
+    );
+}
+
+#[test]
+fn probes_are_echoed_and_measured_on_the_local_clock() {
+    let mut a = joined(1);
+    let mut b = joined(2);
+    a.handle_message(
+        t(10),
+        NodeId::COORDINATOR,
+        MeshMsg::ProbeRequest { round: 1, peers: vec![NodeId(2), NodeId(1)] },
+    );
+    let bw = 100e6; // bytes/s
+    let mut now = t(10);
+    for _ in 0..20 {
+        let acts = drain(&mut a);
+        let mut sent = false;
+        for act in acts {
+            match act {
+                MemberAction::Send { to: NodeId(2), msg, padding } => {
+                    sent = true;
+                    now += Duration::from_millis(5) + Duration::from_secs_f64(padding as f64 / bw);
+                    b.handle_message(now, NodeId(1), msg);
+                    let echo = drain(&mut b);
+                    let [MemberAction::Send { to: NodeId(1), msg, padding: 0 }] = &echo[..] else {
+                        panic!("{echo:?}")
+                    };
+                    now += Duration::from_millis(5);
+                    a.handle_message(now, NodeId(2), msg.clone());
+                }
+                MemberAction::Send {
+                    to: NodeId::COORDINATOR,
+                    msg: MeshMsg::ProbeReport { round, results },
+                    ..
+                } => {
+                    assert_eq!(round, 1);
+                    assert_eq!(results.len(), 1);
+                    assert_eq!(results[0].peer, NodeId(2));
+                    assert!((results[0].bytes_per_sec / bw - 1.0).abs() < 1e-3);
+                    return;
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(sent);
+    }
+    panic!("no report");
+}
