@@ -763,13 +763,6 @@ fn finish(
     if rows.is_empty() {
         violations.push("no outer step was committed".to_string());
     }
-    let flops = loco_core::metrics::flops_per_token(
-        s.model().non_embedding_params() as f64,
-        s.model().layers,
-        s.model().heads,
-        s.model().head_dim(),
-        s.real().seq_len.unwrap_or(s.model().seq_len),
-    );
     let meta = RunMeta {
         scenario: s.name().to_string(),
         seed: s.seed(),
@@ -777,13 +770,8 @@ fn finish(
         wall_seconds: wall,
         published: None,
         inner_steps_per_outer: Some(s.diloco().inner_steps),
-        mfu_basis: s.nodes().first().and_then(|n| n.peak_flops).map(|peak| {
-            loco_core::metrics::MfuBasis {
-                flops_per_token: flops,
-                peak_flops_per_gpu: peak,
-                gpus_per_node: 1,
-            }
-        }),
+        // One device per worker (the real backend does not shard a node over G devices yet).
+        mfu_basis: loco_core::metrics::MfuBasis::of_run(s, 1),
         violations,
         extra: BTreeMap::from([("peak_rss_bytes".to_string(), serde_json::json!(peaks))]),
     };

@@ -579,18 +579,8 @@ pub(crate) fn replay(scenario: &Scenario, mut opts: ReplayOptions) -> Result<Run
     };
     sort_outer_steps(&mut rows);
     sort_events(&mut events);
-    let mfu_basis = {
-        let first = s.nodes().first();
-        let all = s.nodes().iter().all(|n| n.peak_flops.is_some());
-        match first {
-            Some(f) if all => Some(MfuBasis {
-                flops_per_token: s.model().flops_per_token() as f64,
-                peak_flops_per_gpu: f.peak_flops.unwrap_or(0.0),
-                gpus_per_node: f.gpus,
-            }),
-            _ => None,
-        }
-    };
+    let gpus = s.nodes().first().map_or(1, |n| n.gpus);
+    let mfu_basis = MfuBasis::of_run(&s, gpus);
     let bw = run.net.bandwidth.borrow();
     let mut extra = BTreeMap::new();
     extra.insert("stop_reason".to_owned(), serde_json::json!(stop_reason));

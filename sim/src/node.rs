@@ -26,7 +26,9 @@ use loco_core::mesh::{
     AllReduceStart, JoinMode, LeaveReason, Member, MemberAction, MemberPhase, StopReason,
     padded_frame,
 };
-use loco_core::metrics::{EventKind, OuterStepRow};
+use loco_core::metrics::EventKind;
+use loco_core::node::acct::{RowIdentity, Span, StepAcct};
+use loco_core::node::digest::weights_digest;
 use loco_core::transport::{Body, Frame, Header, Phase, StateHeader, TransportError};
 use loco_core::{Epoch, NodeId, Time};
 use std::collections::{BTreeMap, VecDeque};
@@ -63,26 +65,6 @@ struct Computing {
     remaining: Duration,
     /// When the current stint of computing began (None while hung).
     since: Option<Time>,
-}
-
-/// The accounting of one outer step, closed into a row at its commit or skip.
-struct Acct {
-    step: u64,
-    start: Time,
-    compute: Duration,
-    barrier_from: Option<Time>,
-    barrier: Duration,
-    ar_from: Option<Time>,
-    ar: Duration,
-    recovery_from: Option<Time>,
-    recovery: Duration,
-    bytes0: u64,
-    retries: u32,
-    epoch: Epoch,
-    world: u32,
-    weight: f32,
-    tokens: u64,
-    loss: Option<f64>,
 }
 
 /// A state transfer being received.
@@ -172,7 +154,7 @@ pub(crate) struct Node {
     deferred: VecDeque<MemberAction>,
     held_frames: VecDeque<(NodeId, Frame)>,
     computing: Option<Computing>,
-    acct: Option<Acct>,
+    acct: Option<StepAcct>,
     /// The node holds valid outer weights (a founding member, or the state arrived).
     synced: bool,
     /// The state arrived but the coordinator has not been told (non-blocking: at the next
@@ -399,8 +381,16 @@ impl Node {
                 (true, Some(since)) => {
                     c.remaining = c.remaining.saturating_sub(now - since);
                     c.since = None;
+                    if let Some(a) = &mut self.acct {
+                        a.leave(now);
+                    }
                 }
-                (false, None) => c.since = Some(now),
+                (false, None) => {
+                    c.since = Some(now);
+                    if let Some(a) = &mut self.acct {
+                        a.enter(Span::Compute, now);
+                    }
+                }
                 _ => {}
             }
         }
@@ -420,8 +410,6 @@ impl Node {
 
     fn finish_compute(&mut self, now: Time) {
         let Some(c) = self.computing.take() else { return };
-        let since = c.since.unwrap_or(now);
-        let computed = self.compute_duration(c.step).saturating_sub(c.remaining) + (now - since);
         let h = self.run.scenario.diloco().inner_steps;
         let mut loss = None;
         if let Some(r) = &mut self.real {
@@ -434,10 +422,8 @@ impl Node {
             }
         }
         if let Some(a) = &mut self.acct {
-            a.compute += computed;
-            a.tokens = h.saturating_mul(self.run.scenario.diloco().batch_tokens);
-            a.loss = loss;
-            a.barrier_from = Some(now);
+            a.trained(h.saturating_mul(self.run.scenario.diloco().batch_tokens), loss);
+            a.enter(Span::Barrier, now);
         }
         if let Err(e) = self.member.barrier_arrive(now, c.step) {
             tracing::debug!(target: "loco_sim", "{}: barrier refused: {e}", self.id);
@@ -458,68 +444,24 @@ impl Node {
     }
 
     fn open_row(&mut self, step: u64, now: Time) {
-        if self.acct.as_ref().is_some_and(|a| a.step == step) {
+        if self.acct.as_ref().is_some_and(|a| a.step() == step) {
             return;
         }
-        self.acct = Some(Acct {
-            step,
-            start: now,
-            compute: Duration::ZERO,
-            barrier_from: None,
-            barrier: Duration::ZERO,
-            ar_from: None,
-            ar: Duration::ZERO,
-            recovery_from: None,
-            recovery: Duration::ZERO,
-            bytes0: self.counters.bytes_sent.get(),
-            retries: 0,
-            epoch: self.member.epoch().unwrap_or_default(),
-            world: 0,
-            weight: 0.0,
-            tokens: 0,
-            loss: None,
-        });
+        let epoch = self.member.epoch().unwrap_or_default();
+        self.acct = Some(StepAcct::open(step, now, epoch, self.counters.bytes_sent.get()));
     }
 
     fn close_row(&mut self, step: u64, now: Time, hash: String) {
-        let Some(mut a) = self.acct.take() else { return };
-        if a.step != step {
+        let Some(a) = self.acct.take() else { return };
+        if a.step() != step {
             return;
         }
-        if let Some(f) = a.ar_from.take() {
-            a.ar += now - f;
-        }
-        if let Some(f) = a.barrier_from.take() {
-            a.barrier += now - f;
-        }
-        let wall = (now - a.start).as_secs_f64();
-        let (c, b, r, rec) = (
-            a.compute.as_secs_f64(),
-            a.ar.as_secs_f64(),
-            a.barrier.as_secs_f64(),
-            a.recovery.as_secs_f64(),
-        );
-        let row = OuterStepRow {
-            outer_step: step,
+        let who = RowIdentity {
             node: self.run.node(self.id).spec.name.clone(),
             node_id: self.id.0,
-            epoch: a.epoch.0,
-            world: a.world,
-            start_s: a.start.as_secs_f64(),
-            end_s: now.as_secs_f64(),
-            compute_s: c,
-            allreduce_s: b,
-            barrier_s: r,
-            recovery_s: rec,
-            checkpoint_s: 0.0,
-            idle_s: (wall - c - b - r - rec).max(0.0),
-            bytes_sent: self.counters.bytes_sent.get().saturating_sub(a.bytes0),
-            retries: a.retries,
-            tokens: a.tokens,
-            loss: a.loss,
-            weights_hash: hash,
-            weight: f64::from(a.weight),
+            offset_s: 0.0,
         };
+        let row = a.close(now, self.counters.bytes_sent.get(), &who, hash);
         self.run.rec.borrow_mut().row(row);
     }
 
@@ -532,8 +474,7 @@ impl Node {
                 let ctl = self.run.node(self.id);
                 ctl.member.set(true);
                 self.run.rec.borrow_mut().coordinator_found(self.id);
-                let founding = ctl.spec.start.is_zero() && self.inc == 0 && self.session == 0;
-                let kind = if founding { EventKind::Start } else { EventKind::Join };
+                let kind = loco_core::node::events::admission_kind(epoch);
                 self.run.event(
                     now,
                     kind,
@@ -569,7 +510,7 @@ impl Node {
                 }
                 if matches!(self.member.phase(), MemberPhase::Syncing { .. }) {
                     if let Some(a) = &mut self.acct {
-                        a.recovery_from.get_or_insert(now);
+                        a.enter(Span::Recovery, now);
                     }
                 }
             }
@@ -589,8 +530,8 @@ impl Node {
                 }
                 let hash = self.hash();
                 if let Some(a) = &mut self.acct {
-                    a.epoch = epoch;
-                    a.retries = attempts.saturating_sub(1);
+                    a.set_epoch(epoch);
+                    a.set_retries(attempts.saturating_sub(1));
                 }
                 self.close_row(outer_step, now, hash);
             }
@@ -639,18 +580,21 @@ impl Node {
             r.model.inner = r.outer.outer().to_vec();
         }
         self.open_row(step, now);
-        if let Some(a) = &mut self.acct {
-            a.epoch = epoch;
-        }
         let remaining = self.compute_duration(step);
         self.strike(loco_core::scenario::FaultPhase::Compute);
         let since = (!self.hung()).then_some(now);
+        if let Some(a) = &mut self.acct {
+            a.set_epoch(epoch);
+            if since.is_some() {
+                a.enter(Span::Compute, now);
+            }
+        }
         self.computing = Some(Computing { step, remaining, since });
     }
 
     fn hash(&self) -> String {
         match &self.real {
-            Some(r) if self.synced => numerics::weights_hash(r.outer.outer()),
+            Some(r) if self.synced => weights_digest(r.outer.outer()),
             _ => String::new(),
         }
     }
@@ -676,7 +620,7 @@ impl Node {
             self.run.rec.borrow_mut().weights_after(self.id, step, &hash);
         }
         if let Some(a) = &mut self.acct {
-            a.epoch = epoch;
+            a.set_epoch(epoch);
         }
         self.close_row(step, now, hash);
         // Where the real backend hands a due checkpoint to its writer (the simulator writes none).
@@ -693,17 +637,9 @@ impl Node {
         self.result = None;
         self.check_release(&start);
         if let Some(a) = &mut self.acct {
-            if let Some(f) = a.barrier_from.take() {
-                a.barrier += now - f;
-            }
-            if let Some(f) = a.recovery_from.take() {
-                a.recovery += now - f;
-            }
-            a.ar_from.get_or_insert(now);
-            a.retries = start.attempt;
-            a.epoch = start.epoch;
-            a.world = start.ring.len() as u32;
-            a.weight = start.weight.get();
+            a.enter(Span::AllReduce, now);
+            let world = u32::try_from(start.ring.len()).unwrap_or(u32::MAX);
+            a.ring(start.epoch, world, f64::from(start.weight.get()), start.attempt);
         }
         let real = self.real.is_some();
         let total_len = match &self.real {
@@ -1002,10 +938,7 @@ impl Node {
         );
         if matches!(self.member.phase(), MemberPhase::Syncing { .. }) {
             if let Some(a) = &mut self.acct {
-                if let Some(f) = a.recovery_from.take() {
-                    a.recovery += now - f;
-                }
-                a.barrier_from = Some(now);
+                a.enter(Span::Barrier, now);
             }
             if let Err(e) = self.member.report_sync_done(now) {
                 tracing::debug!(target: "loco_sim", "{}: sync report refused: {e}", self.id);
