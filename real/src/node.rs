@@ -10,7 +10,6 @@ use crate::checkpoint::{CheckpointConfig, CheckpointError, Checkpointer, Snapsho
 use crate::inner::{InnerError, InnerLoop, InnerStats};
 use crate::tcp::{TcpConfig, TcpError, TcpTransport};
 use bytes::Bytes;
-use loco_core::allreduce::{Payload, RingAllReduce, RingConfig, RingError};
 use loco_core::codec::CodecKind;
 use loco_core::diloco::{DilocoError, OuterConfig, OuterState, buckets_from_sizes};
 use loco_core::ids::{Epoch, NodeId};
@@ -20,6 +19,7 @@ use loco_core::mesh::{
 };
 use loco_core::metrics::{EventKind, EventRow, OuterStepRow};
 use loco_core::node::acct::{RowIdentity, Span, StepAcct};
+use loco_core::node::rings::{Admission, Inbox, ShardRings, Values};
 use loco_core::scenario::FaultPhase;
 use loco_core::time::Time;
 use loco_core::transport::{Body, Frame, Header, StateHeader, Transport};
@@ -40,8 +40,6 @@ const PART_SHARED: u32 = 0;
 const PART_OWN: u32 = 1;
 /// Bytes of state pieces kept when they arrive before this node's `FetchState`.
 const MAX_EARLY_STATE_BYTES: usize = 1 << 30;
-/// Collective frames kept for an all-reduce this node has not started yet.
-const MAX_EARLY_FRAMES: usize = 1 << 16;
 
 /// How a worker runs.
 #[derive(Clone, Debug)]
@@ -64,8 +62,11 @@ pub struct WorkerOptions {
     pub codec: CodecKind,
     /// The outer optimiser.
     pub outer: OuterConfig,
-    /// Pipelining unit of the all-reduce, in values.
-    pub segment_elems: usize,
+    /// Pipelining unit of the all-reduce, in values (`None`: the all-reduce picks).
+    pub segment_elems: Option<usize>,
+    /// Local shards: this node runs one ring per shard over 1/G of the vector each, all in one
+    /// epoch (the scenario's `gpus`).
+    pub shards: u16,
     /// TCP settings.
     pub tcp: TcpConfig,
     /// Where to append this worker's metrics (JSON lines of [`MetricsLine`]).
@@ -354,8 +355,10 @@ struct Worker<L: InnerLoop> {
     member: Member,
     inner: Option<L>,
     outer: Option<OuterState>,
-    ring: Option<(RingAllReduce<'static>, AllReduceStart)>,
-    early: Vec<(NodeId, Frame)>,
+    /// The running all-reduce: one ring per local shard.
+    rings: Option<ShardRings>,
+    /// Collective frames on their way to the rings: stale ones counted, early ones held.
+    inbox: Inbox,
     fetch: Option<Fetch>,
     pending_sync: Option<PendingSync>,
     deferred_sends: Vec<(Epoch, NodeId, Vec<NodeId>)>,
@@ -396,7 +399,7 @@ pub async fn run_worker<L: InnerLoop>(
     let mut t = TcpTransport::bind(opts.id, opts.listen, opts.tcp.clone()).await?;
     t.set_peer_addr(NodeId::COORDINATOR, opts.coordinator);
     let metrics = MetricsFile::open(opts.metrics.as_deref())?;
-    let member = Member::new(opts.id, opts.incarnation, opts.mesh.clone(), 1);
+    let member = Member::new(opts.id, opts.incarnation, opts.mesh.clone(), opts.shards.max(1));
     let checkpointer = match &opts.checkpoint {
         Some(plan) => Some((Checkpointer::new(plan.config.clone())?, plan.every.max(1))),
         None => None,
@@ -410,8 +413,8 @@ pub async fn run_worker<L: InnerLoop>(
         member,
         inner: Some(inner),
         outer: None,
-        ring: None,
-        early: Vec::new(),
+        rings: None,
+        inbox: Inbox::default(),
         fetch: None,
         pending_sync: None,
         deferred_sends: Vec::new(),
@@ -831,22 +834,18 @@ impl<L: InnerLoop> Worker<L> {
             }
             MemberAction::StartAllReduce(start) => self.start_ring(start).await?,
             MemberAction::AbortAllReduce { epoch, op } => {
-                if let Some((ring, s)) = self.ring.take() {
-                    if s.epoch == epoch && s.op == op {
-                        let g = ring.into_payload().unwrap_or_default();
-                        if let Some(o) = self.outer.as_mut() {
-                            o.put_pseudo_gradient(g)?;
-                        }
+                if let Some(rings) = self.rings.take() {
+                    if rings.collective() == (epoch, op) {
+                        self.return_values(rings)?;
                         self.event(
                             EventKind::Retry,
                             format!("all-reduce {epoch}/op {op} aborted"),
                         )?;
                     } else {
-                        self.ring = Some((ring, s));
+                        self.rings = Some(rings);
                     }
                 }
-                self.early
-                    .retain(|(_, f)| matches!(&f.header, Header::Collective(h) if h.epoch > epoch));
+                self.inbox.abort(epoch, op);
             }
             MemberAction::Commit { epoch, outer_step } => {
                 let hash = self.close_step(outer_step, true)?;
@@ -967,36 +966,52 @@ impl<L: InnerLoop> Worker<L> {
         // Recompute the pseudo-gradient: a retry starts again from the kept inputs.
         self.refresh_pseudo_gradient()?;
         let g = self.outer.as_mut().expect("outer state").take_pseudo_gradient();
-        let n = g.len();
         if let Some(a) = self.acct.as_mut() {
             a.enter(Span::AllReduce, self.clock.now());
             let world = u32::try_from(s.ring.len()).unwrap_or(u32::MAX);
             a.ring(s.epoch, world, f64::from(s.weight.get()), s.attempt);
         }
-        let mut cfg = RingConfig::new(s.epoch, s.op, s.ring.clone(), self.opts.id, self.opts.codec);
-        cfg.segment_elems = self.opts.segment_elems;
-        let ring = match RingAllReduce::new(cfg, Payload::Owned(g), s.weight) {
+        let (epoch, op) = (s.epoch, s.op);
+        let rings = match ShardRings::new(
+            s,
+            self.opts.id,
+            self.opts.codec,
+            Values::Real(g),
+            self.opts.segment_elems,
+        ) {
             Ok(r) => r,
             Err(e) => {
-                tracing::warn!(node = %self.opts.name, "cannot start the all-reduce: {e}");
-                // The buffer went with the refused collective; the next attempt recomputes it.
-                self.outer.as_mut().expect("outer state").put_pseudo_gradient(vec![0.0; n])?;
-                self.member.report_allreduce_failed(self.clock.now(), s.epoch, s.op)?;
+                tracing::warn!(node = %self.opts.name, "cannot start the all-reduce: {}", e.source);
+                if let Values::Real(g) = e.values {
+                    self.outer.as_mut().expect("outer state").put_pseudo_gradient(g)?;
+                }
+                self.member.report_allreduce_failed(self.clock.now(), epoch, op)?;
                 return Ok(());
             }
         };
-        self.ring = Some((ring, s));
-        let early = std::mem::take(&mut self.early);
+        let early = self.inbox.take_for(rings.collective());
+        self.rings = Some(rings);
         for (from, f) in early {
-            self.on_collective(from, f).await?;
+            self.feed_rings(from, &f)?;
         }
         self.pump_ring().await
     }
 
+    /// Gives the values of a finished or abandoned all-reduce back to the outer state (after a
+    /// failure they are unspecified; the next attempt recomputes them).
+    fn return_values(&mut self, rings: ShardRings) -> Result<(), WorkerError> {
+        let n = self.outer.as_ref().map_or(0, OuterState::len);
+        let g = rings.into_values().unwrap_or_else(|| vec![0.0; n]);
+        if let Some(o) = self.outer.as_mut() {
+            o.put_pseudo_gradient(g)?;
+        }
+        Ok(())
+    }
+
     async fn pump_ring(&mut self) -> Result<(), WorkerError> {
         loop {
-            let Some((ring, _)) = self.ring.as_mut() else { return Ok(()) };
-            let Some((to, f)) = ring.poll_send() else { break };
+            let Some(rings) = self.rings.as_mut() else { return Ok(()) };
+            let Some((to, f)) = rings.poll_send() else { break };
             let phase = match &f.header {
                 Header::Collective(h) if h.phase == loco_core::transport::Phase::AllGather => {
                     FaultPhase::AllGather
@@ -1008,24 +1023,30 @@ impl<L: InnerLoop> Worker<L> {
                 self.strike(phase)?;
             }
             if !sent {
-                let (ring, s) = self.ring.take().expect("ring");
-                self.outer
-                    .as_mut()
-                    .expect("outer")
-                    .put_pseudo_gradient(ring.into_payload().unwrap_or_default())?;
+                let rings = self.rings.take().expect("rings");
+                let (epoch, op) = rings.collective();
+                self.return_values(rings)?;
                 self.event(EventKind::AllreduceFailed, format!("{} unreachable", to))?;
-                let _ = self.member.report_allreduce_failed(self.clock.now(), s.epoch, s.op);
+                let _ = self.member.report_allreduce_failed(self.clock.now(), epoch, op);
                 return Ok(());
             }
         }
-        let done = self.ring.as_ref().is_some_and(|(r, _)| r.is_done());
-        if done {
-            let (ring, s) = self.ring.take().expect("ring");
-            self.outer
-                .as_mut()
-                .expect("outer")
-                .put_pseudo_gradient(ring.into_payload().unwrap_or_default())?;
-            let _ = self.member.report_allreduce_done(self.clock.now(), s.epoch, s.op);
+        if self.rings.as_ref().is_some_and(ShardRings::is_done) {
+            let rings = self.rings.take().expect("rings");
+            let (epoch, op) = rings.collective();
+            self.return_values(rings)?;
+            let _ = self.member.report_allreduce_done(self.clock.now(), epoch, op);
+        }
+        Ok(())
+    }
+
+    /// Feeds one collective frame to the running rings; a refused frame is logged and dropped
+    /// (the collective fails by its neighbours' timeouts or is retried on a new epoch).
+    fn feed_rings(&mut self, from: NodeId, f: &Frame) -> Result<(), WorkerError> {
+        if let Some(rings) = self.rings.as_mut() {
+            if let Err(e) = rings.handle_frame(from, f) {
+                tracing::warn!(node = %self.opts.name, peer = %from, "dropped a collective frame: {e}");
+            }
         }
         Ok(())
     }
@@ -1046,30 +1067,13 @@ impl<L: InnerLoop> Worker<L> {
     }
 
     async fn on_collective(&mut self, from: NodeId, frame: Frame) -> Result<(), WorkerError> {
-        let Header::Collective(h) = &frame.header else { return Ok(()) };
-        let Some((ring, s)) = self.ring.as_mut() else {
-            // Not started yet: a neighbour's Release arrived first. Keep newer frames.
-            let current = self.member.epoch().unwrap_or(Epoch(0));
-            if h.epoch >= current && self.early.len() < MAX_EARLY_FRAMES {
-                self.early.push((from, frame));
+        let running = self.rings.as_ref().map(ShardRings::collective);
+        match self.inbox.admit(self.member.epoch(), running, from, frame) {
+            Admission::Feed(f) => {
+                self.feed_rings(from, &f)?;
+                self.pump_ring().await
             }
-            return Ok(());
-        };
-        match ring.handle_frame(from, &frame) {
-            Ok(()) => self.pump_ring().await,
-            Err(RingError::StaleEpoch { .. }) => Ok(()),
-            Err(RingError::FutureEpoch { .. }) | Err(RingError::WrongOp { .. })
-                if h.epoch >= s.epoch && h.op != s.op || h.epoch > s.epoch =>
-            {
-                if self.early.len() < MAX_EARLY_FRAMES {
-                    self.early.push((from, frame));
-                }
-                Ok(())
-            }
-            Err(e) => {
-                tracing::warn!(node = %self.opts.name, peer = %from, "dropped a collective frame: {e}");
-                Ok(())
-            }
+            Admission::Held | Admission::Refused | Admission::Stale | Admission::Dropped => Ok(()),
         }
     }
 

@@ -12,7 +12,6 @@ use crate::numerics;
 use crate::record::Recorder;
 use crate::rng::{Purpose, derive};
 use crate::{Progress, ReplayOptions, RunOutput, SimError};
-use loco_core::codec::CodecKind;
 use loco_core::metrics::{EventKind, MfuBasis, RunMeta, sort_events, sort_outer_steps, summarize};
 use loco_core::scenario::{ChurnAction, Cut, Numerics, RegionId, Scenario};
 use loco_core::{NodeId, Time};
@@ -381,14 +380,7 @@ pub(crate) fn replay(scenario: &Scenario, mut opts: ReplayOptions) -> Result<Run
             Some(RealSetup { initial: numerics::initial_weights(seed, n) })
         }
     };
-    let segment_elems = s.diloco().segment.map(|bytes| {
-        let per = match s.diloco().codec {
-            CodecKind::Fp32 => 4,
-            CodecKind::Fp16 | CodecKind::Bf16 => 2,
-            CodecKind::Uint8 | CodecKind::Int8Block => 1,
-        };
-        usize::try_from((bytes / per).max(1)).unwrap_or(usize::MAX)
-    });
+    let segment_elems = s.diloco().segment_elems();
     let net = NetShared::new();
     {
         let mut bw: std::cell::RefMut<'_, BandwidthModel> = net.bandwidth.borrow_mut();

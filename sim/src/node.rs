@@ -19,8 +19,6 @@ use crate::ctx::RunCtx;
 use crate::net::{NetCounters, SimTransport};
 use crate::numerics::{self, StateSnapshot, Synthetic};
 use bytes::Bytes;
-use loco_core::allreduce::schedule::chunk_range;
-use loco_core::allreduce::{DEFAULT_SEGMENT_ELEMS, Payload, RingAllReduce, RingConfig, RingError};
 use loco_core::diloco::OuterState;
 use loco_core::mesh::{
     AllReduceStart, JoinMode, LeaveReason, Member, MemberAction, MemberPhase, StopReason,
@@ -29,6 +27,7 @@ use loco_core::mesh::{
 use loco_core::metrics::EventKind;
 use loco_core::node::acct::{RowIdentity, Span, StepAcct};
 use loco_core::node::digest::weights_digest;
+use loco_core::node::rings::{Admission, Inbox, ShardRings, Values};
 use loco_core::transport::{Body, Frame, Header, Phase, StateHeader, TransportError};
 use loco_core::{Epoch, NodeId, Time};
 use std::collections::{BTreeMap, VecDeque};
@@ -89,58 +88,6 @@ struct Real {
     log: VecDeque<(u64, Option<Vec<f32>>)>,
 }
 
-/// The ring machines of one all-reduce and what the invariants need from them.
-struct Rings<'a> {
-    start: AllReduceStart,
-    rings: Vec<RingAllReduce<'a>>,
-    /// Weight sums carried by the all-gather frames seen (sent at step 0 and received).
-    sums: Vec<f64>,
-    left: NodeId,
-    right: NodeId,
-}
-
-impl<'a> Rings<'a> {
-    /// One ring per shard over `work` (real numerics: `total_len` values split by shard) or over
-    /// lengths only (`real` false).
-    fn new(
-        start: AllReduceStart,
-        me: NodeId,
-        codec: loco_core::codec::CodecKind,
-        work: &'a mut [f32],
-        total_len: usize,
-        real: bool,
-        segment: impl Fn(usize, usize) -> usize,
-    ) -> Result<Self, RingError> {
-        let g = usize::from(start.shards.max(1));
-        let world = start.ring.len();
-        let pos = start.ring.iter().position(|n| *n == me).ok_or(RingError::NotAMember { me })?;
-        let left = start.ring[(pos + world - 1) % world];
-        let right = start.ring[(pos + 1) % world];
-        let mut rings = Vec::with_capacity(g);
-        let mut rest: &'a mut [f32] = work;
-        for s in 0..g {
-            let len = chunk_range(total_len, g, s).len();
-            let mut cfg = RingConfig::new(start.epoch, start.op, start.ring.clone(), me, codec);
-            cfg.shard = s as u16;
-            cfg.segment_elems = segment(len, world);
-            let payload = if real {
-                let avail = rest.len();
-                let (mine, tail) = std::mem::take(&mut rest).split_at_mut(len.min(avail));
-                rest = tail;
-                Payload::Real(mine)
-            } else {
-                Payload::Virtual(len)
-            };
-            rings.push(RingAllReduce::new(cfg, payload, start.weight)?);
-        }
-        Ok(Rings { start, rings, sums: Vec::new(), left, right })
-    }
-
-    fn done(&self) -> bool {
-        self.rings.iter().all(RingAllReduce::is_done)
-    }
-}
-
 /// One node's host software. See the module documentation.
 pub(crate) struct Node {
     run: Rc<RunCtx>,
@@ -153,6 +100,8 @@ pub(crate) struct Node {
     member: Member,
     deferred: VecDeque<MemberAction>,
     held_frames: VecDeque<(NodeId, Frame)>,
+    /// Collective frames on their way to the rings: stale ones counted, early ones held.
+    inbox: Inbox,
     computing: Option<Computing>,
     acct: Option<StepAcct>,
     /// The node holds valid outer weights (a founding member, or the state arrived).
@@ -207,6 +156,7 @@ impl Node {
             member,
             deferred: VecDeque::new(),
             held_frames: VecDeque::new(),
+            inbox: Inbox::default(),
             computing: None,
             acct: None,
             synced: false,
@@ -271,6 +221,7 @@ impl Node {
             Member::new(self.id, (self.inc << 16) | self.session, self.run.mesh.clone(), self.gpus);
         self.deferred.clear();
         self.held_frames.clear();
+        self.inbox = Inbox::default();
         self.computing = None;
         self.acct = None;
         self.synced = false;
@@ -353,16 +304,16 @@ impl Node {
                 Header::Mesh(msg) => self.member.handle_message(Self::now(), from, msg),
                 Header::State(h) => self.on_state_part(from, h, frame.body),
                 Header::Collective(h) => {
-                    if self.member.epoch().is_some_and(|e| h.epoch < e) {
+                    let frame = Frame { header: Header::Collective(h), body: frame.body };
+                    if self.hung() {
+                        self.held_frames.push_back((from, frame));
+                    } else if let Admission::Stale =
+                        self.inbox.admit(self.member.epoch(), None, from, frame)
+                    {
                         self.run.rec.borrow_mut().stale(1);
-                    } else if self.hung() {
-                        self.held_frames.push_back((
-                            from,
-                            Frame { header: Header::Collective(h), body: frame.body },
-                        ));
                     }
-                    // A frame of a collective not running here (finished, aborted, or not yet
-                    // started) is dropped: the ring it belongs to is retried on a new epoch.
+                    // A frame of a collective not started here yet is held for it; one of a
+                    // finished or aborted collective is dropped when the next one starts.
                 }
             },
             Event::Net(Err(_)) => {}
@@ -641,43 +592,27 @@ impl Node {
             let world = u32::try_from(start.ring.len()).unwrap_or(u32::MAX);
             a.ring(start.epoch, world, f64::from(start.weight.get()), start.attempt);
         }
-        let real = self.real.is_some();
-        let total_len = match &self.real {
-            Some(r) => r.outer.len(),
-            None => usize::try_from(self.run.params).unwrap_or(usize::MAX),
-        };
-        let mut work: Vec<f32> = match &self.real {
-            Some(r) => r.outer.pseudo_gradient().to_vec(),
-            None => Vec::new(),
+        let values = match &self.real {
+            Some(r) => Values::Real(r.outer.pseudo_gradient().to_vec()),
+            None => Values::Virtual(usize::try_from(self.run.params).unwrap_or(usize::MAX)),
         };
         let codec = self.run.scenario.diloco().codec;
-        let seg_cfg = self.run.segment_elems;
-        let segment = move |len: usize, world: usize| -> usize {
-            match seg_cfg {
-                Some(s) => s.max(1),
-                None if real => DEFAULT_SEGMENT_ELEMS,
-                // Sizes only: a few segments per chunk keep the pipelining without a flood of
-                // frames (a 10B ring would otherwise send ~100 frames per chunk).
-                None => (len / world.max(1)).div_ceil(4).max(DEFAULT_SEGMENT_ELEMS),
+        let (epoch, op) = (start.epoch, start.op);
+        let mut rings = match ShardRings::new(start, self.id, codec, values, self.run.segment_elems)
+        {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(target: "loco_sim", "{}: cannot start the all-reduce: {}", self.id, e.source);
+                let _ = self.member.report_allreduce_failed(now, epoch, op);
+                return Flow::Continue;
             }
         };
-        let (epoch, op) = (start.epoch, start.op);
-        let outcome = {
-            let rings =
-                Rings::new(start.clone(), self.id, codec, &mut work, total_len, real, segment);
-            let mut rings = match rings {
-                Ok(r) => r,
-                Err(e) => {
-                    tracing::warn!(target: "loco_sim", "{}: cannot start the all-reduce: {e}", self.id);
-                    let _ = self.member.report_allreduce_failed(now, epoch, op);
-                    return Flow::Continue;
-                }
-            };
-            self.drive(&mut rings).await
-        };
-        match outcome {
+        // Frames that arrived before this node's release (a neighbour started first).
+        let early = self.inbox.take_for((epoch, op));
+        self.held_frames.extend(early);
+        match self.drive(&mut rings).await {
             Flow::Continue => {
-                self.result = Some((epoch, op, work));
+                self.result = Some((epoch, op, rings.into_values().unwrap_or_default()));
                 Flow::Continue
             }
             other => other,
@@ -686,34 +621,29 @@ impl Node {
 
     /// The loop of an all-reduce: returns `Continue` when the rings are done (and reported),
     /// or the interrupting flow.
-    async fn drive(&mut self, rings: &mut Rings<'_>) -> Flow {
+    async fn drive(&mut self, rings: &mut ShardRings) -> Flow {
         let mut failed = false;
         loop {
             if !self.hung() {
                 while let Some((from, f)) = self.held_frames.pop_front() {
-                    if let Some(flow) = self.feed(rings, from, &f, &mut failed) {
+                    if let Some(flow) = self.feed(rings, from, f, &mut failed) {
                         return flow;
                     }
                 }
-                'rings: for r in &mut rings.rings {
-                    while let Some((to, f)) = r.poll_send() {
-                        let mut phase = loco_core::scenario::FaultPhase::ReduceScatter;
-                        if let Header::Collective(h) = &f.header {
-                            if h.phase == Phase::AllGather {
-                                phase = loco_core::scenario::FaultPhase::AllGather;
-                                if h.step == 0 {
-                                    rings.sums.push(h.weight_sum);
-                                }
-                            }
+                while let Some((to, f)) = rings.poll_send() {
+                    let phase = match &f.header {
+                        Header::Collective(h) if h.phase == Phase::AllGather => {
+                            loco_core::scenario::FaultPhase::AllGather
                         }
-                        self.run.frames.set(self.run.frames.get() + 1);
-                        self.net.enqueue(to, f);
-                        if self.strike(phase) {
-                            break 'rings;
-                        }
+                        _ => loco_core::scenario::FaultPhase::ReduceScatter,
+                    };
+                    self.run.frames.set(self.run.frames.get() + 1);
+                    self.net.enqueue(to, f);
+                    if self.strike(phase) {
+                        break;
                     }
                 }
-                if !self.hung() && !failed && rings.done() {
+                if !self.hung() && !failed && rings.is_done() {
                     self.finish_rings(rings);
                     return Flow::Continue;
                 }
@@ -721,8 +651,7 @@ impl Node {
             while let Some(a) = self.next_action() {
                 match self.act(a) {
                     Flow::Continue => {}
-                    Flow::Abort { epoch, op }
-                        if epoch != rings.start.epoch || op != rings.start.op => {}
+                    Flow::Abort { epoch, op } if (epoch, op) != rings.collective() => {}
                     other => return other,
                 }
             }
@@ -730,21 +659,16 @@ impl Node {
                 Event::Net(Ok((from, frame))) if matches!(frame.header, Header::Collective(_)) => {
                     if self.hung() {
                         self.held_frames.push_back((from, frame));
-                    } else if let Some(flow) = self.feed(rings, from, &frame, &mut failed) {
+                    } else if let Some(flow) = self.feed(rings, from, frame, &mut failed) {
                         return flow;
                     }
                 }
                 Event::Net(Err(TransportError::Unreachable(peer))) => {
-                    if !failed
-                        && (peer == rings.left || peer == rings.right)
-                        && rings.start.ring.len() > 1
-                    {
+                    let (left, right) = rings.neighbours();
+                    if !failed && (peer == left || peer == right) && rings.start().ring.len() > 1 {
                         failed = true;
-                        let _ = self.member.report_allreduce_failed(
-                            Self::now(),
-                            rings.start.epoch,
-                            rings.start.op,
-                        );
+                        let (epoch, op) = rings.collective();
+                        let _ = self.member.report_allreduce_failed(Self::now(), epoch, op);
                     }
                 }
                 ev => self.on_event(ev),
@@ -752,61 +676,48 @@ impl Node {
         }
     }
 
-    /// Feeds a collective frame to its ring. `Some(flow)` ends the all-reduce.
+    /// Feeds a collective frame to the rings (through the inbox: stale frames are counted, frames
+    /// of a later collective held). `Some(flow)` ends the all-reduce.
     fn feed(
         &mut self,
-        rings: &mut Rings<'_>,
+        rings: &mut ShardRings,
         from: NodeId,
-        f: &Frame,
+        f: Frame,
         failed: &mut bool,
     ) -> Option<Flow> {
-        let Header::Collective(h) = &f.header else { return None };
-        if h.epoch != rings.start.epoch || h.op != rings.start.op {
-            if h.epoch < rings.start.epoch {
+        let running = Some(rings.collective());
+        let f = match self.inbox.admit(self.member.epoch(), running, from, f) {
+            Admission::Feed(f) => f,
+            Admission::Stale => {
                 self.run.rec.borrow_mut().stale(1);
+                return None;
             }
-            return None;
-        }
-        let ring = rings.rings.get_mut(usize::from(h.shard))?;
-        if h.phase == Phase::AllGather {
-            rings.sums.push(h.weight_sum);
-        }
-        match ring.handle_frame(from, f) {
-            Ok(()) => None,
-            Err(RingError::StaleEpoch { .. }) => {
-                self.run.rec.borrow_mut().stale(1);
-                None
-            }
-            Err(e) => {
-                let msg = format!(
-                    "{}: all-reduce of {} op {} refused a frame from {}: {e}",
-                    self.run.rec.borrow().name(self.id),
-                    rings.start.epoch,
-                    rings.start.op,
-                    self.run.rec.borrow().name(from)
-                );
-                self.run.rec.borrow_mut().violation(msg);
-                if !*failed {
-                    *failed = true;
-                    let _ = self.member.report_allreduce_failed(
-                        Self::now(),
-                        rings.start.epoch,
-                        rings.start.op,
-                    );
-                }
-                None
+            Admission::Held | Admission::Refused | Admission::Dropped => return None,
+        };
+        if let Err(e) = rings.handle_frame(from, &f) {
+            let (epoch, op) = rings.collective();
+            let msg = format!(
+                "{}: all-reduce of {epoch} op {op} refused a frame from {}: {e}",
+                self.run.rec.borrow().name(self.id),
+                self.run.rec.borrow().name(from)
+            );
+            self.run.rec.borrow_mut().violation(msg);
+            if !*failed {
+                *failed = true;
+                let _ = self.member.report_allreduce_failed(Self::now(), epoch, op);
             }
         }
+        None
     }
 
-    fn finish_rings(&mut self, rings: &mut Rings<'_>) {
-        let s = &rings.start;
+    fn finish_rings(&mut self, rings: &ShardRings) {
+        let s = rings.start();
         if s.ring.len() > 1 {
             let what = format!("outer step {} attempt {} ({})", s.outer_step, s.attempt, s.epoch);
             self.run.rec.borrow_mut().allreduce_weights(
                 self.id,
                 &what,
-                &rings.sums,
+                rings.weight_sums(),
                 f64::from(s.total_weight),
             );
         }
