@@ -250,7 +250,8 @@ pub(crate) fn worker(a: &crate::cli::WorkerArgs) -> Result<()> {
             momentum: s.diloco().outer_momentum as f32,
             nesterov: s.diloco().nesterov,
         },
-        segment_elems: loco_core::allreduce::DEFAULT_SEGMENT_ELEMS,
+        segment_elems: s.diloco().segment_elems(),
+        shards: u16::try_from(node.gpus.max(1)).unwrap_or(u16::MAX),
         tcp: TcpConfig { secret: secret(&s), ..TcpConfig::default() },
         metrics: a.metrics.clone(),
         time_offset_s: a.run_start.map_or(0.0, |t| unix_now() - t),
@@ -763,13 +764,6 @@ fn finish(
     if rows.is_empty() {
         violations.push("no outer step was committed".to_string());
     }
-    let flops = loco_core::metrics::flops_per_token(
-        s.model().non_embedding_params() as f64,
-        s.model().layers,
-        s.model().heads,
-        s.model().head_dim(),
-        s.real().seq_len.unwrap_or(s.model().seq_len),
-    );
     let meta = RunMeta {
         scenario: s.name().to_string(),
         seed: s.seed(),
@@ -777,13 +771,8 @@ fn finish(
         wall_seconds: wall,
         published: None,
         inner_steps_per_outer: Some(s.diloco().inner_steps),
-        mfu_basis: s.nodes().first().and_then(|n| n.peak_flops).map(|peak| {
-            loco_core::metrics::MfuBasis {
-                flops_per_token: flops,
-                peak_flops_per_gpu: peak,
-                gpus_per_node: 1,
-            }
-        }),
+        // One device per worker (the real backend does not shard a node over G devices yet).
+        mfu_basis: loco_core::metrics::MfuBasis::of_run(s, 1),
         violations,
         extra: BTreeMap::from([("peak_rss_bytes".to_string(), serde_json::json!(peaks))]),
     };

@@ -127,48 +127,22 @@ pub async fn run_coordinator(
                 }
                 CoordinatorAction::Event(ev) => {
                     let at = secs();
-                    let epoch = c.epoch().0;
-                    let row = |kind, node: Option<NodeId>, detail: String| {
-                        let mut r = EventRow::new(at, kind).epoch(epoch).detail(detail);
-                        if let Some(n) = node {
-                            r = r.node(name(n));
-                        }
-                        r
-                    };
+                    for r in loco_core::node::events::coordinator_rows(at, &ev, &name) {
+                        write(r)?;
+                    }
                     match &ev {
-                        MeshEvent::JoinQueued { node, .. } => {
-                            write(row(EventKind::JoinRequest, Some(*node), ev.to_string()))?
+                        MeshEvent::EpochFormed { .. } => epochs += 1,
+                        MeshEvent::Committed { .. } | MeshEvent::StepSkipped { .. } => {
+                            committed += 1
                         }
-                        MeshEvent::EpochFormed { epoch: formed, members, admitted, evicted } => {
-                            epochs += 1;
-                            // The simulator's wording, so that the two backends' stories compare.
-                            let names: Vec<String> = members.iter().map(|&m| name(m)).collect();
-                            let detail = format!("{} members: {}", members.len(), names.join(" "));
-                            let of = |r: EventRow| r.epoch(formed.0);
-                            write(of(row(EventKind::Epoch, None, detail)))?;
-                            for a in admitted {
-                                let detail = format!("admitted into {formed}");
-                                write(of(row(EventKind::Join, Some(*a), detail)))?;
-                            }
-                            for (n, why) in evicted {
-                                // A deathrattle is the `leave` the worker records, not an eviction.
-                                if !matches!(why, loco_core::mesh::EvictReason::Deathrattle(_)) {
-                                    write(of(row(EventKind::Evict, Some(*n), why.to_string())))?;
-                                }
-                            }
+                        MeshEvent::Shutdown => {
+                            let epoch = c.epoch().0;
+                            write(
+                                EventRow::new(at, EventKind::Stop)
+                                    .epoch(epoch)
+                                    .detail(ev.to_string()),
+                            )?
                         }
-                        MeshEvent::Released { attempt, .. } if *attempt > 0 => {
-                            write(row(EventKind::Retry, None, ev.to_string()))?
-                        }
-                        MeshEvent::AllReduceFailed { node, .. } => {
-                            write(row(EventKind::AllreduceFailed, Some(*node), ev.to_string()))?
-                        }
-                        MeshEvent::Committed { .. } => committed += 1,
-                        MeshEvent::StepSkipped { .. } => {
-                            committed += 1;
-                            write(row(EventKind::SkipStep, None, ev.to_string()))?;
-                        }
-                        MeshEvent::Shutdown => write(row(EventKind::Stop, None, ev.to_string()))?,
                         _ => tracing::debug!("{ev}"),
                     }
                 }

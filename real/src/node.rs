@@ -10,7 +10,6 @@ use crate::checkpoint::{CheckpointConfig, CheckpointError, Checkpointer, Snapsho
 use crate::inner::{InnerError, InnerLoop, InnerStats};
 use crate::tcp::{TcpConfig, TcpError, TcpTransport};
 use bytes::Bytes;
-use loco_core::allreduce::{Payload, RingAllReduce, RingConfig, RingError};
 use loco_core::codec::CodecKind;
 use loco_core::diloco::{DilocoError, OuterConfig, OuterState, buckets_from_sizes};
 use loco_core::ids::{Epoch, NodeId};
@@ -19,6 +18,8 @@ use loco_core::mesh::{
     padded_frame,
 };
 use loco_core::metrics::{EventKind, EventRow, OuterStepRow};
+use loco_core::node::acct::{RowIdentity, Span, StepAcct};
+use loco_core::node::rings::{Admission, Inbox, ShardRings, Values};
 use loco_core::scenario::FaultPhase;
 use loco_core::time::Time;
 use loco_core::transport::{Body, Frame, Header, StateHeader, Transport};
@@ -39,8 +40,6 @@ const PART_SHARED: u32 = 0;
 const PART_OWN: u32 = 1;
 /// Bytes of state pieces kept when they arrive before this node's `FetchState`.
 const MAX_EARLY_STATE_BYTES: usize = 1 << 30;
-/// Collective frames kept for an all-reduce this node has not started yet.
-const MAX_EARLY_FRAMES: usize = 1 << 16;
 
 /// How a worker runs.
 #[derive(Clone, Debug)]
@@ -63,8 +62,11 @@ pub struct WorkerOptions {
     pub codec: CodecKind,
     /// The outer optimiser.
     pub outer: OuterConfig,
-    /// Pipelining unit of the all-reduce, in values.
-    pub segment_elems: usize,
+    /// Pipelining unit of the all-reduce, in values (`None`: the all-reduce picks).
+    pub segment_elems: Option<usize>,
+    /// Local shards: this node runs one ring per shard over 1/G of the vector each, all in one
+    /// epoch (the scenario's `gpus`).
+    pub shards: u16,
     /// TCP settings.
     pub tcp: TcpConfig,
     /// Where to append this worker's metrics (JSON lines of [`MetricsLine`]).
@@ -243,14 +245,7 @@ fn piece_len(total: usize) -> usize {
     (total / 16).clamp(STATE_PIECE_MIN, STATE_PIECE_MAX)
 }
 
-/// Hex BLAKE3 digest of a float vector's bits.
-pub fn weights_digest(v: &[f32]) -> String {
-    let mut h = blake3::Hasher::new();
-    for x in v {
-        h.update(&x.to_bits().to_le_bytes());
-    }
-    h.finalize().to_hex()[..16].to_string()
-}
+pub use loco_core::node::digest::weights_digest;
 
 /// The monotonic clock of this process, as core [`Time`].
 struct Clock {
@@ -268,23 +263,6 @@ impl Clock {
     fn instant(&self, t: Time) -> tokio::time::Instant {
         self.start + Duration::from_nanos(t.as_nanos())
     }
-}
-
-/// Per-step timestamps for the metrics row.
-#[derive(Default)]
-struct StepClock {
-    start: f64,
-    compute_end: f64,
-    ring_start: Option<f64>,
-    ring_end: f64,
-    recovery: f64,
-    loss: Option<f64>,
-    tokens: u64,
-    bytes: u64,
-    retries: u32,
-    world: u32,
-    weight: f64,
-    checkpoint: f64,
 }
 
 /// One part of a state transfer being received.
@@ -332,7 +310,6 @@ impl PartBuf {
 /// A state transfer being received.
 struct Fetch {
     epoch: Epoch,
-    started: f64,
     senders: Vec<NodeId>,
     /// The replicated part, pooled from every sender.
     shared: PartBuf,
@@ -378,8 +355,10 @@ struct Worker<L: InnerLoop> {
     member: Member,
     inner: Option<L>,
     outer: Option<OuterState>,
-    ring: Option<(RingAllReduce<'static>, AllReduceStart)>,
-    early: Vec<(NodeId, Frame)>,
+    /// The running all-reduce: one ring per local shard.
+    rings: Option<ShardRings>,
+    /// Collective frames on their way to the rings: stale ones counted, early ones held.
+    inbox: Inbox,
     fetch: Option<Fetch>,
     pending_sync: Option<PendingSync>,
     deferred_sends: Vec<(Epoch, NodeId, Vec<NodeId>)>,
@@ -388,7 +367,11 @@ struct Worker<L: InnerLoop> {
     /// A received state being verified and decoded, off the event loop (at most one; while it
     /// runs, further state pieces are dropped).
     verifying: tokio::task::JoinSet<Result<Checked, InnerError>>,
-    step: StepClock,
+    /// The accounting of the outer step this node is in (opened at admission and at each
+    /// compute, closed at the commit or skip).
+    acct: Option<StepAcct>,
+    /// Bytes this node has sent, for the rows.
+    bytes_sent: u64,
     metrics: Option<MetricsFile>,
     checkpointer: Option<(Checkpointer, u64)>,
     /// The outer step count of the last checkpoint taken.
@@ -416,7 +399,7 @@ pub async fn run_worker<L: InnerLoop>(
     let mut t = TcpTransport::bind(opts.id, opts.listen, opts.tcp.clone()).await?;
     t.set_peer_addr(NodeId::COORDINATOR, opts.coordinator);
     let metrics = MetricsFile::open(opts.metrics.as_deref())?;
-    let member = Member::new(opts.id, opts.incarnation, opts.mesh.clone(), 1);
+    let member = Member::new(opts.id, opts.incarnation, opts.mesh.clone(), opts.shards.max(1));
     let checkpointer = match &opts.checkpoint {
         Some(plan) => Some((Checkpointer::new(plan.config.clone())?, plan.every.max(1))),
         None => None,
@@ -430,14 +413,15 @@ pub async fn run_worker<L: InnerLoop>(
         member,
         inner: Some(inner),
         outer: None,
-        ring: None,
-        early: Vec::new(),
+        rings: None,
+        inbox: Inbox::default(),
         fetch: None,
         pending_sync: None,
         deferred_sends: Vec::new(),
         preparing: tokio::task::JoinSet::new(),
         verifying: tokio::task::JoinSet::new(),
-        step: StepClock::default(),
+        acct: None,
+        bytes_sent: 0,
         metrics,
         checkpointer,
         checkpointed: None,
@@ -445,7 +429,7 @@ pub async fn run_worker<L: InnerLoop>(
         early_state: Vec::new(),
         stop: None,
     };
-    w.event(EventKind::Start, format!("incarnation {}", w.opts.incarnation))?;
+    tracing::info!(node = %w.opts.name, incarnation = w.opts.incarnation, "worker started");
     if let Some(path) = w.opts.resume.clone() {
         w.resume(&path)?;
     }
@@ -644,6 +628,27 @@ impl<L: InnerLoop> Worker<L> {
         }
     }
 
+    /// Opens the row of `step` (once: admission and the compute that follows share it).
+    fn open_row(&mut self, step: u64, now: Time) {
+        if self.acct.as_ref().is_some_and(|a| a.step() == step) {
+            return;
+        }
+        let epoch = self.member.epoch().unwrap_or_default();
+        self.acct = Some(StepAcct::open(step, now, epoch, self.bytes_sent));
+    }
+
+    /// The time since `started_s` (on this process's clock, in seconds) that this node's loop
+    /// spent on live recovery.
+    fn spend_recovery(&mut self, started_s: f64) {
+        let d = Duration::from_secs_f64((self.clock.secs() - started_s).max(0.0));
+        if let Some(a) = self.acct.as_mut() {
+            if a.current() == Some(Span::Recovery) {
+                return; // already counted by the span
+            }
+            a.spend(Span::Recovery, d);
+        }
+    }
+
     fn report(&self, stop: StopReason) -> WorkerReport {
         let (committed, weights_hash) = match &self.outer {
             Some(o) => (o.steps(), weights_digest(o.outer())),
@@ -712,7 +717,7 @@ impl<L: InnerLoop> Worker<L> {
         let n = frame.wire_len();
         match self.t.send(to, frame).await {
             Ok(()) => {
-                self.step.bytes += n;
+                self.bytes_sent += n;
                 true
             }
             Err(e) => {
@@ -733,15 +738,16 @@ impl<L: InnerLoop> Worker<L> {
             }
             MemberAction::Admitted { epoch, outer_step } => {
                 self.ensure_outer()?;
+                self.open_row(outer_step, self.clock.now());
                 self.event(
-                    EventKind::Admit,
-                    format!("admitted in {epoch} at outer step {outer_step}"),
+                    loco_core::node::events::admission_kind(epoch),
+                    format!("admitted at outer step {outer_step}"),
                 )?;
             }
             MemberAction::EpochChanged { epoch, members } => {
                 self.event(EventKind::Epoch, format!("{epoch}: {} members", members.len()))?;
             }
-            MemberAction::Compute { outer_step, .. } => {
+            MemberAction::Compute { epoch, outer_step } => {
                 self.ensure_outer()?;
                 self.finish_pending_sync()?;
                 let crash_in_compute = self.armed(FaultPhase::Compute);
@@ -757,7 +763,12 @@ impl<L: InnerLoop> Worker<L> {
                     ))
                 })?;
                 self.inner_dirty = true;
-                self.step = StepClock { start: self.clock.secs(), ..StepClock::default() };
+                let now = self.clock.now();
+                self.open_row(outer_step, now);
+                if let Some(a) = self.acct.as_mut() {
+                    a.set_epoch(epoch);
+                    a.enter(Span::Compute, now);
+                }
                 let h = self.opts.inner_steps;
                 let handle = tokio::task::spawn_blocking(move || {
                     let mut inner = inner;
@@ -794,7 +805,6 @@ impl<L: InnerLoop> Worker<L> {
                     None => {
                         self.fetch = Some(Fetch {
                             epoch,
-                            started: self.clock.secs(),
                             senders,
                             shared: PartBuf::default(),
                             own: std::collections::BTreeMap::new(),
@@ -804,6 +814,15 @@ impl<L: InnerLoop> Worker<L> {
                             EventKind::RecoveryStart,
                             format!("receiving the state from {}", names.join(", ")),
                         )?;
+                        if matches!(
+                            self.member.phase(),
+                            loco_core::mesh::MemberPhase::Syncing { .. }
+                        ) {
+                            let now = self.clock.now();
+                            if let Some(a) = self.acct.as_mut() {
+                                a.enter(Span::Recovery, now);
+                            }
+                        }
                         for (from, h, b) in std::mem::take(&mut self.early_state) {
                             self.on_state(from, h, Body::Bytes(b))?;
                         }
@@ -815,29 +834,27 @@ impl<L: InnerLoop> Worker<L> {
             }
             MemberAction::StartAllReduce(start) => self.start_ring(start).await?,
             MemberAction::AbortAllReduce { epoch, op } => {
-                if let Some((ring, s)) = self.ring.take() {
-                    if s.epoch == epoch && s.op == op {
-                        let g = ring.into_payload().unwrap_or_default();
-                        if let Some(o) = self.outer.as_mut() {
-                            o.put_pseudo_gradient(g)?;
-                        }
-                        self.step.retries += 1;
+                if let Some(rings) = self.rings.take() {
+                    if rings.collective() == (epoch, op) {
+                        self.return_values(rings)?;
                         self.event(
                             EventKind::Retry,
                             format!("all-reduce {epoch}/op {op} aborted"),
                         )?;
                     } else {
-                        self.ring = Some((ring, s));
+                        self.rings = Some(rings);
                     }
                 }
-                self.early
-                    .retain(|(_, f)| matches!(&f.header, Header::Collective(h) if h.epoch > epoch));
+                self.inbox.abort(epoch, op);
             }
             MemberAction::Commit { epoch, outer_step } => {
                 let hash = self.close_step(outer_step, true)?;
                 self.finish_step(epoch, outer_step, hash)?;
             }
             MemberAction::SkipStep { epoch, outer_step, attempts } => {
+                if let Some(a) = self.acct.as_mut() {
+                    a.set_retries(attempts.saturating_sub(1));
+                }
                 let hash = self.close_step(outer_step, false)?;
                 self.event(
                     EventKind::SkipStep,
@@ -846,12 +863,7 @@ impl<L: InnerLoop> Worker<L> {
                 self.finish_step(epoch, outer_step, hash)?;
             }
             MemberAction::Stop(reason) => {
-                let kind = match &reason {
-                    StopReason::Left(_) => EventKind::Leave,
-                    StopReason::Evicted(_) => EventKind::Evict,
-                    StopReason::CoordinatorLost { .. } => EventKind::CoordinatorLost,
-                    StopReason::Shutdown => EventKind::Stop,
-                };
+                let kind = loco_core::node::events::stop_kind(&reason);
                 self.event(kind, reason.to_string())?;
                 if !matches!(reason, StopReason::Evicted(_)) {
                     // The last commit, when the inner loop has not moved on since.
@@ -880,6 +892,9 @@ impl<L: InnerLoop> Worker<L> {
         if let Some(f) = self.fetch.as_mut() {
             f.log.push((outer_step, apply.then(|| outer.pseudo_gradient().to_vec())));
         }
+        if let Some(a) = self.acct.as_mut() {
+            a.enter(Span::Outer, self.clock.now());
+        }
         // A state received meanwhile (non-blocking join) may already hold this step.
         if outer.steps() == outer_step {
             if apply {
@@ -896,15 +911,23 @@ impl<L: InnerLoop> Worker<L> {
         }
         self.inner_dirty = false;
         self.early_state.clear();
-        self.step.checkpoint = self.checkpoint(false)?;
+        if let Some(a) = self.acct.as_mut() {
+            a.enter(Span::Checkpoint, self.clock.now());
+        }
+        self.checkpoint(false)?;
         Ok(hash)
     }
 
     fn on_computed(&mut self, stats: Vec<InnerStats>) -> Result<(), WorkerError> {
-        self.step.compute_end = self.clock.secs();
-        self.step.loss = stats.last().and_then(|s| s.loss);
-        self.step.tokens = stats.iter().map(|s| s.tokens).sum();
+        let now = self.clock.now();
+        if let Some(a) = self.acct.as_mut() {
+            a.trained(stats.iter().map(|s| s.tokens).sum(), stats.last().and_then(|s| s.loss));
+            a.enter(Span::Outer, now);
+        }
         self.refresh_pseudo_gradient()?;
+        if let Some(a) = self.acct.as_mut() {
+            a.enter(Span::Barrier, self.clock.now());
+        }
         let outer_step = match self.member.phase() {
             loco_core::mesh::MemberPhase::Computing { outer_step } => outer_step,
             _ => return Ok(()), // stopped or evicted meanwhile
@@ -919,36 +942,18 @@ impl<L: InnerLoop> Worker<L> {
         outer_step: u64,
         hash: String,
     ) -> Result<(), WorkerError> {
-        let end = self.clock.secs();
-        let s = &self.step;
-        let compute_s = (s.compute_end - s.start).max(0.0);
-        let ring_start = s.ring_start.unwrap_or(s.compute_end);
-        let barrier_s = (ring_start - s.compute_end - s.recovery).max(0.0);
-        let allreduce_s = (s.ring_end - ring_start).max(0.0);
-        let wall = (end - s.start).max(0.0);
-        let idle_s =
-            (wall - compute_s - barrier_s - allreduce_s - s.recovery - s.checkpoint).max(0.0);
-        let row = OuterStepRow {
-            outer_step,
+        let Some(mut a) = self.acct.take() else { return Ok(()) };
+        if a.step() != outer_step {
+            self.acct = Some(a);
+            return Ok(());
+        }
+        a.set_epoch(epoch);
+        let who = RowIdentity {
             node: self.opts.name.clone(),
             node_id: self.opts.id.0,
-            epoch: epoch.0,
-            world: s.world,
-            start_s: s.start,
-            end_s: end,
-            compute_s,
-            allreduce_s,
-            barrier_s,
-            recovery_s: s.recovery,
-            checkpoint_s: s.checkpoint,
-            idle_s,
-            bytes_sent: s.bytes,
-            retries: s.retries,
-            tokens: s.tokens,
-            loss: s.loss,
-            weights_hash: hash,
-            weight: s.weight,
+            offset_s: self.opts.time_offset_s,
         };
+        let row = a.close(self.clock.now(), self.bytes_sent, &who, hash);
         self.write(&MetricsLine::Row(row))?;
         if let Some(r) = self.checkpointer.as_mut().and_then(|(c, _)| c.poll()) {
             self.on_saved(r)?;
@@ -961,36 +966,52 @@ impl<L: InnerLoop> Worker<L> {
         // Recompute the pseudo-gradient: a retry starts again from the kept inputs.
         self.refresh_pseudo_gradient()?;
         let g = self.outer.as_mut().expect("outer state").take_pseudo_gradient();
-        let n = g.len();
-        if self.step.ring_start.is_none() {
-            self.step.ring_start = Some(self.clock.secs());
+        if let Some(a) = self.acct.as_mut() {
+            a.enter(Span::AllReduce, self.clock.now());
+            let world = u32::try_from(s.ring.len()).unwrap_or(u32::MAX);
+            a.ring(s.epoch, world, f64::from(s.weight.get()), s.attempt);
         }
-        self.step.world = s.ring.len() as u32;
-        self.step.weight = f64::from(s.weight.get());
-        let mut cfg = RingConfig::new(s.epoch, s.op, s.ring.clone(), self.opts.id, self.opts.codec);
-        cfg.segment_elems = self.opts.segment_elems;
-        let ring = match RingAllReduce::new(cfg, Payload::Owned(g), s.weight) {
+        let (epoch, op) = (s.epoch, s.op);
+        let rings = match ShardRings::new(
+            s,
+            self.opts.id,
+            self.opts.codec,
+            Values::Real(g),
+            self.opts.segment_elems,
+        ) {
             Ok(r) => r,
             Err(e) => {
-                tracing::warn!(node = %self.opts.name, "cannot start the all-reduce: {e}");
-                // The buffer went with the refused collective; the next attempt recomputes it.
-                self.outer.as_mut().expect("outer state").put_pseudo_gradient(vec![0.0; n])?;
-                self.member.report_allreduce_failed(self.clock.now(), s.epoch, s.op)?;
+                tracing::warn!(node = %self.opts.name, "cannot start the all-reduce: {}", e.source);
+                if let Values::Real(g) = e.values {
+                    self.outer.as_mut().expect("outer state").put_pseudo_gradient(g)?;
+                }
+                self.member.report_allreduce_failed(self.clock.now(), epoch, op)?;
                 return Ok(());
             }
         };
-        self.ring = Some((ring, s));
-        let early = std::mem::take(&mut self.early);
+        let early = self.inbox.take_for(rings.collective());
+        self.rings = Some(rings);
         for (from, f) in early {
-            self.on_collective(from, f).await?;
+            self.feed_rings(from, &f)?;
         }
         self.pump_ring().await
     }
 
+    /// Gives the values of a finished or abandoned all-reduce back to the outer state (after a
+    /// failure they are unspecified; the next attempt recomputes them).
+    fn return_values(&mut self, rings: ShardRings) -> Result<(), WorkerError> {
+        let n = self.outer.as_ref().map_or(0, OuterState::len);
+        let g = rings.into_values().unwrap_or_else(|| vec![0.0; n]);
+        if let Some(o) = self.outer.as_mut() {
+            o.put_pseudo_gradient(g)?;
+        }
+        Ok(())
+    }
+
     async fn pump_ring(&mut self) -> Result<(), WorkerError> {
         loop {
-            let Some((ring, _)) = self.ring.as_mut() else { return Ok(()) };
-            let Some((to, f)) = ring.poll_send() else { break };
+            let Some(rings) = self.rings.as_mut() else { return Ok(()) };
+            let Some((to, f)) = rings.poll_send() else { break };
             let phase = match &f.header {
                 Header::Collective(h) if h.phase == loco_core::transport::Phase::AllGather => {
                     FaultPhase::AllGather
@@ -1002,25 +1023,30 @@ impl<L: InnerLoop> Worker<L> {
                 self.strike(phase)?;
             }
             if !sent {
-                let (ring, s) = self.ring.take().expect("ring");
-                self.outer
-                    .as_mut()
-                    .expect("outer")
-                    .put_pseudo_gradient(ring.into_payload().unwrap_or_default())?;
+                let rings = self.rings.take().expect("rings");
+                let (epoch, op) = rings.collective();
+                self.return_values(rings)?;
                 self.event(EventKind::AllreduceFailed, format!("{} unreachable", to))?;
-                let _ = self.member.report_allreduce_failed(self.clock.now(), s.epoch, s.op);
+                let _ = self.member.report_allreduce_failed(self.clock.now(), epoch, op);
                 return Ok(());
             }
         }
-        let done = self.ring.as_ref().is_some_and(|(r, _)| r.is_done());
-        if done {
-            let (ring, s) = self.ring.take().expect("ring");
-            self.outer
-                .as_mut()
-                .expect("outer")
-                .put_pseudo_gradient(ring.into_payload().unwrap_or_default())?;
-            self.step.ring_end = self.clock.secs();
-            let _ = self.member.report_allreduce_done(self.clock.now(), s.epoch, s.op);
+        if self.rings.as_ref().is_some_and(ShardRings::is_done) {
+            let rings = self.rings.take().expect("rings");
+            let (epoch, op) = rings.collective();
+            self.return_values(rings)?;
+            let _ = self.member.report_allreduce_done(self.clock.now(), epoch, op);
+        }
+        Ok(())
+    }
+
+    /// Feeds one collective frame to the running rings; a refused frame is logged and dropped
+    /// (the collective fails by its neighbours' timeouts or is retried on a new epoch).
+    fn feed_rings(&mut self, from: NodeId, f: &Frame) -> Result<(), WorkerError> {
+        if let Some(rings) = self.rings.as_mut() {
+            if let Err(e) = rings.handle_frame(from, f) {
+                tracing::warn!(node = %self.opts.name, peer = %from, "dropped a collective frame: {e}");
+            }
         }
         Ok(())
     }
@@ -1041,30 +1067,13 @@ impl<L: InnerLoop> Worker<L> {
     }
 
     async fn on_collective(&mut self, from: NodeId, frame: Frame) -> Result<(), WorkerError> {
-        let Header::Collective(h) = &frame.header else { return Ok(()) };
-        let Some((ring, s)) = self.ring.as_mut() else {
-            // Not started yet: a neighbour's Release arrived first. Keep newer frames.
-            let current = self.member.epoch().unwrap_or(Epoch(0));
-            if h.epoch >= current && self.early.len() < MAX_EARLY_FRAMES {
-                self.early.push((from, frame));
+        let running = self.rings.as_ref().map(ShardRings::collective);
+        match self.inbox.admit(self.member.epoch(), running, from, frame) {
+            Admission::Feed(f) => {
+                self.feed_rings(from, &f)?;
+                self.pump_ring().await
             }
-            return Ok(());
-        };
-        match ring.handle_frame(from, &frame) {
-            Ok(()) => self.pump_ring().await,
-            Err(RingError::StaleEpoch { .. }) => Ok(()),
-            Err(RingError::FutureEpoch { .. }) | Err(RingError::WrongOp { .. })
-                if h.epoch >= s.epoch && h.op != s.op || h.epoch > s.epoch =>
-            {
-                if self.early.len() < MAX_EARLY_FRAMES {
-                    self.early.push((from, frame));
-                }
-                Ok(())
-            }
-            Err(e) => {
-                tracing::warn!(node = %self.opts.name, peer = %from, "dropped a collective frame: {e}");
-                Ok(())
-            }
+            Admission::Held | Admission::Refused | Admission::Stale | Admission::Dropped => Ok(()),
         }
     }
 
@@ -1114,7 +1123,7 @@ impl<L: InnerLoop> Worker<L> {
             Ok(PreparedState { epoch, to, outer_step, k, i_share, parts })
         });
         // The time this node's loop spent on it (the rest runs beside the loop).
-        self.step.recovery += self.clock.secs() - started;
+        self.spend_recovery(started);
         Ok(())
     }
 
@@ -1152,7 +1161,7 @@ impl<L: InnerLoop> Worker<L> {
                 }
             }
         }
-        self.step.recovery += self.clock.secs() - started;
+        self.spend_recovery(started);
         self.event(
             EventKind::RecoveryDone,
             format!("sent {sent} bytes of state (share {} of {k}) to {to}", i_share + 1),
@@ -1278,7 +1287,7 @@ impl<L: InnerLoop> Worker<L> {
             }
         }
         self.outer = Some(outer);
-        self.step.recovery += self.clock.secs() - f.started;
+        // A blocking joiner's wait is its Recovery span; a non-blocking one computes meanwhile.
         self.event(
             EventKind::RecoveryDone,
             format!(
@@ -1306,7 +1315,13 @@ impl<L: InnerLoop> Worker<L> {
             inner.import_optimizer(&p.own)?;
         }
         self.sync_inner_to_outer()?;
-        self.member.report_sync_done(self.clock.now())?;
+        let now = self.clock.now();
+        if let Some(a) = self.acct.as_mut() {
+            if a.current() == Some(Span::Recovery) {
+                a.enter(Span::Barrier, now);
+            }
+        }
+        self.member.report_sync_done(now)?;
         Ok(())
     }
 }

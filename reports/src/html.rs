@@ -218,14 +218,14 @@ fn nodes_table(out: &mut String, run: &Run) {
     out.push_str(
         "<table id=\"nodes\">\n<thead><tr><th class=\"text\">node</th><th>outer steps</th>\
          <th>wall</th><th>compute</th><th>all-reduce</th><th>barrier</th><th>recovery</th>\
-         <th>checkpoint</th><th>idle</th><th>utilisation (loco)</th>\
+         <th>checkpoint</th><th>outer step</th><th>idle</th><th>utilisation (loco)</th>\
          <th>utilisation (Table 2)</th><th>sent</th></tr></thead>\n<tbody>\n",
     );
     for (node, t) in node_totals(&run.rows) {
         let _ = writeln!(
             out,
             "<tr><td class=\"text\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>\
-             <td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+             <td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             esc(&node),
             t.rows,
             secs(t.wall_s),
@@ -234,6 +234,7 @@ fn nodes_table(out: &mut String, run: &Run) {
             secs(t.barrier_s),
             secs(t.recovery_s),
             secs(t.checkpoint_s),
+            secs(t.outer_s),
             secs(t.idle_s),
             pct(t.utilization()),
             pct(t.utilization_table2()),

@@ -19,13 +19,15 @@ pub const HEIGHT: u32 = 540;
 
 const FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
 
-/// Colours of [`BREAKDOWN_NAMES`]: compute, all-reduce, barrier, recovery, checkpoint, idle.
-const BREAKDOWN_COLORS: [RGBColor; 6] = [
+/// Colours of [`BREAKDOWN_NAMES`]: compute, all-reduce, barrier, recovery, checkpoint, outer
+/// step, idle.
+const BREAKDOWN_COLORS: [RGBColor; 7] = [
     RGBColor(44, 160, 44),
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
     RGBColor(148, 103, 189),
     RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
     RGBColor(190, 190, 190),
 ];
 const BLUE: RGBColor = RGBColor(31, 119, 180);
@@ -335,7 +337,7 @@ struct Stacked {
     y_desc: String,
     x_desc: &'static str,
     /// (label, parts), in x order.
-    bars: Vec<(String, [f64; 6])>,
+    bars: Vec<(String, [f64; 7])>,
     /// Label every bar (node names) or let plotters pick integer ticks (outer steps).
     categorical: bool,
 }
@@ -397,7 +399,7 @@ fn stacked_draw<DB: DrawingBackend>(s: &Stacked, root: &DrawingArea<DB, Shift>) 
     // The legend to the right of the plot, top to bottom in stacking order reversed (as drawn).
     let text = TextStyle::from(("sans-serif", 15).into_font());
     for (k, name) in BREAKDOWN_NAMES.iter().enumerate().rev() {
-        let y = 40 + 24 * (5 - k as i32);
+        let y = 40 + 24 * (BREAKDOWN_NAMES.len() as i32 - 1 - k as i32);
         legend.draw(&Rectangle::new([(8, y), (24, y + 16)], BREAKDOWN_COLORS[k].filled()))?;
         legend.draw_text(name, &text, (32, y))?;
     }
@@ -417,6 +419,7 @@ impl TimeByNode {
                     t.barrier_s,
                     t.recovery_s,
                     t.checkpoint_s,
+                    t.outer_s,
                     t.idle_s,
                 ];
                 let total: f64 = parts.iter().filter(|x| x.is_finite() && **x > 0.0).sum();

@@ -45,7 +45,7 @@ fn opt(x: Option<f64>) -> String {
 }
 
 /// Columns of [`UTILIZATION_BY_NODE_CSV`].
-pub const UTILIZATION_BY_NODE_COLUMNS: [&str; 14] = [
+pub const UTILIZATION_BY_NODE_COLUMNS: [&str; 15] = [
     "node",
     "node_id",
     "outer_steps",
@@ -55,6 +55,7 @@ pub const UTILIZATION_BY_NODE_COLUMNS: [&str; 14] = [
     "barrier_s",
     "recovery_s",
     "checkpoint_s",
+    "outer_s",
     "idle_s",
     "utilization",
     "utilization_table2",
@@ -79,6 +80,7 @@ pub fn utilization_by_node_csv(rows: &[OuterStepRow]) -> String {
                 format_f64(t.barrier_s),
                 format_f64(t.recovery_s),
                 format_f64(t.checkpoint_s),
+                format_f64(t.outer_s),
                 format_f64(t.idle_s),
                 format_f64(t.utilization()),
                 format_f64(t.utilization_table2()),
@@ -121,7 +123,7 @@ pub fn allreduce_times_csv(rows: &[OuterStepRow]) -> String {
 }
 
 /// Columns of [`OUTER_STEP_TOTALS_CSV`].
-pub const OUTER_STEP_TOTALS_COLUMNS: [&str; 16] = [
+pub const OUTER_STEP_TOTALS_COLUMNS: [&str; 17] = [
     "outer_step",
     "nodes",
     "world",
@@ -132,6 +134,7 @@ pub const OUTER_STEP_TOTALS_COLUMNS: [&str; 16] = [
     "barrier_s",
     "recovery_s",
     "checkpoint_s",
+    "outer_s",
     "idle_s",
     "allreduce_max_s",
     "bytes_sent",

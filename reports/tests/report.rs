@@ -70,6 +70,7 @@ fn synthetic() -> (Vec<OuterStepRow>, Vec<EventRow>) {
                 barrier_s: barrier,
                 recovery_s: recovery,
                 checkpoint_s: checkpoint,
+                outer_s: 0.0,
                 idle_s: idle,
                 bytes_sent: 1_000_000 * u64::from(world - 1)
                     + if recovering { 5_000_000 } else { 0 },

@@ -4,8 +4,7 @@
 use crate::clock;
 use crate::ctx::RunCtx;
 use crate::net::SimTransport;
-use loco_core::mesh::{Coordinator, CoordinatorAction, EvictReason, MeshEvent};
-use loco_core::metrics::EventKind;
+use loco_core::mesh::{Coordinator, CoordinatorAction, MeshEvent};
 use loco_core::transport::{Frame, Header};
 use loco_core::{NodeId, Time};
 use std::rc::Rc;
@@ -41,74 +40,24 @@ pub(crate) async fn run(run: Rc<RunCtx>) -> turmoil::Result {
 
 fn on_event(run: &RunCtx, now: Time, e: MeshEvent) {
     let mut rec = run.rec.borrow_mut();
+    let rows = {
+        let name = |n: NodeId| rec.name(n);
+        loco_core::node::events::coordinator_rows(now.as_secs_f64(), &e, &name)
+    };
+    for r in rows {
+        rec.push_event(r);
+    }
     match e {
-        MeshEvent::JoinQueued { node, position, .. } => {
-            rec.event(
-                now,
-                EventKind::JoinRequest,
-                Some(node),
-                None,
-                format!("queued at position {position}"),
-            );
-        }
-        MeshEvent::EpochFormed { epoch, members, admitted, evicted } => {
+        MeshEvent::EpochFormed { epoch, members, .. } => {
             rec.epoch_formed(epoch, &members);
             rec.touch(now);
-            let names: Vec<String> = members.iter().map(|m| rec.name(*m)).collect();
-            rec.event(
-                now,
-                EventKind::Epoch,
-                None,
-                Some(epoch),
-                format!("{} members: {}", members.len(), names.join(" ")),
-            );
-            for a in admitted {
-                rec.event(now, EventKind::Admit, Some(a), Some(epoch), "");
-            }
-            for (n, why) in evicted {
-                // A deathrattle is recorded as the `leave` it is, not as an eviction.
-                if !matches!(why, EvictReason::Deathrattle(_)) {
-                    rec.event(now, EventKind::Evict, Some(n), Some(epoch), why.to_string());
-                }
-            }
         }
-        MeshEvent::Released { epoch, outer_step, attempt, .. } if attempt > 0 => {
-            rec.event(
-                now,
-                EventKind::Retry,
-                None,
-                Some(epoch),
-                format!("outer step {outer_step} attempt {attempt}"),
-            );
-        }
-        MeshEvent::AllReduceFailed { node, epoch, attempt } => {
-            rec.event(
-                now,
-                EventKind::AllreduceFailed,
-                Some(node),
-                Some(epoch),
-                format!("attempt {attempt}"),
-            );
-        }
-        MeshEvent::Committed { outer_step, .. } => rec.step_done(now, outer_step),
-        MeshEvent::StepSkipped { epoch, outer_step, attempts } => {
-            rec.event(
-                now,
-                EventKind::SkipStep,
-                None,
-                Some(epoch),
-                format!("outer step {outer_step} after {attempts} attempts"),
-            );
-            rec.step_done(now, outer_step);
+        MeshEvent::Committed { outer_step, .. } | MeshEvent::StepSkipped { outer_step, .. } => {
+            rec.step_done(now, outer_step)
         }
         MeshEvent::DecisionLimit => {
             tracing::warn!(target: "loco_sim", "coordinator: decision limit reached");
         }
-        MeshEvent::Released { .. }
-        | MeshEvent::JoinerForgotten { .. }
-        | MeshEvent::Stale { .. }
-        | MeshEvent::BandwidthMeasured { .. }
-        | MeshEvent::Waiting(_)
-        | MeshEvent::Shutdown => {}
+        _ => {}
     }
 }

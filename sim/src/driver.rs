@@ -12,7 +12,6 @@ use crate::numerics;
 use crate::record::Recorder;
 use crate::rng::{Purpose, derive};
 use crate::{Progress, ReplayOptions, RunOutput, SimError};
-use loco_core::codec::CodecKind;
 use loco_core::metrics::{EventKind, MfuBasis, RunMeta, sort_events, sort_outer_steps, summarize};
 use loco_core::scenario::{ChurnAction, Cut, Numerics, RegionId, Scenario};
 use loco_core::{NodeId, Time};
@@ -381,14 +380,7 @@ pub(crate) fn replay(scenario: &Scenario, mut opts: ReplayOptions) -> Result<Run
             Some(RealSetup { initial: numerics::initial_weights(seed, n) })
         }
     };
-    let segment_elems = s.diloco().segment.map(|bytes| {
-        let per = match s.diloco().codec {
-            CodecKind::Fp32 => 4,
-            CodecKind::Fp16 | CodecKind::Bf16 => 2,
-            CodecKind::Uint8 | CodecKind::Int8Block => 1,
-        };
-        usize::try_from((bytes / per).max(1)).unwrap_or(usize::MAX)
-    });
+    let segment_elems = s.diloco().segment_elems();
     let net = NetShared::new();
     {
         let mut bw: std::cell::RefMut<'_, BandwidthModel> = net.bandwidth.borrow_mut();
@@ -579,18 +571,8 @@ pub(crate) fn replay(scenario: &Scenario, mut opts: ReplayOptions) -> Result<Run
     };
     sort_outer_steps(&mut rows);
     sort_events(&mut events);
-    let mfu_basis = {
-        let first = s.nodes().first();
-        let all = s.nodes().iter().all(|n| n.peak_flops.is_some());
-        match first {
-            Some(f) if all => Some(MfuBasis {
-                flops_per_token: s.model().flops_per_token() as f64,
-                peak_flops_per_gpu: f.peak_flops.unwrap_or(0.0),
-                gpus_per_node: f.gpus,
-            }),
-            _ => None,
-        }
-    };
+    let gpus = s.nodes().first().map_or(1, |n| n.gpus);
+    let mfu_basis = MfuBasis::of_run(&s, gpus);
     let bw = run.net.bandwidth.borrow();
     let mut extra = BTreeMap::new();
     extra.insert("stop_reason".to_owned(), serde_json::json!(stop_reason));

@@ -19,14 +19,15 @@ use crate::ctx::RunCtx;
 use crate::net::{NetCounters, SimTransport};
 use crate::numerics::{self, StateSnapshot, Synthetic};
 use bytes::Bytes;
-use loco_core::allreduce::schedule::chunk_range;
-use loco_core::allreduce::{DEFAULT_SEGMENT_ELEMS, Payload, RingAllReduce, RingConfig, RingError};
 use loco_core::diloco::OuterState;
 use loco_core::mesh::{
     AllReduceStart, JoinMode, LeaveReason, Member, MemberAction, MemberPhase, StopReason,
     padded_frame,
 };
-use loco_core::metrics::{EventKind, OuterStepRow};
+use loco_core::metrics::EventKind;
+use loco_core::node::acct::{RowIdentity, Span, StepAcct};
+use loco_core::node::digest::weights_digest;
+use loco_core::node::rings::{Admission, Inbox, ShardRings, Values};
 use loco_core::transport::{Body, Frame, Header, Phase, StateHeader, TransportError};
 use loco_core::{Epoch, NodeId, Time};
 use std::collections::{BTreeMap, VecDeque};
@@ -65,26 +66,6 @@ struct Computing {
     since: Option<Time>,
 }
 
-/// The accounting of one outer step, closed into a row at its commit or skip.
-struct Acct {
-    step: u64,
-    start: Time,
-    compute: Duration,
-    barrier_from: Option<Time>,
-    barrier: Duration,
-    ar_from: Option<Time>,
-    ar: Duration,
-    recovery_from: Option<Time>,
-    recovery: Duration,
-    bytes0: u64,
-    retries: u32,
-    epoch: Epoch,
-    world: u32,
-    weight: f32,
-    tokens: u64,
-    loss: Option<f64>,
-}
-
 /// A state transfer being received.
 struct Fetch {
     epoch: Epoch,
@@ -107,58 +88,6 @@ struct Real {
     log: VecDeque<(u64, Option<Vec<f32>>)>,
 }
 
-/// The ring machines of one all-reduce and what the invariants need from them.
-struct Rings<'a> {
-    start: AllReduceStart,
-    rings: Vec<RingAllReduce<'a>>,
-    /// Weight sums carried by the all-gather frames seen (sent at step 0 and received).
-    sums: Vec<f64>,
-    left: NodeId,
-    right: NodeId,
-}
-
-impl<'a> Rings<'a> {
-    /// One ring per shard over `work` (real numerics: `total_len` values split by shard) or over
-    /// lengths only (`real` false).
-    fn new(
-        start: AllReduceStart,
-        me: NodeId,
-        codec: loco_core::codec::CodecKind,
-        work: &'a mut [f32],
-        total_len: usize,
-        real: bool,
-        segment: impl Fn(usize, usize) -> usize,
-    ) -> Result<Self, RingError> {
-        let g = usize::from(start.shards.max(1));
-        let world = start.ring.len();
-        let pos = start.ring.iter().position(|n| *n == me).ok_or(RingError::NotAMember { me })?;
-        let left = start.ring[(pos + world - 1) % world];
-        let right = start.ring[(pos + 1) % world];
-        let mut rings = Vec::with_capacity(g);
-        let mut rest: &'a mut [f32] = work;
-        for s in 0..g {
-            let len = chunk_range(total_len, g, s).len();
-            let mut cfg = RingConfig::new(start.epoch, start.op, start.ring.clone(), me, codec);
-            cfg.shard = s as u16;
-            cfg.segment_elems = segment(len, world);
-            let payload = if real {
-                let avail = rest.len();
-                let (mine, tail) = std::mem::take(&mut rest).split_at_mut(len.min(avail));
-                rest = tail;
-                Payload::Real(mine)
-            } else {
-                Payload::Virtual(len)
-            };
-            rings.push(RingAllReduce::new(cfg, payload, start.weight)?);
-        }
-        Ok(Rings { start, rings, sums: Vec::new(), left, right })
-    }
-
-    fn done(&self) -> bool {
-        self.rings.iter().all(RingAllReduce::is_done)
-    }
-}
-
 /// One node's host software. See the module documentation.
 pub(crate) struct Node {
     run: Rc<RunCtx>,
@@ -171,8 +100,10 @@ pub(crate) struct Node {
     member: Member,
     deferred: VecDeque<MemberAction>,
     held_frames: VecDeque<(NodeId, Frame)>,
+    /// Collective frames on their way to the rings: stale ones counted, early ones held.
+    inbox: Inbox,
     computing: Option<Computing>,
-    acct: Option<Acct>,
+    acct: Option<StepAcct>,
     /// The node holds valid outer weights (a founding member, or the state arrived).
     synced: bool,
     /// The state arrived but the coordinator has not been told (non-blocking: at the next
@@ -225,6 +156,7 @@ impl Node {
             member,
             deferred: VecDeque::new(),
             held_frames: VecDeque::new(),
+            inbox: Inbox::default(),
             computing: None,
             acct: None,
             synced: false,
@@ -289,6 +221,7 @@ impl Node {
             Member::new(self.id, (self.inc << 16) | self.session, self.run.mesh.clone(), self.gpus);
         self.deferred.clear();
         self.held_frames.clear();
+        self.inbox = Inbox::default();
         self.computing = None;
         self.acct = None;
         self.synced = false;
@@ -371,16 +304,16 @@ impl Node {
                 Header::Mesh(msg) => self.member.handle_message(Self::now(), from, msg),
                 Header::State(h) => self.on_state_part(from, h, frame.body),
                 Header::Collective(h) => {
-                    if self.member.epoch().is_some_and(|e| h.epoch < e) {
+                    let frame = Frame { header: Header::Collective(h), body: frame.body };
+                    if self.hung() {
+                        self.held_frames.push_back((from, frame));
+                    } else if let Admission::Stale =
+                        self.inbox.admit(self.member.epoch(), None, from, frame)
+                    {
                         self.run.rec.borrow_mut().stale(1);
-                    } else if self.hung() {
-                        self.held_frames.push_back((
-                            from,
-                            Frame { header: Header::Collective(h), body: frame.body },
-                        ));
                     }
-                    // A frame of a collective not running here (finished, aborted, or not yet
-                    // started) is dropped: the ring it belongs to is retried on a new epoch.
+                    // A frame of a collective not started here yet is held for it; one of a
+                    // finished or aborted collective is dropped when the next one starts.
                 }
             },
             Event::Net(Err(_)) => {}
@@ -399,8 +332,16 @@ impl Node {
                 (true, Some(since)) => {
                     c.remaining = c.remaining.saturating_sub(now - since);
                     c.since = None;
+                    if let Some(a) = &mut self.acct {
+                        a.leave(now);
+                    }
                 }
-                (false, None) => c.since = Some(now),
+                (false, None) => {
+                    c.since = Some(now);
+                    if let Some(a) = &mut self.acct {
+                        a.enter(Span::Compute, now);
+                    }
+                }
                 _ => {}
             }
         }
@@ -420,8 +361,6 @@ impl Node {
 
     fn finish_compute(&mut self, now: Time) {
         let Some(c) = self.computing.take() else { return };
-        let since = c.since.unwrap_or(now);
-        let computed = self.compute_duration(c.step).saturating_sub(c.remaining) + (now - since);
         let h = self.run.scenario.diloco().inner_steps;
         let mut loss = None;
         if let Some(r) = &mut self.real {
@@ -434,10 +373,8 @@ impl Node {
             }
         }
         if let Some(a) = &mut self.acct {
-            a.compute += computed;
-            a.tokens = h.saturating_mul(self.run.scenario.diloco().batch_tokens);
-            a.loss = loss;
-            a.barrier_from = Some(now);
+            a.trained(h.saturating_mul(self.run.scenario.diloco().batch_tokens), loss);
+            a.enter(Span::Barrier, now);
         }
         if let Err(e) = self.member.barrier_arrive(now, c.step) {
             tracing::debug!(target: "loco_sim", "{}: barrier refused: {e}", self.id);
@@ -458,68 +395,24 @@ impl Node {
     }
 
     fn open_row(&mut self, step: u64, now: Time) {
-        if self.acct.as_ref().is_some_and(|a| a.step == step) {
+        if self.acct.as_ref().is_some_and(|a| a.step() == step) {
             return;
         }
-        self.acct = Some(Acct {
-            step,
-            start: now,
-            compute: Duration::ZERO,
-            barrier_from: None,
-            barrier: Duration::ZERO,
-            ar_from: None,
-            ar: Duration::ZERO,
-            recovery_from: None,
-            recovery: Duration::ZERO,
-            bytes0: self.counters.bytes_sent.get(),
-            retries: 0,
-            epoch: self.member.epoch().unwrap_or_default(),
-            world: 0,
-            weight: 0.0,
-            tokens: 0,
-            loss: None,
-        });
+        let epoch = self.member.epoch().unwrap_or_default();
+        self.acct = Some(StepAcct::open(step, now, epoch, self.counters.bytes_sent.get()));
     }
 
     fn close_row(&mut self, step: u64, now: Time, hash: String) {
-        let Some(mut a) = self.acct.take() else { return };
-        if a.step != step {
+        let Some(a) = self.acct.take() else { return };
+        if a.step() != step {
             return;
         }
-        if let Some(f) = a.ar_from.take() {
-            a.ar += now - f;
-        }
-        if let Some(f) = a.barrier_from.take() {
-            a.barrier += now - f;
-        }
-        let wall = (now - a.start).as_secs_f64();
-        let (c, b, r, rec) = (
-            a.compute.as_secs_f64(),
-            a.ar.as_secs_f64(),
-            a.barrier.as_secs_f64(),
-            a.recovery.as_secs_f64(),
-        );
-        let row = OuterStepRow {
-            outer_step: step,
+        let who = RowIdentity {
             node: self.run.node(self.id).spec.name.clone(),
             node_id: self.id.0,
-            epoch: a.epoch.0,
-            world: a.world,
-            start_s: a.start.as_secs_f64(),
-            end_s: now.as_secs_f64(),
-            compute_s: c,
-            allreduce_s: b,
-            barrier_s: r,
-            recovery_s: rec,
-            checkpoint_s: 0.0,
-            idle_s: (wall - c - b - r - rec).max(0.0),
-            bytes_sent: self.counters.bytes_sent.get().saturating_sub(a.bytes0),
-            retries: a.retries,
-            tokens: a.tokens,
-            loss: a.loss,
-            weights_hash: hash,
-            weight: f64::from(a.weight),
+            offset_s: 0.0,
         };
+        let row = a.close(now, self.counters.bytes_sent.get(), &who, hash);
         self.run.rec.borrow_mut().row(row);
     }
 
@@ -532,8 +425,7 @@ impl Node {
                 let ctl = self.run.node(self.id);
                 ctl.member.set(true);
                 self.run.rec.borrow_mut().coordinator_found(self.id);
-                let founding = ctl.spec.start.is_zero() && self.inc == 0 && self.session == 0;
-                let kind = if founding { EventKind::Start } else { EventKind::Join };
+                let kind = loco_core::node::events::admission_kind(epoch);
                 self.run.event(
                     now,
                     kind,
@@ -569,7 +461,7 @@ impl Node {
                 }
                 if matches!(self.member.phase(), MemberPhase::Syncing { .. }) {
                     if let Some(a) = &mut self.acct {
-                        a.recovery_from.get_or_insert(now);
+                        a.enter(Span::Recovery, now);
                     }
                 }
             }
@@ -589,8 +481,8 @@ impl Node {
                 }
                 let hash = self.hash();
                 if let Some(a) = &mut self.acct {
-                    a.epoch = epoch;
-                    a.retries = attempts.saturating_sub(1);
+                    a.set_epoch(epoch);
+                    a.set_retries(attempts.saturating_sub(1));
                 }
                 self.close_row(outer_step, now, hash);
             }
@@ -639,18 +531,21 @@ impl Node {
             r.model.inner = r.outer.outer().to_vec();
         }
         self.open_row(step, now);
-        if let Some(a) = &mut self.acct {
-            a.epoch = epoch;
-        }
         let remaining = self.compute_duration(step);
         self.strike(loco_core::scenario::FaultPhase::Compute);
         let since = (!self.hung()).then_some(now);
+        if let Some(a) = &mut self.acct {
+            a.set_epoch(epoch);
+            if since.is_some() {
+                a.enter(Span::Compute, now);
+            }
+        }
         self.computing = Some(Computing { step, remaining, since });
     }
 
     fn hash(&self) -> String {
         match &self.real {
-            Some(r) if self.synced => numerics::weights_hash(r.outer.outer()),
+            Some(r) if self.synced => weights_digest(r.outer.outer()),
             _ => String::new(),
         }
     }
@@ -676,7 +571,7 @@ impl Node {
             self.run.rec.borrow_mut().weights_after(self.id, step, &hash);
         }
         if let Some(a) = &mut self.acct {
-            a.epoch = epoch;
+            a.set_epoch(epoch);
         }
         self.close_row(step, now, hash);
         // Where the real backend hands a due checkpoint to its writer (the simulator writes none).
@@ -693,55 +588,31 @@ impl Node {
         self.result = None;
         self.check_release(&start);
         if let Some(a) = &mut self.acct {
-            if let Some(f) = a.barrier_from.take() {
-                a.barrier += now - f;
-            }
-            if let Some(f) = a.recovery_from.take() {
-                a.recovery += now - f;
-            }
-            a.ar_from.get_or_insert(now);
-            a.retries = start.attempt;
-            a.epoch = start.epoch;
-            a.world = start.ring.len() as u32;
-            a.weight = start.weight.get();
+            a.enter(Span::AllReduce, now);
+            let world = u32::try_from(start.ring.len()).unwrap_or(u32::MAX);
+            a.ring(start.epoch, world, f64::from(start.weight.get()), start.attempt);
         }
-        let real = self.real.is_some();
-        let total_len = match &self.real {
-            Some(r) => r.outer.len(),
-            None => usize::try_from(self.run.params).unwrap_or(usize::MAX),
-        };
-        let mut work: Vec<f32> = match &self.real {
-            Some(r) => r.outer.pseudo_gradient().to_vec(),
-            None => Vec::new(),
+        let values = match &self.real {
+            Some(r) => Values::Real(r.outer.pseudo_gradient().to_vec()),
+            None => Values::Virtual(usize::try_from(self.run.params).unwrap_or(usize::MAX)),
         };
         let codec = self.run.scenario.diloco().codec;
-        let seg_cfg = self.run.segment_elems;
-        let segment = move |len: usize, world: usize| -> usize {
-            match seg_cfg {
-                Some(s) => s.max(1),
-                None if real => DEFAULT_SEGMENT_ELEMS,
-                // Sizes only: a few segments per chunk keep the pipelining without a flood of
-                // frames (a 10B ring would otherwise send ~100 frames per chunk).
-                None => (len / world.max(1)).div_ceil(4).max(DEFAULT_SEGMENT_ELEMS),
+        let (epoch, op) = (start.epoch, start.op);
+        let mut rings = match ShardRings::new(start, self.id, codec, values, self.run.segment_elems)
+        {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(target: "loco_sim", "{}: cannot start the all-reduce: {}", self.id, e.source);
+                let _ = self.member.report_allreduce_failed(now, epoch, op);
+                return Flow::Continue;
             }
         };
-        let (epoch, op) = (start.epoch, start.op);
-        let outcome = {
-            let rings =
-                Rings::new(start.clone(), self.id, codec, &mut work, total_len, real, segment);
-            let mut rings = match rings {
-                Ok(r) => r,
-                Err(e) => {
-                    tracing::warn!(target: "loco_sim", "{}: cannot start the all-reduce: {e}", self.id);
-                    let _ = self.member.report_allreduce_failed(now, epoch, op);
-                    return Flow::Continue;
-                }
-            };
-            self.drive(&mut rings).await
-        };
-        match outcome {
+        // Frames that arrived before this node's release (a neighbour started first).
+        let early = self.inbox.take_for((epoch, op));
+        self.held_frames.extend(early);
+        match self.drive(&mut rings).await {
             Flow::Continue => {
-                self.result = Some((epoch, op, work));
+                self.result = Some((epoch, op, rings.into_values().unwrap_or_default()));
                 Flow::Continue
             }
             other => other,
@@ -750,34 +621,29 @@ impl Node {
 
     /// The loop of an all-reduce: returns `Continue` when the rings are done (and reported),
     /// or the interrupting flow.
-    async fn drive(&mut self, rings: &mut Rings<'_>) -> Flow {
+    async fn drive(&mut self, rings: &mut ShardRings) -> Flow {
         let mut failed = false;
         loop {
             if !self.hung() {
                 while let Some((from, f)) = self.held_frames.pop_front() {
-                    if let Some(flow) = self.feed(rings, from, &f, &mut failed) {
+                    if let Some(flow) = self.feed(rings, from, f, &mut failed) {
                         return flow;
                     }
                 }
-                'rings: for r in &mut rings.rings {
-                    while let Some((to, f)) = r.poll_send() {
-                        let mut phase = loco_core::scenario::FaultPhase::ReduceScatter;
-                        if let Header::Collective(h) = &f.header {
-                            if h.phase == Phase::AllGather {
-                                phase = loco_core::scenario::FaultPhase::AllGather;
-                                if h.step == 0 {
-                                    rings.sums.push(h.weight_sum);
-                                }
-                            }
+                while let Some((to, f)) = rings.poll_send() {
+                    let phase = match &f.header {
+                        Header::Collective(h) if h.phase == Phase::AllGather => {
+                            loco_core::scenario::FaultPhase::AllGather
                         }
-                        self.run.frames.set(self.run.frames.get() + 1);
-                        self.net.enqueue(to, f);
-                        if self.strike(phase) {
-                            break 'rings;
-                        }
+                        _ => loco_core::scenario::FaultPhase::ReduceScatter,
+                    };
+                    self.run.frames.set(self.run.frames.get() + 1);
+                    self.net.enqueue(to, f);
+                    if self.strike(phase) {
+                        break;
                     }
                 }
-                if !self.hung() && !failed && rings.done() {
+                if !self.hung() && !failed && rings.is_done() {
                     self.finish_rings(rings);
                     return Flow::Continue;
                 }
@@ -785,8 +651,7 @@ impl Node {
             while let Some(a) = self.next_action() {
                 match self.act(a) {
                     Flow::Continue => {}
-                    Flow::Abort { epoch, op }
-                        if epoch != rings.start.epoch || op != rings.start.op => {}
+                    Flow::Abort { epoch, op } if (epoch, op) != rings.collective() => {}
                     other => return other,
                 }
             }
@@ -794,21 +659,16 @@ impl Node {
                 Event::Net(Ok((from, frame))) if matches!(frame.header, Header::Collective(_)) => {
                     if self.hung() {
                         self.held_frames.push_back((from, frame));
-                    } else if let Some(flow) = self.feed(rings, from, &frame, &mut failed) {
+                    } else if let Some(flow) = self.feed(rings, from, frame, &mut failed) {
                         return flow;
                     }
                 }
                 Event::Net(Err(TransportError::Unreachable(peer))) => {
-                    if !failed
-                        && (peer == rings.left || peer == rings.right)
-                        && rings.start.ring.len() > 1
-                    {
+                    let (left, right) = rings.neighbours();
+                    if !failed && (peer == left || peer == right) && rings.start().ring.len() > 1 {
                         failed = true;
-                        let _ = self.member.report_allreduce_failed(
-                            Self::now(),
-                            rings.start.epoch,
-                            rings.start.op,
-                        );
+                        let (epoch, op) = rings.collective();
+                        let _ = self.member.report_allreduce_failed(Self::now(), epoch, op);
                     }
                 }
                 ev => self.on_event(ev),
@@ -816,61 +676,48 @@ impl Node {
         }
     }
 
-    /// Feeds a collective frame to its ring. `Some(flow)` ends the all-reduce.
+    /// Feeds a collective frame to the rings (through the inbox: stale frames are counted, frames
+    /// of a later collective held). `Some(flow)` ends the all-reduce.
     fn feed(
         &mut self,
-        rings: &mut Rings<'_>,
+        rings: &mut ShardRings,
         from: NodeId,
-        f: &Frame,
+        f: Frame,
         failed: &mut bool,
     ) -> Option<Flow> {
-        let Header::Collective(h) = &f.header else { return None };
-        if h.epoch != rings.start.epoch || h.op != rings.start.op {
-            if h.epoch < rings.start.epoch {
+        let running = Some(rings.collective());
+        let f = match self.inbox.admit(self.member.epoch(), running, from, f) {
+            Admission::Feed(f) => f,
+            Admission::Stale => {
                 self.run.rec.borrow_mut().stale(1);
+                return None;
             }
-            return None;
-        }
-        let ring = rings.rings.get_mut(usize::from(h.shard))?;
-        if h.phase == Phase::AllGather {
-            rings.sums.push(h.weight_sum);
-        }
-        match ring.handle_frame(from, f) {
-            Ok(()) => None,
-            Err(RingError::StaleEpoch { .. }) => {
-                self.run.rec.borrow_mut().stale(1);
-                None
-            }
-            Err(e) => {
-                let msg = format!(
-                    "{}: all-reduce of {} op {} refused a frame from {}: {e}",
-                    self.run.rec.borrow().name(self.id),
-                    rings.start.epoch,
-                    rings.start.op,
-                    self.run.rec.borrow().name(from)
-                );
-                self.run.rec.borrow_mut().violation(msg);
-                if !*failed {
-                    *failed = true;
-                    let _ = self.member.report_allreduce_failed(
-                        Self::now(),
-                        rings.start.epoch,
-                        rings.start.op,
-                    );
-                }
-                None
+            Admission::Held | Admission::Refused | Admission::Dropped => return None,
+        };
+        if let Err(e) = rings.handle_frame(from, &f) {
+            let (epoch, op) = rings.collective();
+            let msg = format!(
+                "{}: all-reduce of {epoch} op {op} refused a frame from {}: {e}",
+                self.run.rec.borrow().name(self.id),
+                self.run.rec.borrow().name(from)
+            );
+            self.run.rec.borrow_mut().violation(msg);
+            if !*failed {
+                *failed = true;
+                let _ = self.member.report_allreduce_failed(Self::now(), epoch, op);
             }
         }
+        None
     }
 
-    fn finish_rings(&mut self, rings: &mut Rings<'_>) {
-        let s = &rings.start;
+    fn finish_rings(&mut self, rings: &ShardRings) {
+        let s = rings.start();
         if s.ring.len() > 1 {
             let what = format!("outer step {} attempt {} ({})", s.outer_step, s.attempt, s.epoch);
             self.run.rec.borrow_mut().allreduce_weights(
                 self.id,
                 &what,
-                &rings.sums,
+                rings.weight_sums(),
                 f64::from(s.total_weight),
             );
         }
@@ -1002,10 +849,7 @@ impl Node {
         );
         if matches!(self.member.phase(), MemberPhase::Syncing { .. }) {
             if let Some(a) = &mut self.acct {
-                if let Some(f) = a.recovery_from.take() {
-                    a.recovery += now - f;
-                }
-                a.barrier_from = Some(now);
+                a.enter(Span::Barrier, now);
             }
             if let Err(e) = self.member.report_sync_done(now) {
                 tracing::debug!(target: "loco_sim", "{}: sync report refused: {e}", self.id);

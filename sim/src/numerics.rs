@@ -120,29 +120,6 @@ pub fn outer_config(s: &Scenario) -> OuterConfig {
     OuterConfig { lr: d.outer_lr as f32, momentum: d.outer_momentum as f32, nesterov: d.nesterov }
 }
 
-/// FNV-1a, 64 bits.
-pub fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
-}
-
-/// The digest of a vector of weights, as written in `outer_steps.csv` (16 hex digits of FNV-1a
-/// over the little-endian bits).
-pub fn weights_hash(w: &[f32]) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for x in w {
-        for b in x.to_bits().to_le_bytes() {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    format!("{h:016x}")
-}
-
 /// Bytes of the training state of a model of `params` parameters when only sizes are simulated:
 /// the fp32 outer weights and outer momentum and AdamW's two fp32 moments, 16 bytes per
 /// parameter (the inner weights equal the outer weights at an outer-step boundary). 163 GB for
@@ -268,12 +245,5 @@ mod tests {
         b.pop();
         assert_eq!(decode_state(&b), None);
         assert_eq!(decode_state(&[1, 2, 3]), None);
-    }
-
-    #[test]
-    fn hashes_tell_weights_apart() {
-        assert_eq!(weights_hash(&[1.0, 2.0]), weights_hash(&[1.0, 2.0]));
-        assert_ne!(weights_hash(&[1.0, 2.0]), weights_hash(&[2.0, 1.0]));
-        assert_eq!(weights_hash(&[]).len(), 16);
     }
 }

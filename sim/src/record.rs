@@ -81,6 +81,11 @@ impl Recorder {
         self.events.push(e);
     }
 
+    /// Records an event row as it is.
+    pub fn push_event(&mut self, e: EventRow) {
+        self.events.push(e);
+    }
+
     /// Records a violated invariant.
     pub fn violation(&mut self, msg: String) {
         tracing::warn!(target: "loco_sim", "invariant violated: {msg}");

@@ -14,7 +14,7 @@ use std::fmt::Write as _;
 use std::str::FromStr;
 
 /// The columns of `outer_steps.csv`, in order (the fields of [`OuterStepRow`]).
-pub const OUTER_STEPS_COLUMNS: [&str; 19] = [
+pub const OUTER_STEPS_COLUMNS: [&str; 20] = [
     "outer_step",
     "node",
     "node_id",
@@ -27,6 +27,7 @@ pub const OUTER_STEPS_COLUMNS: [&str; 19] = [
     "barrier_s",
     "recovery_s",
     "checkpoint_s",
+    "outer_s",
     "idle_s",
     "bytes_sent",
     "retries",
@@ -100,6 +101,7 @@ pub fn outer_steps_csv(rows: &[OuterStepRow]) -> String {
             format_f64(r.barrier_s),
             format_f64(r.recovery_s),
             format_f64(r.checkpoint_s),
+            format_f64(r.outer_s),
             format_f64(r.idle_s),
             r.bytes_sent.to_string(),
             r.retries.to_string(),
@@ -295,13 +297,14 @@ pub fn parse_outer_steps_csv(text: &str) -> Result<Vec<OuterStepRow>, MetricsErr
             barrier_s: r.f64(9, "barrier_s")?,
             recovery_s: r.f64(10, "recovery_s")?,
             checkpoint_s: r.f64(11, "checkpoint_s")?,
-            idle_s: r.f64(12, "idle_s")?,
-            bytes_sent: r.parse(13, "bytes_sent", INT)?,
-            retries: r.parse(14, "retries", INT)?,
-            tokens: r.parse(15, "tokens", INT)?,
-            loss: r.opt(16, "loss", "a number or nothing")?,
-            weights_hash: r.raw(17).to_owned(),
-            weight: r.f64(18, "weight")?,
+            outer_s: r.f64(12, "outer_s")?,
+            idle_s: r.f64(13, "idle_s")?,
+            bytes_sent: r.parse(14, "bytes_sent", INT)?,
+            retries: r.parse(15, "retries", INT)?,
+            tokens: r.parse(16, "tokens", INT)?,
+            loss: r.opt(17, "loss", "a number or nothing")?,
+            weights_hash: r.raw(18).to_owned(),
+            weight: r.f64(19, "weight")?,
         })
     })
 }

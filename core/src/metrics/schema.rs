@@ -37,6 +37,11 @@ pub struct OuterStepRow {
     pub recovery_s: f64,
     /// Seconds spent blocked on checkpointing.
     pub checkpoint_s: f64,
+    /// Seconds of the outer step's own O(model) work on this node: computing the
+    /// pseudo-gradient, applying the outer update, resetting the inner weights. Off the node's
+    /// event loop (its heartbeats go on), but the node waits for it.
+    #[serde(default)]
+    pub outer_s: f64,
     /// Every other second of the step (`end_s - start_s` minus the fields above).
     pub idle_s: f64,
     /// Bytes this node sent during the step (all-reduce, recovery, control), on the wire.

@@ -44,6 +44,28 @@ pub struct MfuBasis {
     pub gpus_per_node: u32,
 }
 
+impl MfuBasis {
+    /// The one MFU basis of a run of `s`, for both backends: PRIME's flops per token of the
+    /// model at the sequence length the run trains with (`[real] seq_len` when set, else the
+    /// model's), the first node's `peak_flops`, and `gpus_per_node` accelerators per node (what
+    /// the backend runs each node on). `None` unless every node has `peak_flops`.
+    pub fn of_run(s: &crate::scenario::Scenario, gpus_per_node: u32) -> Option<MfuBasis> {
+        let nodes = s.nodes();
+        if nodes.is_empty() || !nodes.iter().all(|n| n.peak_flops.is_some()) {
+            return None;
+        }
+        let mut model = s.model().clone();
+        if let Some(len) = s.real().seq_len {
+            model.seq_len = len;
+        }
+        Some(MfuBasis {
+            flops_per_token: model.flops_per_token() as f64,
+            peak_flops_per_gpu: nodes[0].peak_flops.unwrap_or(0.0),
+            gpus_per_node: gpus_per_node.max(1),
+        })
+    }
+}
+
 /// PRIME's training flops per token: `6 * n_non_embedding + 12 * layers * heads * head_dim *
 /// seq_len` (reference.md).
 pub fn flops_per_token(
@@ -181,6 +203,8 @@ pub struct NodeTotals {
     pub recovery_s: f64,
     /// Sum of `checkpoint_s`.
     pub checkpoint_s: f64,
+    /// Sum of `outer_s`.
+    pub outer_s: f64,
     /// Sum of `idle_s`.
     pub idle_s: f64,
     /// Sum of `bytes_sent`.
@@ -198,6 +222,7 @@ impl NodeTotals {
         self.barrier_s += r.barrier_s;
         self.recovery_s += r.recovery_s;
         self.checkpoint_s += r.checkpoint_s;
+        self.outer_s += r.outer_s;
         self.idle_s += r.idle_s;
         self.bytes_sent = self.bytes_sent.saturating_add(r.bytes_sent);
         self.tokens = self.tokens.saturating_add(r.tokens);
@@ -255,7 +280,7 @@ pub struct StepTotals {
     /// The latest `end_s`.
     pub end_s: f64,
     /// Sums over the nodes, in seconds: compute, all-reduce, barrier, recovery, checkpoint, idle.
-    pub breakdown_s: [f64; 6],
+    pub breakdown_s: [f64; 7],
     /// The longest `allreduce_s` among the rows.
     pub allreduce_max_s: f64,
     /// Sum of `bytes_sent`.
@@ -269,12 +294,12 @@ pub struct StepTotals {
 }
 
 /// Names of [`StepTotals::breakdown_s`]'s entries, in order.
-pub const BREAKDOWN_NAMES: [&str; 6] =
-    ["compute", "allreduce", "barrier", "recovery", "checkpoint", "idle"];
+pub const BREAKDOWN_NAMES: [&str; 7] =
+    ["compute", "allreduce", "barrier", "recovery", "checkpoint", "outer", "idle"];
 
 /// The breakdown of one row, in [`BREAKDOWN_NAMES`] order.
-pub fn breakdown(r: &OuterStepRow) -> [f64; 6] {
-    [r.compute_s, r.allreduce_s, r.barrier_s, r.recovery_s, r.checkpoint_s, r.idle_s]
+pub fn breakdown(r: &OuterStepRow) -> [f64; 7] {
+    [r.compute_s, r.allreduce_s, r.barrier_s, r.recovery_s, r.checkpoint_s, r.outer_s, r.idle_s]
 }
 
 /// One entry per outer step with rows, in increasing order.

@@ -17,6 +17,7 @@ fn row(step: u64, node: &str, id: u32) -> OuterStepRow {
         barrier_s: 0.0,
         recovery_s: 0.0,
         checkpoint_s: 0.0,
+        outer_s: 0.0,
         idle_s: 0.0,
         bytes_sent: 0,
         retries: 0,
@@ -86,7 +87,7 @@ fn outer_steps_format_is_fixed() {
     assert_eq!(
         lines.next().unwrap(),
         "0,a,0,1,2,0.000000,0.000000,0.000000,0.000000,0.000000,0.000000,0.000000,0.000000,\
-         0,0,0,,,1.000000"
+         0.000000,0,0,0,,,1.000000"
     );
     assert!(lines.next().unwrap().starts_with("0,\" padded \",1,1,14,"));
     assert!(lines.next().unwrap().starts_with("7,\"eu, \"\"west\"\" 1\",4,"));
@@ -270,7 +271,7 @@ fn step_totals_by_hand() {
     assert_eq!(steps[1].nodes, 2);
     assert_eq!(steps[1].bytes_sent, 42);
     assert_eq!(steps[1].mean_loss, Some(1.5));
-    assert_eq!(steps[1].breakdown_s, [16.0, 7.0, 0.0, 5.0, 0.0, 2.0]);
+    assert_eq!(steps[1].breakdown_s, [16.0, 7.0, 0.0, 5.0, 0.0, 0.0, 2.0]);
     assert_eq!(steps[1].allreduce_max_s, 5.0);
     assert_eq!((steps[1].start_s, steps[1].end_s), (0.0, 20.0));
     assert_eq!(summarize(&RunMeta::default(), &rows, &[]).final_loss, Some(1.5));

@@ -9,6 +9,7 @@
 //!   joiner replays onto a late state;
 //! - [`rings`]: the `G` per-shard ring all-reduces of one outer step under one epoch, with the
 //!   stale-frame count and the frames that arrive before their collective starts;
+//! - [`events`]: the coordinator's and the node's event rows, mapped once;
 //! - [`acct`]: step accounting: where a node's wall time went in one outer step, closed into one
 //!   [`OuterStepRow`](crate::metrics::OuterStepRow).
 //!
@@ -16,5 +17,6 @@
 
 pub mod acct;
 pub mod digest;
+pub mod events;
 pub mod rings;
 pub mod state;

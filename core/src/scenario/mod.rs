@@ -303,6 +303,19 @@ pub struct DilocoSpec {
 }
 
 impl DilocoSpec {
+    /// [`segment`](Self::segment) in values of the configured codec (at least 1), if set: what
+    /// both backends give their rings.
+    pub fn segment_elems(&self) -> Option<usize> {
+        self.segment.map(|bytes| {
+            let per = match self.codec {
+                crate::codec::CodecKind::Fp32 => 4,
+                crate::codec::CodecKind::Fp16 | crate::codec::CodecKind::Bf16 => 2,
+                crate::codec::CodecKind::Uint8 | crate::codec::CodecKind::Int8Block => 1,
+            };
+            usize::try_from((bytes / per).max(1)).unwrap_or(usize::MAX)
+        })
+    }
+
     /// The inner learning rate at inner step `step` (0-based): linear warmup `lr * step /
     /// warmup_steps`, then `lr`, then from `decay.start` `lr * (1 - sqrt((step - start) /
     /// steps))`, and 0 after the decay.
