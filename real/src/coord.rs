@@ -135,6 +135,19 @@ pub async fn run_coordinator(
                         MeshEvent::Committed { .. } | MeshEvent::StepSkipped { .. } => {
                             committed += 1
                         }
+                        MeshEvent::NoSyncedMember { outer_step, .. } => {
+                            tracing::error!("{ev}");
+                            let detail = format!(
+                                "no member holds the training state any more: stopped at outer \
+                                 step {outer_step} (resume from checkpoints)"
+                            );
+                            write(
+                                EventRow::new(at, EventKind::Stop)
+                                    .epoch(c.epoch().0)
+                                    .detail(detail),
+                            )?
+                        }
+                        MeshEvent::JoinRefused { .. } => tracing::warn!("{ev}"),
                         MeshEvent::Shutdown => {
                             let epoch = c.epoch().0;
                             write(

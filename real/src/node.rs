@@ -865,7 +865,12 @@ impl<L: InnerLoop> Worker<L> {
             MemberAction::Stop(reason) => {
                 let kind = loco_core::node::events::stop_kind(&reason);
                 self.event(kind, reason.to_string())?;
-                if !matches!(reason, StopReason::Evicted(_)) {
+                // An evicted node, or one that never held the mesh's state, has nothing to keep.
+                let holds = !matches!(
+                    reason,
+                    StopReason::Evicted(_) | StopReason::NoSyncedMember { synced: false, .. }
+                );
+                if holds {
                     // The last commit, when the inner loop has not moved on since.
                     self.checkpoint(true)?;
                 }

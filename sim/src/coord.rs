@@ -55,6 +55,17 @@ fn on_event(run: &RunCtx, now: Time, e: MeshEvent) {
         MeshEvent::Committed { outer_step, .. } | MeshEvent::StepSkipped { outer_step, .. } => {
             rec.step_done(now, outer_step)
         }
+        MeshEvent::NoSyncedMember { outer_step, .. } => {
+            drop(rec);
+            *run.mesh_stopped.borrow_mut() = Some(format!(
+                "no member holds the training state any more: the coordinator stopped the run at \
+                 outer step {outer_step} (resume from checkpoints)"
+            ));
+        }
+        MeshEvent::JoinRefused { node, incarnation, reason } => {
+            let name = rec.name(node);
+            tracing::warn!(target: "loco_sim", "coordinator: join of {name} (incarnation {incarnation}) refused: {reason}");
+        }
         MeshEvent::DecisionLimit => {
             tracing::warn!(target: "loco_sim", "coordinator: decision limit reached");
         }

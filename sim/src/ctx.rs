@@ -59,6 +59,9 @@ pub struct RunCtx {
     pub segment_elems: Option<usize>,
     /// Frames handed to the network by every host (a cost counter).
     pub frames: Cell<u64>,
+    /// Set when the coordinator stopped the run because no member held the training state any
+    /// more: why, for the summary's `stop_reason`.
+    pub mesh_stopped: RefCell<Option<String>>,
 }
 
 impl RunCtx {

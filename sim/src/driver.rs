@@ -71,6 +71,7 @@ impl Plan {
             + (m.allreduce_timeout + m.retry_backoff + m.heartbeat_timeout.saturating_mul(2))
                 .saturating_mul(retries)
             + m.join_window
+            + m.compute_timeout
             + Duration::from_secs(60);
         let steps = stop_steps.unwrap_or(1);
         let estimate = match stop_time {
@@ -413,6 +414,7 @@ pub(crate) fn replay(scenario: &Scenario, mut opts: ReplayOptions) -> Result<Run
         real,
         segment_elems,
         frames: Cell::new(0),
+        mesh_stopped: RefCell::new(None),
     });
     let sim = turmoil::Builder::new()
         .tick_duration(plan.tick)
@@ -517,6 +519,10 @@ pub(crate) fn replay(scenario: &Scenario, mut opts: ReplayOptions) -> Result<Run
         }
         let ids: Vec<NodeId> = s.nodes().iter().map(|n| n.id).collect();
         let running: Vec<NodeId> = ids.iter().copied().filter(|&id| d.node_running(id)).collect();
+        if let Some(why) = run.mesh_stopped.borrow().clone() {
+            stop_reason = why;
+            break;
+        }
         if running.is_empty() && d.coordinator_alive && !future_starts(next_churn) && ticks > 0 {
             stop_reason = "every node stopped".to_owned();
             break;

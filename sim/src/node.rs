@@ -509,7 +509,9 @@ impl Node {
                 }
                 End::Rejoin
             }
-            StopReason::Left(_) | StopReason::Shutdown => End::Exit,
+            StopReason::Left(_) | StopReason::Shutdown | StopReason::NoSyncedMember { .. } => {
+                End::Exit
+            }
         }
     }
 

@@ -81,6 +81,11 @@ pub fn coordinator_rows(
             None,
             format!("outer step {outer_step} after {attempts} attempts"),
         )],
+        MeshEvent::NoSyncedMember { epoch, evicted, .. } => evicted
+            .iter()
+            .filter(|(_, why)| !matches!(why, EvictReason::Deathrattle(_)))
+            .map(|(n, why)| row(EventKind::Evict, Some(*epoch), Some(*n), why.to_string()))
+            .collect(),
         // The run's `stop` is written by whoever ends the run (the simulator's driver, the real
         // coordinator at its shutdown), with the reason it knows.
         _ => Vec::new(),
@@ -98,7 +103,7 @@ pub fn stop_kind(reason: &StopReason) -> EventKind {
         StopReason::Left(_) => EventKind::Leave,
         StopReason::Evicted(_) => EventKind::Evict,
         StopReason::CoordinatorLost { .. } => EventKind::CoordinatorLost,
-        StopReason::Shutdown => EventKind::Stop,
+        StopReason::Shutdown | StopReason::NoSyncedMember { .. } => EventKind::Stop,
     }
 }
 

@@ -85,6 +85,8 @@
 //! min_members = 1              # default 1; the first epoch waits for this many joiners
 //! join_window = "5s"           # default 5s; the first epoch forms this long after the first join
 //! sync_timeout = "3600s"       # default 3600s; a blocking joiner not synced by then is evicted
+//! compute_timeout = "4h"       # default 4h or 3 x the slowest node's H inner steps, if longer;
+//!                              # a barrier nobody reaches by then evicts every member
 //! allreduce_timeout = "3600s"  # default 3600s; an all-reduce not done by then is retried
 //! retry_backoff = "8s"         # default 8s; wait for an eviction before retrying
 //! state_senders = 1            # default 1; peers sending the state to one joiner

@@ -178,6 +178,7 @@ pub(crate) struct RawMesh {
     pub(crate) min_members: Option<u32>,
     pub(crate) join_window: Option<RawScalar>,
     pub(crate) sync_timeout: Option<RawScalar>,
+    pub(crate) compute_timeout: Option<RawScalar>,
     pub(crate) allreduce_timeout: Option<RawScalar>,
     pub(crate) retry_backoff: Option<RawScalar>,
     pub(crate) state_senders: Option<u32>,

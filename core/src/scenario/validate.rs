@@ -257,6 +257,17 @@ pub(crate) fn validate(raw: RawScenario) -> R<Scenario> {
     let (mesh, coordinator_region) = mesh(&raw.mesh.clone().unwrap_or_default(), &regions)?;
     let links = links(&raw.links, &regions)?;
     let (mut nodes, start_given) = nodes(&raw.nodes, &regions)?;
+    let mut mesh = mesh;
+    if raw.mesh.as_ref().is_none_or(|m| m.compute_timeout.is_none()) {
+        // Default: 4 h, or three times the slowest node's inner steps when that is longer.
+        let slowest = nodes
+            .iter()
+            .map(|n| n.step_time.mul_f64(1.0 + n.step_jitter))
+            .max()
+            .unwrap_or(Duration::ZERO);
+        let compute = slowest.saturating_mul(u32::try_from(diloco.inner_steps).unwrap_or(u32::MAX));
+        mesh.compute_timeout = MeshConfig::default().compute_timeout.max(compute.saturating_mul(3));
+    }
     check_coverage(&nodes, &links, &regions, coordinator_region)?;
     let stop = stop(raw.stop.as_ref())?;
     let churn = super::churn::churn(&raw.churn, &mut nodes, &start_given, &regions, &links)?;
@@ -575,8 +586,8 @@ fn mesh(m: &RawMesh, regions: &[Region]) -> R<(MeshConfig, RegionId)> {
             .as_ref()
             .map_or(Ok(def.retry_backoff), |r| duration(&p.key("retry_backoff"), r))?,
         state_senders: usize_at_least_one("state_senders", m.state_senders, def.state_senders)?,
-        // Not in the scenario schema yet: the default.
-        compute_timeout: def.compute_timeout,
+        // When not given, `validate` raises it to the nodes' compute.
+        compute_timeout: opt_pos("compute_timeout", &m.compute_timeout, def.compute_timeout)?,
     };
     // The mesh's own rules, for any this function does not check itself.
     config.validate().map_err(|e| conflict(&p, e.to_string()))?;
