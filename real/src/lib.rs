@@ -11,6 +11,7 @@ pub mod train;
 
 pub mod coord;
 pub mod inner;
+pub mod launch;
 pub mod node;
 pub mod tcp;
 

@@ -80,6 +80,9 @@ pub struct WorkerOptions {
     pub resume: Option<PathBuf>,
     /// Faults to inject into this process (tests and fault drills).
     pub faults: Vec<Fault>,
+    /// The launcher's status channel, when a launcher started this process: every metrics line
+    /// is forwarded on it too.
+    pub status: Option<crate::launch::StatusSender>,
 }
 
 /// When and where a worker writes its checkpoints.
@@ -658,6 +661,9 @@ impl<L: InnerLoop> Worker<L> {
     }
 
     fn write(&mut self, line: &MetricsLine) -> Result<(), WorkerError> {
+        if let Some(s) = &self.opts.status {
+            s.metrics(line);
+        }
         match self.metrics.as_mut() {
             Some(f) => Ok(f.write(line)?),
             None => Ok(()),

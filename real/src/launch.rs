@@ -1,0 +1,713 @@
+//! The process launcher behind `loco launch`: a coordinator and a worker per node on this
+//! machine, the scenario's churn played with signals and new processes, the run's record merged
+//! from the processes' metrics files.
+//!
+//! The launcher learns that a worker is up, how far the run is, and that a worker is gone from
+//! the workers themselves, pushed over a status channel ([`status`]): each worker process it
+//! starts says `ready` once its model is loaded, forwards its metrics lines, and says `stopped`;
+//! its connection closes when it exits. The scenario's clock starts once every starting worker
+//! is ready (at most [`READY_LIMIT`] after the launch), so that process start-up (loading
+//! libtorch takes a second or more) is not part of the run. A joiner's process starts
+//! [`JOIN_LEAD`] before its join and waits for the scenario's time to ask to join, so that
+//! nodes the scenario starts together ask together.
+//!
+//! The launcher prints nothing: [`Launcher::on_notice`] receives what a user should see, the
+//! returned [`LaunchOutcome`] holds the run's record, and details go to `tracing`.
+
+mod error;
+mod outcome;
+mod prepare;
+mod record;
+pub mod status;
+
+pub use error::LaunchError;
+pub use outcome::{LaunchOutcome, Notice, ProcessRecord};
+pub use prepare::{check_memory, checkpoint_plan, checkpoint_root, resume_step, scenario_base};
+pub use record::read_lines;
+pub use status::{StatusEvent, StatusHub, StatusMsg, StatusSender};
+
+use loco_core::ids::NodeId;
+use loco_core::metrics::{EventKind, EventRow};
+use loco_core::scenario::{ChurnAction, NodeSpec, Scenario};
+use nix::sys::signal::Signal;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// How long before its join a joiner's process is started.
+pub const JOIN_LEAD: Duration = Duration::from_secs(3);
+/// The longest the scenario's clock waits for the starting workers to be ready.
+pub const READY_LIMIT: Duration = Duration::from_secs(60);
+/// The longest the launcher sleeps between two looks at its processes.
+const TICK: Duration = Duration::from_millis(100);
+/// The longest it waits for the coordinator's address.
+const COORDINATOR_START: Duration = Duration::from_secs(30);
+
+/// Seconds since the Unix epoch: the shared time base of a launch's processes (metrics, and the
+/// launcher's timers).
+#[allow(clippy::disallowed_methods)] // the launcher's one wall clock
+pub fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// Which checkpoints a launch resumes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resume {
+    /// The newest outer step that every starting node has a complete checkpoint of.
+    Newest,
+    /// This outer step.
+    Step(u64),
+}
+
+/// What to launch.
+#[derive(Clone, Debug)]
+pub struct LaunchPlan {
+    /// The scenario.
+    pub scenario: Scenario,
+    /// Its file, passed to every process (its paths are relative to it).
+    pub scenario_path: PathBuf,
+    /// The `loco` executable: run as `PROGRAM coordinator SCENARIO ...` and
+    /// `PROGRAM worker SCENARIO ...`.
+    pub program: PathBuf,
+    /// The run directory; the processes' metrics go to its `nodes/`.
+    pub out: PathBuf,
+    /// Stop after this many outer steps (overrides the scenario's stop).
+    pub max_outer_steps: Option<u64>,
+    /// Workers train a synthetic objective of this many parameters instead of the model (and
+    /// the memory check is skipped).
+    pub synthetic_params: Option<usize>,
+    /// Give up after this long (default: the scenario's stop time plus a minute).
+    pub timeout: Option<Duration>,
+    /// Continue from checkpoints.
+    pub resume: Option<Resume>,
+    /// Checkpoints go here instead of the scenario's `[real] checkpoint_dir`.
+    pub checkpoint_dir: Option<PathBuf>,
+}
+
+impl LaunchPlan {
+    /// A plan with no overrides.
+    pub fn new(scenario: Scenario, scenario_path: PathBuf, program: PathBuf, out: PathBuf) -> Self {
+        LaunchPlan {
+            scenario,
+            scenario_path,
+            program,
+            out,
+            max_outer_steps: None,
+            synthetic_params: None,
+            timeout: None,
+            resume: None,
+            checkpoint_dir: None,
+        }
+    }
+}
+
+/// Runs a launch to its end with no one watching its notices.
+pub fn launch(plan: LaunchPlan) -> Result<LaunchOutcome, LaunchError> {
+    Launcher::new(plan).run()
+}
+
+/// A launch to run, with whoever watches it.
+pub struct Launcher<'a> {
+    plan: LaunchPlan,
+    on_notice: Box<dyn FnMut(Notice) + 'a>,
+}
+
+impl std::fmt::Debug for Launcher<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Launcher").field("plan", &self.plan).finish_non_exhaustive()
+    }
+}
+
+impl<'a> Launcher<'a> {
+    /// A launch of `plan`.
+    pub fn new(plan: LaunchPlan) -> Self {
+        Launcher { plan, on_notice: Box::new(|_| {}) }
+    }
+
+    /// Calls `f` with each [`Notice`] as the launch runs.
+    pub fn on_notice(mut self, f: impl FnMut(Notice) + 'a) -> Self {
+        self.on_notice = Box::new(f);
+        self
+    }
+
+    /// Runs the launch to its end: every process it started has exited (or was killed) when
+    /// this returns. `Err` only when the run could not start or be watched; a run that broke an
+    /// invariant is an `Ok` whose [`LaunchOutcome::ok`] is false.
+    pub fn run(self) -> Result<LaunchOutcome, LaunchError> {
+        let Launcher { plan, on_notice } = self;
+        if plan.synthetic_params.is_none() {
+            check_memory(&plan.scenario)?;
+        }
+        let nodes_dir = plan.out.join("nodes");
+        let io = |action, path: &Path| {
+            let path = path.to_path_buf();
+            move |source| LaunchError::Io { action, path, source }
+        };
+        std::fs::create_dir_all(&nodes_dir).map_err(io("creating", &nodes_dir))?;
+        for e in std::fs::read_dir(&nodes_dir).map_err(io("listing", &nodes_dir))? {
+            let p = e.map_err(io("listing", &nodes_dir))?.path();
+            if p.extension().is_some_and(|x| x == "jsonl" || x == "addr" || x == "sock") {
+                std::fs::remove_file(&p).map_err(io("removing", &p))?;
+            }
+        }
+        let (s, path, given) =
+            (&plan.scenario, &plan.scenario_path, plan.checkpoint_dir.as_deref());
+        let resume = match plan.resume {
+            None => None,
+            Some(Resume::Newest) => Some(resume_step(s, path, given, None)?),
+            Some(Resume::Step(k)) => Some(resume_step(s, path, given, Some(k))?),
+        };
+        let sock = nodes_dir.join("status.sock");
+        let hub = StatusHub::bind(&sock)
+            .map_err(|source| LaunchError::Status { path: sock.clone(), source })?;
+        let mut run = Run {
+            ckpt_root: checkpoint_root(s, path, given),
+            plan: &plan,
+            nodes_dir,
+            resume,
+            run_start: unix_now(),
+            hub,
+            fleet: Fleet::default(),
+            incarnation: BTreeMap::new(),
+            coordinator: 0,
+            addr: None,
+            committed: 0,
+            last_step: None,
+            on_notice,
+        };
+        run.run()
+    }
+}
+
+/// One child process of a launch.
+struct Proc {
+    name: String,
+    /// `None` for the coordinator.
+    node: Option<NodeId>,
+    incarnation: u64,
+    child: Child,
+    exited: bool,
+    started_s: f64,
+    ready_s: Option<f64>,
+    stopped: Option<String>,
+    exit: Option<String>,
+}
+
+impl Proc {
+    /// Signals it, unless it was reaped (its pid may be another process's by now).
+    fn signal(&self, sig: Signal) {
+        if self.exited {
+            return;
+        }
+        let Ok(pid) = i32::try_from(self.child.id()) else { return };
+        if let Err(e) = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig) {
+            tracing::warn!(process = %self.name, "signal {sig}: {e}");
+        }
+    }
+
+    /// Whether it has exited (reaped now if so); `Some(status)` the first time.
+    fn poll_exit(&mut self) -> Result<Option<std::process::ExitStatus>, LaunchError> {
+        if self.exited {
+            return Ok(None);
+        }
+        let st = self.child.try_wait().map_err(|source| LaunchError::Process {
+            action: "watching",
+            process: self.name.clone(),
+            source,
+        })?;
+        if let Some(st) = st {
+            self.exited = true;
+            self.exit = Some(st.to_string());
+        }
+        Ok(st)
+    }
+}
+
+/// Every process a launch started. Dropping it kills those still running, so that no process
+/// outlives its launch, whatever way the launch ends.
+#[derive(Default)]
+struct Fleet(Vec<Proc>);
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        for p in &mut self.0 {
+            if matches!(p.child.try_wait(), Ok(None)) {
+                let _ = p.child.kill();
+                let _ = p.child.wait();
+            }
+        }
+    }
+}
+
+/// A launch in progress.
+struct Run<'p, 'a> {
+    plan: &'p LaunchPlan,
+    nodes_dir: PathBuf,
+    resume: Option<u64>,
+    ckpt_root: Option<PathBuf>,
+    run_start: f64,
+    hub: StatusHub,
+    fleet: Fleet,
+    incarnation: BTreeMap<NodeId, u64>,
+    /// The coordinator's index in the fleet.
+    coordinator: usize,
+    addr: Option<SocketAddr>,
+    /// Outer steps reported committed, and the last one.
+    committed: u64,
+    last_step: Option<u64>,
+    on_notice: Box<dyn FnMut(Notice) + 'a>,
+}
+
+impl Run<'_, '_> {
+    fn elapsed(&self) -> Duration {
+        Duration::from_secs_f64((unix_now() - self.run_start).max(0.0))
+    }
+
+    fn proc(&mut self, i: usize) -> Option<&mut Proc> {
+        self.fleet.0.get_mut(i)
+    }
+
+    fn signal(&self, i: usize, sig: Signal) {
+        if let Some(p) = self.fleet.0.get(i) {
+            p.signal(sig);
+        }
+    }
+
+    fn start_coordinator(&mut self) -> Result<SocketAddr, LaunchError> {
+        let plan = self.plan;
+        let addr_file = self.nodes_dir.join("coordinator.addr");
+        let mut cmd = Command::new(&plan.program);
+        cmd.arg("coordinator")
+            .arg(&plan.scenario_path)
+            .args(["--listen", "127.0.0.1:0"])
+            .arg("--addr-file")
+            .arg(&addr_file)
+            .arg("--metrics")
+            .arg(self.nodes_dir.join("coordinator.jsonl"))
+            .args(["--run-start", &self.run_start.to_string()])
+            .args(["--start-step", &self.resume.unwrap_or(0).to_string()])
+            .env_remove(status::SOCKET_ENV)
+            .env_remove(status::TOKEN_ENV)
+            .stdin(Stdio::null());
+        if let Some(n) = plan.max_outer_steps {
+            cmd.args(["--max-outer-steps", &n.to_string()]);
+        }
+        let child = cmd.spawn().map_err(|source| LaunchError::Process {
+            action: "starting",
+            process: "the coordinator".into(),
+            source,
+        })?;
+        self.coordinator = self.fleet.0.len();
+        self.fleet.0.push(Proc {
+            name: "coordinator".into(),
+            node: None,
+            incarnation: 1,
+            child,
+            exited: false,
+            started_s: 0.0,
+            ready_s: None,
+            stopped: None,
+            exit: None,
+        });
+        // The coordinator has no status channel: it says its address in a file.
+        let polls = COORDINATOR_START.as_millis() / 50;
+        for _ in 0..polls {
+            if let Ok(t) = std::fs::read_to_string(&addr_file) {
+                return t.trim().parse().map_err(|_| LaunchError::CoordinatorAddr { text: t });
+            }
+            let i = self.coordinator;
+            if let Some(st) = self.proc(i).map(Proc::poll_exit).transpose()?.flatten() {
+                return Err(LaunchError::CoordinatorExited { status: st.to_string() });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Err(LaunchError::CoordinatorSilent { waited: COORDINATOR_START })
+    }
+
+    /// Starts `node`'s worker, `at` on the scenario's clock; a joiner started ahead waits for the
+    /// Unix time `join_at` to ask to join. Returns its index in the fleet.
+    fn spawn(
+        &mut self,
+        node: &NodeSpec,
+        at: Duration,
+        join_at: Option<f64>,
+    ) -> Result<usize, LaunchError> {
+        let plan = self.plan;
+        let s = &plan.scenario;
+        let inc = *self.incarnation.entry(node.id).and_modify(|i| *i += 1).or_insert(1);
+        // Crashes with a `during` are armed inside the process, which kills itself there.
+        let faults: Vec<String> = s
+            .churn()
+            .iter()
+            .filter(|c| {
+                c.at >= at && matches!(&c.action, ChurnAction::Crash(ids) if ids.contains(&node.id))
+            })
+            // Armed relative to the process's own start.
+            .filter_map(|c| c.during.map(|p| format!("{p}@{}", (c.at - at).as_secs_f64())))
+            .collect();
+        let index = self.fleet.0.len();
+        let token = self.hub.register(index).map_err(|source| LaunchError::Status {
+            path: self.hub.path().to_path_buf(),
+            source,
+        })?;
+        let addr = self.addr.map(|a| a.to_string()).unwrap_or_default();
+        let mut cmd = Command::new(&plan.program);
+        cmd.arg("worker")
+            .arg(&plan.scenario_path)
+            .args(["--coordinator", &addr, "--id", &node.name])
+            .args(["--listen", "127.0.0.1:0", "--incarnation", &inc.to_string()])
+            .arg("--metrics")
+            .arg(self.nodes_dir.join(format!("{}.jsonl", node.name)))
+            .args(["--run-start", &self.run_start.to_string()])
+            .env(status::SOCKET_ENV, self.hub.path())
+            .env(status::TOKEN_ENV, &token)
+            .stdin(Stdio::null());
+        if let Some(n) = plan.synthetic_params {
+            cmd.args(["--synthetic-params", &n.to_string()]);
+        }
+        if let Some(t) = join_at {
+            cmd.args(["--join-at", &t.to_string()]);
+        }
+        for f in &faults {
+            cmd.args(["--crash-during", f]);
+        }
+        if let Some(d) = &plan.checkpoint_dir {
+            cmd.arg("--checkpoint-dir").arg(d);
+        }
+        if let (Some(step), Some(root), true) =
+            (self.resume, &self.ckpt_root, at.is_zero() && inc == 1)
+        {
+            let dir = root.join(&node.name).join(crate::checkpoint::step_dir_name(step));
+            cmd.arg("--resume").arg(dir);
+        }
+        let child = cmd.spawn().map_err(|source| LaunchError::Process {
+            action: "starting worker",
+            process: node.name.clone(),
+            source,
+        })?;
+        self.fleet.0.push(Proc {
+            name: node.name.clone(),
+            node: Some(node.id),
+            incarnation: inc,
+            child,
+            exited: false,
+            started_s: unix_now() - self.run_start,
+            ready_s: None,
+            stopped: None,
+            exit: None,
+        });
+        Ok(index)
+    }
+
+    /// Waits at most `timeout` for the workers' status, and takes what came.
+    fn listen(&mut self, timeout: Duration) {
+        for ev in self.hub.wait(unix_now(), timeout) {
+            let now_s = unix_now() - self.run_start;
+            match ev {
+                StatusEvent::Message { key, msg } => {
+                    let Some(p) = self.fleet.0.get_mut(key) else { continue };
+                    match msg {
+                        StatusMsg::Ready => {
+                            tracing::info!(worker = %p.name, at_s = now_s, "ready");
+                            p.ready_s.get_or_insert(now_s);
+                        }
+                        StatusMsg::Metrics { line: crate::node::MetricsLine::Row(r) } => {
+                            if self.last_step.is_none_or(|l| r.outer_step > l) {
+                                self.last_step = Some(r.outer_step);
+                                self.committed += 1;
+                            }
+                        }
+                        StatusMsg::Metrics { .. } | StatusMsg::Hello { .. } => {}
+                        StatusMsg::Stopped { reason, committed, .. } => {
+                            tracing::info!(worker = %p.name, committed, "stopped: {reason}");
+                            p.stopped = Some(reason);
+                        }
+                    }
+                }
+                StatusEvent::Closed { key } => {
+                    if let Some(p) = self.fleet.0.get(key) {
+                        tracing::debug!(worker = %p.name, "status channel closed");
+                    }
+                }
+            }
+        }
+    }
+
+    fn run(&mut self) -> Result<LaunchOutcome, LaunchError> {
+        let plan = self.plan;
+        let s = &plan.scenario;
+        self.addr = Some(self.start_coordinator()?);
+        let coord = self.coordinator;
+        let mut workers: BTreeMap<NodeId, usize> = BTreeMap::new();
+        let mut launch_events = Vec::new();
+        // The scenario's churn already holds the starts of late nodes (as joins), sorted by time.
+        let timeline: Vec<(Duration, ChurnAction, bool)> =
+            s.churn().iter().map(|c| (c.at, c.action.clone(), c.during.is_some())).collect();
+        let mut starting = Vec::new();
+        for n in s.initial_nodes() {
+            let i = self.spawn(n, Duration::ZERO, None)?;
+            workers.insert(n.id, i);
+            starting.push(i);
+            launch_events.push(
+                EventRow::new(0.0, EventKind::Start).node(n.name.clone()).detail("process started"),
+            );
+        }
+        let limit = plan.timeout.or(s.stop().time.map(|t| t + Duration::from_secs(60)));
+        let mut next = 0;
+        // Join events whose processes were started ahead of time.
+        let mut prestarted: BTreeSet<usize> = BTreeSet::new();
+        let mut churn_t0: Option<Duration> = None;
+        let mut hung: BTreeSet<NodeId> = BTreeSet::new();
+        let mut failures: Vec<String> = Vec::new();
+        let mut shown: Option<Duration> = None;
+        loop {
+            let elapsed = self.elapsed();
+            // The scenario's clock starts once every starting worker is ready (a worker that
+            // exited before it was will never be): process start-up is not part of the run.
+            if churn_t0.is_none() {
+                let waiting = starting
+                    .iter()
+                    .filter_map(|&i| self.fleet.0.get(i))
+                    .filter(|p| p.ready_s.is_none() && !p.exited)
+                    .count();
+                if waiting == 0 || elapsed > READY_LIMIT {
+                    churn_t0 = Some(elapsed);
+                    let after_s = elapsed.as_secs_f64();
+                    if waiting > 0 {
+                        tracing::warn!(waiting, "starting workers not ready; the clock starts");
+                    }
+                    (self.on_notice)(Notice::ClockStarted { after_s, all_ready: waiting == 0 });
+                }
+            }
+            let churn_now = churn_t0.map(|t0| elapsed.saturating_sub(t0));
+            // Joiners start early and wait for their time to ask to join (start-up takes a
+            // while, and not equally long for every process: nodes the scenario starts together
+            // would ask some hundred milliseconds apart, and could be admitted at different outer
+            // steps).
+            if let (Some(now), Some(t0)) = (churn_now, churn_t0) {
+                for (j, (t, action, _)) in timeline.iter().enumerate().skip(next) {
+                    if *t > now + JOIN_LEAD {
+                        break;
+                    }
+                    let ChurnAction::Join(ids) = action else { continue };
+                    if !prestarted.insert(j) {
+                        continue;
+                    }
+                    let join_at = self.run_start + (t0 + *t).as_secs_f64();
+                    for id in ids {
+                        if let Some(n) = s.node(*id) {
+                            // Faults count from the join, where the worker's clock starts.
+                            workers.insert(*id, self.spawn(n, *t, Some(join_at))?);
+                        }
+                    }
+                }
+            }
+            while let Some(churn_now) =
+                churn_now.filter(|&c| timeline.get(next).is_some_and(|e| e.0 <= c))
+            {
+                let Some((_, action, in_process)) = timeline.get(next).cloned() else { break };
+                let started_early = prestarted.contains(&next);
+                next += 1;
+                if in_process {
+                    continue; // armed in the worker at its start
+                }
+                let at = elapsed.as_secs_f64();
+                let name = |id: &NodeId| s.node(*id).map(|n| n.name.clone()).unwrap_or_default();
+                match &action {
+                    ChurnAction::Join(ids) | ChurnAction::Restart(ids) => {
+                        for id in ids {
+                            if let Some(n) = s.node(*id) {
+                                if !started_early {
+                                    workers.insert(*id, self.spawn(n, churn_now, None)?);
+                                }
+                                let detail = if started_early {
+                                    "process started ahead; asks to join now"
+                                } else {
+                                    "process started"
+                                };
+                                launch_events.push(
+                                    EventRow::new(at, EventKind::Restart)
+                                        .node(n.name.clone())
+                                        .detail(detail),
+                                );
+                            }
+                        }
+                    }
+                    ChurnAction::Crash(ids) => {
+                        for id in ids {
+                            if let Some(&i) = workers.get(id) {
+                                self.signal(i, Signal::SIGKILL);
+                                launch_events.push(
+                                    EventRow::new(at, EventKind::Crash)
+                                        .node(name(id))
+                                        .detail("SIGKILL"),
+                                );
+                            }
+                        }
+                    }
+                    ChurnAction::Leave(ids) => {
+                        for id in ids {
+                            if let Some(&i) = workers.get(id) {
+                                self.signal(i, Signal::SIGTERM);
+                            }
+                        }
+                    }
+                    ChurnAction::Hang(ids) => {
+                        for id in ids {
+                            if let Some(&i) = workers.get(id) {
+                                hung.insert(*id);
+                                self.signal(i, Signal::SIGSTOP);
+                                launch_events.push(
+                                    EventRow::new(at, EventKind::Hang)
+                                        .node(name(id))
+                                        .detail("SIGSTOP"),
+                                );
+                            }
+                        }
+                    }
+                    ChurnAction::Resume(ids) => {
+                        for id in ids {
+                            if let Some(&i) = workers.get(id) {
+                                hung.remove(id);
+                                self.signal(i, Signal::SIGCONT);
+                            }
+                        }
+                    }
+                    ChurnAction::CoordinatorCrash => {
+                        self.signal(coord, Signal::SIGKILL);
+                        launch_events
+                            .push(EventRow::new(at, EventKind::CoordinatorCrash).detail("SIGKILL"));
+                    }
+                    other => {
+                        tracing::info!(
+                            "the real backend on one machine ignores {other:?} (network faults are the simulator's)"
+                        );
+                    }
+                }
+            }
+            for i in 0..self.fleet.0.len() {
+                if i == coord {
+                    continue;
+                }
+                let Some(p) = self.proc(i) else { continue };
+                // A worker that failed on its own (not a signal of the churn) is an error.
+                if let Some(status) = p.poll_exit()? {
+                    if status.code().is_some_and(|c| c != 0) {
+                        let name = p.name.clone();
+                        failures.push(name.clone());
+                        (self.on_notice)(Notice::WorkerFailed { name, status: status.to_string() });
+                    }
+                }
+            }
+            if let Some(p) = self.proc(coord) {
+                p.poll_exit()?;
+            }
+            let exited = |fleet: &Fleet, i: usize| fleet.0.get(i).is_none_or(|p| p.exited);
+            let coord_stopped = exited(&self.fleet, coord);
+            let all_workers_done = workers.values().all(|&i| exited(&self.fleet, i));
+            if coord_stopped && all_workers_done {
+                break;
+            }
+            let joins_ahead = timeline
+                .get(next..)
+                .unwrap_or_default()
+                .iter()
+                .any(|(_, a, _)| matches!(a, ChurnAction::Join(_) | ChurnAction::Restart(_)));
+            if all_workers_done && !coord_stopped && !joins_ahead {
+                (self.on_notice)(Notice::EveryWorkerStopped);
+                self.signal(coord, Signal::SIGTERM);
+                std::thread::sleep(Duration::from_secs(1));
+                break;
+            }
+            if coord_stopped && !all_workers_done {
+                // A process this launch stopped (hang) cannot stop on its own: let it run again.
+                for id in std::mem::take(&mut hung) {
+                    if let Some(&i) = workers.get(&id) {
+                        self.signal(i, Signal::SIGCONT);
+                    }
+                }
+                // The coordinator is gone: members stop on their own within the coordinator
+                // timeout.
+                let grace = s.mesh().coordinator_timeout + Duration::from_secs(10);
+                let deadline = unix_now() + grace.as_secs_f64();
+                while unix_now() < deadline {
+                    let mut running = false;
+                    for &i in workers.values() {
+                        if let Some(p) = self.proc(i) {
+                            p.poll_exit()?;
+                            running |= !p.exited;
+                        }
+                    }
+                    if !running {
+                        break;
+                    }
+                    self.listen(TICK);
+                }
+                break;
+            }
+            if limit.is_some_and(|l| elapsed > l) {
+                (self.on_notice)(Notice::TimeLimit);
+                self.signal(coord, Signal::SIGTERM);
+                std::thread::sleep(Duration::from_secs(3));
+                break;
+            }
+            if shown.is_none_or(|t| elapsed >= t + TICK) {
+                shown = Some(elapsed);
+                let committed = self.committed;
+                (self.on_notice)(Notice::Progress { elapsed_s: elapsed.as_secs_f64(), committed });
+            }
+            // Sleep until the next churn event is due, a worker says something, or a tick.
+            let due = churn_t0.and_then(|t0| {
+                let t = timeline.get(next)?.0;
+                let lead = timeline
+                    .iter()
+                    .enumerate()
+                    .skip(next)
+                    .find(|(j, (_, a, _))| {
+                        matches!(a, ChurnAction::Join(_)) && !prestarted.contains(j)
+                    })
+                    .map(|(_, (t, _, _))| t.saturating_sub(JOIN_LEAD));
+                Some((t0 + lead.map_or(t, |l| l.min(t))).saturating_sub(self.elapsed()))
+            });
+            self.listen(due.map_or(TICK, |d| d.min(TICK)));
+        }
+        // Everything still running is killed (a stopped process included).
+        for p in &mut self.fleet.0 {
+            if matches!(p.child.try_wait(), Ok(None)) {
+                let _ = p.child.kill();
+                let _ = p.child.wait();
+            }
+        }
+        let wall = unix_now() - self.run_start;
+        let r = record::collect(s, &self.nodes_dir, launch_events, wall, &failures)?;
+        let processes = self
+            .fleet
+            .0
+            .iter()
+            .filter_map(|p| {
+                Some(ProcessRecord {
+                    node: p.node?,
+                    name: p.name.clone(),
+                    incarnation: p.incarnation,
+                    started_s: p.started_s,
+                    ready_s: p.ready_s,
+                    stopped: p.stopped.clone(),
+                    exit: p.exit.clone(),
+                })
+            })
+            .collect();
+        Ok(LaunchOutcome {
+            summary: r.summary,
+            rows: r.rows,
+            events: r.events,
+            peak_rss_bytes: r.peaks,
+            clock_start_s: churn_t0.map(|t| t.as_secs_f64()),
+            processes,
+        })
+    }
+}

@@ -1,0 +1,106 @@
+//! Why a launch could not run.
+
+use crate::checkpoint::CheckpointError;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Why a launch could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    /// The starting processes need more memory than this machine has.
+    #[error(
+        "{scenario}: {processes} processes of this model need {:.1} GiB, and this machine has \
+         {:.1} GiB available; nothing was started. Each process: {plan}",
+        gib(*.need_bytes),
+        gib(*.available_bytes)
+    )]
+    DoesNotFit {
+        /// The scenario's name.
+        scenario: String,
+        /// Starting processes.
+        processes: u64,
+        /// Host memory they need.
+        need_bytes: u64,
+        /// Host memory available.
+        available_bytes: u64,
+        /// One process's memory plan.
+        plan: String,
+    },
+    /// Resuming needs a checkpoint directory.
+    #[error(
+        "{}: [real] checkpoint_dir: needed to resume, and the scenario has none \
+         (or pass --checkpoint-dir)",
+        .scenario_path.display()
+    )]
+    NoCheckpointDir {
+        /// The scenario file.
+        scenario_path: PathBuf,
+    },
+    /// No checkpoint to resume from.
+    #[error(
+        "{}: no complete checkpoint {}common to every starting node ({have})",
+        .root.display(),
+        .wanted.map(|k| format!("of outer step {k} ")).unwrap_or_default()
+    )]
+    NoCommonCheckpoint {
+        /// The checkpoint root.
+        root: PathBuf,
+        /// The step asked for.
+        wanted: Option<u64>,
+        /// The steps each starting node has.
+        have: String,
+    },
+    /// Listing checkpoints failed.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// A file or directory of the run.
+    #[error("{action} {}: {source}", .path.display())]
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// A process did not start, or could not be watched.
+    #[error("{action} {process}: {source}")]
+    Process {
+        /// What was being done.
+        action: &'static str,
+        /// The process.
+        process: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The coordinator exited before it said its address.
+    #[error("the coordinator exited at start ({status})")]
+    CoordinatorExited {
+        /// Its exit status.
+        status: String,
+    },
+    /// The coordinator did not say its address in time.
+    #[error("the coordinator did not start within {} s", .waited.as_secs())]
+    CoordinatorSilent {
+        /// How long it was given.
+        waited: Duration,
+    },
+    /// The coordinator's address file does not hold an address.
+    #[error("the coordinator's address: {text:?}")]
+    CoordinatorAddr {
+        /// What the file held.
+        text: String,
+    },
+    /// The status channel could not be set up.
+    #[error("the status channel at {}: {source}", .path.display())]
+    Status {
+        /// The socket's path.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+fn gib(b: u64) -> f64 {
+    b as f64 / f64::from(1u32 << 30)
+}

@@ -1,0 +1,98 @@
+//! What a launch checks and works out before it starts a process: whether the model fits this
+//! machine, where checkpoints are, which outer step a resumed run starts from.
+
+use super::LaunchError;
+use crate::checkpoint::{CheckpointConfig, list};
+use crate::memory::{MemoryPlan, Place, host_available_bytes};
+use crate::node::CheckpointPlan;
+use loco_core::scenario::Scenario;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+/// Where a scenario's paths (data, checkpoints) are relative to: the scenario file's directory.
+pub fn scenario_base(path: &Path) -> &Path {
+    path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."))
+}
+
+/// The checkpoint root: `given`, or the scenario's `[real] checkpoint_dir`, when there is one.
+pub fn checkpoint_root(
+    s: &Scenario,
+    scenario_path: &Path,
+    given: Option<&Path>,
+) -> Option<PathBuf> {
+    given
+        .map(Path::to_path_buf)
+        .or_else(|| s.real().checkpoint_dir.as_ref().map(|d| scenario_base(scenario_path).join(d)))
+}
+
+/// The checkpoints worker `node` writes, when the run has a checkpoint root.
+pub fn checkpoint_plan(
+    s: &Scenario,
+    scenario_path: &Path,
+    given: Option<&Path>,
+    node: &str,
+) -> Option<CheckpointPlan> {
+    let dir = checkpoint_root(s, scenario_path, given)?;
+    let remote = s.real().checkpoint_remote.as_ref().map(|d| scenario_base(scenario_path).join(d));
+    Some(CheckpointPlan {
+        config: CheckpointConfig {
+            dir,
+            scenario: s.name().to_string(),
+            node: node.to_string(),
+            keep: s.real().keep as usize,
+            remote,
+        },
+        every: s.real().checkpoint_every,
+    })
+}
+
+/// The outer step a launch resumes from: `wanted`, or the newest step every starting node has a
+/// complete checkpoint of. Names what is missing otherwise.
+pub fn resume_step(
+    s: &Scenario,
+    scenario_path: &Path,
+    given: Option<&Path>,
+    wanted: Option<u64>,
+) -> Result<u64, LaunchError> {
+    let Some(root) = checkpoint_root(s, scenario_path, given) else {
+        return Err(LaunchError::NoCheckpointDir { scenario_path: scenario_path.to_path_buf() });
+    };
+    let mut common: Option<BTreeSet<u64>> = None;
+    let mut have = Vec::new();
+    for n in s.initial_nodes() {
+        let steps: BTreeSet<u64> = list(&root, &n.name)?.into_iter().map(|(k, _)| k).collect();
+        have.push(format!("{}: {:?}", n.name, steps));
+        common = Some(match common {
+            None => steps,
+            Some(c) => c.intersection(&steps).copied().collect(),
+        });
+    }
+    let common = common.unwrap_or_default();
+    let pick = match wanted {
+        Some(k) => common.contains(&k).then_some(k),
+        None => common.last().copied(),
+    };
+    pick.ok_or_else(|| LaunchError::NoCommonCheckpoint { root, wanted, have: have.join("; ") })
+}
+
+/// Refuses a model whose starting processes need more host memory than this machine has
+/// available, with each process's memory plan.
+pub fn check_memory(s: &Scenario) -> Result<(), LaunchError> {
+    let seq = s.real().seq_len.unwrap_or(s.model().seq_len);
+    let plan =
+        MemoryPlan::new(s.model(), s.real().device, s.real().micro_batch, seq, s.real().precision);
+    let processes = s.initial_nodes().count().max(1) as u64;
+    if let Some(available_bytes) = host_available_bytes() {
+        let need_bytes = plan.total(Place::Host).saturating_mul(processes);
+        if need_bytes > available_bytes {
+            return Err(LaunchError::DoesNotFit {
+                scenario: s.name().to_string(),
+                processes,
+                need_bytes,
+                available_bytes,
+                plan: plan.describe(Place::Host),
+            });
+        }
+    }
+    Ok(())
+}

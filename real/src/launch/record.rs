@@ -1,0 +1,98 @@
+//! The record of a finished launch: the processes' metrics files merged, the invariants
+//! checked, the summary computed. The files are the record; the status channel is not read here.
+
+use super::LaunchError;
+use crate::node::MetricsLine;
+use loco_core::metrics::{EventRow, OuterStepRow, RunMeta, Summary, summarize};
+use loco_core::scenario::Scenario;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// The merged metrics of a run.
+pub(crate) struct Record {
+    pub(crate) summary: Summary,
+    pub(crate) rows: Vec<OuterStepRow>,
+    pub(crate) events: Vec<EventRow>,
+    pub(crate) peaks: BTreeMap<String, u64>,
+}
+
+/// Reads a metrics file's lines; a missing file has none. A process killed mid-write may leave
+/// a torn last line: lines that do not parse are skipped.
+pub fn read_lines(path: &Path) -> Result<Vec<MetricsLine>, LaunchError> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => {
+            return Err(LaunchError::Io { action: "reading", path: path.to_path_buf(), source });
+        }
+    };
+    Ok(text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect())
+}
+
+/// Merges the processes' metrics in `nodes_dir` with the launcher's own `events`, checks the
+/// invariants, and summarises the run.
+pub(crate) fn collect(
+    s: &Scenario,
+    nodes_dir: &Path,
+    mut events: Vec<EventRow>,
+    wall: f64,
+    failures: &[String],
+) -> Result<Record, LaunchError> {
+    let mut rows: Vec<OuterStepRow> = Vec::new();
+    let mut peaks: BTreeMap<String, u64> = BTreeMap::new();
+    let io = |source| LaunchError::Io { action: "listing", path: nodes_dir.to_path_buf(), source };
+    let mut files: Vec<PathBuf> = std::fs::read_dir(nodes_dir)
+        .map_err(io)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+        .collect();
+    files.sort();
+    for f in &files {
+        for line in read_lines(f)? {
+            match line {
+                MetricsLine::Row(r) => rows.push(r),
+                MetricsLine::Event(e) => events.push(e),
+                MetricsLine::Resources { node, peak_rss_bytes } => {
+                    if let Some(b) = peak_rss_bytes {
+                        let p = peaks.entry(node).or_default();
+                        *p = (*p).max(b);
+                    }
+                }
+            }
+        }
+    }
+    events.sort_by(|a, b| a.time_s.total_cmp(&b.time_s));
+    // Invariant: after each outer step, every node holds the same outer weights.
+    let mut by_step: BTreeMap<u64, BTreeMap<String, String>> = BTreeMap::new();
+    // (An empty digest is a non-blocking joiner's step before it holds the state.)
+    for r in rows.iter().filter(|r| !r.weights_hash.is_empty()) {
+        by_step.entry(r.outer_step).or_default().insert(r.node.clone(), r.weights_hash.clone());
+    }
+    let mut violations = Vec::new();
+    for (step, hashes) in &by_step {
+        let distinct: BTreeSet<&String> = hashes.values().collect();
+        if distinct.len() > 1 {
+            violations.push(format!("outer step {step}: replicas differ: {hashes:?}"));
+        }
+    }
+    for name in failures {
+        violations.push(format!("worker {name} failed (exit status not 0); see the log"));
+    }
+    if rows.is_empty() {
+        violations.push("no outer step was committed".to_string());
+    }
+    let meta = RunMeta {
+        scenario: s.name().to_string(),
+        seed: s.seed(),
+        backend: "real".into(),
+        wall_seconds: wall,
+        published: None,
+        inner_steps_per_outer: Some(s.diloco().inner_steps),
+        // One device per worker (the real backend does not shard a node over G devices yet).
+        mfu_basis: loco_core::metrics::MfuBasis::of_run(s, 1),
+        violations,
+        extra: BTreeMap::from([("peak_rss_bytes".to_string(), serde_json::json!(peaks))]),
+    };
+    let summary = summarize(&meta, &rows, &events);
+    Ok(Record { summary, rows, events, peaks })
+}
