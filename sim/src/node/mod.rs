@@ -1,40 +1,33 @@
-//! The software of one node's turmoil host: the mesh [`Member`], simulated compute, the ring
-//! all-reduces of each outer step (one per GPU shard), DiLoCo's outer step with real numerics,
-//! live recovery, and the node's rows of `outer_steps.csv`.
+//! The software of one node's turmoil host: an executor of core's node machine
+//! ([`loco_core::node::machine::Node`]), which decides everything a member of the mesh does.
 //!
-//! The node is an event loop over three sources: frames (and unreachable peers) from its
-//! [`SimTransport`], its next deadline (the member's timers, the end of its inner steps), and its
-//! control block (hang, resume, leave). After every event it drains the member's actions and
-//! executes them. While an all-reduce runs, [`Node::reduce`] owns the ring machines (they borrow
-//! the buffer being reduced) and runs the same loop.
+//! The host is a loop over three sources: frames (and unreachable peers) from its
+//! [`SimTransport`], its next deadline (the machine's timers, the end of its inner steps), and
+//! its control block (hang, resume, leave). It feeds each to the machine, then carries out the
+//! machine's effects and sends its transmits. What stays here is the simulator's own: how long
+//! the inner steps take and what they do ([`numerics`]), the hang and the crashes armed for a
+//! phase (fault injection), the recorder, and the restart of an evicted node.
 //!
-//! A hung node keeps its member's heartbeats going and nothing else: its compute stops, its
-//! rings neither send nor receive, and every other action waits until it resumes. An evicted node
-//! (heartbeat timeout, missed barrier) or cut off from the coordinator (its member stops with
-//! `CoordinatorLost`) starts a new member with a new incarnation after a heartbeat interval and
-//! joins again, as a supervisor would restart it; a node that left or was shut down stops.
+//! A hung node keeps its member's heartbeats going and nothing else ([`MachineNode::suspend`]):
+//! its compute stops, its rings neither send nor receive. An evicted node, or one cut off from
+//! the coordinator, starts a new member with a new incarnation after a heartbeat interval and
+//! joins again, as a supervisor would restart it (the machine's [`Effect::Stop`] says which);
+//! a node that left or was shut down stops.
 
 use crate::clock;
 use crate::ctx::RunCtx;
-use crate::net::{NetCounters, SimTransport};
+use crate::net::SimTransport;
 use crate::numerics::{self, Synthetic};
-use loco_core::diloco::OuterState;
-use loco_core::mesh::{
-    AllReduceStart, LeaveReason, Member, MemberAction, StopReason, padded_frame,
+use loco_core::mesh::LeaveReason;
+use loco_core::node::acct::RowIdentity;
+use loco_core::node::machine::{
+    Check, Effect, Node as MachineNode, NodeConfig, NodeEvent, Numerics, StatePieces,
 };
-use loco_core::metrics::EventKind;
-use loco_core::node::acct::{RowIdentity, Span, StepAcct};
-use loco_core::node::digest::weights_digest;
-use loco_core::node::rings::{Admission, Inbox, ShardRings, Values};
-use loco_core::node::state::EarlyPieces;
+use loco_core::scenario::FaultPhase;
 use loco_core::transport::{Frame, Header, Phase, TransportError};
-use loco_core::{Epoch, NodeId, Time};
-use recovery::Fetch;
-use std::collections::VecDeque;
+use loco_core::{NodeId, Time};
 use std::rc::Rc;
 use std::time::Duration;
-
-mod recovery;
 
 enum Event {
     Net(Result<(NodeId, Frame), TransportError>),
@@ -42,22 +35,7 @@ enum Event {
     Control,
 }
 
-/// What an action asks of the loop that executed it.
-enum Flow {
-    Continue,
-    Start(AllReduceStart),
-    Abort { epoch: Epoch, op: u64 },
-    End(End),
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum End {
-    /// Evicted: join again with a new member.
-    Rejoin,
-    /// Stopped for good.
-    Exit,
-}
-
+/// The inner steps under way.
 struct Computing {
     step: u64,
     remaining: Duration,
@@ -69,35 +47,11 @@ struct Computing {
 pub(crate) struct Node {
     run: Rc<RunCtx>,
     id: NodeId,
-    gpus: u16,
     inc: u64,
     session: u64,
     net: SimTransport,
-    counters: NetCounters,
-    member: Member,
-    deferred: VecDeque<MemberAction>,
-    held_frames: VecDeque<(NodeId, Frame)>,
-    /// Collective frames on their way to the rings: stale ones counted, early ones held.
-    inbox: Inbox,
+    machine: MachineNode,
     computing: Option<Computing>,
-    acct: Option<StepAcct>,
-    /// The node holds valid outer weights (a founding member, or the state arrived).
-    synced: bool,
-    /// The state arrived but the coordinator has not been told (non-blocking: at the next
-    /// compute, so that the pseudo-gradient it counts starts from the right weights).
-    report_sync: bool,
-    /// Admitted but not yet told whether by formation (compute at once) or as a joiner.
-    just_admitted: bool,
-    /// The outer step whose pseudo-gradient this node holds, computed from valid weights.
-    grad_step: Option<u64>,
-    /// The result of the last finished all-reduce, awaiting its commit.
-    result: Option<(Epoch, u64, Vec<f32>)>,
-    fetch: Option<Fetch>,
-    /// State pieces that arrived before the `FetchState` they belong to.
-    early: EarlyPieces,
-    /// The outer state. With virtual numerics it has no parameters and only counts the outer
-    /// steps applied (the `outer_step` of the state this node sends).
-    outer: OuterState,
     /// The synthetic model, with real numerics.
     model: Option<Synthetic>,
 }
@@ -107,51 +61,21 @@ impl Node {
     pub(crate) async fn start(run: Rc<RunCtx>, id: NodeId) -> std::io::Result<Node> {
         let ctl = run.node(id);
         let inc = ctl.incarnation.get();
-        let gpus = u16::try_from(ctl.spec.gpus.max(1)).unwrap_or(u16::MAX);
         let net = SimTransport::bind(id, run.net.clone()).await?;
-        let counters = net.counters();
-        let member = Member::new(id, inc << 16, run.mesh.clone(), gpus);
-        let cfg = numerics::outer_config(&run.scenario);
-        let real = run.real.as_ref().and_then(|r| {
-            match OuterState::new(cfg, r.initial.clone(), Vec::new()) {
-                Ok(outer) => Some((outer, Synthetic::new(run.seed, id.0, r.initial.clone()))),
-                Err(e) => {
-                    tracing::warn!(target: "loco_sim", "{id}: no real numerics: {e}");
-                    None
-                }
+        let cfg = node_config(&run, id, run.real.as_ref().map(|r| r.initial.clone()));
+        let (machine, model) = match MachineNode::new(cfg, inc << 16) {
+            Ok(m) => {
+                let model = run.real.as_ref().map(|r| Synthetic::new(run.seed, id.0, r.initial.clone()));
+                (m, model)
             }
-        });
-        let (outer, model) = match real {
-            Some((outer, model)) => (outer, Some(model)),
-            // No parameters: bucket 0..0 tiles them, so this cannot fail.
-            None => {
-                (OuterState::new(cfg, Vec::new(), Vec::new()).map_err(std::io::Error::other)?, None)
+            Err(e) => {
+                tracing::warn!(target: "loco_sim", "{id}: no real numerics: {e}");
+                let m = MachineNode::new(node_config(&run, id, None), inc << 16)
+                    .map_err(std::io::Error::other)?;
+                (m, None)
             }
         };
-        Ok(Node {
-            run,
-            id,
-            gpus,
-            inc,
-            session: 0,
-            net,
-            counters,
-            member,
-            deferred: VecDeque::new(),
-            held_frames: VecDeque::new(),
-            inbox: Inbox::default(),
-            computing: None,
-            acct: None,
-            synced: false,
-            report_sync: false,
-            just_admitted: false,
-            grad_step: None,
-            result: None,
-            fetch: None,
-            early: EarlyPieces::default(),
-            outer,
-            model,
-        })
+        Ok(Node { run, id, inc, session: 0, net, machine, computing: None, model })
     }
 
     fn now() -> Time {
@@ -164,26 +88,28 @@ impl Node {
 
     /// An armed crash for `phase` strikes: the node freezes (it sends and computes nothing more)
     /// and the driver kills it at its next tick.
-    fn strike(&self, phase: loco_core::scenario::FaultPhase) -> bool {
+    fn strike(&mut self, phase: FaultPhase) {
         let ctl = self.run.node(self.id);
         if ctl.armed.get() != Some(phase) || ctl.struck.get() {
-            return false;
+            return;
         }
         ctl.struck.set(true);
         ctl.hung.set(true);
-        true
+        if let Some(c) = &mut self.computing {
+            c.since = None;
+        }
+        self.machine.suspend(Self::now());
     }
 
     /// Runs the process until it stops for good.
     pub(crate) async fn run(mut self) -> turmoil::Result {
         loop {
-            let now = Self::now();
-            if let Err(e) = self.member.join(now) {
+            if let Err(e) = self.machine.join(Self::now()) {
                 tracing::warn!(target: "loco_sim", "{}: join refused: {e}", self.id);
             }
-            let end = self.session().await;
+            let rejoin = self.session().await;
             self.run.node(self.id).member.set(false);
-            if end == End::Exit || self.run.node(self.id).leave.get() {
+            if !rejoin || self.run.node(self.id).leave.get() {
                 break;
             }
             // Evicted, or the coordinator went silent: as a supervisor would, restart the member
@@ -193,7 +119,8 @@ impl Node {
             }
             tokio::time::sleep(self.run.mesh.heartbeat_interval).await;
             self.session += 1;
-            self.reset_for_rejoin();
+            self.computing = None;
+            self.machine.restart((self.inc << 16) | self.session);
         }
         // Let the writer tasks put the last frames (the deathrattle) on the wire.
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -201,70 +128,167 @@ impl Node {
         Ok(())
     }
 
-    fn reset_for_rejoin(&mut self) {
-        self.member =
-            Member::new(self.id, (self.inc << 16) | self.session, self.run.mesh.clone(), self.gpus);
-        self.deferred.clear();
-        self.held_frames.clear();
-        self.inbox = Inbox::default();
-        self.computing = None;
-        self.acct = None;
-        self.synced = false;
-        self.report_sync = false;
-        self.just_admitted = false;
-        self.grad_step = None;
-        self.result = None;
-        self.fetch = None;
-        self.early.clear();
-    }
-
-    /// One membership, from join to stop.
-    async fn session(&mut self) -> End {
+    /// One membership, from join to stop; returns whether to join again.
+    async fn session(&mut self) -> bool {
         loop {
-            while let Some(a) = self.next_action() {
-                match self.act(a) {
-                    Flow::Continue => {}
-                    Flow::End(e) => return e,
-                    Flow::Abort { epoch, op } => {
-                        if self.result.as_ref().is_some_and(|(e, o, _)| *e == epoch && *o == op) {
-                            self.result = None;
-                        }
-                    }
-                    Flow::Start(mut start) => loop {
-                        match self.reduce(start).await {
-                            Flow::Start(next) => start = next,
-                            Flow::End(e) => return e,
-                            Flow::Continue | Flow::Abort { .. } => break,
-                        }
-                    },
-                }
+            if let Some(rejoin) = self.drain() {
+                return rejoin;
             }
-            let ev = self.next_event().await;
-            self.on_event(ev);
+            let now = match self.next_event().await {
+                Event::Control => {
+                    self.on_control();
+                    continue;
+                }
+                Event::Timer => {
+                    let now = Self::now();
+                    self.machine.handle_timeout(now);
+                    now
+                }
+                Event::Net(Ok((from, frame))) => {
+                    self.machine.handle_frame(Self::now(), from, frame);
+                    continue;
+                }
+                Event::Net(Err(TransportError::Unreachable(peer))) => {
+                    self.machine.peer_unreachable(Self::now(), peer);
+                    continue;
+                }
+                Event::Net(Err(_)) => continue,
+            };
+            let done = match &self.computing {
+                Some(Computing { remaining, since: Some(since), .. }) => now >= *since + *remaining,
+                _ => false,
+            };
+            if done {
+                self.finish_compute(now);
+            }
         }
     }
 
-    /// The next action to execute: deferred ones first; while hung only sends go out.
-    fn next_action(&mut self) -> Option<MemberAction> {
-        if self.hung() {
-            while let Some(a) = self.member.poll_action() {
-                match a {
-                    MemberAction::Send { to, msg, padding } => self.send_mesh(to, msg, padding),
-                    other => self.deferred.push_back(other),
+    /// Carries out the machine's effects and sends its transmits until it has none; `Some`
+    /// when the member stopped (whether to join again).
+    fn drain(&mut self) -> Option<bool> {
+        let mut stop = None;
+        loop {
+            let mut any = false;
+            while let Some(e) = self.machine.poll_effect() {
+                any = true;
+                if let Some(rejoin) = self.effect(e) {
+                    stop = Some(rejoin);
                 }
             }
-            return None;
+            while let Some((to, frame)) = self.machine.poll_transmit() {
+                any = true;
+                self.transmit(to, frame);
+            }
+            if !any {
+                return stop;
+            }
         }
-        self.deferred.pop_front().or_else(|| self.member.poll_action())
     }
 
-    fn send_mesh(&mut self, to: NodeId, msg: loco_core::mesh::MeshMsg, padding: u64) {
+    fn transmit(&mut self, to: NodeId, frame: Frame) {
+        let phase = match &frame.header {
+            Header::Collective(h) if h.phase == Phase::AllGather => Some(FaultPhase::AllGather),
+            Header::Collective(_) => Some(FaultPhase::ReduceScatter),
+            Header::State(_) => Some(FaultPhase::StateSend),
+            Header::Mesh(_) => None,
+        };
         self.run.frames.set(self.run.frames.get() + 1);
-        self.net.enqueue(to, padded_frame(msg, padding, true));
+        self.net.enqueue(to, frame);
+        if let Some(p) = phase {
+            self.strike(p);
+        }
+    }
+
+    /// Carries out one effect; `Some` for a stop.
+    fn effect(&mut self, e: Effect) -> Option<bool> {
+        let now = Self::now();
+        match e {
+            Effect::Compute { outer_step, .. } => {
+                let remaining = self.compute_duration(outer_step);
+                self.computing = Some(Computing { step: outer_step, remaining, since: Some(now) });
+                self.strike(FaultPhase::Compute);
+                if self.hung() {
+                    if let Some(c) = &mut self.computing {
+                        c.since = None;
+                    }
+                }
+            }
+            Effect::SetParams(w) => {
+                if let Some(m) = &mut self.model {
+                    m.inner = w;
+                }
+            }
+            Effect::Outer(mut job) => {
+                // The outer step's O(model) work. The simulator charges it no time (yet): a
+                // modelled cost would complete the job after `job.params()` x the cost.
+                job.run();
+                self.machine.outer_done(now, job);
+            }
+            Effect::PrepareState(job) => {
+                // The synthetic model has no inner optimiser state: the own part is empty.
+                let p = job.prepare(None);
+                self.machine.state_prepared(now, p);
+            }
+            Effect::VerifyState { received, params } => {
+                let r = received.verify(params);
+                self.machine.state_verified(now, r);
+            }
+            Effect::Checkpoint { .. } => {
+                // Where the real backend hands a due checkpoint to its writer (the simulator
+                // writes none).
+                self.strike(FaultPhase::Checkpoint);
+            }
+            Effect::Row(row) => self.run.rec.borrow_mut().row(row),
+            Effect::Event(ev) => self.event(now, ev),
+            Effect::Check(c) => self.check(c),
+            Effect::Stop { rejoin, .. } => {
+                self.computing = None;
+                return Some(rejoin);
+            }
+        }
+        None
+    }
+
+    fn event(&mut self, now: Time, ev: NodeEvent) {
+        match &ev {
+            NodeEvent::Admitted { .. } => {
+                self.run.node(self.id).member.set(true);
+                self.run.rec.borrow_mut().coordinator_found(self.id);
+            }
+            // Logged once per loss of this node, across its processes.
+            NodeEvent::CoordinatorLost { .. } => {
+                if !self.run.rec.borrow_mut().coordinator_lost(self.id) {
+                    return;
+                }
+            }
+            NodeEvent::RecoveryStart { .. } | NodeEvent::RecoveryDone { .. } => {}
+        }
+        let detail = {
+            let rec = self.run.rec.borrow();
+            ev.detail(&|n| rec.name(n))
+        };
+        self.run.event(now, ev.kind(), Some(self.id), ev.epoch(), detail);
+    }
+
+    fn check(&mut self, c: Check) {
+        let mut rec = self.run.rec.borrow_mut();
+        match c {
+            Check::View { epoch, members, what } => rec.member_view(self.id, epoch, &members, what),
+            Check::AllReduceWeights { what, sums, total } => {
+                rec.allreduce_weights(self.id, &what, &sums, total)
+            }
+            Check::WeightsAfter { outer_step, hash } => rec.weights_after(self.id, outer_step, &hash),
+            Check::StaleFrame => rec.stale(1),
+            Check::Violation(v) => {
+                let msg = v.describe(self.id, &|n| rec.name(n));
+                rec.violation(msg);
+            }
+        }
     }
 
     async fn next_event(&mut self) -> Event {
-        let mut wake = self.member.poll_timeout().unwrap_or(Time::MAX);
+        let mut wake = self.machine.poll_timeout().unwrap_or(Time::MAX);
         if let Some(Computing { remaining, since: Some(since), .. }) = &self.computing {
             wake = wake.min(*since + *remaining);
         }
@@ -278,36 +302,12 @@ impl Node {
         }
     }
 
-    /// Handles an event outside an all-reduce.
-    fn on_event(&mut self, ev: Event) {
-        match ev {
-            Event::Control => self.on_control(),
-            Event::Timer => self.on_timer(),
-            Event::Net(Ok((from, frame))) => match frame.header {
-                Header::Mesh(msg) => self.member.handle_message(Self::now(), from, msg),
-                Header::State(h) => self.on_state_part(from, h, frame.body),
-                Header::Collective(h) => {
-                    let frame = Frame { header: Header::Collective(h), body: frame.body };
-                    if self.hung() {
-                        self.held_frames.push_back((from, frame));
-                    } else if let Admission::Stale =
-                        self.inbox.admit(self.member.epoch(), None, from, frame)
-                    {
-                        self.run.rec.borrow_mut().stale(1);
-                    }
-                    // A frame of a collective not started here yet is held for it; one of a
-                    // finished or aborted collective is dropped when the next one starts.
-                }
-            },
-            Event::Net(Err(_)) => {}
-        }
-    }
-
+    /// The driver changed the control block: leave, hang or resume.
     fn on_control(&mut self) {
         let now = Self::now();
         let ctl = self.run.node(self.id);
-        if ctl.leave.get() && !self.member.is_stopped() {
-            self.member.leave(now, LeaveReason::Graceful);
+        if ctl.leave.get() {
+            self.machine.leave(now, LeaveReason::Graceful);
         }
         let hung = ctl.hung.get();
         if let Some(c) = &mut self.computing {
@@ -315,52 +315,29 @@ impl Node {
                 (true, Some(since)) => {
                     c.remaining = c.remaining.saturating_sub(now - since);
                     c.since = None;
-                    if let Some(a) = &mut self.acct {
-                        a.leave(now);
-                    }
                 }
-                (false, None) => {
-                    c.since = Some(now);
-                    if let Some(a) = &mut self.acct {
-                        a.enter(Span::Compute, now);
-                    }
-                }
+                (false, None) => c.since = Some(now),
                 _ => {}
             }
         }
-    }
-
-    fn on_timer(&mut self) {
-        let now = Self::now();
-        self.member.handle_timeout(now);
-        let finished = match &self.computing {
-            Some(Computing { remaining, since: Some(since), .. }) => now >= *since + *remaining,
-            _ => false,
-        };
-        if finished {
-            self.finish_compute(now);
+        if hung {
+            self.machine.suspend(now);
+        } else {
+            self.machine.resume(now);
         }
     }
 
     fn finish_compute(&mut self, now: Time) {
         let Some(c) = self.computing.take() else { return };
         let h = self.run.scenario.diloco().inner_steps;
-        let mut loss = None;
-        if let Some(m) = &mut self.model {
-            loss = Some(m.inner_steps(self.inc, c.step, h));
-            if self.grad_step == Some(c.step) {
-                let _ = self.outer.compute_pseudo_gradient(&m.inner);
-            } else {
-                self.outer.pseudo_gradient_mut().fill(0.0);
+        let (inner, loss) = match &mut self.model {
+            Some(m) => {
+                let loss = m.inner_steps(self.inc, c.step, h);
+                (Some(m.inner.clone()), Some(loss))
             }
-        }
-        if let Some(a) = &mut self.acct {
-            a.trained(h.saturating_mul(self.run.scenario.diloco().batch_tokens), loss);
-            a.enter(Span::Barrier, now);
-        }
-        if let Err(e) = self.member.barrier_arrive(now, c.step) {
-            tracing::debug!(target: "loco_sim", "{}: barrier refused: {e}", self.id);
-        }
+            None => (None, None),
+        };
+        self.machine.computed(now, c.step, inner, loss);
     }
 
     fn compute_duration(&self, step: u64) -> Duration {
@@ -375,359 +352,36 @@ impl Node {
             spec.step_jitter,
         )
     }
-
-    fn open_row(&mut self, step: u64, now: Time) {
-        if self.acct.as_ref().is_some_and(|a| a.step() == step) {
-            return;
-        }
-        let epoch = self.member.epoch().unwrap_or_default();
-        self.acct = Some(StepAcct::open(step, now, epoch, self.counters.bytes_sent.get()));
-    }
-
-    fn close_row(&mut self, step: u64, now: Time, hash: String) {
-        let Some(a) = self.acct.take() else { return };
-        if a.step() != step {
-            return;
-        }
-        let who = RowIdentity {
-            node: self.run.node(self.id).spec.name.clone(),
-            node_id: self.id.0,
-            offset_s: 0.0,
-        };
-        let row = a.close(now, self.counters.bytes_sent.get(), &who, hash);
-        self.run.rec.borrow_mut().row(row);
-    }
-
-    /// Executes one member action outside an all-reduce.
-    fn act(&mut self, a: MemberAction) -> Flow {
-        let now = Self::now();
-        match a {
-            MemberAction::Send { to, msg, padding } => self.send_mesh(to, msg, padding),
-            MemberAction::Admitted { epoch, outer_step } => {
-                let ctl = self.run.node(self.id);
-                ctl.member.set(true);
-                self.run.rec.borrow_mut().coordinator_found(self.id);
-                let kind = loco_core::node::events::admission_kind(epoch);
-                self.run.event(
-                    now,
-                    kind,
-                    Some(self.id),
-                    Some(epoch),
-                    format!("admitted at outer step {outer_step}"),
-                );
-                self.just_admitted = true;
-                self.open_row(outer_step, now);
-            }
-            MemberAction::EpochChanged { epoch, members } => {
-                self.run.rec.borrow_mut().member_view(self.id, epoch, &members, "view");
-            }
-            MemberAction::Compute { epoch, outer_step } => {
-                self.start_compute(epoch, outer_step, now)
-            }
-            MemberAction::FetchState { epoch, senders } => {
-                self.just_admitted = false;
-                self.fetch_state(epoch, senders);
-            }
-            MemberAction::SendState { epoch, to, senders } => self.send_state(epoch, to, &senders),
-            MemberAction::StartAllReduce(s) => {
-                self.just_admitted = false;
-                return Flow::Start(s);
-            }
-            MemberAction::AbortAllReduce { epoch, op } => return Flow::Abort { epoch, op },
-            MemberAction::Commit { epoch, outer_step } => self.commit(epoch, outer_step, now),
-            MemberAction::SkipStep { epoch, outer_step, attempts } => {
-                self.result = None;
-                self.outer.skip_outer_step();
-                if let Some(m) = &mut self.model {
-                    m.inner = self.outer.outer().to_vec();
-                }
-                match &mut self.fetch {
-                    Some(f) => f.log(outer_step, None),
-                    None => self.early.clear(),
-                }
-                let hash = self.hash();
-                if let Some(a) = &mut self.acct {
-                    a.set_epoch(epoch);
-                    a.set_retries(attempts.saturating_sub(1));
-                }
-                self.close_row(outer_step, now, hash);
-            }
-            MemberAction::Stop(reason) => return Flow::End(self.on_stop(reason, now)),
-        }
-        Flow::Continue
-    }
-
-    fn on_stop(&mut self, reason: StopReason, now: Time) -> End {
-        self.computing = None;
-        match reason {
-            StopReason::Evicted(_) => End::Rejoin,
-            StopReason::CoordinatorLost { .. } => {
-                // Logged once per loss: the supervisor restarts the node, which keeps trying to
-                // join (a partition heals; a dead coordinator never answers).
-                if self.run.rec.borrow_mut().coordinator_lost(self.id) {
-                    self.run.event(
-                        now,
-                        EventKind::CoordinatorLost,
-                        Some(self.id),
-                        self.member.epoch(),
-                        reason.to_string(),
-                    );
-                }
-                End::Rejoin
-            }
-            StopReason::Left(_) | StopReason::Shutdown | StopReason::NoSyncedMember { .. } => {
-                End::Exit
-            }
-        }
-    }
-
-    fn start_compute(&mut self, epoch: Epoch, step: u64, now: Time) {
-        if self.just_admitted {
-            // Admitted by the formation of a mesh: every founding member starts from the same
-            // initial weights.
-            self.just_admitted = false;
-            self.synced = true;
-        }
-        if self.report_sync {
-            self.report_sync = false;
-            if let Err(e) = self.member.report_sync_done(now) {
-                tracing::debug!(target: "loco_sim", "{}: sync report refused: {e}", self.id);
-            }
-        }
-        self.grad_step = self.synced.then_some(step);
-        if let Some(m) = &mut self.model {
-            m.inner = self.outer.outer().to_vec();
-        }
-        self.open_row(step, now);
-        let remaining = self.compute_duration(step);
-        self.strike(loco_core::scenario::FaultPhase::Compute);
-        let since = (!self.hung()).then_some(now);
-        if let Some(a) = &mut self.acct {
-            a.set_epoch(epoch);
-            if since.is_some() {
-                a.enter(Span::Compute, now);
-            }
-        }
-        self.computing = Some(Computing { step, remaining, since });
-    }
-
-    fn hash(&self) -> String {
-        match &self.model {
-            Some(_) if self.synced => weights_digest(self.outer.outer()),
-            _ => String::new(),
-        }
-    }
-
-    fn commit(&mut self, epoch: Epoch, step: u64, now: Time) {
-        let result = self.result.take();
-        let ok = result.as_ref().is_some_and(|(e, _, _)| *e == epoch);
-        if !ok {
-            let msg = format!(
-                "{} was told to commit outer step {step} of epoch {epoch} without a finished all-reduce",
-                self.run.rec.borrow().name(self.id)
-            );
-            self.run.rec.borrow_mut().violation(msg);
-        }
-        // With virtual numerics the result and the outer state are empty: the step is counted.
-        let avg = result.map(|(_, _, avg)| avg).filter(|avg| avg.len() == self.outer.len());
-        match &avg {
-            Some(avg) => {
-                self.outer.pseudo_gradient_mut().copy_from_slice(avg);
-                self.outer.apply_outer_step();
-            }
-            // A violation (recorded above): the count of steps stays right.
-            None => self.outer.skip_outer_step(),
-        }
-        if let Some(m) = &mut self.model {
-            m.inner = self.outer.outer().to_vec();
-        }
-        match &mut self.fetch {
-            Some(f) => f.log(step, avg),
-            None => self.early.clear(),
-        }
-        let hash = self.hash();
-        if !hash.is_empty() {
-            self.run.rec.borrow_mut().weights_after(self.id, step, &hash);
-        }
-        if let Some(a) = &mut self.acct {
-            a.set_epoch(epoch);
-        }
-        self.close_row(step, now, hash);
-        // Where the real backend hands a due checkpoint to its writer (the simulator writes none).
-        let real = self.run.scenario.real();
-        if real.checkpoint_dir.is_some() && (step + 1).is_multiple_of(real.checkpoint_every) {
-            self.strike(loco_core::scenario::FaultPhase::Checkpoint);
-        }
-    }
-
-    /// Runs one all-reduce attempt until its rings finish (the result is kept for the commit),
-    /// or an action interrupts it (a retry, an abort, a stop).
-    async fn reduce(&mut self, start: AllReduceStart) -> Flow {
-        let now = Self::now();
-        self.result = None;
-        self.check_release(&start);
-        if let Some(a) = &mut self.acct {
-            a.enter(Span::AllReduce, now);
-            let world = u32::try_from(start.ring.len()).unwrap_or(u32::MAX);
-            a.ring(start.epoch, world, f64::from(start.weight.get()), start.attempt);
-        }
-        let values = match &self.model {
-            Some(_) => Values::Real(self.outer.pseudo_gradient().to_vec()),
-            None => Values::Virtual(usize::try_from(self.run.params).unwrap_or(usize::MAX)),
-        };
-        let codec = self.run.scenario.diloco().codec;
-        let (epoch, op) = (start.epoch, start.op);
-        let mut rings = match ShardRings::new(start, self.id, codec, values, self.run.segment_elems)
-        {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::warn!(target: "loco_sim", "{}: cannot start the all-reduce: {}", self.id, e.source);
-                let _ = self.member.report_allreduce_failed(now, epoch, op);
-                return Flow::Continue;
-            }
-        };
-        // Frames that arrived before this node's release (a neighbour started first).
-        let early = self.inbox.take_for((epoch, op));
-        self.held_frames.extend(early);
-        match self.drive(&mut rings).await {
-            Flow::Continue => {
-                self.result = Some((epoch, op, rings.into_values().unwrap_or_default()));
-                Flow::Continue
-            }
-            other => other,
-        }
-    }
-
-    /// The loop of an all-reduce: returns `Continue` when the rings are done (and reported),
-    /// or the interrupting flow.
-    async fn drive(&mut self, rings: &mut ShardRings) -> Flow {
-        let mut failed = false;
-        loop {
-            if !self.hung() {
-                while let Some((from, f)) = self.held_frames.pop_front() {
-                    if let Some(flow) = self.feed(rings, from, f, &mut failed) {
-                        return flow;
-                    }
-                }
-                while let Some((to, f)) = rings.poll_send() {
-                    let phase = match &f.header {
-                        Header::Collective(h) if h.phase == Phase::AllGather => {
-                            loco_core::scenario::FaultPhase::AllGather
-                        }
-                        _ => loco_core::scenario::FaultPhase::ReduceScatter,
-                    };
-                    self.run.frames.set(self.run.frames.get() + 1);
-                    self.net.enqueue(to, f);
-                    if self.strike(phase) {
-                        break;
-                    }
-                }
-                if !self.hung() && !failed && rings.is_done() {
-                    self.finish_rings(rings);
-                    return Flow::Continue;
-                }
-            }
-            while let Some(a) = self.next_action() {
-                match self.act(a) {
-                    Flow::Continue => {}
-                    Flow::Abort { epoch, op } if (epoch, op) != rings.collective() => {}
-                    other => return other,
-                }
-            }
-            match self.next_event().await {
-                Event::Net(Ok((from, frame))) if matches!(frame.header, Header::Collective(_)) => {
-                    if self.hung() {
-                        self.held_frames.push_back((from, frame));
-                    } else if let Some(flow) = self.feed(rings, from, frame, &mut failed) {
-                        return flow;
-                    }
-                }
-                Event::Net(Err(TransportError::Unreachable(peer))) => {
-                    let (left, right) = rings.neighbours();
-                    if !failed && (peer == left || peer == right) && rings.start().ring.len() > 1 {
-                        failed = true;
-                        let (epoch, op) = rings.collective();
-                        let _ = self.member.report_allreduce_failed(Self::now(), epoch, op);
-                    }
-                }
-                ev => self.on_event(ev),
-            }
-        }
-    }
-
-    /// Feeds a collective frame to the rings (through the inbox: stale frames are counted, frames
-    /// of a later collective held). `Some(flow)` ends the all-reduce.
-    fn feed(
-        &mut self,
-        rings: &mut ShardRings,
-        from: NodeId,
-        f: Frame,
-        failed: &mut bool,
-    ) -> Option<Flow> {
-        let running = Some(rings.collective());
-        let f = match self.inbox.admit(self.member.epoch(), running, from, f) {
-            Admission::Feed(f) => f,
-            Admission::Stale => {
-                self.run.rec.borrow_mut().stale(1);
-                return None;
-            }
-            Admission::Held | Admission::Refused | Admission::Dropped => return None,
-        };
-        if let Err(e) = rings.handle_frame(from, &f) {
-            let (epoch, op) = rings.collective();
-            let msg = format!(
-                "{}: all-reduce of {epoch} op {op} refused a frame from {}: {e}",
-                self.run.rec.borrow().name(self.id),
-                self.run.rec.borrow().name(from)
-            );
-            self.run.rec.borrow_mut().violation(msg);
-            if !*failed {
-                *failed = true;
-                let _ = self.member.report_allreduce_failed(Self::now(), epoch, op);
-            }
-        }
-        None
-    }
-
-    fn finish_rings(&mut self, rings: &ShardRings) {
-        let s = rings.start();
-        if s.ring.len() > 1 {
-            let what = format!("outer step {} attempt {} ({})", s.outer_step, s.attempt, s.epoch);
-            self.run.rec.borrow_mut().allreduce_weights(
-                self.id,
-                &what,
-                rings.weight_sums(),
-                f64::from(s.total_weight),
-            );
-        }
-        if let Err(e) = self.member.report_allreduce_done(Self::now(), s.epoch, s.op) {
-            tracing::debug!(target: "loco_sim", "{}: done refused: {e}", self.id);
-        }
-    }
-
-    /// Checks the release against what this node knows: the ring is the epoch's membership, and
-    /// its weight is 1 exactly when it holds a pseudo-gradient for the step.
-    fn check_release(&mut self, s: &AllReduceStart) {
-        let mut rec = self.run.rec.borrow_mut();
-        rec.member_view(self.id, s.epoch, &s.ring, "release");
-        let has = self.grad_step == Some(s.outer_step);
-        let w = s.weight.get();
-        if (w == 1.0) != has || (w != 0.0 && w != 1.0) {
-            let msg = format!(
-                "{} contributes weight {w} to outer step {} attempt {} but {} a pseudo-gradient for it: \
-                 a contribution would be {}",
-                rec.name(self.id),
-                s.outer_step,
-                s.attempt,
-                if has { "holds" } else { "does not hold" },
-                if has { "lost" } else { "counted without being computed" }
-            );
-            rec.violation(msg);
-        }
-    }
 }
 
-fn names(run: &RunCtx, ids: &[NodeId]) -> String {
-    let rec = run.rec.borrow();
-    ids.iter().map(|i| rec.name(*i)).collect::<Vec<_>>().join(" ")
+/// The machine's settings for node `id` of the run (`initial`: real numerics).
+fn node_config(run: &RunCtx, id: NodeId, initial: Option<Vec<f32>>) -> NodeConfig {
+    let spec = &run.node(id).spec;
+    let d = run.scenario.diloco();
+    let real = run.scenario.real();
+    let shards = run
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (NodeId(i as u32), u16::try_from(n.spec.gpus.max(1)).unwrap_or(u16::MAX)))
+        .collect();
+    NodeConfig {
+        id,
+        mesh: run.mesh.clone(),
+        shards: u16::try_from(spec.gpus.max(1)).unwrap_or(u16::MAX),
+        codec: d.codec,
+        segment: run.segment_elems,
+        outer: numerics::outer_config(&run.scenario),
+        numerics: match initial {
+            Some(initial) => Numerics::Real { initial },
+            None => Numerics::Virtual { params: run.params },
+        },
+        inner_steps: d.inner_steps,
+        batch_tokens: d.batch_tokens,
+        checkpoint_every: real.checkpoint_dir.is_some().then_some(real.checkpoint_every),
+        state_pieces: StatePieces::PerJoinerShard { shards },
+        own_max: 0,
+        row: RowIdentity { node: spec.name.clone(), node_id: id.0, offset_s: 0.0 },
+        virtual_padding: true,
+    }
 }

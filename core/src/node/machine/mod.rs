@@ -295,6 +295,7 @@ impl Node {
         self.verified = None;
         self.early.clear();
         self.transmits.clear();
+        self.suspended = false;
     }
 
     /// Asks to join the mesh (once per incarnation).
