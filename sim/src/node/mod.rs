@@ -65,7 +65,8 @@ impl Node {
         let cfg = node_config(&run, id, run.real.as_ref().map(|r| r.initial.clone()));
         let (machine, model) = match MachineNode::new(cfg, inc << 16) {
             Ok(m) => {
-                let model = run.real.as_ref().map(|r| Synthetic::new(run.seed, id.0, r.initial.clone()));
+                let model =
+                    run.real.as_ref().map(|r| Synthetic::new(run.seed, id.0, r.initial.clone()));
                 (m, model)
             }
             Err(e) => {
@@ -278,7 +279,9 @@ impl Node {
             Check::AllReduceWeights { what, sums, total } => {
                 rec.allreduce_weights(self.id, &what, &sums, total)
             }
-            Check::WeightsAfter { outer_step, hash } => rec.weights_after(self.id, outer_step, &hash),
+            Check::WeightsAfter { outer_step, hash } => {
+                rec.weights_after(self.id, outer_step, &hash)
+            }
             Check::StaleFrame => rec.stale(1),
             Check::Violation(v) => {
                 let msg = v.describe(self.id, &|n| rec.name(n));
