@@ -320,31 +320,19 @@ impl NodeNet {
         self.inflight.insert((done + self.latency, self.seq), (from, to, frame));
     }
 
+    fn node_mut(&mut self, id: NodeId) -> Option<&mut Node> {
+        self.hosts.get_mut(&id).and_then(|h| h.node.as_mut())
+    }
+
     /// Carries out a node's effects and sends its transmits until it has none.
     fn drain(&mut self, id: NodeId) {
         loop {
             let mut any = false;
-            loop {
-                let Some(e) = self
-                    .hosts
-                    .get_mut(&id)
-                    .and_then(|h| h.node.as_mut())
-                    .and_then(Node::poll_effect)
-                else {
-                    break;
-                };
+            while let Some(e) = self.node_mut(id).and_then(Node::poll_effect) {
                 any = true;
                 self.effect(id, e);
             }
-            loop {
-                let Some((to, f)) = self
-                    .hosts
-                    .get_mut(&id)
-                    .and_then(|h| h.node.as_mut())
-                    .and_then(Node::poll_transmit)
-                else {
-                    break;
-                };
+            while let Some((to, f)) = self.node_mut(id).and_then(Node::poll_transmit) {
                 any = true;
                 self.enqueue(id, to, f);
             }
