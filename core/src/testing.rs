@@ -18,6 +18,8 @@
 //! [`set_drop_rate`](Network::set_drop_rate), per-node clock offsets
 //! ([`set_clock_offset`](Network::set_clock_offset)).
 
+pub mod nodes;
+
 use crate::ids::NodeId;
 use crate::mesh::Member;
 use crate::mesh::{

@@ -10,6 +10,8 @@
 //! - [`rings`]: the `G` per-shard ring all-reduces of one outer step under one epoch, with the
 //!   stale-frame count and the frames that arrive before their collective starts;
 //! - [`events`]: the coordinator's and the node's event rows, mapped once;
+//! - [`machine`]: the node machine that owns all of the above and the Member: one sans-IO
+//!   state machine per node, which the executors drive;
 //! - [`acct`]: step accounting: where a node's wall time went in one outer step, closed into one
 //!   [`OuterStepRow`](crate::metrics::OuterStepRow).
 //!
@@ -18,5 +20,6 @@
 pub mod acct;
 pub mod digest;
 pub mod events;
+pub mod machine;
 pub mod rings;
 pub mod state;

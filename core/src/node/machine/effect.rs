@@ -1,0 +1,463 @@
+//! What the node machine asks of its executor ([`Effect`]), the O(model) jobs it hands out
+//! ([`OuterJob`], [`StateJob`]) and what it reports ([`NodeEvent`], [`Check`], [`Violation`]).
+
+use crate::diloco::OuterState;
+use crate::ids::{Epoch, NodeId};
+use crate::mesh::StopReason;
+use crate::metrics::{EventKind, OuterStepRow};
+use crate::node::digest::weights_digest;
+use crate::node::events::admission_kind;
+use crate::node::state::{
+    PART_OWN, PART_SHARED, PieceRule, Received, Refused, Share, SharedState, Verified,
+    VerifyFailed, state_digest,
+};
+use bytes::Bytes;
+use std::fmt;
+
+/// What the executor carries out for the machine. Drain with
+/// [`Node::poll_effect`](super::Node::poll_effect) after every input, in order. Effects that
+/// name an input to call back (`Compute`, `Outer`, `PrepareState`, `VerifyState`) leave the
+/// machine waiting for it; the others are fire-and-forget.
+#[derive(Debug)]
+pub enum Effect {
+    /// Run the `inner_steps` inner steps of `outer_step` from the current parameters (as last
+    /// set by [`Effect::SetParams`]), then call [`Node::computed`](super::Node::computed).
+    /// The time they take is the executor's: the machine only waits.
+    Compute {
+        /// The epoch the step is computed in.
+        epoch: Epoch,
+        /// The outer step.
+        outer_step: u64,
+        /// Inner steps to run (`H`).
+        inner_steps: u64,
+    },
+    /// Set the inner model's parameters to these outer weights (real numerics only).
+    SetParams(Vec<f32>),
+    /// O(model) work on the outer state, which is lent out with the job: run
+    /// [`OuterJob::run`] (off the event loop where that matters), charge its time if the
+    /// executor models one, then give it back with [`Node::outer_done`](super::Node::outer_done).
+    /// Until then the machine defers every membership action but its sends.
+    Outer(OuterJob),
+    /// Encode this node's share of its state for a joiner ([`StateJob::prepare`], O(model)),
+    /// then hand it back with [`Node::state_prepared`](super::Node::state_prepared); the
+    /// machine queues the pieces as transmits.
+    PrepareState(StateJob),
+    /// Check and decode a complete state ([`Received::verify`], O(state)), then hand the result
+    /// to [`Node::state_verified`](super::Node::state_verified).
+    VerifyState {
+        /// The state as assembled.
+        received: Received,
+        /// The number of parameters of this node's model.
+        params: usize,
+    },
+    /// A checkpoint of `outer_step` is due (every `checkpoint_every` steps): the executor
+    /// snapshots and writes it, or does nothing if it writes none.
+    Checkpoint {
+        /// The step just committed.
+        outer_step: u64,
+    },
+    /// A finished row of `outer_steps.csv`.
+    Row(OuterStepRow),
+    /// A row of `events.csv` of this node.
+    Event(NodeEvent),
+    /// An observation for the invariant checks (the simulator checks them; real may log).
+    Check(Check),
+    /// The member stopped. `rejoin`: the node's supervisor restarts it with a new incarnation
+    /// after a heartbeat interval ([`Node::restart`](super::Node::restart)); otherwise the
+    /// process exits.
+    Stop {
+        /// Why.
+        reason: StopReason,
+        /// Whether to restart and join again (an eviction, or the coordinator went silent).
+        rejoin: bool,
+    },
+}
+
+/// What an [`OuterJob`] does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OuterKind {
+    /// Compute the pseudo-gradient `outer - inner` after the inner steps (or zero it when this
+    /// node holds no valid weights for the step).
+    PseudoGradient,
+    /// Apply the outer step with the all-reduce's average.
+    Commit,
+    /// Skip the step: the outer weights stay.
+    Skip,
+}
+
+/// O(model) work on the outer state, with the state lent to it. See [`Effect::Outer`].
+#[derive(Debug)]
+pub struct OuterJob {
+    pub(super) outer: OuterState,
+    pub(super) kind: OuterKind,
+    pub(super) outer_step: u64,
+    /// The inner weights (pseudo-gradient) or the average (commit).
+    pub(super) values: Option<Vec<f32>>,
+    /// Pseudo-gradient: whether the inner steps started from valid weights.
+    pub(super) valid: bool,
+    /// Compute the digest of the outer weights after the work.
+    pub(super) want_digest: bool,
+    pub(super) digest: Option<String>,
+    pub(super) params: u64,
+    done: bool,
+}
+
+impl OuterJob {
+    pub(super) fn new(outer: OuterState, kind: OuterKind, outer_step: u64, params: u64) -> Self {
+        OuterJob {
+            outer,
+            kind,
+            outer_step,
+            values: None,
+            valid: false,
+            want_digest: false,
+            digest: None,
+            params,
+            done: false,
+        }
+    }
+
+    /// What the job does.
+    pub fn kind(&self) -> OuterKind {
+        self.kind
+    }
+
+    /// The outer step it belongs to.
+    pub fn outer_step(&self) -> u64 {
+        self.outer_step
+    }
+
+    /// Parameters of the model it works on (the virtual count with virtual numerics): what a
+    /// modelled per-parameter cost is charged for.
+    pub fn params(&self) -> u64 {
+        self.params
+    }
+
+    /// Does the work (once; a second call is a no-op). O(model): run it where the executor's
+    /// event loop does not wait for it.
+    pub fn run(&mut self) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        match self.kind {
+            OuterKind::PseudoGradient => {
+                if self.outer.is_empty() {
+                    return;
+                }
+                let ok = self.valid
+                    && self
+                        .values
+                        .as_deref()
+                        .is_some_and(|inner| self.outer.compute_pseudo_gradient(inner).is_ok());
+                if !ok {
+                    self.outer.pseudo_gradient_mut().fill(0.0);
+                }
+            }
+            OuterKind::Commit => match self.values.as_deref() {
+                Some(avg) if avg.len() == self.outer.len() => {
+                    self.outer.pseudo_gradient_mut().copy_from_slice(avg);
+                    self.outer.apply_outer_step();
+                }
+                // No result (a violation the machine reported): the count of steps stays right.
+                _ => self.outer.skip_outer_step(),
+            },
+            OuterKind::Skip => self.outer.skip_outer_step(),
+        }
+        if self.want_digest {
+            self.digest = Some(weights_digest(self.outer.outer()));
+        }
+    }
+}
+
+/// A state to encode for a joiner. See [`Effect::PrepareState`].
+#[derive(Debug)]
+pub struct StateJob {
+    pub(super) epoch: Epoch,
+    pub(super) to: NodeId,
+    pub(super) share: Share,
+    pub(super) rule: PieceRule,
+    pub(super) outer_step: u64,
+    /// A snapshot of the replicated part (real numerics); `None`: virtual lengths.
+    pub(super) shared: Option<SharedState>,
+    pub(super) virtual_lens: (u64, u64),
+}
+
+impl StateJob {
+    /// The joiner.
+    pub fn to(&self) -> NodeId {
+        self.to
+    }
+
+    /// Whether this sender sends its own part (the inner optimiser's state): the executor
+    /// exports it for [`prepare`](Self::prepare).
+    pub fn sends_own(&self) -> bool {
+        self.share.sends_own
+    }
+
+    /// Encodes and digests the parts (O(state)). `own`: the inner optimiser's state, or `None`
+    /// for an empty own part (a model without one).
+    pub fn prepare(self, own: Option<Vec<u8>>) -> PreparedState {
+        let parts = match &self.shared {
+            Some(s) => {
+                let shared = Bytes::from(s.encode());
+                let own = Bytes::from(own.unwrap_or_default());
+                vec![(PART_SHARED, shared), (PART_OWN, own)]
+                    .into_iter()
+                    .map(|(part, b)| PreparedPart {
+                        part,
+                        total: b.len() as u64,
+                        digest: state_digest(&b),
+                        bytes: Some(b),
+                    })
+                    .collect()
+            }
+            None => [(PART_SHARED, self.virtual_lens.0), (PART_OWN, self.virtual_lens.1)]
+                .into_iter()
+                .map(|(part, total)| PreparedPart {
+                    part,
+                    total,
+                    digest: String::new(),
+                    bytes: None,
+                })
+                .collect(),
+        };
+        PreparedState { job: self, parts }
+    }
+}
+
+/// One part of a prepared state.
+#[derive(Debug)]
+pub(super) struct PreparedPart {
+    pub(super) part: u32,
+    pub(super) total: u64,
+    pub(super) digest: String,
+    pub(super) bytes: Option<Bytes>,
+}
+
+/// A state encoded for a joiner: give it to [`Node::state_prepared`](super::Node::state_prepared).
+#[derive(Debug)]
+pub struct PreparedState {
+    pub(super) job: StateJob,
+    pub(super) parts: Vec<PreparedPart>,
+}
+
+/// An event of this node, for `events.csv`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NodeEvent {
+    /// Admitted into `epoch` at `outer_step` (`start` into the first epoch, else `join`).
+    Admitted {
+        /// The epoch.
+        epoch: Epoch,
+        /// The outer step at admission.
+        outer_step: u64,
+    },
+    /// A state transfer to this node starts, or its senders changed (`kept_bytes`: bytes
+    /// already held that are kept).
+    RecoveryStart {
+        /// The epoch of the assignment.
+        epoch: Epoch,
+        /// The senders.
+        senders: Vec<NodeId>,
+        /// `Some` for a reassignment.
+        kept_bytes: Option<u64>,
+    },
+    /// The state arrived, verified, and was taken.
+    RecoveryDone {
+        /// The epoch of the fetch.
+        epoch: Epoch,
+        /// Bytes received.
+        bytes: u64,
+        /// Who sent the own part.
+        from: NodeId,
+        /// The outer step of the state received.
+        outer_step: u64,
+        /// The digest of the outer weights taken (real numerics).
+        weights: Option<String>,
+        /// Steps committed meanwhile and replayed onto it.
+        replayed: usize,
+    },
+    /// The coordinator went silent (written once per loss, not at every restart).
+    CoordinatorLost {
+        /// The epoch this node was in.
+        epoch: Option<Epoch>,
+        /// The member's reason.
+        reason: StopReason,
+    },
+}
+
+impl NodeEvent {
+    /// The event's kind.
+    pub fn kind(&self) -> EventKind {
+        match self {
+            NodeEvent::Admitted { epoch, .. } => admission_kind(*epoch),
+            NodeEvent::RecoveryStart { .. } => EventKind::RecoveryStart,
+            NodeEvent::RecoveryDone { .. } => EventKind::RecoveryDone,
+            NodeEvent::CoordinatorLost { .. } => EventKind::CoordinatorLost,
+        }
+    }
+
+    /// The epoch it names.
+    pub fn epoch(&self) -> Option<Epoch> {
+        match self {
+            NodeEvent::Admitted { epoch, .. }
+            | NodeEvent::RecoveryStart { epoch, .. }
+            | NodeEvent::RecoveryDone { epoch, .. } => Some(*epoch),
+            NodeEvent::CoordinatorLost { epoch, .. } => *epoch,
+        }
+    }
+
+    /// The `detail` column, with node ids written by `name`.
+    pub fn detail(&self, name: &dyn Fn(NodeId) -> String) -> String {
+        let names = |ids: &[NodeId]| ids.iter().map(|i| name(*i)).collect::<Vec<_>>().join(" ");
+        match self {
+            NodeEvent::Admitted { outer_step, .. } => {
+                format!("admitted at outer step {outer_step}")
+            }
+            NodeEvent::RecoveryStart { senders, kept_bytes: None, .. } => {
+                format!("from {}", names(senders))
+            }
+            NodeEvent::RecoveryStart { senders, kept_bytes: Some(k), .. } => {
+                format!("senders now {}; {k} bytes already held are kept", names(senders))
+            }
+            NodeEvent::RecoveryDone { bytes, from, outer_step, weights, replayed, .. } => format!(
+                "received {bytes} bytes of state from {} as of outer step {outer_step}{}{}",
+                name(*from),
+                weights.as_ref().map(|w| format!(", weights {w}")).unwrap_or_default(),
+                if *replayed > 0 {
+                    format!(", {replayed} step(s) replayed")
+                } else {
+                    String::new()
+                }
+            ),
+            NodeEvent::CoordinatorLost { reason, .. } => reason.to_string(),
+        }
+    }
+}
+
+/// What the machine saw, for the invariant checks of an executor (the simulator's recorder).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Check {
+    /// This node holds `members` as the membership of `epoch`; `what` names the message
+    /// (`view` or `release`).
+    View {
+        /// The epoch.
+        epoch: Epoch,
+        /// Its members as this node holds them.
+        members: Vec<NodeId>,
+        /// Where they came from.
+        what: &'static str,
+    },
+    /// A finished all-reduce on more than one node: the weight sums its chunks carried, and
+    /// the ring's total weight they must each equal.
+    AllReduceWeights {
+        /// The step, attempt and epoch, in words.
+        what: String,
+        /// The sums seen.
+        sums: Vec<f64>,
+        /// The ring's total weight.
+        total: f64,
+    },
+    /// The outer weights after `outer_step` hash to `hash` (real numerics, synced nodes).
+    WeightsAfter {
+        /// The step.
+        outer_step: u64,
+        /// [`weights_digest`] of the outer weights.
+        hash: String,
+    },
+    /// A collective frame of an epoch this node has left was rejected.
+    StaleFrame,
+    /// Something that must not happen did.
+    Violation(Violation),
+}
+
+/// An invariant this node saw broken.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Violation {
+    /// Told to commit without a finished all-reduce of that epoch.
+    CommitWithoutResult {
+        /// The step.
+        outer_step: u64,
+        /// The epoch of the commit.
+        epoch: Epoch,
+    },
+    /// The release's weight for this node disagrees with whether it holds a pseudo-gradient.
+    WrongWeight {
+        /// The weight released.
+        weight: f32,
+        /// The step.
+        outer_step: u64,
+        /// The attempt.
+        attempt: u32,
+        /// Whether this node holds a pseudo-gradient for the step.
+        holds: bool,
+    },
+    /// The rings refused a frame (a peer off the schedule).
+    RingRefused {
+        /// The collective's epoch.
+        epoch: Epoch,
+        /// Its op.
+        op: u64,
+        /// The sender.
+        from: NodeId,
+        /// Why.
+        error: String,
+    },
+    /// A state piece was refused for a fault of a sender or the grid.
+    PieceRefused {
+        /// The sender, if known.
+        from: Option<NodeId>,
+        /// Why.
+        refused: Refused,
+    },
+    /// A complete state failed verification.
+    StateRejected(Box<VerifyFailed>),
+    /// A verified state could not be taken (restored or replayed).
+    StateUnusable {
+        /// Its outer step.
+        outer_step: u64,
+        /// Why.
+        error: String,
+    },
+}
+
+impl Violation {
+    /// The violation in words, as node `me` saw it, with node ids written by `name`.
+    pub fn describe(&self, me: NodeId, name: &dyn Fn(NodeId) -> String) -> String {
+        let me = name(me);
+        match self {
+            Violation::CommitWithoutResult { outer_step, epoch } => format!(
+                "{me} was told to commit outer step {outer_step} of epoch {epoch} without a finished all-reduce"
+            ),
+            Violation::WrongWeight { weight, outer_step, attempt, holds } => format!(
+                "{me} contributes weight {weight} to outer step {outer_step} attempt {attempt} but {} a \
+                 pseudo-gradient for it: a contribution would be {}",
+                if *holds { "holds" } else { "does not hold" },
+                if *holds { "lost" } else { "counted without being computed" }
+            ),
+            Violation::RingRefused { epoch, op, from, error } => format!(
+                "{me}: all-reduce of {epoch} op {op} refused a frame from {}: {error}",
+                name(*from)
+            ),
+            Violation::PieceRefused { from, refused } => format!(
+                "{me} refused a state piece from {}: {refused}",
+                from.map_or_else(|| "a sender".to_owned(), name)
+            ),
+            Violation::StateRejected(failed) => {
+                format!("the state {me} received from {}: {failed}", name(failed.own_from))
+            }
+            Violation::StateUnusable { outer_step, error } => format!(
+                "{me} received a state as of outer step {outer_step} but cannot take it: {error}"
+            ),
+        }
+    }
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.describe(NodeId(u32::MAX), &|n| n.to_string()))
+    }
+}
+
+/// What [`Node::state_verified`](super::Node::state_verified) takes.
+pub type VerifyResult = Result<Verified, Box<VerifyFailed>>;

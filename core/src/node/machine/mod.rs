@@ -1,0 +1,1110 @@
+//! The node machine: everything one member of the mesh decides, sans-IO, in the style of
+//! quinn-proto's `Connection` and raft-rs's `RawNode` (STYLE.md items 1 and 8).
+//!
+//! A [`Node`] owns the mesh [`Member`], the `G` per-shard rings of the running all-reduce
+//! ([`ShardRings`]) and the door of collective frames ([`Inbox`]), the DiLoCo [`OuterState`]
+//! (real `f32` values, or lengths only with virtual numerics), live recovery (the joiner's
+//! [`StateAssembly`] and [`ReplayLog`], the sender's piece plan) and the step accounting
+//! ([`StepAcct`]). What the node is doing is one enum, [`Work`].
+//!
+//! # The contract
+//!
+//! The executor (the simulator's host, the real worker) owns the sockets, the clock, the compute
+//! and the fault injection. It calls, with its clock's `now`:
+//!
+//! - inputs: [`join`](Node::join) once, then [`handle_frame`](Node::handle_frame) for every
+//!   frame, [`peer_unreachable`](Node::peer_unreachable) when the transport loses a peer,
+//!   [`handle_timeout`](Node::handle_timeout) at [`poll_timeout`](Node::poll_timeout) (an early
+//!   call is a harmless no-op), [`leave`](Node::leave), and the completions of the effects it
+//!   started: [`computed`](Node::computed), [`outer_done`](Node::outer_done),
+//!   [`state_prepared`](Node::state_prepared), [`state_verified`](Node::state_verified);
+//!   [`suspend`](Node::suspend) / [`resume`](Node::resume) when its application side stops and
+//!   goes on while its heartbeats do not (a hung kernel);
+//! - then, AFTER EVERY INPUT, drains [`poll_effect`](Node::poll_effect) (carry out, in order)
+//!   and [`poll_transmit`](Node::poll_transmit) (send, in order) until both are empty, and
+//!   sleeps until the next frame, completion or [`poll_timeout`](Node::poll_timeout).
+//!
+//! ```text
+//! node.join(now)?;
+//! loop {
+//!     while let Some(e) = node.poll_effect() { executor carries out e (maybe completing it now) }
+//!     while let Some((to, frame)) = node.poll_transmit() { executor sends it }
+//!     select! { frame => node.handle_frame(now, from, frame),
+//!               node.poll_timeout() => node.handle_timeout(now),
+//!               inner steps done => node.computed(now, result), ... }
+//! }
+//! ```
+//!
+//! O(model) work never runs inside the machine's inputs on the sender's or the committer's
+//! path: applying the outer step, the pseudo-gradient, encoding and verifying a state are jobs
+//! ([`Effect::Outer`], [`Effect::PrepareState`], [`Effect::VerifyState`]) that the executor runs
+//! where its event loop does not wait (a blocking thread) or completes after a modelled cost;
+//! heartbeats and frames go on meanwhile. While the outer state is lent to a job, membership
+//! actions other than sends wait.
+
+mod effect;
+
+pub use effect::{
+    Check, Effect, NodeEvent, OuterJob, OuterKind, PreparedState, StateJob, VerifyResult, Violation,
+};
+
+use crate::codec::CodecKind;
+use crate::diloco::{OuterConfig, OuterState};
+use crate::ids::{Epoch, NodeId};
+use crate::mesh::{
+    AllReduceStart, JoinMode, LeaveReason, Member, MemberAction, MemberPhase, MeshConfig,
+    MeshError, StopReason, padded_frame,
+};
+use crate::node::acct::{RowIdentity, Span, StepAcct};
+use crate::node::rings::{Admission, Inbox, RingCounters, ShardRings, Values};
+use crate::node::state::{
+    EarlyPieces, Expect, PieceRule, Refused, ReplayLog, SharedState, StateAssembly, Verified,
+    share_of, virtual_part_lens,
+};
+use crate::time::Time;
+use crate::transport::{Body, Frame, Header, StateHeader};
+use std::collections::{BTreeMap, VecDeque};
+
+/// The values the node trains.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Numerics {
+    /// Real `f32` parameters, starting from these initial outer weights (every founding member
+    /// starts from the same).
+    Real {
+        /// The initial weights.
+        initial: Vec<f32>,
+    },
+    /// Lengths only: a model of `params` parameters whose values are never held.
+    Virtual {
+        /// Parameters of the model.
+        params: u64,
+    },
+}
+
+/// How a sender cuts the parts of a state it sends into pieces.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StatePieces {
+    /// [`PieceRule::Clamped`]: pieces of a bounded size.
+    Clamped,
+    /// [`PieceRule::Count`] of `joiner shards x state_senders` pieces (as many parallel flows as
+    /// the joiner has GPUs per sender); joiners not listed have one shard.
+    PerJoinerShard {
+        /// Shards (GPUs) of each node.
+        shards: BTreeMap<NodeId, u16>,
+    },
+}
+
+/// Everything a [`Node`] is made from.
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    /// This node.
+    pub id: NodeId,
+    /// The mesh settings.
+    pub mesh: MeshConfig,
+    /// Local rings (GPU shards) per all-reduce.
+    pub shards: u16,
+    /// The all-reduce's codec.
+    pub codec: CodecKind,
+    /// The rings' pipelining unit in values, when set.
+    pub segment: Option<usize>,
+    /// The outer optimiser.
+    pub outer: OuterConfig,
+    /// Real values or lengths only.
+    pub numerics: Numerics,
+    /// Inner steps per outer step (`H`).
+    pub inner_steps: u64,
+    /// Tokens one inner step processes (for the rows).
+    pub batch_tokens: u64,
+    /// Ask for a checkpoint after every this many outer steps (`None`: never).
+    pub checkpoint_every: Option<u64>,
+    /// How state pieces are cut.
+    pub state_pieces: StatePieces,
+    /// Largest own part (inner optimiser state) a joiner accepts, in bytes.
+    pub own_max: u64,
+    /// Who writes this node's rows.
+    pub row: RowIdentity,
+    /// Mesh probe padding is virtual (the simulator) or real zero bytes.
+    pub virtual_padding: bool,
+}
+
+/// What the node is doing: the one phase of the machine.
+#[derive(Debug)]
+pub enum Work {
+    /// Not computing, reducing or holding a result: before admission, a joiner waiting for its
+    /// first release, or a node whose attempt was aborted waiting for the retry.
+    Idle,
+    /// The executor runs the inner steps of `outer_step`.
+    Computing {
+        /// The step.
+        outer_step: u64,
+    },
+    /// The outer state is lent to an [`OuterJob`]; `then` says what follows its return.
+    Outer {
+        /// What to do when it comes back.
+        then: AfterOuter,
+    },
+    /// Arrived at the barrier: waiting for the release.
+    Barrier,
+    /// Running the rings of one attempt.
+    Reducing(Box<Reducing>),
+    /// The attempt finished here: its result waits for the commit.
+    Reduced {
+        /// The collective's epoch.
+        epoch: Epoch,
+        /// Its op.
+        op: u64,
+        /// The average (empty with virtual numerics).
+        average: Option<Vec<f32>>,
+    },
+    /// The member stopped.
+    Stopped,
+}
+
+/// What follows an [`OuterJob`]'s return.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterOuter {
+    /// Arrive at the barrier of `outer_step`.
+    Barrier {
+        /// The step computed.
+        outer_step: u64,
+    },
+    /// Close the row of the committed step and ask for a due checkpoint.
+    Commit {
+        /// The epoch of the all-reduce.
+        epoch: Epoch,
+        /// The step.
+        outer_step: u64,
+    },
+    /// Close the row of the skipped step.
+    Skip {
+        /// The epoch.
+        epoch: Epoch,
+        /// The step.
+        outer_step: u64,
+        /// Attempts made.
+        attempts: u32,
+    },
+}
+
+/// The rings of the running attempt.
+pub struct Reducing {
+    rings: ShardRings,
+    /// This node reported the attempt failed.
+    failed: bool,
+}
+
+impl std::fmt::Debug for Reducing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reducing")
+            .field("collective", &self.rings.collective())
+            .field("failed", &self.failed)
+            .finish()
+    }
+}
+
+/// A state transfer being received.
+#[derive(Debug)]
+struct Fetch {
+    assembly: StateAssembly,
+    /// Results committed here while the state is on the way (non-blocking), replayed onto it.
+    log: ReplayLog,
+    /// A complete copy is with the executor for verification.
+    verifying: bool,
+}
+
+/// One node's machine. See the module documentation.
+pub struct Node {
+    cfg: NodeConfig,
+    member: Member,
+    work: Work,
+    /// `None` while lent to an [`OuterJob`].
+    outer: Option<OuterState>,
+    real: bool,
+    inbox: Inbox,
+    /// Collective frames that arrived while suspended, fed at the next chance.
+    held: VecDeque<(NodeId, Frame)>,
+    /// Membership actions waiting (while suspended or while the outer state is lent).
+    deferred: VecDeque<MemberAction>,
+    acct: Option<StepAcct>,
+    synced: bool,
+    report_sync: bool,
+    just_admitted: bool,
+    grad_step: Option<u64>,
+    fetch: Option<Fetch>,
+    /// A verified state that came back while the outer state was lent: taken on its return.
+    verified: Option<Verified>,
+    early: EarlyPieces,
+    suspended: bool,
+    /// The loss of the coordinator was written (once per loss, across restarts).
+    lost_logged: bool,
+    bytes_sent: u64,
+    transmits: VecDeque<(NodeId, Frame)>,
+    effects: VecDeque<Effect>,
+}
+
+impl Node {
+    /// A node that has not joined yet; `incarnation` must differ between restarts of one id.
+    pub fn new(cfg: NodeConfig, incarnation: u64) -> Result<Node, crate::diloco::DilocoError> {
+        let (initial, real) = match &cfg.numerics {
+            Numerics::Real { initial } => (initial.clone(), true),
+            Numerics::Virtual { .. } => (Vec::new(), false),
+        };
+        let outer = OuterState::new(cfg.outer, initial, Vec::new())?;
+        let member = Member::new(cfg.id, incarnation, cfg.mesh.clone(), cfg.shards);
+        Ok(Node {
+            member,
+            work: Work::Idle,
+            outer: Some(outer),
+            real,
+            inbox: Inbox::default(),
+            held: VecDeque::new(),
+            deferred: VecDeque::new(),
+            acct: None,
+            synced: false,
+            report_sync: false,
+            just_admitted: false,
+            grad_step: None,
+            fetch: None,
+            verified: None,
+            early: EarlyPieces::default(),
+            suspended: false,
+            lost_logged: false,
+            bytes_sent: 0,
+            transmits: VecDeque::new(),
+            effects: VecDeque::new(),
+            cfg,
+        })
+    }
+
+    /// Starts over after a [`Effect::Stop`] with `rejoin` (as a supervisor restarts the
+    /// process): a new member of `incarnation`, nothing of the old membership kept but the
+    /// outer state (which is not valid until a new state arrives). Call [`join`](Self::join)
+    /// next.
+    pub fn restart(&mut self, incarnation: u64) {
+        self.member = Member::new(self.cfg.id, incarnation, self.cfg.mesh.clone(), self.cfg.shards);
+        self.work = Work::Idle;
+        self.inbox = Inbox::default();
+        self.held.clear();
+        self.deferred.clear();
+        self.acct = None;
+        self.synced = false;
+        self.report_sync = false;
+        self.just_admitted = false;
+        self.grad_step = None;
+        self.fetch = None;
+        self.verified = None;
+        self.early.clear();
+        self.transmits.clear();
+        self.suspended = false;
+    }
+
+    /// Asks to join the mesh (once per incarnation).
+    pub fn join(&mut self, now: Time) -> Result<(), MeshError> {
+        let r = self.member.join(now);
+        self.pump(now);
+        r
+    }
+
+    /// This node.
+    pub fn id(&self) -> NodeId {
+        self.cfg.id
+    }
+
+    /// Its settings.
+    pub fn config(&self) -> &NodeConfig {
+        &self.cfg
+    }
+
+    /// The mesh member.
+    pub fn member(&self) -> &Member {
+        &self.member
+    }
+
+    /// What it is doing.
+    pub fn work(&self) -> &Work {
+        &self.work
+    }
+
+    /// The outer state, unless lent to a job.
+    pub fn outer(&self) -> Option<&OuterState> {
+        self.outer.as_ref()
+    }
+
+    /// Whether it holds the mesh's training state (a founding member, or the state arrived).
+    pub fn is_synced(&self) -> bool {
+        self.synced
+    }
+
+    /// Whether a state transfer to it is under way.
+    pub fn is_fetching(&self) -> bool {
+        self.fetch.is_some()
+    }
+
+    /// Whether it is suspended ([`suspend`](Self::suspend)).
+    pub fn is_suspended(&self) -> bool {
+        self.suspended
+    }
+
+    /// Wire bytes of every frame handed out by [`poll_transmit`](Self::poll_transmit).
+    pub fn bytes_sent(&self) -> u64 {
+        self.bytes_sent
+    }
+
+    /// What its collective frames came to.
+    pub fn ring_counters(&self) -> RingCounters {
+        self.inbox.counters()
+    }
+
+    /// The next frame to send. While suspended, only membership frames come out.
+    #[must_use]
+    pub fn poll_transmit(&mut self) -> Option<(NodeId, Frame)> {
+        let i = if self.suspended {
+            self.transmits.iter().position(|(_, f)| matches!(f.header, Header::Mesh(_)))?
+        } else {
+            0
+        };
+        let t = self.transmits.remove(i)?;
+        self.bytes_sent += t.1.wire_len();
+        Some(t)
+    }
+
+    /// The next effect to carry out.
+    #[must_use]
+    pub fn poll_effect(&mut self) -> Option<Effect> {
+        self.effects.pop_front()
+    }
+
+    /// When [`handle_timeout`](Self::handle_timeout) must be called next, if ever.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Time> {
+        self.member.poll_timeout()
+    }
+
+    /// The member's deadlines passed (early calls are no-ops).
+    pub fn handle_timeout(&mut self, now: Time) {
+        self.member.handle_timeout(now);
+        self.pump(now);
+    }
+
+    /// A frame from `from` arrived. Frames that do not fit are counted or dropped, never a
+    /// panic.
+    pub fn handle_frame(&mut self, now: Time, from: NodeId, frame: Frame) {
+        match frame.header {
+            Header::Mesh(msg) => self.member.handle_message(now, from, msg),
+            Header::State(h) => self.on_state_part(now, from, h, frame.body),
+            Header::Collective(_) => {
+                if self.suspended {
+                    self.held.push_back((from, frame));
+                } else {
+                    self.feed(now, from, frame);
+                    self.drive_rings(now);
+                }
+            }
+        }
+        self.pump(now);
+    }
+
+    /// The transport lost `peer`: when it is a ring neighbour of the running attempt, the
+    /// attempt failed here.
+    pub fn peer_unreachable(&mut self, now: Time, peer: NodeId) {
+        if let Work::Reducing(r) = &mut self.work {
+            let (left, right) = r.rings.neighbours();
+            if !r.failed && (peer == left || peer == right) && r.rings.start().ring.len() > 1 {
+                r.failed = true;
+                let (epoch, op) = r.rings.collective();
+                let _ = self.member.report_allreduce_failed(now, epoch, op);
+            }
+        }
+        self.pump(now);
+    }
+
+    /// Leaves the mesh (a deathrattle to the coordinator).
+    pub fn leave(&mut self, now: Time, reason: LeaveReason) {
+        if !self.member.is_stopped() {
+            self.member.leave(now, reason);
+        }
+        self.pump(now);
+    }
+
+    /// The application side stopped (a hung kernel): the member's heartbeats and the state
+    /// pieces go on; collective frames are held, the rings send nothing, and every other
+    /// membership action waits for [`resume`](Self::resume). The executor stops its compute.
+    pub fn suspend(&mut self, now: Time) {
+        if self.suspended {
+            return;
+        }
+        self.suspended = true;
+        if matches!(self.work, Work::Computing { .. }) {
+            if let Some(a) = &mut self.acct {
+                a.leave(now);
+            }
+        }
+    }
+
+    /// The application side goes on after [`suspend`](Self::suspend).
+    pub fn resume(&mut self, now: Time) {
+        if !self.suspended {
+            return;
+        }
+        self.suspended = false;
+        if matches!(self.work, Work::Computing { .. }) {
+            if let Some(a) = &mut self.acct {
+                a.enter(Span::Compute, now);
+            }
+        }
+        if matches!(self.work, Work::Reducing(_)) {
+            self.drive_rings(now);
+        }
+        self.pump(now);
+    }
+
+    /// The inner steps of `outer_step` are done: `inner` holds the inner weights after them
+    /// (real numerics), `loss` the loss at their end. The machine computes the pseudo-gradient
+    /// ([`Effect::Outer`]) and then arrives at the barrier.
+    pub fn computed(
+        &mut self,
+        now: Time,
+        outer_step: u64,
+        inner: Option<Vec<f32>>,
+        loss: Option<f64>,
+    ) {
+        if !matches!(self.work, Work::Computing { outer_step: s } if s == outer_step) {
+            return;
+        }
+        let h = self.cfg.inner_steps;
+        if let Some(a) = &mut self.acct {
+            a.trained(h.saturating_mul(self.cfg.batch_tokens), loss);
+        }
+        let valid = self.grad_step == Some(outer_step);
+        match self.lend(OuterKind::PseudoGradient, outer_step, now) {
+            Some(mut job) => {
+                job.values = inner;
+                job.valid = valid;
+                self.work = Work::Outer { then: AfterOuter::Barrier { outer_step } };
+                self.effects.push_back(Effect::Outer(job));
+            }
+            None => self.work = Work::Idle,
+        }
+        self.pump(now);
+    }
+
+    /// An [`OuterJob`] comes back (run or not: it is run here if the executor did not).
+    pub fn outer_done(&mut self, now: Time, mut job: OuterJob) {
+        job.run();
+        let then = match self.work {
+            Work::Outer { then } => then,
+            // A stop while the job was out: only the state comes back.
+            _ => {
+                self.outer = Some(job.outer);
+                return;
+            }
+        };
+        let average = job.values.take();
+        let digest = job.digest.take();
+        self.outer = Some(job.outer);
+        match then {
+            AfterOuter::Barrier { outer_step } => {
+                self.work = Work::Barrier;
+                if let Some(a) = &mut self.acct {
+                    a.enter(Span::Barrier, now);
+                }
+                if let Err(e) = self.member.barrier_arrive(now, outer_step) {
+                    tracing::debug!(target: "loco_core", "{}: barrier refused: {e}", self.cfg.id);
+                }
+            }
+            AfterOuter::Commit { epoch, outer_step } => {
+                self.work = Work::Idle;
+                self.set_params();
+                let avg = average.filter(|a| Some(a.len()) == self.outer.as_ref().map(|o| o.len()));
+                self.log_result(outer_step, avg);
+                let hash = digest.unwrap_or_default();
+                if !hash.is_empty() {
+                    let c = Check::WeightsAfter { outer_step, hash: hash.clone() };
+                    self.effects.push_back(Effect::Check(c));
+                }
+                if let Some(a) = &mut self.acct {
+                    a.set_epoch(epoch);
+                }
+                self.close_row(outer_step, now, hash);
+                if self
+                    .cfg
+                    .checkpoint_every
+                    .is_some_and(|k| (outer_step + 1).is_multiple_of(k.max(1)))
+                {
+                    self.effects.push_back(Effect::Checkpoint { outer_step });
+                }
+            }
+            AfterOuter::Skip { epoch, outer_step, attempts } => {
+                self.work = Work::Idle;
+                self.set_params();
+                self.log_result(outer_step, None);
+                if let Some(a) = &mut self.acct {
+                    a.set_epoch(epoch);
+                    a.set_retries(attempts.saturating_sub(1));
+                }
+                self.close_row(outer_step, now, digest.unwrap_or_default());
+            }
+        }
+        // A state that completed, or was verified, while the outer state was away.
+        if let Some(v) = self.verified.take() {
+            self.install(now, v);
+        }
+        self.take_state(now);
+        self.pump(now);
+    }
+
+    /// A state prepared by [`StateJob::prepare`] comes back: its pieces are queued.
+    pub fn state_prepared(&mut self, _now: Time, p: PreparedState) {
+        let PreparedState { job, parts } = p;
+        for part in parts {
+            for r in job.share.pieces(part.part, part.total, job.rule) {
+                let body = match &part.bytes {
+                    // The ranges lie within the part, whose length fits memory.
+                    Some(b) => Body::Bytes(b.slice(r.start as usize..r.end as usize)),
+                    None => Body::Virtual(r.end - r.start),
+                };
+                let header = Header::State(StateHeader {
+                    epoch: job.epoch,
+                    outer_step: job.outer_step,
+                    offset: r.start,
+                    total: part.total,
+                    digest: part.digest.clone(),
+                    part: part.part,
+                });
+                self.transmits.push_back((job.to, Frame { header, body }));
+            }
+        }
+    }
+
+    /// The verification asked by [`Effect::VerifyState`] is done.
+    pub fn state_verified(&mut self, now: Time, result: VerifyResult) {
+        let Some(f) = &mut self.fetch else { return };
+        f.verifying = false;
+        match result {
+            Ok(v) => self.install(now, v),
+            Err(failed) => {
+                self.violation(Violation::StateRejected(failed.clone()));
+                if let Some(f) = &mut self.fetch {
+                    if f.assembly.retry(*failed) {
+                        self.take_state(now);
+                    }
+                }
+            }
+        }
+        self.pump(now);
+    }
+
+    // ----- internals -----
+
+    fn params(&self) -> u64 {
+        match &self.cfg.numerics {
+            Numerics::Real { initial } => initial.len() as u64,
+            Numerics::Virtual { params } => *params,
+        }
+    }
+
+    fn blocking(&self) -> bool {
+        self.cfg.mesh.join_mode == JoinMode::Blocking
+    }
+
+    fn violation(&mut self, v: Violation) {
+        self.effects.push_back(Effect::Check(Check::Violation(v)));
+    }
+
+    fn lend(&mut self, kind: OuterKind, outer_step: u64, now: Time) -> Option<OuterJob> {
+        let outer = self.outer.take()?;
+        if let Some(a) = &mut self.acct {
+            a.enter(Span::Outer, now);
+        }
+        let mut job = OuterJob::new(outer, kind, outer_step, self.params());
+        job.want_digest = self.real && self.synced && kind != OuterKind::PseudoGradient;
+        Some(job)
+    }
+
+    fn set_params(&mut self) {
+        if let (true, Some(o)) = (self.real, &self.outer) {
+            self.effects.push_back(Effect::SetParams(o.outer().to_vec()));
+        }
+    }
+
+    fn log_result(&mut self, outer_step: u64, avg: Option<Vec<f32>>) {
+        match &mut self.fetch {
+            Some(f) => f.log.push(outer_step, avg),
+            None => self.early.clear(),
+        }
+    }
+
+    fn open_row(&mut self, step: u64, now: Time) {
+        if self.acct.as_ref().is_some_and(|a| a.step() == step) {
+            return;
+        }
+        let epoch = self.member.epoch().unwrap_or_default();
+        self.acct = Some(StepAcct::open(step, now, epoch, self.bytes_queued()));
+    }
+
+    /// Bytes sent so far, counting the frames queued (they go out at this instant).
+    fn bytes_queued(&self) -> u64 {
+        self.bytes_sent
+    }
+
+    fn close_row(&mut self, step: u64, now: Time, hash: String) {
+        let Some(a) = self.acct.take() else { return };
+        if a.step() != step {
+            return;
+        }
+        let row = a.close(now, self.bytes_queued(), &self.cfg.row, hash);
+        self.effects.push_back(Effect::Row(row));
+    }
+
+    /// Drains the member: sends go out at once; other actions wait while suspended or while
+    /// the outer state is lent.
+    fn pump(&mut self, now: Time) {
+        loop {
+            if self.suspended || self.outer.is_none() {
+                while let Some(a) = self.member.poll_action() {
+                    match a {
+                        MemberAction::Send { to, msg, padding } => self.send_mesh(to, msg, padding),
+                        other => self.deferred.push_back(other),
+                    }
+                }
+                return;
+            }
+            let Some(a) = self.deferred.pop_front().or_else(|| self.member.poll_action()) else {
+                return;
+            };
+            self.act(a, now);
+            if matches!(self.work, Work::Stopped) {
+                // Nothing of this membership is carried out after its stop.
+                self.deferred.clear();
+                while self.member.poll_action().is_some() {}
+                return;
+            }
+        }
+    }
+
+    fn send_mesh(&mut self, to: NodeId, msg: crate::mesh::MeshMsg, padding: u64) {
+        let frame = padded_frame(msg, padding, self.cfg.virtual_padding);
+        self.transmits.push_back((to, frame));
+    }
+
+    fn act(&mut self, a: MemberAction, now: Time) {
+        match a {
+            MemberAction::Send { to, msg, padding } => self.send_mesh(to, msg, padding),
+            MemberAction::Admitted { epoch, outer_step } => {
+                self.lost_logged = false;
+                self.effects.push_back(Effect::Event(NodeEvent::Admitted { epoch, outer_step }));
+                self.just_admitted = true;
+                self.open_row(outer_step, now);
+            }
+            MemberAction::EpochChanged { epoch, members } => {
+                self.effects.push_back(Effect::Check(Check::View { epoch, members, what: "view" }));
+            }
+            MemberAction::Compute { epoch, outer_step } => {
+                self.start_compute(epoch, outer_step, now)
+            }
+            MemberAction::FetchState { epoch, senders } => {
+                self.just_admitted = false;
+                self.fetch_state(epoch, senders, now);
+            }
+            MemberAction::SendState { epoch, to, senders } => self.send_state(epoch, to, &senders),
+            MemberAction::StartAllReduce(s) => {
+                self.just_admitted = false;
+                self.start_allreduce(s, now);
+            }
+            MemberAction::AbortAllReduce { epoch, op } => {
+                let running = match &self.work {
+                    Work::Reducing(r) => Some(r.rings.collective()),
+                    Work::Reduced { epoch, op, .. } => Some((*epoch, *op)),
+                    _ => None,
+                };
+                if running == Some((epoch, op)) {
+                    self.work = Work::Idle;
+                }
+                self.inbox.abort(epoch, op);
+            }
+            MemberAction::Commit { epoch, outer_step } => self.commit(epoch, outer_step, now),
+            MemberAction::SkipStep { epoch, outer_step, attempts } => {
+                if let Some(job) = self.lend(OuterKind::Skip, outer_step, now) {
+                    self.work =
+                        Work::Outer { then: AfterOuter::Skip { epoch, outer_step, attempts } };
+                    self.effects.push_back(Effect::Outer(job));
+                }
+            }
+            MemberAction::Stop(reason) => self.on_stop(reason),
+        }
+    }
+
+    fn on_stop(&mut self, reason: StopReason) {
+        self.work = Work::Stopped;
+        let rejoin = match &reason {
+            StopReason::Evicted(_) => true,
+            StopReason::CoordinatorLost { .. } => {
+                if !self.lost_logged {
+                    self.lost_logged = true;
+                    let ev = NodeEvent::CoordinatorLost {
+                        epoch: self.member.epoch(),
+                        reason: reason.clone(),
+                    };
+                    self.effects.push_back(Effect::Event(ev));
+                }
+                true
+            }
+            StopReason::Left(_) | StopReason::Shutdown | StopReason::NoSyncedMember { .. } => false,
+        };
+        self.effects.push_back(Effect::Stop { reason, rejoin });
+    }
+
+    fn start_compute(&mut self, epoch: Epoch, step: u64, now: Time) {
+        if self.just_admitted {
+            // Admitted by the formation of a mesh: every founding member starts from the same
+            // initial weights.
+            self.just_admitted = false;
+            self.synced = true;
+        }
+        if self.report_sync {
+            self.report_sync = false;
+            if let Err(e) = self.member.report_sync_done(now) {
+                tracing::debug!(target: "loco_core", "{}: sync report refused: {e}", self.cfg.id);
+            }
+        }
+        self.grad_step = self.synced.then_some(step);
+        self.set_params();
+        self.open_row(step, now);
+        if let Some(a) = &mut self.acct {
+            a.set_epoch(epoch);
+            if !self.suspended {
+                a.enter(Span::Compute, now);
+            }
+        }
+        self.work = Work::Computing { outer_step: step };
+        let inner_steps = self.cfg.inner_steps;
+        self.effects.push_back(Effect::Compute { epoch, outer_step: step, inner_steps });
+    }
+
+    fn commit(&mut self, epoch: Epoch, step: u64, now: Time) {
+        let result = match std::mem::replace(&mut self.work, Work::Idle) {
+            Work::Reduced { epoch: e, average, .. } if e == epoch => Some(average),
+            _ => None,
+        };
+        if result.is_none() {
+            self.violation(Violation::CommitWithoutResult { outer_step: step, epoch });
+        }
+        let Some(mut job) = self.lend(OuterKind::Commit, step, now) else { return };
+        job.values = result.flatten();
+        self.work = Work::Outer { then: AfterOuter::Commit { epoch, outer_step: step } };
+        self.effects.push_back(Effect::Outer(job));
+    }
+
+    fn start_allreduce(&mut self, start: AllReduceStart, now: Time) {
+        self.work = Work::Idle;
+        self.check_release(&start);
+        if let Some(a) = &mut self.acct {
+            a.enter(Span::AllReduce, now);
+            let world = u32::try_from(start.ring.len()).unwrap_or(u32::MAX);
+            a.ring(start.epoch, world, f64::from(start.weight.get()), start.attempt);
+        }
+        let values = match (&self.outer, self.real) {
+            (Some(o), true) => Values::Real(o.pseudo_gradient().to_vec()),
+            _ => Values::Virtual(usize::try_from(self.params()).unwrap_or(usize::MAX)),
+        };
+        let (epoch, op) = (start.epoch, start.op);
+        let rings = match ShardRings::new(
+            start,
+            self.cfg.id,
+            self.cfg.codec,
+            values,
+            self.cfg.segment,
+        ) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(target: "loco_core", "{}: cannot start the all-reduce: {}", self.cfg.id, e.source);
+                let _ = self.member.report_allreduce_failed(now, epoch, op);
+                return;
+            }
+        };
+        self.work = Work::Reducing(Box::new(Reducing { rings, failed: false }));
+        // Frames that arrived before this node's release (a neighbour started first).
+        let early = self.inbox.take_for((epoch, op));
+        self.held.extend(early);
+        self.drive_rings(now);
+    }
+
+    /// Feeds the held frames, drains the rings' sends and finishes the attempt when it is done.
+    fn drive_rings(&mut self, now: Time) {
+        if self.suspended || !matches!(self.work, Work::Reducing(_)) {
+            return;
+        }
+        while let Some((from, f)) = self.held.pop_front() {
+            self.feed(now, from, f);
+            if !matches!(self.work, Work::Reducing(_)) {
+                return;
+            }
+        }
+        let Work::Reducing(r) = &mut self.work else { return };
+        while let Some(t) = r.rings.poll_send() {
+            self.transmits.push_back(t);
+        }
+        if r.failed || !r.rings.is_done() {
+            return;
+        }
+        let Work::Reducing(r) = std::mem::replace(&mut self.work, Work::Idle) else { return };
+        let s = r.rings.start().clone();
+        if s.ring.len() > 1 {
+            let what = format!("outer step {} attempt {} ({})", s.outer_step, s.attempt, s.epoch);
+            let c = Check::AllReduceWeights {
+                what,
+                sums: r.rings.weight_sums().to_vec(),
+                total: f64::from(s.total_weight),
+            };
+            self.effects.push_back(Effect::Check(c));
+        }
+        if let Err(e) = self.member.report_allreduce_done(now, s.epoch, s.op) {
+            tracing::debug!(target: "loco_core", "{}: done refused: {e}", self.cfg.id);
+        }
+        // Virtual values reduce to an empty average (the step is counted all the same).
+        let average = Some(r.rings.into_values().unwrap_or_default());
+        self.work = Work::Reduced { epoch: s.epoch, op: s.op, average };
+    }
+
+    /// One collective frame through the inbox into the running rings.
+    fn feed(&mut self, now: Time, from: NodeId, f: Frame) {
+        let running = match &self.work {
+            Work::Reducing(r) => Some(r.rings.collective()),
+            _ => None,
+        };
+        let f = match self.inbox.admit(self.member.epoch(), running, from, f) {
+            Admission::Feed(f) => f,
+            Admission::Stale => {
+                self.effects.push_back(Effect::Check(Check::StaleFrame));
+                return;
+            }
+            Admission::Held | Admission::Refused | Admission::Dropped => return,
+        };
+        let Work::Reducing(r) = &mut self.work else { return };
+        if let Err(e) = r.rings.handle_frame(from, &f) {
+            let (epoch, op) = r.rings.collective();
+            let first = !r.failed;
+            r.failed = true;
+            self.violation(Violation::RingRefused { epoch, op, from, error: e.to_string() });
+            if first {
+                let _ = self.member.report_allreduce_failed(now, epoch, op);
+            }
+        }
+    }
+
+    /// Checks the release against what this node knows: the ring is the epoch's membership (for
+    /// the executor's check), and its weight is 1 exactly when it holds a pseudo-gradient.
+    fn check_release(&mut self, s: &AllReduceStart) {
+        let c = Check::View { epoch: s.epoch, members: s.ring.clone(), what: "release" };
+        self.effects.push_back(Effect::Check(c));
+        let holds = self.grad_step == Some(s.outer_step);
+        let w = s.weight.get();
+        if (w == 1.0) != holds || (w != 0.0 && w != 1.0) {
+            let v = Violation::WrongWeight {
+                weight: w,
+                outer_step: s.outer_step,
+                attempt: s.attempt,
+                holds,
+            };
+            self.violation(v);
+        }
+    }
+
+    // ----- live recovery -----
+
+    fn state_rule(&self, to: NodeId) -> PieceRule {
+        match &self.cfg.state_pieces {
+            StatePieces::Clamped => PieceRule::Clamped,
+            StatePieces::PerJoinerShard { shards } => {
+                let g = u64::from(shards.get(&to).copied().unwrap_or(1).max(1));
+                PieceRule::Count(g.saturating_mul(self.cfg.mesh.state_senders.max(1) as u64))
+            }
+        }
+    }
+
+    /// Sends this node's share of its state to a joiner (see [`share_of`]): in blocking mode the
+    /// senders share out the replicated part's pieces; in non-blocking mode each sends a whole
+    /// copy of its latest state. The first sender also sends the own part.
+    fn send_state(&mut self, epoch: Epoch, to: NodeId, senders: &[NodeId]) {
+        let Some(share) = share_of(senders, self.cfg.id, self.blocking()) else {
+            tracing::debug!(target: "loco_core", "{}: not among the senders to {to}", self.cfg.id);
+            return;
+        };
+        let Some(outer) = &self.outer else { return };
+        let job = StateJob {
+            epoch,
+            to,
+            share,
+            rule: self.state_rule(to),
+            outer_step: outer.steps(),
+            shared: self.real.then(|| SharedState::from_outer(outer)),
+            virtual_lens: virtual_part_lens(self.params()),
+        };
+        self.effects.push_back(Effect::PrepareState(job));
+    }
+
+    /// `FetchState`: a new fetch (the pieces that came before it are fed), or new senders for
+    /// the one under way (one died: every piece already held is kept).
+    fn fetch_state(&mut self, epoch: Epoch, senders: Vec<NodeId>, now: Time) {
+        let (kept, refused) = match &mut self.fetch {
+            Some(f) => {
+                let r = f.assembly.reassign(epoch, senders.clone());
+                (Some(r.kept_bytes), r.fed.refused)
+            }
+            None => {
+                let expect = match self.real {
+                    true => Expect::real(
+                        self.outer.as_ref().map_or(0, OuterState::len),
+                        self.cfg.own_max,
+                    ),
+                    false => Expect::virtual_params(self.params()),
+                };
+                let mut assembly =
+                    StateAssembly::new(epoch, senders.clone(), self.blocking(), expect);
+                let fed = assembly.feed(&mut self.early);
+                self.fetch = Some(Fetch { assembly, log: ReplayLog::default(), verifying: false });
+                (None, fed.refused)
+            }
+        };
+        let ev = NodeEvent::RecoveryStart { epoch, senders, kept_bytes: kept };
+        self.effects.push_back(Effect::Event(ev));
+        for r in refused {
+            self.refused(None, r);
+        }
+        if matches!(self.member.phase(), MemberPhase::Syncing { .. }) {
+            if let Some(a) = &mut self.acct {
+                a.enter(Span::Recovery, now);
+            }
+        }
+        self.take_state(now);
+    }
+
+    /// A state piece: into the fetch's assembly, or held until the `FetchState` (the
+    /// coordinator tells the senders and this node separately).
+    fn on_state_part(&mut self, now: Time, from: NodeId, h: StateHeader, body: Body) {
+        let Some(f) = &mut self.fetch else {
+            if !self.synced {
+                if let Err(r) = self.early.hold(from, h, body) {
+                    tracing::debug!(target: "loco_core", "{}: early state piece dropped: {r}", self.cfg.id);
+                }
+            }
+            return;
+        };
+        match f.assembly.put(from, &h, &body) {
+            Ok(p) if p.is_complete() => self.take_state(now),
+            Ok(_) => {}
+            Err(r) => self.refused(Some(from), r),
+        }
+    }
+
+    /// A piece refused: a violation when a sender or the grid is at fault, else a late piece.
+    fn refused(&mut self, from: Option<NodeId>, r: Refused) {
+        if !is_fault(&r) {
+            tracing::debug!(target: "loco_core", "{}: state piece refused: {r}", self.cfg.id);
+            return;
+        }
+        self.violation(Violation::PieceRefused { from, refused: r });
+    }
+
+    /// Hands a complete state to the executor for verification (one at a time).
+    fn take_state(&mut self, _now: Time) {
+        if self.outer.is_none() {
+            return; // taken when the outer state is back
+        }
+        let params = self.outer.as_ref().map_or(0, OuterState::len);
+        let Some(f) = &mut self.fetch else { return };
+        if f.verifying {
+            return;
+        }
+        let Some(received) = f.assembly.take_complete() else { return };
+        f.verifying = true;
+        self.effects.push_back(Effect::VerifyState { received, params });
+    }
+
+    /// Takes a verified state: the outer state from it, the steps committed here meanwhile
+    /// replayed onto it (non-blocking mode), this step's pseudo-gradient carried over.
+    fn install(&mut self, now: Time, v: Verified) {
+        let Some(f) = self.fetch.take() else { return };
+        let Some(current) = self.outer.as_mut() else {
+            self.fetch = Some(f);
+            self.verified = Some(v);
+            return;
+        };
+        self.early.clear();
+        let cfg = current.config();
+        let restored = match (v.shared, self.real) {
+            (Some(s), true) => s.into_outer(cfg, Vec::new()).map_err(|e| e.to_string()),
+            (None, false) => {
+                OuterState::restore(cfg, Vec::new(), Vec::new(), Vec::new(), v.outer_step)
+                    .map_err(|e| e.to_string())
+            }
+            (Some(_), false) => Err("bytes where virtual numerics expect none".to_owned()),
+            (None, true) => Err("no bytes where real numerics expect them".to_owned()),
+        };
+        let replayed = restored.and_then(|mut outer| {
+            let n = f.log.replay_onto(&mut outer).map_err(|e| e.to_string())?;
+            Ok((outer, n))
+        });
+        let (mut outer, replayed) = match replayed {
+            Ok(x) => x,
+            Err(error) => {
+                self.violation(Violation::StateUnusable { outer_step: v.outer_step, error });
+                return;
+            }
+        };
+        // The pseudo-gradient of the step under way carries over to the received state.
+        let g = current.take_pseudo_gradient();
+        if g.len() == outer.len() {
+            let _ = outer.put_pseudo_gradient(g);
+        }
+        let weights = self.real.then(|| crate::node::digest::weights_digest(outer.outer()));
+        *current = outer;
+        self.set_params();
+        self.synced = true;
+        let ev = NodeEvent::RecoveryDone {
+            epoch: f.assembly.epoch(),
+            bytes: v.bytes,
+            from: v.own_from,
+            outer_step: v.outer_step,
+            weights,
+            replayed,
+        };
+        self.effects.push_back(Effect::Event(ev));
+        if matches!(self.member.phase(), MemberPhase::Syncing { .. }) {
+            if let Some(a) = &mut self.acct {
+                a.enter(Span::Barrier, now);
+            }
+            if let Err(e) = self.member.report_sync_done(now) {
+                tracing::debug!(target: "loco_core", "{}: sync report refused: {e}", self.cfg.id);
+            }
+        } else {
+            self.report_sync = true;
+        }
+    }
+}
+
+/// Whether a refusal means that a sender (or the piece grid) is wrong, rather than a piece that
+/// was merely overtaken: a late piece of a dropped sender, of an older copy or an older fetch.
+pub fn is_fault(r: &Refused) -> bool {
+    !matches!(
+        r,
+        Refused::NotAssigned { .. }
+            | Refused::OldEpoch { .. }
+            | Refused::StaleDigest { .. }
+            | Refused::HoldingFull { .. }
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_faults_of_a_sender_or_the_grid_are_violations() {
+        assert!(!is_fault(&Refused::NotAssigned { from: NodeId(1), part: 0 }));
+        assert!(!is_fault(&Refused::StaleDigest { part: 0, got: 1, held: 2 }));
+        assert!(!is_fault(&Refused::OldEpoch { got: Epoch(1), first: Epoch(2) }));
+        assert!(is_fault(&Refused::Overlap { part: 0, offset: 0, len: 1 }));
+        assert!(is_fault(&Refused::UnexpectedBytes));
+    }
+}

@@ -1,0 +1,556 @@
+//! An in-memory network of whole node machines ([`Node`]) and a [`Coordinator`] on a virtual
+//! clock: the executor of [`Node`] for tests, as [`Network`](super::Network) is of bare members.
+//!
+//! Each host runs its node's effects at once: inner steps take a fixed `compute` time and move
+//! the weights halfway to a node-specific target (real numerics: every byte of the rings, the
+//! outer step and the state transfer is real), jobs complete on the spot, and a stopped node
+//! with `rejoin` restarts with a new incarnation after a heartbeat interval, as a supervisor
+//! would. Collective and state frames are serialised per directed link at its bandwidth and
+//! arrive after a latency, in order per link (membership frames take the latency only); the only randomness (loss) comes from a seeded stream. Each
+//! [`NodeNet::step`] jumps to the earliest event (a delivery, a timer, a compute's end, a
+//! restart) and handles that one; runs are bounded ([`Livelock`]).
+
+use super::Livelock;
+use crate::codec::CodecKind;
+use crate::diloco::OuterConfig;
+use crate::ids::NodeId;
+use crate::mesh::{Coordinator, CoordinatorAction, LeaveReason, MeshConfig, MeshEvent};
+use crate::metrics::OuterStepRow;
+use crate::node::acct::RowIdentity;
+use crate::node::machine::{Check, Effect, Node, NodeConfig, NodeEvent, Numerics, StatePieces};
+use crate::time::Time;
+use crate::transport::{Frame, Header};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+/// One thing that happened, for assertions and script output.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Seen {
+    /// A coordinator's event.
+    Mesh(MeshEvent),
+    /// A node's event.
+    Node(NodeEvent),
+    /// A node's member stopped (`rejoin`: its host restarts it).
+    Stop {
+        /// The reason, in words.
+        reason: String,
+        /// Whether it joins again.
+        rejoin: bool,
+    },
+    /// An invariant check failed at a node.
+    Violation(String),
+    /// The harness injected a fault.
+    Fault(String),
+}
+
+/// One entry of the record.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Record {
+    /// Virtual time.
+    pub at: Time,
+    /// The node (the coordinator for its events).
+    pub node: NodeId,
+    /// What.
+    pub what: Seen,
+}
+
+struct Host {
+    node: Option<Node>,
+    incarnation: u64,
+    params: Vec<f32>,
+    target: Vec<f32>,
+    /// The inner steps under way: (end, step).
+    computing: Option<(Time, u64)>,
+    /// Compute time left when it hung.
+    paused_left: Option<Duration>,
+    restart_at: Option<Time>,
+    hung: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Due {
+    Deliver,
+    Coordinator,
+    Node(NodeId),
+    Compute(NodeId),
+    Restart(NodeId),
+}
+
+/// The in-memory network of node machines. See the module documentation.
+pub struct NodeNet {
+    now: Time,
+    mesh: MeshConfig,
+    params: usize,
+    compute: Duration,
+    coordinator: Option<Coordinator>,
+    hosts: BTreeMap<NodeId, Host>,
+    inflight: BTreeMap<(Time, u64), (NodeId, NodeId, Frame)>,
+    seq: u64,
+    latency: Duration,
+    default_bandwidth: f64,
+    bandwidth: BTreeMap<(NodeId, NodeId), f64>,
+    busy: BTreeMap<(NodeId, NodeId), Time>,
+    cut: BTreeSet<(NodeId, NodeId)>,
+    drop_rate: f64,
+    rng: ChaCha8Rng,
+    record: Vec<Record>,
+    rows: Vec<OuterStepRow>,
+    hashes: BTreeMap<u64, BTreeMap<NodeId, String>>,
+    max_steps: u64,
+}
+
+fn target(id: NodeId, n: usize) -> Vec<f32> {
+    (0..n).map(|i| ((i as f32) * 0.01).sin() + id.0 as f32 * 0.25).collect()
+}
+
+impl NodeNet {
+    /// A network with a coordinator and no nodes: models of `params` parameters whose inner
+    /// steps take `compute`; 1 ms latency, 1 GB/s links, no loss; `seed` drives loss only.
+    pub fn new(mesh: MeshConfig, params: usize, compute: Duration, seed: u64) -> NodeNet {
+        NodeNet {
+            now: Time::ZERO,
+            coordinator: Some(Coordinator::new(mesh.clone())),
+            mesh,
+            params,
+            compute,
+            hosts: BTreeMap::new(),
+            inflight: BTreeMap::new(),
+            seq: 0,
+            latency: Duration::from_millis(1),
+            default_bandwidth: 1e9,
+            bandwidth: BTreeMap::new(),
+            busy: BTreeMap::new(),
+            cut: BTreeSet::new(),
+            drop_rate: 0.0,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            record: Vec::new(),
+            rows: Vec::new(),
+            hashes: BTreeMap::new(),
+            max_steps: 2_000_000,
+        }
+    }
+
+    /// The virtual time.
+    pub fn now(&self) -> Time {
+        self.now
+    }
+
+    /// The coordinator, unless crashed.
+    pub fn coordinator(&self) -> Option<&Coordinator> {
+        self.coordinator.as_ref()
+    }
+
+    /// A node's machine, unless crashed or unknown.
+    pub fn node(&self, id: NodeId) -> Option<&Node> {
+        self.hosts.get(&id).and_then(|h| h.node.as_ref())
+    }
+
+    /// Everything recorded so far.
+    pub fn record(&self) -> &[Record] {
+        &self.record
+    }
+
+    /// The rows written so far.
+    pub fn rows(&self) -> &[OuterStepRow] {
+        &self.rows
+    }
+
+    /// The digests of the outer weights after each step, by node.
+    pub fn hashes(&self) -> &BTreeMap<u64, BTreeMap<NodeId, String>> {
+        &self.hashes
+    }
+
+    /// The violations recorded.
+    pub fn violations(&self) -> Vec<String> {
+        self.record
+            .iter()
+            .filter_map(|r| match &r.what {
+                Seen::Violation(v) => Some(v.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Bandwidth (bytes per second) of the directed link `from -> to`.
+    pub fn set_bandwidth(&mut self, from: NodeId, to: NodeId, bytes_per_sec: f64) {
+        self.bandwidth.insert((from, to), bytes_per_sec);
+    }
+
+    /// Probability that a frame is lost.
+    pub fn set_drop_rate(&mut self, p: f64) {
+        self.drop_rate = p.clamp(0.0, 1.0);
+    }
+
+    fn note(&mut self, node: NodeId, what: Seen) {
+        self.record.push(Record { at: self.now, node, what });
+    }
+
+    fn config(&self, id: NodeId) -> NodeConfig {
+        NodeConfig {
+            id,
+            mesh: self.mesh.clone(),
+            shards: 1,
+            codec: CodecKind::Fp32,
+            segment: None,
+            outer: OuterConfig::default(),
+            numerics: Numerics::Real { initial: vec![0.5; self.params] },
+            inner_steps: 10,
+            batch_tokens: 100,
+            checkpoint_every: None,
+            // Joiners with 4 GPUs' worth of parallel pieces per sender.
+            state_pieces: StatePieces::PerJoinerShard {
+                shards: (0..64).map(|n| (NodeId(n), 4)).collect(),
+            },
+            own_max: 0,
+            row: RowIdentity { node: format!("n{}", id.0), node_id: id.0, offset_s: 0.0 },
+            virtual_padding: true,
+        }
+    }
+
+    /// Starts node `id` (a new incarnation if it ran before), which joins now.
+    pub fn add(&mut self, id: NodeId) {
+        let incarnation = self.hosts.get(&id).map_or(0, |h| h.incarnation + 1);
+        let node = match Node::new(self.config(id), incarnation) {
+            Ok(n) => n,
+            Err(e) => {
+                self.note(id, Seen::Violation(format!("cannot start: {e}")));
+                return;
+            }
+        };
+        let host = Host {
+            node: Some(node),
+            incarnation,
+            params: vec![0.5; self.params],
+            target: target(id, self.params),
+            computing: None,
+            paused_left: None,
+            restart_at: None,
+            hung: false,
+        };
+        self.hosts.insert(id, host);
+        let now = self.now;
+        if let Some(n) = self.hosts.get_mut(&id).and_then(|h| h.node.as_mut()) {
+            let _ = n.join(now);
+        }
+        self.drain(id);
+    }
+
+    /// SIGKILL: the node vanishes; frames to it are lost.
+    pub fn crash(&mut self, id: NodeId) {
+        if let Some(h) = self.hosts.get_mut(&id) {
+            h.node = None;
+            h.computing = None;
+            h.restart_at = None;
+        }
+        self.note(id, Seen::Fault("crash".into()));
+    }
+
+    /// The coordinator vanishes.
+    pub fn crash_coordinator(&mut self) {
+        self.coordinator = None;
+        self.note(NodeId::COORDINATOR, Seen::Fault("crash".into()));
+    }
+
+    /// The node leaves with its deathrattle.
+    pub fn leave(&mut self, id: NodeId) {
+        let now = self.now;
+        if let Some(n) = self.hosts.get_mut(&id).and_then(|h| h.node.as_mut()) {
+            n.leave(now, LeaveReason::Graceful);
+        }
+        self.note(id, Seen::Fault("leave".into()));
+        self.drain(id);
+    }
+
+    /// The node's application hangs (its heartbeats go on) or goes on again.
+    pub fn hang(&mut self, id: NodeId, hung: bool) {
+        let now = self.now;
+        if let Some(h) = self.hosts.get_mut(&id) {
+            h.hung = hung;
+            if let Some(n) = h.node.as_mut() {
+                if hung { n.suspend(now) } else { n.resume(now) }
+            }
+            // A hang pauses the compute: it ends that much later.
+            match (hung, h.computing, h.paused_left) {
+                (true, Some((end, _)), None) => h.paused_left = Some(end.saturating_since(now)),
+                (false, Some((_, step)), Some(left)) => {
+                    h.computing = Some((now + left, step));
+                    h.paused_left = None;
+                }
+                _ => {}
+            }
+        }
+        self.note(id, Seen::Fault(if hung { "hang" } else { "resume" }.into()));
+        self.drain(id);
+    }
+
+    /// Frames between `a` and `b` are lost, both ways.
+    pub fn cut(&mut self, a: NodeId, b: NodeId) {
+        self.cut.insert((a, b));
+        self.cut.insert((b, a));
+        self.note(a, Seen::Fault(format!("cut from {b}")));
+    }
+
+    /// Heals every cut.
+    pub fn recover(&mut self) {
+        self.cut.clear();
+    }
+
+    fn enqueue(&mut self, from: NodeId, to: NodeId, frame: Frame) {
+        if self.cut.contains(&(from, to)) {
+            return;
+        }
+        if self.drop_rate > 0.0 && self.rng.random::<f64>() < self.drop_rate {
+            return;
+        }
+        if matches!(frame.header, Header::Mesh(_)) {
+            // Membership frames (probes included) take the latency only: the links' bandwidth
+            // is for the rings and the state.
+            self.seq += 1;
+            self.inflight.insert((self.now + self.latency, self.seq), (from, to, frame));
+            return;
+        }
+        let bw = self.bandwidth.get(&(from, to)).copied().unwrap_or(self.default_bandwidth);
+        let tx = Duration::from_secs_f64(frame.wire_len() as f64 / bw.max(1.0));
+        let start = self.busy.get(&(from, to)).copied().unwrap_or(Time::ZERO).max(self.now);
+        let done = start + tx;
+        self.busy.insert((from, to), done);
+        self.seq += 1;
+        self.inflight.insert((done + self.latency, self.seq), (from, to, frame));
+    }
+
+    fn node_mut(&mut self, id: NodeId) -> Option<&mut Node> {
+        self.hosts.get_mut(&id).and_then(|h| h.node.as_mut())
+    }
+
+    /// Carries out a node's effects and sends its transmits until it has none.
+    fn drain(&mut self, id: NodeId) {
+        loop {
+            let mut any = false;
+            while let Some(e) = self.node_mut(id).and_then(Node::poll_effect) {
+                any = true;
+                self.effect(id, e);
+            }
+            while let Some((to, f)) = self.node_mut(id).and_then(Node::poll_transmit) {
+                any = true;
+                self.enqueue(id, to, f);
+            }
+            if !any {
+                return;
+            }
+        }
+    }
+
+    fn effect(&mut self, id: NodeId, e: Effect) {
+        let now = self.now;
+        let compute = self.compute;
+        let heartbeat = self.mesh.heartbeat_interval;
+        let Some(h) = self.hosts.get_mut(&id) else { return };
+        let Some(node) = h.node.as_mut() else { return };
+        match e {
+            Effect::Compute { outer_step, .. } => {
+                h.computing = Some((now + compute, outer_step));
+                h.paused_left = None;
+            }
+            Effect::SetParams(w) => h.params = w,
+            Effect::Outer(mut job) => {
+                job.run();
+                node.outer_done(now, job);
+            }
+            Effect::PrepareState(job) => node.state_prepared(now, job.prepare(None)),
+            Effect::VerifyState { received, params } => {
+                node.state_verified(now, received.verify(params))
+            }
+            Effect::Checkpoint { .. } => {}
+            Effect::Row(r) => self.rows.push(r),
+            Effect::Event(ev) => self.note(id, Seen::Node(ev)),
+            Effect::Check(Check::WeightsAfter { outer_step, hash }) => {
+                self.hashes.entry(outer_step).or_default().insert(id, hash);
+            }
+            Effect::Check(Check::Violation(v)) => {
+                let msg = v.describe(id, &|n| format!("n{}", n.0));
+                self.note(id, Seen::Violation(msg));
+            }
+            Effect::Check(_) => {}
+            Effect::Stop { reason, rejoin } => {
+                h.computing = None;
+                if rejoin {
+                    h.restart_at = Some(now + heartbeat);
+                }
+                self.note(id, Seen::Stop { reason: reason.to_string(), rejoin });
+            }
+        }
+    }
+
+    fn pump_coordinator(&mut self) {
+        let mut out = Vec::new();
+        if let Some(c) = self.coordinator.as_mut() {
+            while let Some(a) = c.poll_action() {
+                out.push(a);
+            }
+        }
+        for a in out {
+            match a {
+                CoordinatorAction::Send { to, msg } => {
+                    self.enqueue(NodeId::COORDINATOR, to, crate::mesh::padded_frame(msg, 0, true))
+                }
+                CoordinatorAction::Event(e) => self.note(NodeId::COORDINATOR, Seen::Mesh(e)),
+            }
+        }
+    }
+
+    fn next_due(&self) -> Option<(Time, Due)> {
+        let mut best: Option<(Time, Due)> = None;
+        let mut consider = |t: Time, d: Due| {
+            if best.as_ref().is_none_or(|b| (t, d) < *b) {
+                best = Some((t, d));
+            }
+        };
+        if let Some((&(t, _), _)) = self.inflight.first_key_value() {
+            consider(t, Due::Deliver);
+        }
+        if let Some(t) = self.coordinator.as_ref().and_then(Coordinator::poll_timeout) {
+            consider(t, Due::Coordinator);
+        }
+        for (&id, h) in &self.hosts {
+            if let Some(t) = h.node.as_ref().and_then(Node::poll_timeout) {
+                consider(t, Due::Node(id));
+            }
+            if let (Some((t, _)), false) = (h.computing, h.hung) {
+                consider(t, Due::Compute(id));
+            }
+            if let Some(t) = h.restart_at {
+                consider(t, Due::Restart(id));
+            }
+        }
+        best
+    }
+
+    /// Handles the next event (jumping the clock to it). False when nothing is left to do.
+    pub fn step(&mut self) -> bool {
+        let Some((t, due)) = self.next_due() else { return false };
+        self.now = self.now.max(t);
+        let now = self.now;
+        match due {
+            Due::Deliver => {
+                let Some((_, (from, to, frame))) = self.inflight.pop_first() else { return true };
+                if to == NodeId::COORDINATOR {
+                    if let (Some(c), Header::Mesh(msg)) = (self.coordinator.as_mut(), frame.header)
+                    {
+                        c.handle_message(now, from, msg);
+                        self.pump_coordinator();
+                    }
+                    return true;
+                }
+                if let Some(n) = self.hosts.get_mut(&to).and_then(|h| h.node.as_mut()) {
+                    n.handle_frame(now, from, frame);
+                }
+                self.drain(to);
+            }
+            Due::Coordinator => {
+                if let Some(c) = self.coordinator.as_mut() {
+                    c.handle_timeout(now);
+                }
+                self.pump_coordinator();
+            }
+            Due::Node(id) => {
+                if let Some(n) = self.hosts.get_mut(&id).and_then(|h| h.node.as_mut()) {
+                    n.handle_timeout(now);
+                }
+                self.drain(id);
+            }
+            Due::Compute(id) => {
+                if let Some(h) = self.hosts.get_mut(&id) {
+                    if let (Some((_, step)), Some(n)) = (h.computing.take(), h.node.as_mut()) {
+                        // Halfway to this node's target: a pseudo-gradient that differs per node.
+                        for (w, t) in h.params.iter_mut().zip(&h.target) {
+                            *w += 0.5 * (*t - *w);
+                        }
+                        let loss = h
+                            .params
+                            .iter()
+                            .zip(&h.target)
+                            .map(|(w, t)| f64::from((w - t).powi(2)))
+                            .sum();
+                        n.computed(now, step, Some(h.params.clone()), Some(loss));
+                    }
+                }
+                self.drain(id);
+            }
+            Due::Restart(id) => {
+                if let Some(h) = self.hosts.get_mut(&id) {
+                    h.restart_at = None;
+                    h.incarnation += 1;
+                    let inc = h.incarnation;
+                    if let Some(n) = h.node.as_mut() {
+                        n.restart(inc);
+                        if h.hung {
+                            n.suspend(now);
+                        }
+                        let _ = n.join(now);
+                    }
+                }
+                self.note(id, Seen::Fault("restart".into()));
+                self.drain(id);
+            }
+        }
+        true
+    }
+
+    /// Runs every event up to and including `t`, then sets the clock to `t`.
+    pub fn run_until(&mut self, t: Time) -> Result<(), Livelock> {
+        let mut steps = 0;
+        while self.next_due().is_some_and(|(n, _)| n <= t) {
+            self.step();
+            steps += 1;
+            if steps > self.max_steps {
+                return Err(Livelock { steps, at: self.now });
+            }
+        }
+        self.now = self.now.max(t);
+        Ok(())
+    }
+
+    /// Runs for `d` of virtual time.
+    pub fn run_for(&mut self, d: Duration) -> Result<(), Livelock> {
+        self.run_until(self.now + d)
+    }
+
+    /// Runs until `pred` holds (checked after every event) or `deadline`; returns whether it held.
+    pub fn run_until_cond(
+        &mut self,
+        deadline: Time,
+        mut pred: impl FnMut(&Self) -> bool,
+    ) -> Result<bool, Livelock> {
+        let mut steps = 0;
+        loop {
+            if pred(self) {
+                return Ok(true);
+            }
+            match self.next_due() {
+                Some((n, _)) if n <= deadline => {
+                    self.step();
+                }
+                _ => {
+                    self.now = self.now.max(deadline);
+                    return Ok(pred(self));
+                }
+            }
+            steps += 1;
+            if steps > self.max_steps {
+                return Err(Livelock { steps, at: self.now });
+            }
+        }
+    }
+
+    /// Every step's digests, checked: the nodes that report a step agree on its weights.
+    /// Returns the steps whose nodes disagree.
+    pub fn disagreements(&self) -> Vec<u64> {
+        self.hashes
+            .iter()
+            .filter(|(_, by)| by.values().collect::<BTreeSet<_>>().len() > 1)
+            .map(|(s, _)| *s)
+            .collect()
+    }
+}

@@ -1,0 +1,434 @@
+//! The node machine driven whole (member, rings, outer step, recovery, accounting) over the
+//! seeded in-memory network of `loco_core::testing::nodes`, with real numerics: every byte of
+//! the rings and of the state transfers is real, and the tests check that the replicas end
+//! bit-identical.
+//!
+//! Scenarios as data (raft-rs's testdata style): each `testdata/node/*.txt` is a script, a line
+//! `----`, and the expected trace. `LOCO_REWRITE=1` rewrites the expected part (then review the
+//! diff). Commands, one per line (`#` starts a comment):
+//!
+//! ```text
+//! config KEY=VALUE ...      min_members, heartbeat_timeout, barrier_timeout, max_retries,
+//!                           state_senders, join_mode=blocking|non-blocking (durations: 30s, 500ms)
+//! params N                  parameters of the model (default 4096)
+//! compute DURATION          time of one outer step's inner steps (default 60s)
+//! start n0 n1 ...           nodes that join now (the first command that is not config/params/compute
+//!                           builds the network)
+//! join nX                   a node (re)starts and joins
+//! run DURATION              advance the virtual clock
+//! until released STEP ATTEMPT | until recovery nX | until stop nX    run until it happens (1 h at most)
+//! slow nA nB BYTES_PER_SEC  the bandwidth of the link nA -> nB
+//! crash nX | hang nX | resume nX | leave nX | coordinator-crash
+//! ```
+//!
+//! The trace lists the coordinator's epochs, releases, commits and skips, the nodes' events and
+//! stops, the faults, any violation, and at the end which nodes agree on each step's weights.
+
+use loco_core::NodeId;
+use loco_core::mesh::{JoinMode, MeshConfig, MeshEvent};
+use loco_core::node::machine::NodeEvent;
+use loco_core::testing::nodes::{NodeNet, Seen};
+use loco_core::time::Time;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+fn duration(s: &str) -> Result<Duration, String> {
+    let (num, unit) = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .map(|i| s.split_at(i))
+        .ok_or_else(|| format!("{s}: expected a duration like 30s or 500ms"))?;
+    let v: f64 = num.parse().map_err(|_| format!("{s}: expected a number"))?;
+    match unit {
+        "s" => Ok(Duration::from_secs_f64(v)),
+        "ms" => Ok(Duration::from_secs_f64(v / 1000.0)),
+        _ => Err(format!("{s}: expected a unit s or ms")),
+    }
+}
+
+fn node(s: &str) -> Result<NodeId, String> {
+    s.strip_prefix('n')
+        .and_then(|n| n.parse().ok())
+        .map(NodeId)
+        .ok_or_else(|| format!("{s}: expected a node like n3"))
+}
+
+fn name(n: NodeId) -> String {
+    if n == NodeId::COORDINATOR { "coordinator".into() } else { format!("n{}", n.0) }
+}
+
+fn render(net: &NodeNet) -> String {
+    let mut out = String::new();
+    for r in net.record() {
+        let line = match &r.what {
+            Seen::Mesh(
+                e @ (MeshEvent::EpochFormed { .. }
+                | MeshEvent::Released { .. }
+                | MeshEvent::Committed { .. }
+                | MeshEvent::StepSkipped { .. }
+                | MeshEvent::NoSyncedMember { .. }),
+            ) => e.to_string(),
+            Seen::Mesh(_) => continue,
+            Seen::Node(ev) => format!("{}: {}", ev.kind(), ev.detail(&name)),
+            Seen::Stop { reason, rejoin } => {
+                format!("stop{}: {reason}", if *rejoin { " (rejoin)" } else { "" })
+            }
+            Seen::Violation(v) => format!("VIOLATION {v}"),
+            Seen::Fault(f) => format!("fault: {f}"),
+        };
+        let _ = writeln!(out, "{:>9} {:<11} {line}", r.at.to_string(), name(r.node));
+    }
+    for (step, by) in net.hashes() {
+        let nodes: Vec<String> = by.keys().map(|n| name(*n)).collect();
+        let verdict = if net.disagreements().contains(step) { "DISAGREE" } else { "agree" };
+        let _ = writeln!(out, "weights after step {step}: {} {verdict}", nodes.join(" "));
+    }
+    out
+}
+
+fn until(net: &mut NodeNet, what: &[&str]) -> Result<(), String> {
+    let seen = |net: &NodeNet, f: &dyn Fn(&Seen, NodeId) -> bool| {
+        net.record().iter().any(|r| f(&r.what, r.node))
+    };
+    let before = net.record().len();
+    let deadline = net.now() + Duration::from_secs(3600);
+    let held = match what {
+        ["released", step, attempt] => {
+            let (s, a): (u64, u32) = (
+                step.parse().map_err(|_| format!("{step}: expected a step"))?,
+                attempt.parse().map_err(|_| format!("{attempt}: expected an attempt"))?,
+            );
+            net.run_until_cond(deadline, |n| {
+                n.record()[before..].iter().any(|r| {
+                    matches!(&r.what, Seen::Mesh(MeshEvent::Released { outer_step, attempt, .. })
+                        if *outer_step == s && *attempt == a)
+                })
+            })
+        }
+        ["recovery", n] => {
+            let id = node(n)?;
+            net.run_until_cond(deadline, |net| {
+                net.record()[before..].iter().any(|r| {
+                    r.node == id && matches!(r.what, Seen::Node(NodeEvent::RecoveryStart { .. }))
+                })
+            })
+        }
+        ["stop", n] => {
+            let id = node(n)?;
+            net.run_until_cond(deadline, |net| {
+                net.record()[before..]
+                    .iter()
+                    .any(|r| r.node == id && matches!(r.what, Seen::Stop { .. }))
+            })
+        }
+        _ => return Err(format!("cannot parse `until {}`", what.join(" "))),
+    }
+    .map_err(|e| e.to_string())?;
+    let _ = seen;
+    if held { Ok(()) } else { Err(format!("`until {}` never happened", what.join(" "))) }
+}
+
+fn run_script(script: &str) -> Result<String, String> {
+    let mut cfg = MeshConfig { join_window: Duration::ZERO, ..MeshConfig::default() };
+    let mut params = 4096usize;
+    let mut compute = Duration::from_secs(60);
+    let mut net: Option<NodeNet> = None;
+    for (i, raw) in script.lines().enumerate() {
+        let line = raw.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let err = |e: String| format!("line {}: {e}", i + 1);
+        let words: Vec<&str> = line.split_whitespace().collect();
+        if net.is_none() && !matches!(words[0], "config" | "params" | "compute") {
+            net = Some(NodeNet::new(cfg.clone(), params, compute, 1));
+        }
+        let count = |v: &str| v.parse::<usize>().map_err(|_| err(format!("{v}: expected a count")));
+        match (words[0], &words[1..]) {
+            ("config", kvs) => {
+                for kv in kvs.iter() {
+                    let (k, v) = kv
+                        .split_once('=')
+                        .ok_or_else(|| err(format!("{kv}: expected KEY=VALUE")))?;
+                    match k {
+                        "min_members" => cfg.min_members = count(v)?,
+                        "max_retries" => cfg.max_retries = count(v)? as u32,
+                        "state_senders" => cfg.state_senders = count(v)?,
+                        "heartbeat_timeout" => cfg.heartbeat_timeout = duration(v).map_err(err)?,
+                        "barrier_timeout" => cfg.barrier_timeout = duration(v).map_err(err)?,
+                        "join_mode" => {
+                            cfg.join_mode = match v {
+                                "blocking" => JoinMode::Blocking,
+                                "non-blocking" => JoinMode::NonBlocking,
+                                _ => {
+                                    return Err(err(format!(
+                                        "{v}: expected blocking or non-blocking"
+                                    )));
+                                }
+                            }
+                        }
+                        _ => return Err(err(format!("unknown config key {k}"))),
+                    }
+                }
+                cfg.validate().map_err(|e| err(e.to_string()))?;
+            }
+            ("params", [n]) => params = count(n)?,
+            ("compute", [d]) => compute = duration(d).map_err(err)?,
+            (cmd, args) => {
+                let net = net.as_mut().ok_or_else(|| err("no network".into()))?;
+                match (cmd, args) {
+                    ("start" | "join", ids) => {
+                        for id in ids.iter() {
+                            net.add(node(id).map_err(err)?);
+                        }
+                    }
+                    ("run", [d]) => {
+                        net.run_for(duration(d).map_err(err)?).map_err(|e| err(e.to_string()))?
+                    }
+                    ("until", what) => until(net, what).map_err(err)?,
+                    ("slow", [a, b, bw]) => {
+                        let bw: f64 =
+                            bw.parse().map_err(|_| err(format!("{bw}: expected bytes/s")))?;
+                        net.set_bandwidth(node(a).map_err(err)?, node(b).map_err(err)?, bw);
+                    }
+                    ("crash", [n]) => net.crash(node(n).map_err(err)?),
+                    ("hang", [n]) => net.hang(node(n).map_err(err)?, true),
+                    ("resume", [n]) => net.hang(node(n).map_err(err)?, false),
+                    ("leave", [n]) => net.leave(node(n).map_err(err)?),
+                    ("coordinator-crash", []) => net.crash_coordinator(),
+                    _ => return Err(err(format!("cannot parse `{line}`"))),
+                }
+            }
+        }
+    }
+    Ok(net.map(|n| render(&n)).unwrap_or_default())
+}
+
+fn scripts() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/testdata/node");
+    let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("tests/testdata/node is readable")
+        .map(|e| e.expect("a directory entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "txt"))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn node_scripts() {
+    let rewrite = std::env::var_os("LOCO_REWRITE").is_some();
+    let files = scripts();
+    assert!(files.len() >= 4, "scripts found: {files:?}");
+    let mut failed = Vec::new();
+    for path in files {
+        let text = std::fs::read_to_string(&path).expect("readable script");
+        let (script, expected) = text.split_once("\n----\n").unwrap_or((text.as_str(), ""));
+        let got = run_script(script).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert!(
+            !got.contains("VIOLATION") && !got.contains("DISAGREE"),
+            "{}:\n{got}",
+            path.display()
+        );
+        if rewrite {
+            std::fs::write(&path, format!("{script}\n----\n{got}")).expect("writable script");
+        } else if got != expected {
+            eprintln!("{}: expected\n{expected}\ngot\n{got}", path.display());
+            failed.push(path);
+        }
+    }
+    assert!(failed.is_empty(), "traces differ (LOCO_REWRITE=1 rewrites): {failed:?}");
+}
+
+// ----- the same stories, asserted in code -----
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+fn formed(cfg: MeshConfig, n: u32) -> NodeNet {
+    let cfg = MeshConfig { min_members: n as usize, join_window: Duration::ZERO, ..cfg };
+    let mut net = NodeNet::new(cfg, 4096, secs(60), 7);
+    for i in 0..n {
+        net.add(NodeId(i));
+    }
+    net
+}
+
+fn node_events(net: &NodeNet, id: NodeId) -> Vec<NodeEvent> {
+    net.record()
+        .iter()
+        .filter(|r| r.node == id)
+        .filter_map(|r| match &r.what {
+            Seen::Node(e) => Some(e.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn assert_clean(net: &NodeNet) {
+    assert!(net.violations().is_empty(), "{:?}", net.violations());
+    assert!(net.disagreements().is_empty(), "{:?}", net.hashes());
+    assert!(!net.hashes().is_empty());
+}
+
+#[test]
+fn three_nodes_commit_steps_with_identical_weights_and_rows() {
+    let mut net = formed(MeshConfig::default(), 3);
+    net.run_for(secs(200)).unwrap();
+    assert_eq!(net.coordinator().unwrap().outer_step(), 3);
+    for s in 0..3 {
+        assert_eq!(net.hashes()[&s].len(), 3, "step {s}");
+    }
+    assert_clean(&net);
+    // Rows: one per node and step, compute 60 s each, the weights' digest filled in.
+    assert_eq!(net.rows().len(), 9);
+    for r in net.rows() {
+        assert!((r.compute_s - 60.0).abs() < 1e-9, "{r:?}");
+        assert_eq!(r.weights_hash, net.hashes()[&r.outer_step][&NodeId(r.node_id)]);
+        assert!(r.bytes_sent > 2 * 4096, "{r:?}");
+    }
+}
+
+#[test]
+fn a_crash_in_the_all_reduce_is_retried_without_the_dead_node() {
+    let mut net = formed(MeshConfig::default(), 3);
+    // Slow links: the all-reduce of step 0 takes seconds.
+    for a in 0..3 {
+        for b in 0..3 {
+            net.set_bandwidth(NodeId(a), NodeId(b), 10_000.0);
+        }
+    }
+    let released = |n: &NodeNet, attempt: u32| {
+        n.record().iter().any(|r| {
+            matches!(&r.what, Seen::Mesh(MeshEvent::Released { outer_step: 0, attempt: a, .. }) if *a == attempt)
+        })
+    };
+    assert!(net.run_until_cond(Time::from_secs_f64(600.0), |n| released(n, 0)).unwrap());
+    net.run_for(Duration::from_millis(200)).unwrap();
+    net.crash(NodeId(2));
+    assert!(net.run_until_cond(Time::from_secs_f64(600.0), |n| released(n, 1)).unwrap());
+    net.run_for(secs(30)).unwrap();
+    assert_eq!(net.hashes()[&0].keys().copied().collect::<Vec<_>>(), vec![NodeId(0), NodeId(1)]);
+    assert_clean(&net);
+    let row = net.rows().iter().find(|r| r.outer_step == 0 && r.node_id == 0).unwrap();
+    assert_eq!((row.retries, row.world), (1, 2), "{row:?}");
+}
+
+fn join_story(mode: JoinMode) -> NodeNet {
+    let mut net = formed(MeshConfig { join_mode: mode, ..MeshConfig::default() }, 3);
+    net.run_for(secs(30)).unwrap();
+    // The state (32 KiB) reaches the joiner in ~100 s: longer than an outer step.
+    for s in 0..3 {
+        net.set_bandwidth(NodeId(s), NodeId(3), 300.0);
+    }
+    net.add(NodeId(3));
+    net.run_for(secs(600)).unwrap();
+    net
+}
+
+#[test]
+fn a_blocking_joiner_receives_the_state_while_the_others_wait() {
+    let net = join_story(JoinMode::Blocking);
+    let ev = node_events(&net, NodeId(3));
+    assert!(matches!(ev[0], NodeEvent::Admitted { .. }), "{ev:?}");
+    assert!(ev.iter().any(|e| matches!(e, NodeEvent::RecoveryDone { replayed: 0, .. })), "{ev:?}");
+    // Every step after it joined counts it; the others' weights are the same as its own.
+    let last = *net.hashes().keys().last().unwrap();
+    assert_eq!(net.hashes()[&last].len(), 4);
+    assert_clean(&net);
+    let rec: f64 = net.rows().iter().filter(|r| r.node_id == 3).map(|r| r.recovery_s).sum();
+    assert!(rec > 50.0, "recovery_s {rec}");
+}
+
+#[test]
+fn a_non_blocking_joiner_replays_the_steps_committed_while_its_state_came() {
+    let net = join_story(JoinMode::NonBlocking);
+    let ev = node_events(&net, NodeId(3));
+    let replayed = ev.iter().find_map(|e| match e {
+        NodeEvent::RecoveryDone { replayed, .. } => Some(*replayed),
+        _ => None,
+    });
+    assert!(replayed.is_some_and(|r| r >= 1), "{ev:?}");
+    // Once synced it reports its weights, and they are the others'.
+    assert!(net.hashes().values().any(|by| by.len() == 4), "{:?}", net.hashes());
+    assert_clean(&net);
+}
+
+#[test]
+fn a_sender_dying_mid_transfer_leaves_the_joiner_with_the_pieces_it_holds() {
+    let cfg = MeshConfig { state_senders: 2, ..MeshConfig::default() };
+    let mut net = formed(cfg, 3);
+    net.run_for(secs(30)).unwrap();
+    for s in 0..3 {
+        net.set_bandwidth(NodeId(s), NodeId(3), 300.0);
+    }
+    net.add(NodeId(3));
+    let fetching = |n: &NodeNet| n.node(NodeId(3)).is_some_and(|x| x.is_fetching());
+    assert!(net.run_until_cond(Time::from_secs_f64(600.0), fetching).unwrap());
+    net.run_for(secs(20)).unwrap();
+    let first = node_events(&net, NodeId(3))
+        .into_iter()
+        .find_map(|e| match e {
+            NodeEvent::RecoveryStart { senders, .. } => Some(senders),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(first.len(), 2, "{first:?}");
+    net.crash(first[0]);
+    net.run_for(secs(600)).unwrap();
+    let ev = node_events(&net, NodeId(3));
+    let kept = ev.iter().find_map(|e| match e {
+        NodeEvent::RecoveryStart { kept_bytes: Some(k), senders, .. } => {
+            assert!(!senders.contains(&first[0]), "{senders:?}");
+            Some(*k)
+        }
+        _ => None,
+    });
+    assert!(kept.is_some_and(|k| k > 0), "{ev:?}");
+    assert!(ev.iter().any(|e| matches!(e, NodeEvent::RecoveryDone { .. })), "{ev:?}");
+    assert_clean(&net);
+}
+
+#[test]
+fn a_hung_node_is_evicted_rejoins_when_it_works_again_and_catches_up() {
+    let cfg = MeshConfig { barrier_timeout: secs(120), ..MeshConfig::default() };
+    let mut net = formed(cfg, 3);
+    net.run_for(secs(30)).unwrap();
+    net.hang(NodeId(1), true);
+    net.run_for(secs(300)).unwrap();
+    assert!(!net.coordinator().unwrap().members().contains(&NodeId(1)), "evicted");
+    // A hung node learns of its eviction when it works again (its heartbeats went on, its
+    // membership actions waited), and its supervisor restarts it.
+    net.hang(NodeId(1), false);
+    let stops: Vec<bool> = net
+        .record()
+        .iter()
+        .filter(|r| r.node == NodeId(1))
+        .filter_map(|r| match &r.what {
+            Seen::Stop { rejoin, .. } => Some(*rejoin),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(stops.first(), Some(&true), "evicted, to rejoin");
+    net.run_for(secs(600)).unwrap();
+    let ev = node_events(&net, NodeId(1));
+    assert!(ev.iter().filter(|e| matches!(e, NodeEvent::Admitted { .. })).count() >= 2, "{ev:?}");
+    assert!(ev.iter().any(|e| matches!(e, NodeEvent::RecoveryDone { .. })), "{ev:?}");
+    let last = *net.hashes().keys().last().unwrap();
+    assert!(net.hashes()[&last].contains_key(&NodeId(1)));
+    assert_clean(&net);
+}
+
+#[test]
+fn runs_are_deterministic() {
+    let run = || {
+        let mut net = formed(MeshConfig::default(), 4);
+        net.set_drop_rate(0.01);
+        net.run_for(secs(100)).unwrap();
+        net.add(NodeId(9));
+        net.run_for(secs(300)).unwrap();
+        format!("{:?} {:?}", net.record(), net.hashes())
+    };
+    assert_eq!(run(), run());
+}

@@ -1,0 +1,390 @@
+//! The software of one node's turmoil host: an executor of core's node machine
+//! ([`loco_core::node::machine::Node`]), which decides everything a member of the mesh does.
+//!
+//! The host is a loop over three sources: frames (and unreachable peers) from its
+//! [`SimTransport`], its next deadline (the machine's timers, the end of its inner steps), and
+//! its control block (hang, resume, leave). It feeds each to the machine, then carries out the
+//! machine's effects and sends its transmits. What stays here is the simulator's own: how long
+//! the inner steps take and what they do ([`numerics`]), the hang and the crashes armed for a
+//! phase (fault injection), the recorder, and the restart of an evicted node.
+//!
+//! A hung node keeps its member's heartbeats going and nothing else ([`MachineNode::suspend`]):
+//! its compute stops, its rings neither send nor receive. An evicted node, or one cut off from
+//! the coordinator, starts a new member with a new incarnation after a heartbeat interval and
+//! joins again, as a supervisor would restart it (the machine's [`Effect::Stop`] says which);
+//! a node that left or was shut down stops.
+
+use crate::clock;
+use crate::ctx::RunCtx;
+use crate::net::SimTransport;
+use crate::numerics::{self, Synthetic};
+use loco_core::mesh::LeaveReason;
+use loco_core::node::acct::RowIdentity;
+use loco_core::node::machine::{
+    Check, Effect, Node as MachineNode, NodeConfig, NodeEvent, Numerics, StatePieces,
+};
+use loco_core::scenario::FaultPhase;
+use loco_core::transport::{Frame, Header, Phase, TransportError};
+use loco_core::{NodeId, Time};
+use std::rc::Rc;
+use std::time::Duration;
+
+enum Event {
+    Net(Result<(NodeId, Frame), TransportError>),
+    Timer,
+    Control,
+}
+
+/// The inner steps under way.
+struct Computing {
+    step: u64,
+    remaining: Duration,
+    /// When the current stint of computing began (None while hung).
+    since: Option<Time>,
+}
+
+/// One node's host software. See the module documentation.
+pub(crate) struct Node {
+    run: Rc<RunCtx>,
+    id: NodeId,
+    inc: u64,
+    session: u64,
+    net: SimTransport,
+    machine: MachineNode,
+    computing: Option<Computing>,
+    /// The synthetic model, with real numerics.
+    model: Option<Synthetic>,
+}
+
+impl Node {
+    /// Starts the node's process (binds its endpoint). Called by the host factory.
+    pub(crate) async fn start(run: Rc<RunCtx>, id: NodeId) -> std::io::Result<Node> {
+        let ctl = run.node(id);
+        let inc = ctl.incarnation.get();
+        let net = SimTransport::bind(id, run.net.clone()).await?;
+        let cfg = node_config(&run, id, run.real.as_ref().map(|r| r.initial.clone()));
+        let (machine, model) = match MachineNode::new(cfg, inc << 16) {
+            Ok(m) => {
+                let model =
+                    run.real.as_ref().map(|r| Synthetic::new(run.seed, id.0, r.initial.clone()));
+                (m, model)
+            }
+            Err(e) => {
+                tracing::warn!(target: "loco_sim", "{id}: no real numerics: {e}");
+                let m = MachineNode::new(node_config(&run, id, None), inc << 16)
+                    .map_err(std::io::Error::other)?;
+                (m, None)
+            }
+        };
+        Ok(Node { run, id, inc, session: 0, net, machine, computing: None, model })
+    }
+
+    fn now() -> Time {
+        clock::now()
+    }
+
+    fn hung(&self) -> bool {
+        self.run.node(self.id).hung.get()
+    }
+
+    /// An armed crash for `phase` strikes: the node freezes (it sends and computes nothing more)
+    /// and the driver kills it at its next tick.
+    fn strike(&mut self, phase: FaultPhase) {
+        let ctl = self.run.node(self.id);
+        if ctl.armed.get() != Some(phase) || ctl.struck.get() {
+            return;
+        }
+        ctl.struck.set(true);
+        ctl.hung.set(true);
+        if let Some(c) = &mut self.computing {
+            c.since = None;
+        }
+        self.machine.suspend(Self::now());
+    }
+
+    /// Runs the process until it stops for good.
+    pub(crate) async fn run(mut self) -> turmoil::Result {
+        loop {
+            if let Err(e) = self.machine.join(Self::now()) {
+                tracing::warn!(target: "loco_sim", "{}: join refused: {e}", self.id);
+            }
+            let rejoin = self.session().await;
+            self.run.node(self.id).member.set(false);
+            if !rejoin || self.run.node(self.id).leave.get() {
+                break;
+            }
+            // Evicted, or the coordinator went silent: as a supervisor would, restart the member
+            // (once the node works again) after a heartbeat interval and join afresh.
+            while self.hung() {
+                self.run.node(self.id).wake.notified().await;
+            }
+            tokio::time::sleep(self.run.mesh.heartbeat_interval).await;
+            self.session += 1;
+            self.computing = None;
+            self.machine.restart((self.inc << 16) | self.session);
+        }
+        // Let the writer tasks put the last frames (the deathrattle) on the wire.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        self.run.net.set_down(self.id, true);
+        Ok(())
+    }
+
+    /// One membership, from join to stop; returns whether to join again.
+    async fn session(&mut self) -> bool {
+        loop {
+            if let Some(rejoin) = self.drain() {
+                return rejoin;
+            }
+            let now = match self.next_event().await {
+                Event::Control => {
+                    self.on_control();
+                    continue;
+                }
+                Event::Timer => {
+                    let now = Self::now();
+                    self.machine.handle_timeout(now);
+                    now
+                }
+                Event::Net(Ok((from, frame))) => {
+                    self.machine.handle_frame(Self::now(), from, frame);
+                    continue;
+                }
+                Event::Net(Err(TransportError::Unreachable(peer))) => {
+                    self.machine.peer_unreachable(Self::now(), peer);
+                    continue;
+                }
+                Event::Net(Err(_)) => continue,
+            };
+            let done = match &self.computing {
+                Some(Computing { remaining, since: Some(since), .. }) => now >= *since + *remaining,
+                _ => false,
+            };
+            if done {
+                self.finish_compute(now);
+            }
+        }
+    }
+
+    /// Carries out the machine's effects and sends its transmits until it has none; `Some`
+    /// when the member stopped (whether to join again).
+    fn drain(&mut self) -> Option<bool> {
+        let mut stop = None;
+        loop {
+            let mut any = false;
+            while let Some(e) = self.machine.poll_effect() {
+                any = true;
+                if let Some(rejoin) = self.effect(e) {
+                    stop = Some(rejoin);
+                }
+            }
+            while let Some((to, frame)) = self.machine.poll_transmit() {
+                any = true;
+                self.transmit(to, frame);
+            }
+            if !any {
+                return stop;
+            }
+        }
+    }
+
+    fn transmit(&mut self, to: NodeId, frame: Frame) {
+        let phase = match &frame.header {
+            Header::Collective(h) if h.phase == Phase::AllGather => Some(FaultPhase::AllGather),
+            Header::Collective(_) => Some(FaultPhase::ReduceScatter),
+            Header::State(_) => Some(FaultPhase::StateSend),
+            Header::Mesh(_) => None,
+        };
+        self.run.frames.set(self.run.frames.get() + 1);
+        self.net.enqueue(to, frame);
+        if let Some(p) = phase {
+            self.strike(p);
+        }
+    }
+
+    /// Carries out one effect; `Some` for a stop.
+    fn effect(&mut self, e: Effect) -> Option<bool> {
+        let now = Self::now();
+        match e {
+            Effect::Compute { outer_step, .. } => {
+                let remaining = self.compute_duration(outer_step);
+                self.computing = Some(Computing { step: outer_step, remaining, since: Some(now) });
+                self.strike(FaultPhase::Compute);
+                if self.hung() {
+                    if let Some(c) = &mut self.computing {
+                        c.since = None;
+                    }
+                }
+            }
+            Effect::SetParams(w) => {
+                if let Some(m) = &mut self.model {
+                    m.inner = w;
+                }
+            }
+            Effect::Outer(mut job) => {
+                // The outer step's O(model) work. The simulator charges it no time (yet): a
+                // modelled cost would complete the job after `job.params()` x the cost.
+                job.run();
+                self.machine.outer_done(now, job);
+            }
+            Effect::PrepareState(job) => {
+                // The synthetic model has no inner optimiser state: the own part is empty.
+                let p = job.prepare(None);
+                self.machine.state_prepared(now, p);
+            }
+            Effect::VerifyState { received, params } => {
+                let r = received.verify(params);
+                self.machine.state_verified(now, r);
+            }
+            Effect::Checkpoint { .. } => {
+                // Where the real backend hands a due checkpoint to its writer (the simulator
+                // writes none).
+                self.strike(FaultPhase::Checkpoint);
+            }
+            Effect::Row(row) => self.run.rec.borrow_mut().row(row),
+            Effect::Event(ev) => self.event(now, ev),
+            Effect::Check(c) => self.check(c),
+            Effect::Stop { rejoin, .. } => {
+                self.computing = None;
+                return Some(rejoin);
+            }
+        }
+        None
+    }
+
+    fn event(&mut self, now: Time, ev: NodeEvent) {
+        match &ev {
+            NodeEvent::Admitted { .. } => {
+                self.run.node(self.id).member.set(true);
+                self.run.rec.borrow_mut().coordinator_found(self.id);
+            }
+            // Logged once per loss of this node, across its processes.
+            NodeEvent::CoordinatorLost { .. } => {
+                if !self.run.rec.borrow_mut().coordinator_lost(self.id) {
+                    return;
+                }
+            }
+            NodeEvent::RecoveryStart { .. } | NodeEvent::RecoveryDone { .. } => {}
+        }
+        let detail = {
+            let rec = self.run.rec.borrow();
+            ev.detail(&|n| rec.name(n))
+        };
+        self.run.event(now, ev.kind(), Some(self.id), ev.epoch(), detail);
+    }
+
+    fn check(&mut self, c: Check) {
+        let mut rec = self.run.rec.borrow_mut();
+        match c {
+            Check::View { epoch, members, what } => rec.member_view(self.id, epoch, &members, what),
+            Check::AllReduceWeights { what, sums, total } => {
+                rec.allreduce_weights(self.id, &what, &sums, total)
+            }
+            Check::WeightsAfter { outer_step, hash } => {
+                rec.weights_after(self.id, outer_step, &hash)
+            }
+            Check::StaleFrame => rec.stale(1),
+            Check::Violation(v) => {
+                let msg = v.describe(self.id, &|n| rec.name(n));
+                rec.violation(msg);
+            }
+        }
+    }
+
+    async fn next_event(&mut self) -> Event {
+        let mut wake = self.machine.poll_timeout().unwrap_or(Time::MAX);
+        if let Some(Computing { remaining, since: Some(since), .. }) = &self.computing {
+            wake = wake.min(*since + *remaining);
+        }
+        let ctl = self.run.clone();
+        let wake_ctl = &ctl.node(self.id).wake;
+        tokio::select! {
+            biased;
+            () = wake_ctl.notified() => Event::Control,
+            r = self.net.next() => Event::Net(r),
+            () = clock::sleep_until(wake) => Event::Timer,
+        }
+    }
+
+    /// The driver changed the control block: leave, hang or resume.
+    fn on_control(&mut self) {
+        let now = Self::now();
+        let ctl = self.run.node(self.id);
+        if ctl.leave.get() {
+            self.machine.leave(now, LeaveReason::Graceful);
+        }
+        let hung = ctl.hung.get();
+        if let Some(c) = &mut self.computing {
+            match (hung, c.since) {
+                (true, Some(since)) => {
+                    c.remaining = c.remaining.saturating_sub(now - since);
+                    c.since = None;
+                }
+                (false, None) => c.since = Some(now),
+                _ => {}
+            }
+        }
+        if hung {
+            self.machine.suspend(now);
+        } else {
+            self.machine.resume(now);
+        }
+    }
+
+    fn finish_compute(&mut self, now: Time) {
+        let Some(c) = self.computing.take() else { return };
+        let h = self.run.scenario.diloco().inner_steps;
+        let (inner, loss) = match &mut self.model {
+            Some(m) => {
+                let loss = m.inner_steps(self.inc, c.step, h);
+                (Some(m.inner.clone()), Some(loss))
+            }
+            None => (None, None),
+        };
+        self.machine.computed(now, c.step, inner, loss);
+    }
+
+    fn compute_duration(&self, step: u64) -> Duration {
+        let spec = &self.run.node(self.id).spec;
+        numerics::outer_step_compute(
+            self.run.seed,
+            self.id.0,
+            (self.inc << 16) | self.session,
+            step,
+            self.run.scenario.diloco().inner_steps,
+            spec.step_time,
+            spec.step_jitter,
+        )
+    }
+}
+
+/// The machine's settings for node `id` of the run (`initial`: real numerics).
+fn node_config(run: &RunCtx, id: NodeId, initial: Option<Vec<f32>>) -> NodeConfig {
+    let spec = &run.node(id).spec;
+    let d = run.scenario.diloco();
+    let real = run.scenario.real();
+    let shards = run
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (NodeId(i as u32), u16::try_from(n.spec.gpus.max(1)).unwrap_or(u16::MAX)))
+        .collect();
+    NodeConfig {
+        id,
+        mesh: run.mesh.clone(),
+        shards: u16::try_from(spec.gpus.max(1)).unwrap_or(u16::MAX),
+        codec: d.codec,
+        segment: run.segment_elems,
+        outer: numerics::outer_config(&run.scenario),
+        numerics: match initial {
+            Some(initial) => Numerics::Real { initial },
+            None => Numerics::Virtual { params: run.params },
+        },
+        inner_steps: d.inner_steps,
+        batch_tokens: d.batch_tokens,
+        checkpoint_every: real.checkpoint_dir.is_some().then_some(real.checkpoint_every),
+        state_pieces: StatePieces::PerJoinerShard { shards },
+        own_max: 0,
+        row: RowIdentity { node: spec.name.clone(), node_id: id.0, offset_s: 0.0 },
+        virtual_padding: true,
+    }
+}
