@@ -1,0 +1,177 @@
+//! A complete state, its verification (O(state): executors run it off their event loop), and
+//! what a failure keeps.
+
+use super::wire::{SharedState, StateError, state_digest};
+use crate::ids::NodeId;
+use std::fmt;
+
+/// One complete part as assembled: plain data, moved out of the assembly.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReceivedPart {
+    /// The `outer_step` of its pieces.
+    pub outer_step: u64,
+    /// The digest its pieces claimed.
+    pub digest: String,
+    /// Its length (real or virtual).
+    pub total: u64,
+    /// Its bytes; `None` for virtual numerics.
+    pub bytes: Option<Vec<u8>>,
+}
+
+impl ReceivedPart {
+    fn check(&self) -> Result<(), PartFault> {
+        let Some(b) = &self.bytes else { return Ok(()) };
+        let actual = state_digest(b);
+        if actual == self.digest {
+            Ok(())
+        } else {
+            Err(PartFault::Digest { claimed: self.digest.clone(), actual })
+        }
+    }
+
+    fn reject(self, fault: PartFault) -> Rejected {
+        Rejected { outer_step: self.outer_step, digest: self.digest, fault }
+    }
+}
+
+/// Both parts of a state, complete, not yet verified ([`StateAssembly::take_complete`]).
+///
+/// [`StateAssembly::take_complete`]: super::StateAssembly::take_complete
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Received {
+    /// The replicated part (an encoded [`SharedState`]).
+    pub shared: ReceivedPart,
+    /// The own part (the inner optimiser's state, opaque).
+    pub own: ReceivedPart,
+    /// Who sent the own part.
+    pub own_from: NodeId,
+}
+
+/// Why one part failed verification.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PartFault {
+    /// The bytes do not hash to the digest their pieces claimed.
+    #[error("digest {actual} is not the {claimed} claimed")]
+    Digest {
+        /// Claimed by the pieces.
+        claimed: String,
+        /// Of the bytes received.
+        actual: String,
+    },
+    /// The digest matched, but the replicated part does not decode.
+    #[error("does not decode: {0}")]
+    Decode(StateError),
+    /// The replicated part decodes to another outer step than its pieces said.
+    #[error("holds outer step {inside}, its pieces said {header}")]
+    Step {
+        /// `outer_step` of the pieces.
+        header: u64,
+        /// `outer_steps` of the decoded state.
+        inside: u64,
+    },
+}
+
+/// A part that failed verification: which copy it was, and why. Its bytes are dropped.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rejected {
+    /// The `outer_step` of its pieces.
+    pub outer_step: u64,
+    /// The digest its pieces claimed.
+    pub digest: String,
+    /// What was wrong.
+    pub fault: PartFault,
+}
+
+/// A state that failed verification. The part that was right is kept, to be given back with
+/// [`StateAssembly::retry`](super::StateAssembly::retry), which then waits only for the rest.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VerifyFailed {
+    /// The replicated part: kept when right.
+    pub shared: Result<ReceivedPart, Rejected>,
+    /// The own part: kept when right.
+    pub own: Result<ReceivedPart, Rejected>,
+    /// Who sent the own part.
+    pub own_from: NodeId,
+}
+
+impl fmt::Display for VerifyFailed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "state failed verification:")?;
+        if let Err(r) = &self.shared {
+            write!(f, " the replicated part (outer step {}) {}", r.outer_step, r.fault)?;
+        }
+        if let Err(r) = &self.own {
+            let sep = if self.shared.is_err() { ";" } else { "" };
+            write!(
+                f,
+                "{sep} the own part from {} (outer step {}) {}",
+                self.own_from, r.outer_step, r.fault
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for VerifyFailed {}
+
+/// A verified state, ready to take.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Verified {
+    /// The outer step count of the replicated part.
+    pub outer_step: u64,
+    /// The replicated state; `None` for virtual numerics.
+    pub shared: Option<SharedState>,
+    /// The own part's bytes (for the inner loop to import); `None` for virtual numerics.
+    pub own: Option<Vec<u8>>,
+    /// Who sent the own part.
+    pub own_from: NodeId,
+    /// Digest of the replicated part (empty for virtual numerics).
+    pub shared_digest: String,
+    /// Digest of the own part (empty for virtual numerics).
+    pub own_digest: String,
+    /// Bytes received in all (both parts, real or virtual).
+    pub bytes: u64,
+}
+
+impl Received {
+    /// Checks both digests and decodes the replicated part for a model of `expect_n`
+    /// parameters. Virtual parts (no bytes) pass without checks. On failure the part that was
+    /// right is kept in the [`VerifyFailed`] (boxed: it is large).
+    pub fn verify(self, expect_n: usize) -> Result<Verified, Box<VerifyFailed>> {
+        let Received { shared, own, own_from } = self;
+        let decoded = shared.check().and_then(|()| match &shared.bytes {
+            None => Ok(None),
+            Some(b) => {
+                let s = SharedState::decode(b, expect_n).map_err(PartFault::Decode)?;
+                if s.outer_steps() == shared.outer_step {
+                    Ok(Some(s))
+                } else {
+                    Err(PartFault::Step { header: shared.outer_step, inside: s.outer_steps() })
+                }
+            }
+        });
+        let own_ok = own.check();
+        match (decoded, own_ok) {
+            (Ok(state), Ok(())) => Ok(Verified {
+                outer_step: shared.outer_step,
+                shared: state,
+                bytes: shared.total.saturating_add(own.total),
+                own: own.bytes,
+                own_from,
+                shared_digest: shared.digest,
+                own_digest: own.digest,
+            }),
+            (d, o) => Err(Box::new(VerifyFailed {
+                shared: match d {
+                    Ok(_) => Ok(shared),
+                    Err(f) => Err(shared.reject(f)),
+                },
+                own: match o {
+                    Ok(()) => Ok(own),
+                    Err(f) => Err(own.reject(f)),
+                },
+                own_from,
+            })),
+        }
+    }
+}

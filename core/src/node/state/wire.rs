@@ -1,0 +1,360 @@
+//! The one encoding of the replicated state, and the one digest of a state part.
+//!
+//! Layout (all little-endian), [`encoded_len`]`(n)` bytes:
+//!
+//! | bytes               | field                                   |
+//! |---------------------|-----------------------------------------|
+//! | `0..8`              | [`SHARED_MAGIC`] (format and version)   |
+//! | `8..16`             | `outer_steps`, u64                      |
+//! | `16..24`            | `n`, the parameter count, u64           |
+//! | `24..24+4n`         | the outer weights, `n` f32              |
+//! | `24+4n..24+8n`      | the outer momentum, `n` f32             |
+//!
+//! Every field sits at an offset known from `n` alone, so a sender can later produce any piece
+//! straight from its buffers, without a serialisation pass.
+
+use crate::diloco::{Bucket, DilocoError, OuterConfig, OuterState};
+
+/// The first 8 bytes of an encoded [`SharedState`]: the format and its version.
+pub const SHARED_MAGIC: [u8; 8] = *b"locoSS01";
+/// Bytes before the floats: magic, outer steps, parameter count.
+pub const SHARED_HEADER_LEN: u64 = 24;
+
+/// Errors of decoding a state and of replaying steps onto one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StateError {
+    /// Fewer bytes than the layout needs.
+    #[error("state of {got} bytes is truncated: the layout needs {need}")]
+    Truncated {
+        /// Bytes the layout needs.
+        need: u64,
+        /// Bytes given.
+        got: u64,
+    },
+    /// The bytes do not start with [`SHARED_MAGIC`].
+    #[error("not a loco state of this version (magic {got:02x?})")]
+    BadMagic {
+        /// The first 8 bytes.
+        got: [u8; 8],
+    },
+    /// The state is of another model size.
+    #[error("state holds {got} parameters, this node's model has {expected}")]
+    WrongParams {
+        /// This node's parameter count.
+        expected: u64,
+        /// The count in the bytes.
+        got: u64,
+    },
+    /// Bytes after the end of the layout.
+    #[error("state has {extra} bytes after its end")]
+    Trailing {
+        /// How many.
+        extra: u64,
+    },
+    /// Outer weights and momentum of different lengths.
+    #[error("outer weights ({outer}) and momentum ({momentum}) differ in length")]
+    Mismatched {
+        /// Outer weights.
+        outer: usize,
+        /// Momentum.
+        momentum: usize,
+    },
+    /// The replay log lacks the first step the state needs.
+    #[error("replay needs outer step {need}, but the log's next step is {next}")]
+    Gap {
+        /// The state's outer step count (the step to apply next).
+        need: u64,
+        /// The first step the log holds at or after it.
+        next: u64,
+    },
+    /// A logged pseudo-gradient of another length than the state.
+    #[error("replay of outer step {step}: {got} values, the state has {expected}")]
+    ReplayLength {
+        /// The logged step.
+        step: u64,
+        /// The state's parameter count.
+        expected: usize,
+        /// The logged length.
+        got: usize,
+    },
+}
+
+/// Bytes of an encoded [`SharedState`] of `n` parameters (saturating: a length that does not
+/// fit in u64 is `u64::MAX`, which no transfer can have).
+pub const fn encoded_len(n: u64) -> u64 {
+    n.saturating_mul(8).saturating_add(SHARED_HEADER_LEN)
+}
+
+/// The one digest of a state part: hex BLAKE3, full length (64 characters).
+pub fn state_digest(bytes: &[u8]) -> String {
+    blake3::hash(bytes).to_hex().to_string()
+}
+
+/// The replicated part of the training state: the same on every member (their outer states are
+/// bit-identical), so several senders can each send a share of its bytes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SharedState {
+    outer_steps: u64,
+    outer: Vec<f32>,
+    momentum: Vec<f32>,
+}
+
+impl SharedState {
+    /// A state; the two vectors must be of one length.
+    pub fn new(
+        outer_steps: u64,
+        outer: Vec<f32>,
+        momentum: Vec<f32>,
+    ) -> Result<SharedState, StateError> {
+        if outer.len() != momentum.len() {
+            return Err(StateError::Mismatched { outer: outer.len(), momentum: momentum.len() });
+        }
+        Ok(SharedState { outer_steps, outer, momentum })
+    }
+
+    /// A copy of the replicated part of `o`.
+    pub fn from_outer(o: &OuterState) -> SharedState {
+        SharedState {
+            outer_steps: o.steps(),
+            outer: o.outer().to_vec(),
+            momentum: o.momentum().to_vec(),
+        }
+    }
+
+    /// The outer state this restores (zero pseudo-gradient), moving the buffers.
+    pub fn into_outer(
+        self,
+        cfg: OuterConfig,
+        buckets: Vec<Bucket>,
+    ) -> Result<OuterState, DilocoError> {
+        OuterState::restore(cfg, self.outer, self.momentum, buckets, self.outer_steps)
+    }
+
+    /// Outer steps applied.
+    pub fn outer_steps(&self) -> u64 {
+        self.outer_steps
+    }
+
+    /// Outer weights.
+    pub fn outer(&self) -> &[f32] {
+        &self.outer
+    }
+
+    /// Outer momentum.
+    pub fn momentum(&self) -> &[f32] {
+        &self.momentum
+    }
+
+    /// Number of parameters.
+    pub fn len(&self) -> usize {
+        self.outer.len()
+    }
+
+    /// True for a model with no parameters.
+    pub fn is_empty(&self) -> bool {
+        self.outer.is_empty()
+    }
+
+    /// `(outer_steps, outer, momentum)`, moved out.
+    pub fn into_parts(self) -> (u64, Vec<f32>, Vec<f32>) {
+        (self.outer_steps, self.outer, self.momentum)
+    }
+
+    /// The encoding ([`encoded_len`]`(n)` bytes).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.encode_into(&mut out);
+        out
+    }
+
+    /// Appends the encoding to `out`.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        write(self.outer_steps, &self.outer, &self.momentum, out);
+    }
+
+    /// Reads an encoding of exactly `expect_n` parameters. Every length is checked before
+    /// anything is allocated; malformed bytes give an error, never a panic.
+    pub fn decode(bytes: &[u8], expect_n: usize) -> Result<SharedState, StateError> {
+        let got = bytes.len() as u64;
+        let (Some(magic), Some(steps), Some(n)) = (
+            bytes.get(0..8).and_then(|b| <[u8; 8]>::try_from(b).ok()),
+            bytes.get(8..16).and_then(|b| <[u8; 8]>::try_from(b).ok()),
+            bytes.get(16..24).and_then(|b| <[u8; 8]>::try_from(b).ok()),
+        ) else {
+            return Err(StateError::Truncated { need: SHARED_HEADER_LEN, got });
+        };
+        if magic != SHARED_MAGIC {
+            return Err(StateError::BadMagic { got: magic });
+        }
+        let n = u64::from_le_bytes(n);
+        if n != expect_n as u64 {
+            return Err(StateError::WrongParams { expected: expect_n as u64, got: n });
+        }
+        let need = encoded_len(n);
+        if got < need {
+            return Err(StateError::Truncated { need, got });
+        }
+        if got > need {
+            return Err(StateError::Trailing { extra: got - need });
+        }
+        // From here `bytes` is exactly 24 + 8n long, n == expect_n.
+        let floats = bytes.get(SHARED_HEADER_LEN as usize..).unwrap_or_default();
+        let (outer, momentum) = floats.split_at(floats.len() / 2);
+        Ok(SharedState {
+            outer_steps: u64::from_le_bytes(steps),
+            outer: read_f32s(outer),
+            momentum: read_f32s(momentum),
+        })
+    }
+}
+
+/// The encoding of `o`'s replicated part, without an intermediate [`SharedState`].
+pub fn encode_outer_state(o: &OuterState) -> Vec<u8> {
+    let mut out = Vec::new();
+    write(o.steps(), o.outer(), o.momentum(), &mut out);
+    out
+}
+
+fn write(outer_steps: u64, outer: &[f32], momentum: &[f32], out: &mut Vec<u8>) {
+    debug_assert_eq!(outer.len(), momentum.len());
+    let n = outer.len() as u64;
+    out.reserve(usize::try_from(encoded_len(n)).unwrap_or(0));
+    out.extend_from_slice(&SHARED_MAGIC);
+    out.extend_from_slice(&outer_steps.to_le_bytes());
+    out.extend_from_slice(&n.to_le_bytes());
+    for x in outer.iter().chain(momentum) {
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+}
+
+fn read_f32s(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| {
+            let mut a = [0u8; 4];
+            a.copy_from_slice(c); // chunks_exact: always 4 bytes
+            f32::from_le_bytes(a)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn sample() -> SharedState {
+        SharedState::new(7, vec![1.0, -2.5, f32::NAN, -0.0], vec![0.5, 0.0, -1.0, f32::INFINITY])
+            .unwrap()
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    #[test]
+    fn round_trip_is_bit_exact_and_of_the_stated_length() {
+        let s = sample();
+        let b = s.encode();
+        assert_eq!(b.len() as u64, encoded_len(4));
+        assert_eq!(&b[..8], &SHARED_MAGIC);
+        assert_eq!(u64::from_le_bytes(b[8..16].try_into().unwrap()), 7);
+        assert_eq!(u64::from_le_bytes(b[16..24].try_into().unwrap()), 4);
+        // The floats sit where the layout says: outer at 24, momentum at 24 + 4n.
+        assert_eq!(&b[24..28], &1.0f32.to_le_bytes());
+        assert_eq!(&b[40..44], &0.5f32.to_le_bytes());
+        let d = SharedState::decode(&b, 4).unwrap();
+        assert_eq!(d.outer_steps(), 7);
+        assert_eq!(bits(d.outer()), bits(s.outer()));
+        assert_eq!(bits(d.momentum()), bits(s.momentum()));
+        let empty = SharedState::new(0, vec![], vec![]).unwrap();
+        assert_eq!(SharedState::decode(&empty.encode(), 0).unwrap(), empty);
+    }
+
+    #[test]
+    fn encode_outer_state_equals_the_shared_state_encoding() {
+        let mut o = OuterState::new(OuterConfig::default(), vec![1.0, 2.0, 3.0], vec![]).unwrap();
+        o.pseudo_gradient_mut().copy_from_slice(&[0.1, 0.2, 0.3]);
+        o.apply_outer_step();
+        let s = SharedState::from_outer(&o);
+        assert_eq!(encode_outer_state(&o), s.encode());
+        let back = s.into_outer(o.config(), vec![]).unwrap();
+        assert_eq!(back.outer(), o.outer());
+        assert_eq!(back.momentum(), o.momentum());
+        assert_eq!(back.steps(), 1);
+    }
+
+    #[test]
+    fn every_malformed_input_is_refused() {
+        let b = sample().encode();
+        assert_eq!(
+            SharedState::decode(&b[..10], 4),
+            Err(StateError::Truncated { need: 24, got: 10 })
+        );
+        let mut bad = b.clone();
+        bad[0] ^= 1;
+        assert!(matches!(SharedState::decode(&bad, 4), Err(StateError::BadMagic { .. })));
+        assert_eq!(
+            SharedState::decode(&b, 5),
+            Err(StateError::WrongParams { expected: 5, got: 4 })
+        );
+        assert_eq!(
+            SharedState::decode(&b[..b.len() - 1], 4),
+            Err(StateError::Truncated { need: 56, got: 55 })
+        );
+        let mut long = b.clone();
+        long.push(0);
+        assert_eq!(SharedState::decode(&long, 4), Err(StateError::Trailing { extra: 1 }));
+        // A huge count in the header is refused before anything is allocated.
+        let mut huge = b[..24].to_vec();
+        huge[16..24].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(matches!(
+            SharedState::decode(&huge, usize::MAX),
+            Err(StateError::Truncated { need: u64::MAX, .. })
+        ));
+        assert_eq!(
+            SharedState::new(0, vec![1.0], vec![]),
+            Err(StateError::Mismatched { outer: 1, momentum: 0 })
+        );
+    }
+
+    #[test]
+    fn digest_is_full_length_blake3() {
+        let d = state_digest(b"abc");
+        assert_eq!(d.len(), 64);
+        assert_eq!(d, blake3::hash(b"abc").to_hex().to_string());
+        assert_ne!(d, state_digest(b"abd"));
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic_decode(
+            b in proptest::collection::vec(any::<u8>(), 0..200),
+            n in 0usize..30,
+            magic in any::<bool>(),
+            count in any::<bool>(),
+        ) {
+            let mut b = b;
+            if magic && b.len() >= 8 {
+                b[..8].copy_from_slice(&SHARED_MAGIC);
+            }
+            if count && b.len() >= 24 {
+                b[16..24].copy_from_slice(&(n as u64).to_le_bytes());
+            }
+            if let Ok(s) = SharedState::decode(&b, n) {
+                prop_assert_eq!(s.len(), n);
+                prop_assert_eq!(s.encode(), b);
+            }
+        }
+
+        #[test]
+        fn round_trip(steps in any::<u64>(), v in proptest::collection::vec(any::<u32>(), 0..64)) {
+            let outer: Vec<f32> = v.iter().map(|&x| f32::from_bits(x)).collect();
+            let momentum: Vec<f32> = v.iter().map(|&x| f32::from_bits(x.rotate_left(7))).collect();
+            let s = SharedState::new(steps, outer, momentum).unwrap();
+            let d = SharedState::decode(&s.encode(), v.len()).unwrap();
+            prop_assert_eq!(d.outer_steps(), steps);
+            prop_assert_eq!(bits(d.outer()), bits(s.outer()));
+            prop_assert_eq!(bits(d.momentum()), bits(s.momentum()));
+        }
+    }
+}
