@@ -20,6 +20,10 @@ use loco_core::mesh::{
 use loco_core::metrics::{EventKind, EventRow, OuterStepRow};
 use loco_core::node::acct::{RowIdentity, Span, StepAcct};
 use loco_core::node::rings::{Admission, Inbox, ShardRings, Values};
+use loco_core::node::state::{
+    DEFAULT_EARLY_BYTES, EarlyPieces, Expect, PART_OWN, PART_SHARED, PieceRule, ReplayLog, Share,
+    SharedState, StateAssembly, Verified, VerifyFailed, share_of, state_digest,
+};
 use loco_core::scenario::FaultPhase;
 use loco_core::time::Time;
 use loco_core::transport::{Body, Frame, Header, StateHeader, Transport};
@@ -29,17 +33,6 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
-
-/// Largest piece of a state transfer.
-const STATE_PIECE_MAX: usize = 4 << 20;
-/// Smallest piece of a state transfer.
-const STATE_PIECE_MIN: usize = 64 << 10;
-/// The replicated part of a transferred state: outer steps, outer weights, outer momentum.
-const PART_SHARED: u32 = 0;
-/// The sender's own part: its inner optimiser state, from the first sender only.
-const PART_OWN: u32 = 1;
-/// Bytes of state pieces kept when they arrive before this node's `FetchState`.
-const MAX_EARLY_STATE_BYTES: usize = 1 << 30;
 
 /// How a worker runs.
 #[derive(Clone, Debug)]
@@ -230,25 +223,14 @@ pub fn peak_rss_bytes() -> Option<u64> {
     kib.checked_mul(1024)
 }
 
-/// The replicated part of the training state a joiner receives: the same bytes on every member
-/// (their outer states are bit-identical), so several senders can each send a share of it. The
-/// other part, the inner optimiser's state, is each sender's own and comes whole from one sender.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct SharedState {
-    /// Outer steps applied.
-    pub outer_steps: u64,
-    /// Outer weights.
-    pub outer: Vec<f32>,
-    /// Outer momentum.
-    pub momentum: Vec<f32>,
-}
-
-/// The piece size of a transfer of `total` bytes: about 16 pieces, within 64 KiB..4 MiB.
-fn piece_len(total: usize) -> usize {
-    (total / 16).clamp(STATE_PIECE_MIN, STATE_PIECE_MAX)
-}
-
 pub use loco_core::node::digest::weights_digest;
+
+/// The largest own part (the inner optimiser's exported state) a joiner accepts for a model of
+/// `n` parameters: AdamW's two moments are 8 bytes per parameter; twice that and 64 MiB leave
+/// room for the schedule, the data position and the encoding.
+fn own_part_max(n: usize) -> u64 {
+    (n as u64).saturating_mul(16).saturating_add(64 << 20)
+}
 
 /// The monotonic clock of this process, as core [`Time`].
 struct Clock {
@@ -268,69 +250,13 @@ impl Clock {
     }
 }
 
-/// One part of a state transfer being received.
-#[derive(Default)]
-struct PartBuf {
-    /// The digest (and outer step) of the copy being assembled.
-    digest: Option<(String, u64)>,
-    buf: Vec<u8>,
-    /// Pieces held, as `offset -> end`.
-    got: std::collections::BTreeMap<u64, u64>,
-    held: u64,
-}
-
-impl PartBuf {
-    fn complete(&self) -> bool {
-        self.digest.is_some() && self.held == self.buf.len() as u64
-    }
-
-    /// Stores one piece; false when it does not belong to this copy and cannot start a new one.
-    fn put(&mut self, h: &StateHeader, b: &[u8]) -> bool {
-        let newer = match &self.digest {
-            None => true,
-            Some((d, step)) => d != &h.digest && h.outer_step >= *step,
-        };
-        if newer {
-            // First piece, or a newer state (or another sender's own part): start over with it.
-            self.digest = Some((h.digest.clone(), h.outer_step));
-            self.buf = vec![0u8; h.total as usize];
-            self.got.clear();
-            self.held = 0;
-        } else if self.digest.as_ref().is_some_and(|(d, _)| d != &h.digest) {
-            return false;
-        }
-        let end = h.offset + b.len() as u64;
-        if end > self.buf.len() as u64 || self.got.contains_key(&h.offset) {
-            return true;
-        }
-        self.buf[h.offset as usize..end as usize].copy_from_slice(b);
-        self.got.insert(h.offset, end);
-        self.held += end - h.offset;
-        true
-    }
-}
-
 /// A state transfer being received.
 struct Fetch {
-    epoch: Epoch,
-    senders: Vec<NodeId>,
-    /// The replicated part, pooled from every sender.
-    shared: PartBuf,
-    /// The own part, per sender (any one sender's complete copy will do).
-    own: std::collections::BTreeMap<NodeId, PartBuf>,
-    /// Non-blocking mode: the results this node committed while the transfer ran (the step and
-    /// the averaged pseudo-gradient, `None` for a skipped step), replayed onto the received state.
-    log: Vec<(u64, Option<Vec<f32>>)>,
-}
-
-/// A received state whose digests were checked (and, when both are right, decoded).
-struct Checked {
-    shared: PartBuf,
-    own: PartBuf,
-    own_from: NodeId,
-    shared_ok: bool,
-    own_ok: bool,
-    decoded: Option<SharedState>,
+    /// The pieces, checked and assembled (core's one implementation).
+    assembly: StateAssembly,
+    /// Non-blocking mode: the results this node committed while the transfer ran, replayed onto
+    /// the received state.
+    log: ReplayLog,
 }
 
 /// A state serialised and hashed for a joiner, its pieces not yet queued.
@@ -338,10 +264,9 @@ struct PreparedState {
     epoch: Epoch,
     to: NodeId,
     outer_step: u64,
-    /// Senders sharing the replicated part, and this node's place among them.
-    k: usize,
-    i_share: usize,
-    /// `(part, BLAKE3 digest, bytes)`.
+    /// This node's share of the transfer.
+    share: Share,
+    /// `(part, digest, bytes)`.
     parts: Vec<(u32, String, Bytes)>,
 }
 
@@ -369,7 +294,7 @@ struct Worker<L: InnerLoop> {
     preparing: tokio::task::JoinSet<Result<PreparedState, InnerError>>,
     /// A received state being verified and decoded, off the event loop (at most one; while it
     /// runs, further state pieces are dropped).
-    verifying: tokio::task::JoinSet<Result<Checked, InnerError>>,
+    verifying: tokio::task::JoinSet<Result<Verified, Box<VerifyFailed>>>,
     /// The accounting of the outer step this node is in (opened at admission and at each
     /// compute, closed at the commit or skip).
     acct: Option<StepAcct>,
@@ -383,7 +308,7 @@ struct Worker<L: InnerLoop> {
     /// step boundary).
     inner_dirty: bool,
     /// State pieces that arrived before this node learnt it is to receive them.
-    early_state: Vec<(NodeId, StateHeader, Bytes)>,
+    early_state: EarlyPieces,
     /// The inner loop's parameter layout (known while it computes).
     layout: Vec<(String, usize)>,
     stop: Option<StopReason>,
@@ -429,7 +354,7 @@ pub async fn run_worker<L: InnerLoop>(
         checkpointer,
         checkpointed: None,
         inner_dirty: false,
-        early_state: Vec::new(),
+        early_state: EarlyPieces::new(DEFAULT_EARLY_BYTES),
         stop: None,
     };
     tracing::info!(node = %w.opts.name, incarnation = w.opts.incarnation, "worker started");
@@ -480,7 +405,7 @@ impl<L: InnerLoop> Worker<L> {
                     self.queue_state(prepared).await?;
                 }
                 Some(done) = self.verifying.join_next(), if !self.verifying.is_empty() => {
-                    let checked = done.map_err(|e| InnerError::Backend(format!("verifying a state panicked: {e}")))??;
+                    let checked = done.map_err(|e| InnerError::Backend(format!("verifying a state panicked: {e}")))?;
                     self.on_verified(checked)?;
                 }
                 () = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if deadline.is_some() => {
@@ -797,24 +722,24 @@ impl<L: InnerLoop> Worker<L> {
                 match self.fetch.as_mut() {
                     // A sender died: new senders, and what already arrived is kept.
                     Some(f) => {
-                        let held: u64 = f.shared.held + f.own.values().map(|p| p.held).sum::<u64>();
-                        f.epoch = epoch;
-                        f.senders = senders;
+                        let r = f.assembly.reassign(epoch, senders);
                         self.event(
                             EventKind::RecoveryStart,
                             format!(
-                                "senders now {}; {held} bytes already held are kept",
-                                names.join(", ")
+                                "senders now {}; {} bytes already held are kept",
+                                names.join(", "),
+                                r.kept_bytes
                             ),
                         )?;
                     }
                     None => {
+                        let blocking =
+                            self.opts.mesh.join_mode == loco_core::mesh::JoinMode::Blocking;
+                        let n = self.outer.as_ref().map_or(0, OuterState::len);
+                        let expect = Expect::real(n, own_part_max(n));
                         self.fetch = Some(Fetch {
-                            epoch,
-                            senders,
-                            shared: PartBuf::default(),
-                            own: std::collections::BTreeMap::new(),
-                            log: Vec::new(),
+                            assembly: StateAssembly::new(epoch, senders, blocking, expect),
+                            log: ReplayLog::default(),
                         });
                         self.event(
                             EventKind::RecoveryStart,
@@ -829,11 +754,15 @@ impl<L: InnerLoop> Worker<L> {
                                 a.enter(Span::Recovery, now);
                             }
                         }
-                        for (from, h, b) in std::mem::take(&mut self.early_state) {
-                            self.on_state(from, h, Body::Bytes(b))?;
-                        }
                     }
                 }
+                if let Some(f) = self.fetch.as_mut() {
+                    let fed = f.assembly.feed(&mut self.early_state);
+                    for r in &fed.refused {
+                        tracing::warn!(node = %self.opts.name, "state piece refused: {r}");
+                    }
+                }
+                self.verify_when_complete();
             }
             MemberAction::SendState { epoch, to, senders } => {
                 self.send_state(epoch, to, senders)?
@@ -901,7 +830,7 @@ impl<L: InnerLoop> Worker<L> {
             .as_mut()
             .ok_or(InnerError::Backend("end of a step without outer state".into()))?;
         if let Some(f) = self.fetch.as_mut() {
-            f.log.push((outer_step, apply.then(|| outer.pseudo_gradient().to_vec())));
+            f.log.push(outer_step, apply.then(|| outer.pseudo_gradient().to_vec()));
         }
         if let Some(a) = self.acct.as_mut() {
             a.enter(Span::Outer, self.clock.now());
@@ -1108,30 +1037,24 @@ impl<L: InnerLoop> Worker<L> {
             return Ok(());
         };
         let started = self.clock.secs();
-        let i = senders.iter().position(|&s| s == self.opts.id).unwrap_or(0);
-        // Shares only while the state is frozen (blocking mode: no step commits during the sync).
-        // In non-blocking mode a sender may commit a step mid-transfer, so each sends a whole copy.
         let blocking = self.opts.mesh.join_mode == loco_core::mesh::JoinMode::Blocking;
-        let k = if blocking { senders.len().max(1) } else { 1 };
-        let i_share = if blocking { i } else { 0 };
-        let own = if i == 0 { Some(inner.export_optimizer()?) } else { None };
-        let outer = self.outer.as_ref().expect("outer state");
-        let shared = SharedState {
-            outer_steps: outer.steps(),
-            outer: outer.outer().to_vec(),
-            momentum: outer.momentum().to_vec(),
+        let Some(share) = share_of(&senders, self.opts.id, blocking) else {
+            tracing::warn!(node = %self.opts.name, "asked to send the state to {to} but not among its senders");
+            return Ok(());
         };
+        let own = if share.sends_own { Some(inner.export_optimizer()?) } else { None };
+        let outer = self.outer.as_ref().expect("outer state");
+        let shared = SharedState::from_outer(outer);
         self.preparing.spawn_blocking(move || {
-            let outer_step = shared.outer_steps;
-            let shared =
-                postcard::to_allocvec(&shared).map_err(|e| InnerError::Backend(e.to_string()))?;
+            let outer_step = shared.outer_steps();
+            let shared = shared.encode();
             let mut parts = vec![(PART_SHARED, Bytes::from(shared))];
             parts.extend(own.map(|own| (PART_OWN, Bytes::from(own))));
             let parts = parts
                 .into_iter()
-                .map(|(part, bytes)| (part, blake3::hash(&bytes).to_hex().to_string(), bytes))
+                .map(|(part, bytes)| (part, state_digest(&bytes), bytes))
                 .collect();
-            Ok(PreparedState { epoch, to, outer_step, k, i_share, parts })
+            Ok(PreparedState { epoch, to, outer_step, share, parts })
         });
         // The time this node's loop spent on it (the rest runs beside the loop).
         self.spend_recovery(started);
@@ -1140,23 +1063,18 @@ impl<L: InnerLoop> Worker<L> {
 
     /// Queues the pieces of a prepared state (reference-counted slices, no copy).
     async fn queue_state(&mut self, p: PreparedState) -> Result<(), WorkerError> {
-        let PreparedState { epoch, to, outer_step, k, i_share, parts } = p;
+        let PreparedState { epoch, to, outer_step, share, parts } = p;
         let started = self.clock.secs();
         let mut sent = 0u64;
         let mut first = true;
         'parts: for (part, digest, bytes) in parts {
             let total = bytes.len() as u64;
-            let piece = piece_len(bytes.len());
-            let pieces = bytes.len().div_ceil(piece).max(1);
-            let stride = if part == PART_SHARED { k } else { 1 };
-            let offset = if part == PART_SHARED { i_share } else { 0 };
-            for j in (offset..pieces).step_by(stride) {
-                let lo = j * piece;
-                let hi = (lo + piece).min(bytes.len());
+            for r in share.pieces(part, total, PieceRule::Clamped) {
+                let (lo, hi) = (r.start as usize, r.end as usize);
                 let header = Header::State(StateHeader {
                     epoch,
                     outer_step,
-                    offset: lo as u64,
+                    offset: r.start,
                     total,
                     digest: digest.clone(),
                     part,
@@ -1165,7 +1083,7 @@ impl<L: InnerLoop> Worker<L> {
                 if !self.send(to, Frame { header, body }).await {
                     break 'parts;
                 }
-                sent += (hi - lo) as u64;
+                sent += r.end - r.start;
                 if first {
                     first = false;
                     self.strike(FaultPhase::StateSend)?;
@@ -1175,33 +1093,29 @@ impl<L: InnerLoop> Worker<L> {
         self.spend_recovery(started);
         self.event(
             EventKind::RecoveryDone,
-            format!("sent {sent} bytes of state (share {} of {k}) to {to}", i_share + 1),
+            format!(
+                "sent {sent} bytes of state (share {} of {}) to {to}",
+                share.index + 1,
+                share.of
+            ),
         )
     }
 
     fn on_state(&mut self, from: NodeId, h: StateHeader, body: Body) -> Result<(), WorkerError> {
-        let Body::Bytes(b) = body else { return Ok(()) };
         let Some(f) = self.fetch.as_mut() else {
             // A sender was told before this node was (both by the coordinator): keep the piece
             // for the FetchState that follows, within a bound.
-            let held: usize = self.early_state.iter().map(|(_, _, b)| b.len()).sum();
-            if held + b.len() <= MAX_EARLY_STATE_BYTES {
-                self.early_state.push((from, h, b));
+            if let Err(r) = self.early_state.hold(from, h, body) {
+                tracing::debug!(node = %self.opts.name, peer = %from, "early state piece dropped: {r}");
             }
             return Ok(());
         };
-        // While a complete copy is being verified, nothing more is taken.
-        if h.total > (1 << 40) || h.part > PART_OWN || !self.verifying.is_empty() {
-            return Ok(());
-        }
-        // The own part comes whole from one sender (the first of its assignment; after a
-        // reassignment, pieces of the new first sender's may arrive before this node hears of it).
-        let part = match h.part {
-            PART_SHARED => &mut f.shared,
-            _ => f.own.entry(from).or_default(),
-        };
-        if part.put(&h, &b) {
-            self.verify_when_complete();
+        match f.assembly.put(from, &h, &body) {
+            Ok(p) if p.is_complete() => self.verify_when_complete(),
+            Ok(_) => {}
+            Err(r) => {
+                tracing::warn!(node = %self.opts.name, peer = %from, "state piece refused: {r}")
+            }
         }
         Ok(())
     }
@@ -1210,84 +1124,40 @@ impl<L: InnerLoop> Worker<L> {
     /// blocking thread (for a large model that takes seconds: this node keeps its heartbeats and
     /// its part in the ring meanwhile); [`on_verified`](Self::on_verified) takes the result.
     fn verify_when_complete(&mut self) {
-        let Some(f) = self.fetch.as_mut() else { return };
-        let Some(own_from) = f.own.iter().find(|(_, p)| p.complete()).map(|(&k, _)| k) else {
-            return;
-        };
-        if !self.verifying.is_empty() || !f.shared.complete() {
+        if !self.verifying.is_empty() {
             return;
         }
-        let shared = std::mem::take(&mut f.shared);
-        let own = f.own.remove(&own_from).expect("found");
-        self.verifying.spawn_blocking(move || {
-            let ok = |p: &PartBuf| {
-                p.digest.as_ref().is_some_and(|(d, _)| blake3::hash(&p.buf).to_hex().as_str() == d)
-            };
-            let (shared_ok, own_ok) = (ok(&shared), ok(&own));
-            let decoded = (shared_ok && own_ok).then(|| postcard::from_bytes(&shared.buf));
-            let decoded =
-                decoded.transpose().map_err(|e| InnerError::Backend(format!("state: {e}")))?;
-            Ok(Checked { shared, own, own_from, shared_ok, own_ok, decoded })
-        });
+        let Some(f) = self.fetch.as_mut() else { return };
+        let Some(received) = f.assembly.take_complete() else { return };
+        let n = self.outer.as_ref().map_or(0, OuterState::len);
+        self.verifying.spawn_blocking(move || received.verify(n));
     }
 
     /// Takes a verified state: the outer state from it, the steps committed meanwhile replayed
     /// (non-blocking mode), the inner part for the inner loop. A part whose digest is wrong is
-    /// dropped, and the transfer waits for another copy.
-    fn on_verified(&mut self, c: Checked) -> Result<(), WorkerError> {
+    /// dropped, and the transfer waits for another copy of it.
+    fn on_verified(&mut self, c: Result<Verified, Box<VerifyFailed>>) -> Result<(), WorkerError> {
         let Some(f) = self.fetch.as_mut() else { return Ok(()) };
-        let Checked { shared: shared_buf, own: own_buf, own_from, shared_ok, own_ok, decoded } = c;
-        let Some(shared) = decoded else {
-            tracing::warn!(
-                node = %self.opts.name,
-                "state digest mismatch ({}); waiting for another copy",
-                match (shared_ok, own_ok) {
-                    (false, false) => "both parts",
-                    (false, true) => "the replicated part",
-                    _ => "the inner part",
-                }
-            );
-            // Keep what was right; pieces of the rest are taken again.
-            if shared_ok && f.shared.digest.is_none() {
-                f.shared = shared_buf;
+        let v = match c {
+            Ok(v) => v,
+            Err(failed) => {
+                tracing::warn!(node = %self.opts.name, "{failed}; waiting for another copy");
+                f.assembly.retry(*failed);
+                self.verify_when_complete();
+                return Ok(());
             }
-            if own_ok {
-                f.own.entry(own_from).or_insert(own_buf);
-            }
-            self.verify_when_complete();
-            return Ok(());
         };
         let f = self.fetch.take().expect("fetch");
-        let digest = shared_buf.digest.clone().map(|(d, _)| d).unwrap_or_default();
+        let Some(shared) = v.shared else {
+            return Err(InnerError::Backend("a state without bytes".into()).into());
+        };
         let layout = self.layout.clone();
-        let mut outer = OuterState::restore(
-            self.opts.outer,
-            shared.outer,
-            shared.momentum,
-            buckets_from_sizes(layout),
-            shared.outer_steps,
-        )?;
+        let as_of = shared.outer_steps();
+        let mut outer = shared.into_outer(self.opts.outer, buckets_from_sizes(layout))?;
         // Non-blocking mode: replay the steps committed here since the state was taken.
-        let mut replayed = 0;
-        for (step, avg) in f.log.iter().filter(|(s, _)| *s >= shared.outer_steps) {
-            if *step != outer.steps() {
-                return Err(InnerError::Backend(format!(
-                    "the state received is as of outer step {}, but this node holds no result \
-                     for step {}",
-                    shared.outer_steps,
-                    outer.steps()
-                ))
-                .into());
-            }
-            match avg {
-                Some(g) => {
-                    outer.pseudo_gradient_mut().copy_from_slice(g);
-                    outer.apply_outer_step();
-                }
-                None => outer.skip_outer_step(),
-            }
-            replayed += 1;
-        }
+        let replayed = f.log.replay_onto(&mut outer).map_err(|e| {
+            InnerError::Backend(format!("the state received is as of outer step {as_of}: {e}"))
+        })?;
         let hash = weights_digest(outer.outer());
         // The pseudo-gradient buffer holds this step's all-reduce result when it has finished
         // (the commit applies it next): it carries over to the received state.
@@ -1302,14 +1172,13 @@ impl<L: InnerLoop> Worker<L> {
         self.event(
             EventKind::RecoveryDone,
             format!(
-                "received {} bytes of state as of outer step {}, digest {}, weights {hash}{}",
-                shared_buf.buf.len() + own_buf.buf.len(),
-                shared.outer_steps,
-                &digest[..16.min(digest.len())],
+                "received {} bytes of state as of outer step {as_of}, digest {}, weights {hash}{}",
+                v.bytes,
+                &v.shared_digest[..16.min(v.shared_digest.len())],
                 if replayed > 0 { format!(", {replayed} step(s) replayed") } else { String::new() }
             ),
         )?;
-        self.pending_sync = Some(PendingSync { own: own_buf.buf });
+        self.pending_sync = Some(PendingSync { own: v.own.unwrap_or_default() });
         if matches!(self.member.phase(), loco_core::mesh::MemberPhase::Syncing { .. }) {
             // Blocking mode: the inner loop is idle; take the state and report now.
             self.finish_pending_sync()?;

@@ -110,6 +110,7 @@ fn row(node: &str, t: f64) -> OuterStepRow {
         barrier_s: 0.0,
         recovery_s: 0.0,
         checkpoint_s: 0.0,
+        outer_s: 0.0,
         idle_s: 0.0,
         bytes_sent: 0,
         retries: 0,

@@ -132,7 +132,8 @@ impl Lane {
         match self {
             Lane::Control => 0,
             Lane::Bulk(s) => 1 + u64::from(s),
-            Lane::State(o) => (1 << 63) | o,
+            // Offsets of a part are below 2^62 (parts of up to 4 EiB).
+            Lane::State(part, o) => (1 << 63) | (u64::from(part & 1) << 62) | (o & ((1 << 62) - 1)),
         }
     }
 }
@@ -143,8 +144,8 @@ enum Lane {
     Control,
     /// Everything else, per shard (mesh frames with a body use shard `u16::MAX`).
     Bulk(u16),
-    /// A piece of a state transfer, by its offset: the pieces travel in parallel.
-    State(u64),
+    /// A piece of a state transfer, by its part and offset: the pieces travel in parallel.
+    State(u32, u64),
 }
 
 /// Byte counters of one endpoint.
@@ -204,7 +205,7 @@ impl SimTransport {
             Header::Mesh(_) if frame.body.is_empty() => Lane::Control,
             Header::Mesh(_) => Lane::Bulk(u16::MAX),
             Header::Collective(h) => Lane::Bulk(h.shard),
-            Header::State(h) => Lane::State(h.offset),
+            Header::State(h) => Lane::State(h.part, h.offset),
         };
         let writer = self.writer(to);
         if lane == Lane::Control {

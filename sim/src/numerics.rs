@@ -9,16 +9,15 @@
 //! node-specific offset, both from seeded streams). Its `H` inner steps are gradient descent with
 //! rate [`INNER_RATE`] plus a little seeded noise per step, so after them `w = t_n + (1 -
 //! rate)^H (w_0 - t_n) + noise`. The pseudo-gradient is `outer - inner`, averaged by the ring
-//! all-reduce, and the outer Nesterov step of [`OuterState`] moves the shared weights towards the
+//! all-reduce, and the outer Nesterov step of `OuterState` moves the shared weights towards the
 //! mean target. That is enough to check that DiLoCo, the codecs, retries and live recovery keep
 //! every replica bit-identical under churn.
 //!
-//! **State.** What a joiner receives: the outer weights, the outer momentum and the step they are
-//! as of, serialised ([`encode_state`], [`decode_state`]) and verified by its BLAKE3 digest. With virtual
-//! numerics only the size is sent: [`virtual_state_bytes`].
+//! **State.** What a joiner receives is `loco_core::node::state`'s, as with the real backend
+//! (see the node's recovery module).
 
 use crate::rng::{Purpose, mix64, stream};
-use loco_core::diloco::{OuterConfig, OuterState};
+use loco_core::diloco::OuterConfig;
 use loco_core::scenario::Scenario;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
@@ -120,86 +119,6 @@ pub fn outer_config(s: &Scenario) -> OuterConfig {
     OuterConfig { lr: d.outer_lr as f32, momentum: d.outer_momentum as f32, nesterov: d.nesterov }
 }
 
-/// Bytes of the training state of a model of `params` parameters when only sizes are simulated:
-/// the fp32 outer weights and outer momentum and AdamW's two fp32 moments, 16 bytes per
-/// parameter (the inner weights equal the outer weights at an outer-step boundary). 163 GB for
-/// 10B: at 0.4-1 Gbit/s, the 30-60 min PRIME's transfers took.
-pub fn virtual_state_bytes(params: u64) -> u64 {
-    params.saturating_mul(16)
-}
-
-/// The state a joiner receives, with real numerics.
-#[derive(Clone, Debug, PartialEq)]
-pub struct StateSnapshot {
-    /// The last outer step applied (`None`: none yet).
-    pub as_of: Option<u64>,
-    /// Outer steps applied so far.
-    pub steps: u64,
-    /// Outer weights.
-    pub outer: Vec<f32>,
-    /// Outer momentum.
-    pub momentum: Vec<f32>,
-}
-
-impl StateSnapshot {
-    /// The snapshot of `s`, as of outer step `as_of`.
-    pub fn of(s: &OuterState, as_of: Option<u64>) -> Self {
-        StateSnapshot {
-            as_of,
-            steps: s.steps(),
-            outer: s.outer().to_vec(),
-            momentum: s.momentum().to_vec(),
-        }
-    }
-}
-
-/// Serialises a snapshot: `as_of + 1` (0 for none), `steps`, length, outer weights, momentum,
-/// all little-endian. The transfer carries its [`state_digest`].
-pub fn encode_state(s: &StateSnapshot) -> Vec<u8> {
-    let mut b = Vec::with_capacity(24 + 8 * s.outer.len());
-    b.extend_from_slice(&s.as_of.map_or(0, |x| x + 1).to_le_bytes());
-    b.extend_from_slice(&s.steps.to_le_bytes());
-    b.extend_from_slice(&(s.outer.len() as u64).to_le_bytes());
-    for x in s.outer.iter().chain(&s.momentum) {
-        b.extend_from_slice(&x.to_le_bytes());
-    }
-    b
-}
-
-/// The hex BLAKE3 digest of a serialised state (the `digest` of its state frames).
-pub fn state_digest(b: &[u8]) -> String {
-    blake3::hash(b).to_hex().to_string()
-}
-
-/// Reads [`encode_state`]'s bytes; `None` when the layout does not match.
-pub fn decode_state(b: &[u8]) -> Option<StateSnapshot> {
-    if b.len() < 24 {
-        return None;
-    }
-    let u = |i: usize| -> u64 {
-        let mut a = [0u8; 8];
-        a.copy_from_slice(&b[i..i + 8]);
-        u64::from_le_bytes(a)
-    };
-    let as_of = u(0).checked_sub(1);
-    let steps = u(8);
-    let n = usize::try_from(u(16)).ok()?;
-    if b.len() != 24usize.checked_add(n.checked_mul(8)?)? {
-        return None;
-    }
-    let f = |i: usize| -> f32 {
-        let mut a = [0u8; 4];
-        a.copy_from_slice(&b[24 + 4 * i..28 + 4 * i]);
-        f32::from_le_bytes(a)
-    };
-    Some(StateSnapshot {
-        as_of,
-        steps,
-        outer: (0..n).map(f).collect(),
-        momentum: (n..2 * n).map(f).collect(),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -224,26 +143,5 @@ mod tests {
         let before = m.loss();
         let after = m.inner_steps(0, 0, 10);
         assert!(after < 0.7 * before, "{before} -> {after}");
-    }
-
-    #[test]
-    fn state_round_trips_and_its_digest_detects_corruption() {
-        let s = StateSnapshot {
-            as_of: Some(4),
-            steps: 5,
-            outer: vec![1.0, -2.5, 3.25],
-            momentum: vec![0.5, 0.0, -1.0],
-        };
-        let mut b = encode_state(&s);
-        let d = state_digest(&b);
-        assert_eq!(d.len(), 64);
-        assert_eq!(decode_state(&b), Some(s.clone()));
-        let none = StateSnapshot { as_of: None, ..s };
-        assert_eq!(decode_state(&encode_state(&none)).map(|x| x.as_of), Some(None));
-        b[30] ^= 1;
-        assert_ne!(state_digest(&b), d);
-        b.pop();
-        assert_eq!(decode_state(&b), None);
-        assert_eq!(decode_state(&[1, 2, 3]), None);
     }
 }

@@ -17,25 +17,24 @@
 use crate::clock;
 use crate::ctx::RunCtx;
 use crate::net::{NetCounters, SimTransport};
-use crate::numerics::{self, StateSnapshot, Synthetic};
-use bytes::Bytes;
+use crate::numerics::{self, Synthetic};
 use loco_core::diloco::OuterState;
 use loco_core::mesh::{
-    AllReduceStart, JoinMode, LeaveReason, Member, MemberAction, MemberPhase, StopReason,
-    padded_frame,
+    AllReduceStart, LeaveReason, Member, MemberAction, StopReason, padded_frame,
 };
 use loco_core::metrics::EventKind;
 use loco_core::node::acct::{RowIdentity, Span, StepAcct};
 use loco_core::node::digest::weights_digest;
 use loco_core::node::rings::{Admission, Inbox, ShardRings, Values};
-use loco_core::transport::{Body, Frame, Header, Phase, StateHeader, TransportError};
+use loco_core::node::state::EarlyPieces;
+use loco_core::transport::{Frame, Header, Phase, TransportError};
 use loco_core::{Epoch, NodeId, Time};
-use std::collections::{BTreeMap, VecDeque};
+use recovery::Fetch;
+use std::collections::VecDeque;
 use std::rc::Rc;
 use std::time::Duration;
 
-/// Outer steps of averaged results kept for a joiner to replay onto a late state.
-const REPLAY_LOG: usize = 64;
+mod recovery;
 
 enum Event {
     Net(Result<(NodeId, Frame), TransportError>),
@@ -66,28 +65,6 @@ struct Computing {
     since: Option<Time>,
 }
 
-/// A state transfer being received.
-struct Fetch {
-    epoch: Epoch,
-    senders: Vec<NodeId>,
-    /// Pieces received, by offset: per sender in non-blocking mode (each sends a whole copy, of
-    /// the state as of its own last commit), pooled under [`POOLED`] in blocking mode (the
-    /// senders share out the pieces of one frozen state, and a reassignment keeps them).
-    parts: BTreeMap<NodeId, BTreeMap<u64, Body>>,
-}
-
-/// The key of [`Fetch::parts`] for the pooled pieces of a blocking-mode transfer.
-const POOLED: NodeId = NodeId::COORDINATOR;
-
-/// The real numerics of a node.
-struct Real {
-    outer: OuterState,
-    model: Synthetic,
-    /// Averaged pseudo-gradients committed since admission (`None`: skipped), for replay onto a
-    /// state that is older than them.
-    log: VecDeque<(u64, Option<Vec<f32>>)>,
-}
-
 /// One node's host software. See the module documentation.
 pub(crate) struct Node {
     run: Rc<RunCtx>,
@@ -116,7 +93,13 @@ pub(crate) struct Node {
     /// The result of the last finished all-reduce, awaiting its commit.
     result: Option<(Epoch, u64, Vec<f32>)>,
     fetch: Option<Fetch>,
-    real: Option<Real>,
+    /// State pieces that arrived before the `FetchState` they belong to.
+    early: EarlyPieces,
+    /// The outer state. With virtual numerics it has no parameters and only counts the outer
+    /// steps applied (the `outer_step` of the state this node sends).
+    outer: OuterState,
+    /// The synthetic model, with real numerics.
+    model: Option<Synthetic>,
 }
 
 impl Node {
@@ -128,22 +111,22 @@ impl Node {
         let net = SimTransport::bind(id, run.net.clone()).await?;
         let counters = net.counters();
         let member = Member::new(id, inc << 16, run.mesh.clone(), gpus);
-        let real = match &run.real {
-            Some(r) => {
-                let cfg = numerics::outer_config(&run.scenario);
-                match OuterState::new(cfg, r.initial.clone(), Vec::new()) {
-                    Ok(outer) => Some(Real {
-                        outer,
-                        model: Synthetic::new(run.seed, id.0, r.initial.clone()),
-                        log: VecDeque::new(),
-                    }),
-                    Err(e) => {
-                        tracing::warn!(target: "loco_sim", "{id}: no real numerics: {e}");
-                        None
-                    }
+        let cfg = numerics::outer_config(&run.scenario);
+        let real = run.real.as_ref().and_then(|r| {
+            match OuterState::new(cfg, r.initial.clone(), Vec::new()) {
+                Ok(outer) => Some((outer, Synthetic::new(run.seed, id.0, r.initial.clone()))),
+                Err(e) => {
+                    tracing::warn!(target: "loco_sim", "{id}: no real numerics: {e}");
+                    None
                 }
             }
-            None => None,
+        });
+        let (outer, model) = match real {
+            Some((outer, model)) => (outer, Some(model)),
+            // No parameters: bucket 0..0 tiles them, so this cannot fail.
+            None => {
+                (OuterState::new(cfg, Vec::new(), Vec::new()).map_err(std::io::Error::other)?, None)
+            }
         };
         Ok(Node {
             run,
@@ -165,7 +148,9 @@ impl Node {
             grad_step: None,
             result: None,
             fetch: None,
-            real,
+            early: EarlyPieces::default(),
+            outer,
+            model,
         })
     }
 
@@ -230,9 +215,7 @@ impl Node {
         self.grad_step = None;
         self.result = None;
         self.fetch = None;
-        if let Some(r) = &mut self.real {
-            r.log.clear();
-        }
+        self.early.clear();
     }
 
     /// One membership, from join to stop.
@@ -363,13 +346,12 @@ impl Node {
         let Some(c) = self.computing.take() else { return };
         let h = self.run.scenario.diloco().inner_steps;
         let mut loss = None;
-        if let Some(r) = &mut self.real {
-            let l = r.model.inner_steps(self.inc, c.step, h);
-            loss = Some(l);
+        if let Some(m) = &mut self.model {
+            loss = Some(m.inner_steps(self.inc, c.step, h));
             if self.grad_step == Some(c.step) {
-                let _ = r.outer.compute_pseudo_gradient(&r.model.inner);
+                let _ = self.outer.compute_pseudo_gradient(&m.inner);
             } else {
-                r.outer.pseudo_gradient_mut().fill(0.0);
+                self.outer.pseudo_gradient_mut().fill(0.0);
             }
         }
         if let Some(a) = &mut self.acct {
@@ -444,26 +426,7 @@ impl Node {
             }
             MemberAction::FetchState { epoch, senders } => {
                 self.just_admitted = false;
-                self.run.event(
-                    now,
-                    EventKind::RecoveryStart,
-                    Some(self.id),
-                    Some(epoch),
-                    format!("from {}", names(&self.run, &senders)),
-                );
-                match &mut self.fetch {
-                    // New senders (one died): the pieces already held are kept.
-                    Some(f) => {
-                        f.epoch = epoch;
-                        f.senders = senders;
-                    }
-                    None => self.fetch = Some(Fetch { epoch, senders, parts: BTreeMap::new() }),
-                }
-                if matches!(self.member.phase(), MemberPhase::Syncing { .. }) {
-                    if let Some(a) = &mut self.acct {
-                        a.enter(Span::Recovery, now);
-                    }
-                }
+                self.fetch_state(epoch, senders);
             }
             MemberAction::SendState { epoch, to, senders } => self.send_state(epoch, to, &senders),
             MemberAction::StartAllReduce(s) => {
@@ -474,10 +437,13 @@ impl Node {
             MemberAction::Commit { epoch, outer_step } => self.commit(epoch, outer_step, now),
             MemberAction::SkipStep { epoch, outer_step, attempts } => {
                 self.result = None;
-                if let Some(r) = &mut self.real {
-                    r.outer.skip_outer_step();
-                    r.model.inner = r.outer.outer().to_vec();
-                    push_log(&mut r.log, outer_step, None);
+                self.outer.skip_outer_step();
+                if let Some(m) = &mut self.model {
+                    m.inner = self.outer.outer().to_vec();
+                }
+                match &mut self.fetch {
+                    Some(f) => f.log(outer_step, None),
+                    None => self.early.clear(),
                 }
                 let hash = self.hash();
                 if let Some(a) = &mut self.acct {
@@ -529,8 +495,8 @@ impl Node {
             }
         }
         self.grad_step = self.synced.then_some(step);
-        if let Some(r) = &mut self.real {
-            r.model.inner = r.outer.outer().to_vec();
+        if let Some(m) = &mut self.model {
+            m.inner = self.outer.outer().to_vec();
         }
         self.open_row(step, now);
         let remaining = self.compute_duration(step);
@@ -546,8 +512,8 @@ impl Node {
     }
 
     fn hash(&self) -> String {
-        match &self.real {
-            Some(r) if self.synced => weights_digest(r.outer.outer()),
+        match &self.model {
+            Some(_) if self.synced => weights_digest(self.outer.outer()),
             _ => String::new(),
         }
     }
@@ -562,11 +528,22 @@ impl Node {
             );
             self.run.rec.borrow_mut().violation(msg);
         }
-        if let (Some(r), Some((_, _, avg))) = (&mut self.real, result) {
-            r.outer.pseudo_gradient_mut().copy_from_slice(&avg);
-            r.outer.apply_outer_step();
-            r.model.inner = r.outer.outer().to_vec();
-            push_log(&mut r.log, step, Some(avg));
+        // With virtual numerics the result and the outer state are empty: the step is counted.
+        let avg = result.map(|(_, _, avg)| avg).filter(|avg| avg.len() == self.outer.len());
+        match &avg {
+            Some(avg) => {
+                self.outer.pseudo_gradient_mut().copy_from_slice(avg);
+                self.outer.apply_outer_step();
+            }
+            // A violation (recorded above): the count of steps stays right.
+            None => self.outer.skip_outer_step(),
+        }
+        if let Some(m) = &mut self.model {
+            m.inner = self.outer.outer().to_vec();
+        }
+        match &mut self.fetch {
+            Some(f) => f.log(step, avg),
+            None => self.early.clear(),
         }
         let hash = self.hash();
         if !hash.is_empty() {
@@ -594,8 +571,8 @@ impl Node {
             let world = u32::try_from(start.ring.len()).unwrap_or(u32::MAX);
             a.ring(start.epoch, world, f64::from(start.weight.get()), start.attempt);
         }
-        let values = match &self.real {
-            Some(r) => Values::Real(r.outer.pseudo_gradient().to_vec()),
+        let values = match &self.model {
+            Some(_) => Values::Real(self.outer.pseudo_gradient().to_vec()),
             None => Values::Virtual(usize::try_from(self.run.params).unwrap_or(usize::MAX)),
         };
         let codec = self.run.scenario.diloco().codec;
@@ -747,155 +724,6 @@ impl Node {
             );
             rec.violation(msg);
         }
-    }
-
-    /// Sends the state as of the last commit to a joiner, in pieces that travel as parallel
-    /// flows (one per GPU of the joiner). In blocking mode the state is frozen, so the senders
-    /// share out the pieces (sender `i` of `k` sends pieces `i`, `i + k`, ...) and a
-    /// reassignment after a sender's death divides them again; in non-blocking mode each sender
-    /// sends a whole copy and the joiner keeps the first complete one.
-    fn send_state(&mut self, epoch: Epoch, to: NodeId, senders: &[NodeId]) {
-        let blocking = self.run.mesh.join_mode == JoinMode::Blocking;
-        let (i, k) = match senders.iter().position(|&s| s == self.id) {
-            Some(i) if blocking => (i as u64, senders.len() as u64),
-            _ => (0, 1),
-        };
-        let parts = u64::from(self.run.node(to).spec.gpus.max(1)) * k;
-        let last = self.member.last_committed();
-        let bytes: Option<Vec<u8>> =
-            self.real.as_ref().map(|r| numerics::encode_state(&StateSnapshot::of(&r.outer, last)));
-        let (total, digest) = match &bytes {
-            Some(b) => (b.len() as u64, numerics::state_digest(b)),
-            None => (numerics::virtual_state_bytes(self.run.params), String::new()),
-        };
-        for p in (i..parts).step_by(k as usize) {
-            let lo = total * p / parts;
-            let hi = total * (p + 1) / parts;
-            if hi == lo && p > 0 {
-                continue;
-            }
-            let body = match &bytes {
-                Some(b) => Body::Bytes(Bytes::copy_from_slice(&b[lo as usize..hi as usize])),
-                None => Body::Virtual(hi - lo),
-            };
-            let header = Header::State(StateHeader {
-                epoch,
-                outer_step: last.unwrap_or(u64::MAX),
-                offset: lo,
-                total,
-                digest: digest.clone(),
-                part: 0,
-            });
-            self.run.frames.set(self.run.frames.get() + 1);
-            self.net.enqueue(to, Frame { header, body });
-            if self.strike(loco_core::scenario::FaultPhase::StateSend) {
-                break;
-            }
-        }
-    }
-
-    fn on_state_part(&mut self, from: NodeId, h: StateHeader, body: Body) {
-        let Some(f) = &mut self.fetch else { return };
-        let blocking = self.run.mesh.join_mode == JoinMode::Blocking;
-        // Blocking: any piece of the frozen state counts, from whichever sender, of any
-        // assignment. Non-blocking: whole copies from the current senders only.
-        if !blocking && (h.epoch != f.epoch || !f.senders.contains(&from)) {
-            return;
-        }
-        let parts = f.parts.entry(if blocking { POOLED } else { from }).or_default();
-        parts.insert(h.offset, body);
-        let got: u64 = parts.values().map(Body::len).sum();
-        if got < h.total {
-            return;
-        }
-        let parts = std::mem::take(parts);
-        let epoch = f.epoch;
-        self.fetch = None;
-        let now = Self::now();
-        if let Some(r) = &mut self.real {
-            let mut b = Vec::new();
-            for body in parts.values() {
-                if let Body::Bytes(x) = body {
-                    b.extend_from_slice(x);
-                }
-            }
-            let snap = (numerics::state_digest(&b) == h.digest)
-                .then(|| numerics::decode_state(&b))
-                .flatten();
-            let Some(snap) = snap else {
-                let msg = format!(
-                    "the state {} received from {} failed its digest",
-                    self.run.rec.borrow().name(self.id),
-                    self.run.rec.borrow().name(from)
-                );
-                self.run.rec.borrow_mut().violation(msg);
-                return;
-            };
-            if !apply_state(r, &snap) {
-                let msg = format!(
-                    "{} received a state as of outer step {:?} but no longer holds the results after it",
-                    self.run.rec.borrow().name(self.id),
-                    snap.as_of
-                );
-                self.run.rec.borrow_mut().violation(msg);
-                return;
-            }
-        }
-        self.synced = true;
-        self.run.event(
-            now,
-            EventKind::RecoveryDone,
-            Some(self.id),
-            Some(epoch),
-            format!("from {}", self.run.rec.borrow().name(from)),
-        );
-        if matches!(self.member.phase(), MemberPhase::Syncing { .. }) {
-            if let Some(a) = &mut self.acct {
-                a.enter(Span::Barrier, now);
-            }
-            if let Err(e) = self.member.report_sync_done(now) {
-                tracing::debug!(target: "loco_sim", "{}: sync report refused: {e}", self.id);
-            }
-        } else {
-            self.report_sync = true;
-        }
-    }
-}
-
-/// Sets the outer state from a snapshot and replays the results committed after it.
-fn apply_state(r: &mut Real, snap: &StateSnapshot) -> bool {
-    let cfg = r.outer.config();
-    let Ok(mut outer) =
-        OuterState::restore(cfg, snap.outer.clone(), snap.momentum.clone(), Vec::new(), snap.steps)
-    else {
-        return false;
-    };
-    let after: Vec<&(u64, Option<Vec<f32>>)> =
-        r.log.iter().filter(|(s, _)| snap.as_of.is_none_or(|a| *s > a)).collect();
-    if let (Some(first), Some(a)) = (after.first(), snap.as_of) {
-        if first.0 != a + 1 {
-            return false;
-        }
-    }
-    for (_, avg) in after {
-        match avg {
-            Some(g) if g.len() == outer.len() => {
-                outer.pseudo_gradient_mut().copy_from_slice(g);
-                outer.apply_outer_step();
-            }
-            Some(_) => return false,
-            None => outer.skip_outer_step(),
-        }
-    }
-    r.model.inner = outer.outer().to_vec();
-    r.outer = outer;
-    true
-}
-
-fn push_log(log: &mut VecDeque<(u64, Option<Vec<f32>>)>, step: u64, avg: Option<Vec<f32>>) {
-    log.push_back((step, avg));
-    while log.len() > REPLAY_LOG {
-        log.pop_front();
     }
 }
 
