@@ -10,6 +10,8 @@
 //! - [`rings`]: the `G` per-shard ring all-reduces of one outer step under one epoch, with the
 //!   stale-frame count and the frames that arrive before their collective starts;
 //! - [`events`]: the coordinator's and the node's event rows, mapped once;
+//! - [`synthetic`]: the synthetic objective both backends train without a model (the
+//!   simulator's real numerics, the real backend's `--synthetic-params`);
 //! - [`acct`]: step accounting: where a node's wall time went in one outer step, closed into one
 //!   [`OuterStepRow`](crate::metrics::OuterStepRow).
 //!
@@ -20,3 +22,4 @@ pub mod digest;
 pub mod events;
 pub mod rings;
 pub mod state;
+pub mod synthetic;
