@@ -3,9 +3,9 @@
 //! machines without libtorch).
 
 use crate::train::TrainerState;
+use loco_core::node::synthetic::{Objective, initial_weights};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use rand_distr::{Distribution, StandardNormal};
 
 /// What one inner step reports.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -86,14 +86,16 @@ pub trait InnerLoop: Send + 'static {
     }
 }
 
-/// A synthetic objective: noisy gradient descent on `0.5 * |x - target|^2`, with a target per
-/// node (non-i.i.d. data in small). All nodes start from the same seeded point.
+/// The synthetic objective of `loco_core::node::synthetic` (the simulator's real numerics):
+/// noisy gradient descent on `0.5 * |x - target|^2`, with a target per node (non-i.i.d. data in
+/// small). All nodes start from the same seeded point. The noise of an outer step's inner steps
+/// comes from the weights they start from: the first step after [`set_params`](InnerLoop::set_params)
+/// (or the start) draws its stream, so the same weights give the simulator's bits.
 pub struct Quadratic {
     x: Vec<f32>,
-    target: Vec<f32>,
-    lr: f32,
-    noise: f32,
-    rng: ChaCha8Rng,
+    objective: Objective,
+    /// The current outer step's noise; `None` until its first step draws it from `x`.
+    noise: Option<ChaCha8Rng>,
     steps: u64,
     pace: std::time::Duration,
 }
@@ -101,13 +103,13 @@ pub struct Quadratic {
 impl Quadratic {
     /// `n` parameters, seeded start shared by all nodes, target and noise from `(seed, node)`.
     pub fn new(n: usize, seed: u64, node: u32) -> Quadratic {
-        let mut start = ChaCha8Rng::seed_from_u64(seed);
-        let x = (0..n).map(|_| sample(&mut start)).collect();
-        let mut rng = ChaCha8Rng::seed_from_u64(
-            seed ^ (u64::from(node) + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15),
-        );
-        let target = (0..n).map(|_| 1.0 + 0.5 * sample(&mut rng)).collect();
-        Quadratic { x, target, lr: 0.05, noise: 0.01, rng, steps: 0, pace: Default::default() }
+        Quadratic {
+            x: initial_weights(seed, n),
+            objective: Objective::new(seed, node, n),
+            noise: None,
+            steps: 0,
+            pace: Default::default(),
+        }
     }
 
     /// Makes each step take at least `pace` (a node's `step_time`), so that a synthetic run has
@@ -116,11 +118,6 @@ impl Quadratic {
         self.pace = pace;
         self
     }
-}
-
-fn sample(rng: &mut ChaCha8Rng) -> f32 {
-    let v: f64 = StandardNormal.sample(rng);
-    v as f32
 }
 
 impl InnerLoop for Quadratic {
@@ -136,32 +133,30 @@ impl InnerLoop for Quadratic {
         Ok(())
     }
 
+    /// Sets the weights the next outer step starts from (its noise is drawn from them).
     fn set_params(&mut self, params: &[f32]) -> Result<(), InnerError> {
         if params.len() != self.x.len() {
             return Err(InnerError::Length { expected: self.x.len(), got: params.len() });
         }
         self.x.copy_from_slice(params);
+        self.noise = None;
         Ok(())
     }
 
+    /// One step; its loss is the loss after the update (the simulator's, for the last step of an
+    /// outer step).
     fn step(&mut self) -> Result<InnerStats, InnerError> {
-        let mut loss = 0.0f64;
-        for (x, t) in self.x.iter_mut().zip(&self.target) {
-            let g = *x - t;
-            loss += 0.5 * f64::from(g * g);
-            *x -= self.lr * (g + self.noise * sample(&mut self.rng));
-        }
+        let noise = self.noise.get_or_insert_with(|| self.objective.noise(&self.x));
+        let loss = self.objective.step(&mut self.x, noise);
         self.steps += 1;
         if !self.pace.is_zero() {
             std::thread::sleep(self.pace);
         }
-        Ok(InnerStats {
-            loss: Some(loss / self.x.len().max(1) as f64),
-            tokens: self.x.len() as u64,
-        })
+        Ok(InnerStats { loss: Some(loss), tokens: self.x.len() as u64 })
     }
 
-    /// The parameters, the step count, and the noise generator's position (its "data").
+    /// The parameters, the step count, and where the noise is (its "data"): the stream of the
+    /// outer step under way and its position, or none when the next step starts an outer step.
     fn save_state(&self) -> Result<(TrainerState, serde_json::Value), InnerError> {
         let state = TrainerState {
             step: self.steps,
@@ -170,7 +165,13 @@ impl InnerLoop for Quadratic {
             exp_avg: Vec::new(),
             exp_avg_sq: Vec::new(),
         };
-        let pos = serde_json::json!({ "rng_word_pos": self.rng.get_word_pos().to_string() });
+        let pos = match &self.noise {
+            None => serde_json::json!({ "noise": null }),
+            Some(rng) => serde_json::json!({ "noise": {
+                "seed": rng.get_seed().iter().map(|b| format!("{b:02x}")).collect::<String>(),
+                "word_pos": rng.get_word_pos().to_string(),
+            }}),
+        };
         Ok((state, pos))
     }
 
@@ -179,17 +180,35 @@ impl InnerLoop for Quadratic {
         state: &TrainerState,
         data_position: &serde_json::Value,
     ) -> Result<(), InnerError> {
+        let bad = || {
+            InnerError::Backend(format!(
+                "data position {data_position}: expected {{\"noise\": null}} or \
+                 {{\"noise\": {{\"seed\": \"<64 hex digits>\", \"word_pos\": \"<integer>\"}}}}"
+            ))
+        };
+        let noise = match data_position.get("noise").ok_or_else(bad)? {
+            serde_json::Value::Null => None,
+            n => {
+                let hex = n.get("seed").and_then(|v| v.as_str()).ok_or_else(bad)?;
+                let pos = n
+                    .get("word_pos")
+                    .and_then(|v| v.as_str())
+                    .and_then(|v| v.parse::<u128>().ok())
+                    .ok_or_else(bad)?;
+                let mut seed = [0u8; 32];
+                if hex.len() != 64 || !hex.is_ascii() {
+                    return Err(bad());
+                }
+                for (i, b) in seed.iter_mut().enumerate() {
+                    *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
+                }
+                let mut rng = ChaCha8Rng::from_seed(seed);
+                rng.set_word_pos(pos);
+                Some(rng)
+            }
+        };
         self.set_params(&state.params)?;
-        let pos = data_position
-            .get("rng_word_pos")
-            .and_then(|v| v.as_str())
-            .and_then(|v| v.parse::<u128>().ok())
-            .ok_or_else(|| {
-                InnerError::Backend(format!(
-                    "data position {data_position}: expected {{\"rng_word_pos\": \"<integer>\"}}"
-                ))
-            })?;
-        self.rng.set_word_pos(pos);
+        self.noise = noise;
         self.steps = state.step;
         Ok(())
     }
@@ -306,6 +325,15 @@ mod tests {
         // Same seed, same start on every node.
         let (a, b) = (Quadratic::new(8, 3, 0), Quadratic::new(8, 3, 5));
         assert_eq!(a.x, b.x);
-        assert_ne!(a.target, b.target);
+        assert_eq!(a.x, initial_weights(3, 8), "the simulator's initial weights");
+        // One outer step's worth of steps, as the simulator's objective computes it.
+        let mut c = Quadratic::new(64, 7, 2);
+        let mut w = c.x.clone();
+        let want = c.objective.inner_steps(&mut w, 5);
+        let mut got = 0.0;
+        for _ in 0..5 {
+            got = c.step().unwrap().loss.unwrap();
+        }
+        assert_eq!((c.x.clone(), got.to_bits()), (w, want.to_bits()));
     }
 }

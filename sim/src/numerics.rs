@@ -4,31 +4,28 @@
 //! `[-1, 1]`, drawn from the stream of (seed, node, [`Purpose::StepTime`]) keyed further by the
 //! incarnation and the outer step, so a node's draws depend on nothing but its own history.
 //!
-//! **Real numerics.** Small vectors (`[sim] elements`) with a synthetic objective: node `n`
-//! minimises `0.5 |w - t_n|^2` towards its own target `t_n = c + s z_n` (a shared centre plus a
-//! node-specific offset, both from seeded streams). Its `H` inner steps are gradient descent with
-//! rate [`INNER_RATE`] plus a little seeded noise per step, so after them `w = t_n + (1 -
-//! rate)^H (w_0 - t_n) + noise`. The pseudo-gradient is `outer - inner`, averaged by the ring
-//! all-reduce, and the outer Nesterov step of `OuterState` moves the shared weights towards the
-//! mean target. That is enough to check that DiLoCo, the codecs, retries and live recovery keep
-//! every replica bit-identical under churn.
+//! **Real numerics.** Small vectors (`[sim] elements`) with the synthetic objective of
+//! `loco_core::node::synthetic`, the one the real backend's `--synthetic-params` trains: node `n`
+//! minimises `0.5 |w - t_n|^2` towards its own seeded target by `H` steps of noisy gradient
+//! descent, the noise drawn from the stream of (seed, node, the step's start weights). The
+//! pseudo-gradient is `outer - inner`, averaged by the ring all-reduce, and the outer Nesterov
+//! step of `OuterState` moves the shared weights towards the mean target. That is enough to check
+//! that DiLoCo, the codecs, retries and live recovery keep every replica bit-identical under
+//! churn, and, on the same membership story, that both backends compute the same weights.
 //!
 //! **State.** What a joiner receives is `loco_core::node::state`'s, as with the real backend
 //! (see the node's recovery module).
 
 use crate::rng::{Purpose, mix64, stream};
 use loco_core::diloco::OuterConfig;
+use loco_core::node::synthetic::Objective;
 use loco_core::scenario::Scenario;
 use rand::Rng;
-use rand_chacha::ChaCha8Rng;
 use std::time::Duration;
 
-/// Gradient-descent rate of one synthetic inner step.
-pub const INNER_RATE: f32 = 0.05;
-/// Standard deviation of the per-step noise of a synthetic inner step.
-pub const INNER_NOISE: f32 = 1e-3;
-/// Spread of the node targets around their centre.
-pub const TARGET_SPREAD: f32 = 0.5;
+pub use loco_core::node::synthetic::{
+    INNER_NOISE, INNER_RATE, TARGET_SPREAD, initial_weights, target,
+};
 
 /// The compute time of one outer step (`inner_steps` inner steps) of a node.
 pub fn outer_step_compute(
@@ -51,32 +48,11 @@ pub fn outer_step_compute(
     Duration::from_secs_f64(total.max(0.0))
 }
 
-fn normal(rng: &mut ChaCha8Rng) -> f32 {
-    // Box-Muller, from two uniforms in (0, 1].
-    let u1: f64 = 1.0 - rng.random::<f64>();
-    let u2: f64 = rng.random::<f64>();
-    ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
-}
-
-/// The initial outer weights every founding member starts from.
-pub fn initial_weights(seed: u64, n: usize) -> Vec<f32> {
-    let mut rng = stream(seed, 0, Purpose::InitialWeights);
-    (0..n).map(|_| normal(&mut rng)).collect()
-}
-
-/// The target of node `node` (the minimum of its synthetic objective).
-pub fn target(seed: u64, node: u32, n: usize) -> Vec<f32> {
-    let mut centre = stream(seed, 1, Purpose::InitialWeights);
-    let mut own = stream(seed, u64::from(node), Purpose::Objective);
-    (0..n).map(|_| 2.0 * normal(&mut centre) + TARGET_SPREAD * normal(&mut own)).collect()
-}
-
-/// A node's synthetic model: its target and its inner weights.
+/// A node's synthetic model: its objective (`loco_core::node::synthetic`, the one the real
+/// backend's `--synthetic-params` trains) and its inner weights.
 #[derive(Clone, Debug)]
 pub struct Synthetic {
-    seed: u64,
-    node: u32,
-    target: Vec<f32>,
+    objective: Objective,
     /// The inner weights.
     pub inner: Vec<f32>,
 }
@@ -84,32 +60,20 @@ pub struct Synthetic {
 impl Synthetic {
     /// The model of `node`, with inner weights `start`.
     pub fn new(seed: u64, node: u32, start: Vec<f32>) -> Self {
-        let target = target(seed, node, start.len());
-        Synthetic { seed, node, target, inner: start }
+        Synthetic { objective: Objective::new(seed, node, start.len()), inner: start }
     }
 
-    /// Runs the `inner_steps` of `outer_step` from the current inner weights; returns the loss
-    /// `0.5 mean (w - t)^2` after them.
-    pub fn inner_steps(&mut self, incarnation: u64, outer_step: u64, inner_steps: u64) -> f64 {
-        let subject =
-            mix64(u64::from(self.node)) ^ mix64(incarnation.wrapping_add(7) << 24) ^ outer_step;
-        let mut rng = stream(self.seed, subject, Purpose::Objective);
-        for _ in 0..inner_steps {
-            for (w, t) in self.inner.iter_mut().zip(&self.target) {
-                *w -= INNER_RATE * (*w - *t) + INNER_NOISE * normal(&mut rng);
-            }
-        }
-        self.loss()
+    /// Runs the `inner_steps` of an outer step from the current inner weights; returns the loss
+    /// `0.5 mean (w - t)^2` after them. The noise is the objective's for these start weights (as
+    /// in the real backend): the incarnation and the outer step do not enter it, and are taken
+    /// only for the caller's convenience.
+    pub fn inner_steps(&mut self, _incarnation: u64, _outer_step: u64, inner_steps: u64) -> f64 {
+        self.objective.inner_steps(&mut self.inner, inner_steps)
     }
 
     /// `0.5 mean (w - t)^2` at the inner weights.
     pub fn loss(&self) -> f64 {
-        if self.inner.is_empty() {
-            return 0.0;
-        }
-        let s: f64 =
-            self.inner.iter().zip(&self.target).map(|(w, t)| f64::from(w - t).powi(2)).sum();
-        0.5 * s / self.inner.len() as f64
+        self.objective.loss(&self.inner)
     }
 }
 

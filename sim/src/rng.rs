@@ -4,7 +4,6 @@
 //! seed, the node (or link) it concerns and what it is for, so that adding a node or a purpose
 //! does not reshuffle the draws of the others (STYLE.md item 5).
 
-use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 /// What a stream is for. The discriminant is part of the key: never reorder.
@@ -25,27 +24,17 @@ pub enum Purpose {
     Turmoil = 6,
 }
 
-/// SplitMix64's finaliser: a bijective mix of 64 bits.
-pub fn mix64(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
+pub use loco_core::node::synthetic::mix64;
 
 /// The 64-bit key of the stream of (`seed`, `subject`, `purpose`).
 pub fn derive(seed: u64, subject: u64, purpose: Purpose) -> u64 {
     mix64(mix64(mix64(seed) ^ subject) ^ (purpose as u64).wrapping_mul(0xd6e8_feb8_6659_fd93))
 }
 
-/// The stream of (`seed`, `subject`, `purpose`).
+/// The stream of (`seed`, `subject`, `purpose`): `loco_core::node::synthetic::stream`, which the
+/// synthetic objective shared with the real backend draws from too.
 pub fn stream(seed: u64, subject: u64, purpose: Purpose) -> ChaCha8Rng {
-    let k = derive(seed, subject, purpose);
-    let mut key = [0u8; 32];
-    for (i, chunk) in key.chunks_mut(8).enumerate() {
-        chunk.copy_from_slice(&mix64(k ^ i as u64).to_le_bytes());
-    }
-    ChaCha8Rng::from_seed(key)
+    loco_core::node::synthetic::stream(seed, subject, purpose as u8)
 }
 
 /// A subject id for a directed pair of nodes.

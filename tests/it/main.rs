@@ -2,6 +2,7 @@
 
 mod bench;
 mod common;
+mod conformance;
 mod faults;
 mod launch;
 mod replay;

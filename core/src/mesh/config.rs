@@ -14,6 +14,20 @@ pub enum JoinMode {
     NonBlocking,
 }
 
+/// How the coordinator orders the ring of each all-reduce.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RingOrder {
+    /// By the measured bandwidth: the ring whose slowest link is fastest
+    /// ([`ring_order`](super::ring_order)).
+    #[default]
+    Measured,
+    /// In node-id order, whatever was measured: for links that are all alike (one machine's
+    /// loopback), where measurement noise would pick among equal rings, and so change the order
+    /// of the floating-point sums from run to run.
+    Ids,
+}
+
 /// Settings of the elastic mesh. `Default` gives the values of the INTELLECT-1 report.
 ///
 /// | field | default | source |
@@ -32,6 +46,7 @@ pub enum JoinMode {
 /// | `allreduce_timeout` | 3600 s | global all-reduces took up to ~1400 s |
 /// | `retry_backoff` | 8 s | heartbeat timeout + one interval |
 /// | `state_senders` | 1 | loco |
+/// | `ring_order` | measured | PRIME |
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct MeshConfig {
     /// How often a member sends a heartbeat to the coordinator (default 2 s).
@@ -86,6 +101,9 @@ pub struct MeshConfig {
     /// matters when every member hangs. It must exceed the longest compute of one outer step.
     #[serde(default = "defaults::compute_timeout")]
     pub compute_timeout: Duration,
+    /// How the ring of each all-reduce is ordered (default by measured bandwidth).
+    #[serde(default)]
+    pub ring_order: RingOrder,
 }
 
 mod defaults {
@@ -130,6 +148,7 @@ impl Default for MeshConfig {
             retry_backoff: defaults::retry_backoff(),
             state_senders: defaults::state_senders(),
             compute_timeout: defaults::compute_timeout(),
+            ring_order: RingOrder::Measured,
         }
     }
 }

@@ -33,7 +33,7 @@
 
 use super::state::{Joiner, MeshState, Phase};
 use super::timer::{TimerKind, TimerTable};
-use super::{EvictReason, JoinMode, MeshConfig, Transfer, ring::ring_order};
+use super::{EvictReason, JoinMode, MeshConfig, RingOrder, Transfer, ring::ring_order};
 use crate::ids::{Epoch, NodeId, Weight};
 use crate::time::Time;
 use std::fmt;
@@ -366,8 +366,21 @@ fn weights(s: &MeshState, ring: &[NodeId], outer_step: u64) -> Vec<Weight> {
         .collect()
 }
 
-fn round(s: &MeshState, members: &[NodeId], attempt: u32, transfers: Vec<Transfer>) -> Round {
-    let ring = ring_order(members, &s.bandwidth);
+fn round(
+    s: &MeshState,
+    cfg: &MeshConfig,
+    members: &[NodeId],
+    attempt: u32,
+    transfers: Vec<Transfer>,
+) -> Round {
+    let ring = match cfg.ring_order {
+        RingOrder::Measured => ring_order(members, &s.bandwidth),
+        RingOrder::Ids => {
+            let mut ring = members.to_vec();
+            ring.sort_unstable();
+            ring
+        }
+    };
     let weights = weights(s, &ring, s.outer_step);
     Round { outer_step: s.outer_step, attempt, ring, weights, transfers }
 }
@@ -492,20 +505,20 @@ pub fn decide(now: Time, s: &MeshState, cfg: &MeshConfig) -> Decision {
                 let pool: Vec<NodeId> =
                     members.iter().copied().filter(|id| !pending.contains(id)).collect();
                 let then = if pending.is_empty() || pool.is_empty() {
-                    Then::Reduce(round(s, &members, 0, Vec::new()))
+                    Then::Reduce(round(s, cfg, &members, 0, Vec::new()))
                 } else {
                     Then::Sync { transfers: assign_transfers(&pending, &pool, cfg.state_senders) }
                 };
                 return plan(s, members, Vec::new(), dead, then);
             }
             if pending.is_empty() {
-                return Decision::Release(round(s, &ids, 0, Vec::new()));
+                return Decision::Release(round(s, cfg, &ids, 0, Vec::new()));
             }
             if now >= deadline {
                 let evicted: Vec<(NodeId, EvictReason)> =
                     pending.iter().map(|&id| (id, EvictReason::SyncTimeout)).collect();
                 let members = without(&ids, &evicted);
-                let then = Then::Reduce(round(s, &members, 0, Vec::new()));
+                let then = Then::Reduce(round(s, cfg, &members, 0, Vec::new()));
                 return plan(s, members, Vec::new(), evicted, then);
             }
             Decision::Wait(Reason::Syncing { pending, deadline })
@@ -527,7 +540,7 @@ pub fn decide(now: Time, s: &MeshState, cfg: &MeshConfig) -> Decision {
                 let then = if *attempt >= cfg.max_retries || (timed_out && dead.is_empty()) {
                     Then::Skip { attempts: attempt + 1 }
                 } else {
-                    Then::Reduce(round(s, &members, attempt + 1, Vec::new()))
+                    Then::Reduce(round(s, cfg, &members, attempt + 1, Vec::new()))
                 };
                 return plan(s, members, Vec::new(), dead, then);
             }
@@ -559,7 +572,7 @@ fn boundary(
         .filter(|id| !survivors.contains(id))
         .collect();
     if admitted.is_empty() && evicted.is_empty() {
-        return Decision::Release(round(s, &survivors, 0, Vec::new()));
+        return Decision::Release(round(s, cfg, &survivors, 0, Vec::new()));
     }
     let mut members = survivors.clone();
     members.extend(admitted.iter().copied());
@@ -575,7 +588,7 @@ fn boundary(
         Then::Sync { transfers }
     } else {
         // Joiners are not members of `s` yet, so `weights` gives them 0.
-        Then::Reduce(round(s, &members, 0, transfers))
+        Then::Reduce(round(s, cfg, &members, 0, transfers))
     };
     plan(s, members, admitted, evicted, then)
 }

@@ -92,6 +92,23 @@ fn all_arrived_releases_in_the_same_epoch_with_unit_weights() {
 }
 
 #[test]
+fn the_ring_follows_the_measured_bandwidth_unless_it_is_told_to_go_in_id_order() {
+    let mut s = mesh(&[0, 1, 2], t(10));
+    arrive(&mut s, &[0, 1, 2], t(10));
+    // 0 -> 2 -> 1 -> 0 is fast; every link of 0 -> 1 -> 2 -> 0 is slow.
+    for (a, b, bw) in [(0, 2, 9e9), (2, 1, 9e9), (1, 0, 9e9), (0, 1, 1e9), (1, 2, 1e9), (2, 0, 1e9)]
+    {
+        s.bandwidth.set(NodeId(a), NodeId(b), bw);
+    }
+    let ring = |c: &MeshConfig| match decide(t(10), &s, c) {
+        Decision::Release(r) => r.ring,
+        d => panic!("{d}"),
+    };
+    assert_eq!(ring(&cfg()), n(&[0, 2, 1]));
+    assert_eq!(ring(&MeshConfig { ring_order: RingOrder::Ids, ..cfg() }), n(&[0, 1, 2]));
+}
+
+#[test]
 fn a_joiner_waits_for_the_boundary_then_is_admitted_once_with_weight_zero() {
     let c = MeshConfig { join_mode: JoinMode::NonBlocking, ..cfg() };
     let mut s = mesh(&[0, 1], t(10));

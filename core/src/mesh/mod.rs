@@ -122,7 +122,7 @@ mod ring;
 mod state;
 mod timer;
 
-pub use config::{JoinMode, MAX_RETRIES_LIMIT, MeshConfig, MeshConfigError};
+pub use config::{JoinMode, MAX_RETRIES_LIMIT, MeshConfig, MeshConfigError, RingOrder};
 pub use coordinator::{Coordinator, CoordinatorAction, MeshEvent};
 pub use decide::{Decision, EpochPlan, Reason, Round, Then, decide, next_deadline};
 pub use member::{AllReduceStart, Command, Member, MemberAction, MemberPhase, StopReason};

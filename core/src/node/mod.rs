@@ -12,6 +12,8 @@
 //! - [`events`]: the coordinator's and the node's event rows, mapped once;
 //! - [`machine`]: the node machine that owns all of the above and the Member: one sans-IO
 //!   state machine per node, which the executors drive;
+//! - [`synthetic`]: the synthetic objective both backends train without a model (the
+//!   simulator's real numerics, the real backend's `--synthetic-params`);
 //! - [`acct`]: step accounting: where a node's wall time went in one outer step, closed into one
 //!   [`OuterStepRow`](crate::metrics::OuterStepRow).
 //!
@@ -23,3 +25,4 @@ pub mod events;
 pub mod machine;
 pub mod rings;
 pub mod state;
+pub mod synthetic;

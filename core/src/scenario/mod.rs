@@ -90,6 +90,8 @@
 //! allreduce_timeout = "3600s"  # default 3600s; an all-reduce not done by then is retried
 //! retry_backoff = "8s"         # default 8s; wait for an eviction before retrying
 //! state_senders = 1            # default 1; peers sending the state to one joiner
+//! ring = "measured"            # default "measured" (by probed bandwidth); or "ids" (node-id
+//!                              # order: links all alike, the same sums run to run)
 //!
 //! [[regions]]                  # at least one
 //! name = "us"                  # required, unique

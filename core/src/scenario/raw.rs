@@ -182,6 +182,7 @@ pub(crate) struct RawMesh {
     pub(crate) allreduce_timeout: Option<RawScalar>,
     pub(crate) retry_backoff: Option<RawScalar>,
     pub(crate) state_senders: Option<u32>,
+    pub(crate) ring: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]

@@ -809,6 +809,15 @@ fn mesh_constraints() {
         "\"eager\"",
         r#"mesh.join_mode: expected one of "blocking", "non-blocking", got "eager""#,
     );
+    let src = format!("{BASE}[mesh]\nring = \"fastest\"\n");
+    assert_msg(
+        &src,
+        "\"fastest\"",
+        r#"mesh.ring: expected one of "measured", "ids", got "fastest""#,
+    );
+    let ids =
+        Scenario::from_toml_str(&format!("{BASE}[mesh]\nring = \"ids\"\n"), "t.toml").unwrap();
+    assert_eq!(ids.mesh().ring_order, crate::mesh::RingOrder::Ids);
     let src = format!("{BASE}[mesh]\ncoordinator_region = \"mars\"\n");
     assert_msg(
         &src,

@@ -15,7 +15,7 @@ use super::{
 };
 use crate::codec::CodecKind;
 use crate::ids::NodeId;
-use crate::mesh::{JoinMode, MeshConfig};
+use crate::mesh::{JoinMode, MeshConfig, RingOrder};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
@@ -552,6 +552,14 @@ fn mesh(m: &RawMesh, regions: &[Region]) -> R<(MeshConfig, RegionId)> {
             ));
         }
     };
+    let ring_order = match m.ring.as_deref() {
+        None => def.ring_order,
+        Some("measured") => RingOrder::Measured,
+        Some("ids") => RingOrder::Ids,
+        Some(other) => {
+            return Err(expected(&p.key("ring"), one_of_text(&["measured", "ids"]), quoted(other)));
+        }
+    };
     let coordinator_region = match &m.coordinator_region {
         Some(name) => region_ref(&p.key("coordinator_region"), name, regions)?,
         None => RegionId(0),
@@ -588,6 +596,7 @@ fn mesh(m: &RawMesh, regions: &[Region]) -> R<(MeshConfig, RegionId)> {
         state_senders: usize_at_least_one("state_senders", m.state_senders, def.state_senders)?,
         // When not given, `validate` raises it to the nodes' compute.
         compute_timeout: opt_pos("compute_timeout", &m.compute_timeout, def.compute_timeout)?,
+        ring_order,
     };
     // The mesh's own rules, for any this function does not check itself.
     config.validate().map_err(|e| conflict(&p, e.to_string()))?;
