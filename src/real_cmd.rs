@@ -128,6 +128,13 @@ impl InnerLoop for AnyInner {
             AnyInner::Torch(t) => t.export_optimizer(),
         }
     }
+    fn max_optimizer_bytes(&self) -> u64 {
+        match self {
+            AnyInner::Synthetic(q) => q.max_optimizer_bytes(),
+            #[cfg(feature = "torch")]
+            AnyInner::Torch(t) => t.max_optimizer_bytes(),
+        }
+    }
     fn import_optimizer(&mut self, b: &[u8]) -> Result<(), InnerError> {
         match self {
             AnyInner::Synthetic(q) => q.import_optimizer(b),

@@ -50,6 +50,13 @@ pub trait InnerLoop: Send + 'static {
     fn export_optimizer(&self) -> Result<Vec<u8>, InnerError> {
         Ok(Vec::new())
     }
+    /// The largest [`export_optimizer`](Self::export_optimizer) output of this loop (what a
+    /// joiner accepts as the own part of a state: anything longer is refused unread). The
+    /// default, for AdamW: its two moments are 8 bytes per parameter; twice that and 64 MiB
+    /// leave room for the schedule, the data position and the encoding.
+    fn max_optimizer_bytes(&self) -> u64 {
+        (self.num_params() as u64).saturating_mul(16).saturating_add(64 << 20)
+    }
     /// Restores what [`export_optimizer`](Self::export_optimizer) produced.
     fn import_optimizer(&mut self, _bytes: &[u8]) -> Result<(), InnerError> {
         Ok(())

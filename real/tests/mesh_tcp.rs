@@ -142,6 +142,9 @@ impl loco_real::inner::InnerLoop for Slow {
         out.resize(out.len() + self.2, 0xa5);
         Ok(out)
     }
+    fn max_optimizer_bytes(&self) -> u64 {
+        self.0.max_optimizer_bytes() + 8 + self.2 as u64
+    }
     fn import_optimizer(&mut self, bytes: &[u8]) -> Result<(), loco_real::inner::InnerError> {
         let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
         assert_eq!(bytes.len(), 8 + n + self.2, "the whole state arrived");

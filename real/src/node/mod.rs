@@ -247,13 +247,6 @@ pub fn peak_rss_bytes() -> Option<u64> {
 
 pub use loco_core::node::digest::weights_digest;
 
-/// The largest own part (the inner optimiser's exported state) a joiner accepts for a model of
-/// `n` parameters: AdamW's two moments are 8 bytes per parameter; twice that and 64 MiB leave
-/// room for the schedule, the data position and the encoding.
-fn own_part_max(n: usize) -> u64 {
-    (n as u64).saturating_mul(16).saturating_add(64 << 20)
-}
-
 /// The monotonic clock of this process, as core [`Time`].
 struct Clock {
     start: tokio::time::Instant,
@@ -354,6 +347,8 @@ struct Worker<L: InnerLoop> {
     early_state: EarlyPieces,
     /// The inner loop's parameter layout (known while it computes).
     layout: Vec<(String, usize)>,
+    /// The largest own part of a state this node accepts ([`InnerLoop::max_optimizer_bytes`]).
+    own_max: u64,
     stop: Option<StopReason>,
 }
 
@@ -377,8 +372,10 @@ pub async fn run_worker<L: InnerLoop>(
     };
     let layout = inner.param_layout();
     let n_params = layout.iter().map(|(_, n)| n).sum();
+    let own_max = inner.max_optimizer_bytes();
     let mut w = Worker {
         layout,
+        own_max,
         opts,
         clock,
         t,
@@ -887,8 +884,7 @@ impl<L: InnerLoop> Worker<L> {
                     None => {
                         let blocking =
                             self.opts.mesh.join_mode == loco_core::mesh::JoinMode::Blocking;
-                        let n = self.n_params;
-                        let expect = Expect::real(n, own_part_max(n));
+                        let expect = Expect::real(self.n_params, self.own_max);
                         self.fetch = Some(Fetch {
                             assembly: StateAssembly::new(epoch, senders, blocking, expect),
                             log: ReplayLog::default(),
