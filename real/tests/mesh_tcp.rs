@@ -56,7 +56,7 @@ fn rows(path: &std::path::Path) -> Vec<loco_core::metrics::OuterStepRow> {
         .lines()
         .filter_map(|l| match serde_json::from_str::<MetricsLine>(l).ok()? {
             MetricsLine::Row(r) => Some(r),
-            MetricsLine::Event(_) | MetricsLine::Resources { .. } => None,
+            _ => None,
         })
         .collect()
 }

@@ -40,6 +40,8 @@ pub(crate) fn collect(
 ) -> Result<Record, LaunchError> {
     let mut rows: Vec<OuterStepRow> = Vec::new();
     let mut peaks: BTreeMap<String, u64> = BTreeMap::new();
+    // Each process counts from 0: its last (largest) count, summed over processes.
+    let mut stale: BTreeMap<(String, u64), u64> = BTreeMap::new();
     let io = |source| LaunchError::Io { action: "listing", path: nodes_dir.to_path_buf(), source };
     let mut files: Vec<PathBuf> = std::fs::read_dir(nodes_dir)
         .map_err(io)?
@@ -52,6 +54,10 @@ pub(crate) fn collect(
             match line {
                 MetricsLine::Row(r) => rows.push(r),
                 MetricsLine::Event(e) => events.push(e),
+                MetricsLine::Counters { node, incarnation, stale_frames_rejected } => {
+                    let n = stale.entry((node, incarnation)).or_default();
+                    *n = (*n).max(stale_frames_rejected);
+                }
                 MetricsLine::Resources { node, peak_rss_bytes } => {
                     if let Some(b) = peak_rss_bytes {
                         let p = peaks.entry(node).or_default();
@@ -91,7 +97,10 @@ pub(crate) fn collect(
         // One device per worker (the real backend does not shard a node over G devices yet).
         mfu_basis: loco_core::metrics::MfuBasis::of_run(s, 1),
         violations,
-        extra: BTreeMap::from([("peak_rss_bytes".to_string(), serde_json::json!(peaks))]),
+        extra: BTreeMap::from([
+            ("peak_rss_bytes".to_string(), serde_json::json!(peaks)),
+            ("stale_frames_rejected".to_string(), serde_json::json!(stale.values().sum::<u64>())),
+        ]),
     };
     let summary = summarize(&meta, &rows, &events);
     Ok(Record { summary, rows, events, peaks })

@@ -3,13 +3,23 @@
 //!
 //! One tokio task runs the protocol: it `select!`s over incoming frames, the member's next
 //! deadline, the end of the inner steps (which run on a blocking thread, so heartbeats go on
-//! while the model trains) and a shutdown signal, and executes the member's actions. Nothing is
-//! applied before the coordinator's `Commit`, so every replica takes the same outer step.
+//! while the model trains), the end of an O(model) job and a shutdown signal, and executes the
+//! member's actions. Nothing is applied before the coordinator's `Commit`, so every replica takes
+//! the same outer step.
+//!
+//! Work that reads or writes every parameter (the outer step, resetting the inner weights, the
+//! weights digest, the pseudo-gradient, the copies of a checkpoint or of a state for a joiner)
+//! runs as one blocking job at a time ([`jobs`]), which owns the inner loop and the outer state
+//! while it runs. Meanwhile the task keeps sending heartbeats, answering pings and running the
+//! ring; the member's other actions wait in order until the job is back.
 
-use crate::checkpoint::{CheckpointConfig, CheckpointError, Checkpointer, Snapshot};
+mod jobs;
+
+use crate::checkpoint::{CheckpointConfig, CheckpointError, Checkpointer};
 use crate::inner::{InnerError, InnerLoop, InnerStats};
 use crate::tcp::{TcpConfig, TcpError, TcpTransport};
 use bytes::Bytes;
+use jobs::{Done, Held, JobOut};
 use loco_core::codec::CodecKind;
 use loco_core::diloco::{DilocoError, OuterConfig, OuterState, buckets_from_sizes};
 use loco_core::ids::{Epoch, NodeId};
@@ -19,7 +29,7 @@ use loco_core::mesh::{
 };
 use loco_core::metrics::{EventKind, EventRow, OuterStepRow};
 use loco_core::node::acct::{RowIdentity, Span, StepAcct};
-use loco_core::node::rings::{Admission, Inbox, ShardRings, Values};
+use loco_core::node::rings::{Admission, Inbox, ShardRings};
 use loco_core::node::state::{
     DEFAULT_EARLY_BYTES, EarlyPieces, Expect, PART_OWN, PART_SHARED, PieceRule, ReplayLog, Share,
     SharedState, StateAssembly, Verified, VerifyFailed, share_of, state_digest,
@@ -28,6 +38,7 @@ use loco_core::scenario::FaultPhase;
 use loco_core::time::Time;
 use loco_core::transport::{Body, Frame, Header, StateHeader, Transport};
 use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
 use std::future::Future;
 use std::io::Write;
 use std::net::SocketAddr;
@@ -206,6 +217,17 @@ pub enum MetricsLine {
     Row(OuterStepRow),
     /// An event seen by this node.
     Event(EventRow),
+    /// The node's counters of collective frames so far (this process's), written at the end of
+    /// a step when they changed, and when it stops.
+    Counters {
+        /// The node.
+        node: String,
+        /// The process's incarnation (each counts from 0).
+        incarnation: u64,
+        /// Collective frames of epochs this node had left, rejected (summary.json's
+        /// `stale_frames_rejected`).
+        stale_frames_rejected: u64,
+    },
     /// The process's peak resident memory, written when it stops.
     Resources {
         /// The node.
@@ -269,13 +291,34 @@ struct PendingSync {
     own: Vec<u8>,
 }
 
+/// The blocking job running, if any: [`Worker::inner`], [`Worker::outer`] and
+/// [`Worker::checkpointer`] are in it.
+type Job<L> = tokio::task::JoinHandle<JobOut<L>>;
+
 struct Worker<L: InnerLoop> {
     opts: WorkerOptions,
     clock: Clock,
     t: TcpTransport,
     member: Member,
+    /// The inner loop; away while it computes or a job holds it.
     inner: Option<L>,
+    /// The outer state (made before the node joins); away while a job holds it.
     outer: Option<OuterState>,
+    /// Parameters of the model.
+    n_params: usize,
+    /// The inner steps running on a blocking thread.
+    compute: Option<tokio::task::JoinHandle<ComputeResult<L>>>,
+    /// The O(model) job running on a blocking thread.
+    job: Option<Job<L>>,
+    /// Member actions that wait for the job (in order; sends do not wait).
+    deferred: VecDeque<MemberAction>,
+    /// The pseudo-gradient buffer holds `outer - inner` of the current weights (a first attempt
+    /// need not recompute it; a retry, whose values the failed attempt consumed, does).
+    g_fresh: bool,
+    /// The values of an all-reduce that ended while a job held the outer state.
+    parked_g: Option<Vec<f32>>,
+    /// Stale frames last written to the metrics.
+    stale_written: u64,
     /// The running all-reduce: one ring per local shard.
     rings: Option<ShardRings>,
     /// Collective frames on their way to the rings: stale ones counted, early ones held.
@@ -328,6 +371,7 @@ pub async fn run_worker<L: InnerLoop>(
         None => None,
     };
     let layout = inner.param_layout();
+    let n_params = layout.iter().map(|(_, n)| n).sum();
     let own_max = inner.max_optimizer_bytes();
     let mut w = Worker {
         layout,
@@ -338,6 +382,13 @@ pub async fn run_worker<L: InnerLoop>(
         member,
         inner: Some(inner),
         outer: None,
+        n_params,
+        compute: None,
+        job: None,
+        deferred: VecDeque::new(),
+        g_fresh: false,
+        parked_g: None,
+        stale_written: 0,
         rings: None,
         inbox: Inbox::default(),
         fetch: None,
@@ -358,6 +409,13 @@ pub async fn run_worker<L: InnerLoop>(
     if let Some(path) = w.opts.resume.clone() {
         w.resume(&path)?;
     }
+    // The outer state, before the node joins and has heartbeats to keep: the initial weights
+    // (a joiner's are replaced by the state it receives).
+    if w.outer.is_none() {
+        let p = w.params()?;
+        let buckets = buckets_from_sizes(w.layout.clone());
+        w.outer = Some(OuterState::new(w.opts.outer, p, buckets)?);
+    }
     w.member.join(w.clock.now())?;
     w.run(shutdown).await
 }
@@ -369,39 +427,41 @@ impl<L: InnerLoop> Worker<L> {
     ) -> Result<WorkerReport, WorkerError> {
         let mut shutdown = std::pin::pin!(shutdown);
         let mut shutting_down = false;
-        let mut compute: Option<tokio::task::JoinHandle<ComputeResult<L>>> = None;
         loop {
-            while let Some(a) = self.member.poll_action() {
-                if let Some(h) = self.act(a).await? {
-                    compute = Some(h);
-                }
-            }
+            self.drain().await?;
             if let Some(stop) = self.stop.take() {
-                if let Some(h) = compute.take() {
+                if let Some(h) = self.compute.take() {
                     h.abort();
                 }
                 return Ok(self.report(stop));
             }
             let deadline = self.member.poll_timeout().map(|t| self.clock.instant(t));
+            // While a job holds the outer state, what needs it waits.
+            let idle = self.job.is_none();
             tokio::select! {
                 r = self.t.recv() => {
                     let (from, frame) = r?;
                     self.on_frame(from, frame).await?;
                 }
-                done = async { compute.as_mut().expect("guarded").await }, if compute.is_some() => {
-                    compute = None;
+                done = join(&mut self.job), if !idle => {
+                    self.job = None;
+                    let out = done.map_err(|e| InnerError::Backend(format!("an outer-state job panicked: {e}")))?;
+                    self.on_job(out).await?;
+                }
+                done = join(&mut self.compute), if idle && self.compute.is_some() => {
+                    self.compute = None;
                     let (inner, stats) = done.map_err(|e| InnerError::Backend(format!("inner steps panicked: {e}")))?;
                     self.inner = Some(inner);
                     self.on_computed(stats?)?;
                     for (epoch, to, senders) in std::mem::take(&mut self.deferred_sends) {
-                        self.send_state(epoch, to, senders)?;
+                        self.deferred.push_back(MemberAction::SendState { epoch, to, senders });
                     }
                 }
                 Some(done) = self.preparing.join_next(), if !self.preparing.is_empty() => {
                     let prepared = done.map_err(|e| InnerError::Backend(format!("preparing a state panicked: {e}")))??;
                     self.queue_state(prepared).await?;
                 }
-                Some(done) = self.verifying.join_next(), if !self.verifying.is_empty() => {
+                Some(done) = self.verifying.join_next(), if idle && !self.verifying.is_empty() => {
                     let checked = done.map_err(|e| InnerError::Backend(format!("verifying a state panicked: {e}")))?;
                     self.on_verified(checked)?;
                 }
@@ -414,6 +474,132 @@ impl<L: InnerLoop> Worker<L> {
                 }
             }
         }
+    }
+
+    /// Executes the member's actions: the ones a job made wait first, in order, then new ones.
+    /// While a job runs, sends (heartbeats, replies, the deathrattle) go out at once and every
+    /// other action waits, so that they all see the state in the order the member issued them.
+    async fn drain(&mut self) -> Result<(), WorkerError> {
+        loop {
+            if self.job.is_none() {
+                if let Some(a) = self.deferred.pop_front() {
+                    self.act(a).await?;
+                    continue;
+                }
+            }
+            let Some(a) = self.member.poll_action() else { return Ok(()) };
+            if self.job.is_some() && !matches!(a, MemberAction::Send { .. }) {
+                self.deferred.push_back(a);
+            } else {
+                self.act(a).await?;
+            }
+        }
+    }
+
+    /// Moves the inner loop, the outer state and the checkpointer into a blocking job running
+    /// `f`; [`on_job`](Self::on_job) takes them back with its result.
+    fn start_job(
+        &mut self,
+        f: impl FnOnce(&mut Held<L>) -> Result<Done, WorkerError> + Send + 'static,
+    ) -> Result<(), WorkerError> {
+        debug_assert!(self.job.is_none(), "one job at a time");
+        let outer = self.outer.take().ok_or(InnerError::Backend("no outer state".into()))?;
+        let held = Held { inner: self.inner.take(), outer, checkpointer: self.checkpointer.take() };
+        self.job = Some(jobs::spawn(held, f));
+        Ok(())
+    }
+
+    /// A job is back: its holdings return, and what it did goes on.
+    async fn on_job(&mut self, out: JobOut<L>) -> Result<(), WorkerError> {
+        let JobOut { held, took, done } = out;
+        if held.inner.is_some() {
+            self.inner = held.inner;
+        }
+        let mut outer = held.outer;
+        if let Some(g) = self.parked_g.take() {
+            outer.put_pseudo_gradient(g)?;
+        }
+        self.outer = Some(outer);
+        self.checkpointer = held.checkpointer;
+        match done? {
+            Done::Refreshed => {
+                self.g_fresh = true;
+                self.arrive_at_barrier()?;
+            }
+            Done::RingReady { epoch, op, refreshed, rings } => {
+                if refreshed {
+                    self.spend(Span::Outer, took);
+                }
+                self.g_fresh = false;
+                match rings {
+                    Ok(rings) => {
+                        let early = self.inbox.take_for(rings.collective());
+                        self.rings = Some(rings);
+                        for (from, f) in early {
+                            self.feed_rings(from, &f)?;
+                        }
+                        self.pump_ring().await?;
+                    }
+                    Err(e) => {
+                        tracing::warn!(node = %self.opts.name, "cannot start the all-reduce: {e}");
+                        self.member.report_allreduce_failed(self.clock.now(), epoch, op)?;
+                    }
+                }
+            }
+            Done::Committed { epoch, outer_step, skipped, hash, log, checkpoint } => {
+                self.g_fresh = false;
+                if let (Some(f), Some(entry)) = (self.fetch.as_mut(), log) {
+                    f.log.push(outer_step, entry);
+                }
+                self.inner_dirty = false;
+                self.early_state.clear();
+                if let Some(taken) = checkpoint {
+                    self.spend(Span::Checkpoint, taken.spent);
+                    self.on_checkpoint_taken(taken)?;
+                }
+                if let Some(attempts) = skipped {
+                    self.event(
+                        EventKind::SkipStep,
+                        format!("outer step {outer_step} skipped after {attempts} attempts"),
+                    )?;
+                }
+                self.finish_step(epoch, outer_step, hash)?;
+            }
+            Done::StateCopied { epoch, to, share, shared, own } => {
+                self.spend_recovery(took);
+                self.prepare_state(epoch, to, share, shared, own);
+            }
+            Done::Installed { as_of, replayed, hash, bytes, shared_digest, own } => {
+                self.g_fresh = false;
+                self.spend_recovery(took);
+                // A blocking joiner's wait is its Recovery span; a non-blocking one computes
+                // meanwhile.
+                self.event(
+                    EventKind::RecoveryDone,
+                    format!(
+                        "received {bytes} bytes of state as of outer step {as_of}, digest {}, weights {hash}{}",
+                        &shared_digest[..16.min(shared_digest.len())],
+                        if replayed > 0 { format!(", {replayed} step(s) replayed") } else { String::new() }
+                    ),
+                )?;
+                self.pending_sync = Some(PendingSync { own });
+                if matches!(self.member.phase(), loco_core::mesh::MemberPhase::Syncing { .. }) {
+                    // Blocking mode: the inner loop is idle; take the state and report now.
+                    self.finish_pending_sync()?;
+                }
+            }
+            Done::Synced => {
+                self.g_fresh = false;
+                let now = self.clock.now();
+                if let Some(a) = self.acct.as_mut() {
+                    if a.current() == Some(Span::Recovery) {
+                        a.enter(Span::Barrier, now);
+                    }
+                }
+                self.member.report_sync_done(now)?;
+            }
+        }
+        Ok(())
     }
 
     /// Starts from a checkpoint: the inner loop's state and data position, and the outer state.
@@ -474,49 +660,37 @@ impl<L: InnerLoop> Worker<L> {
         Ok(())
     }
 
-    /// Snapshots the state for a checkpoint when one is due (every `checkpoint_every` outer
-    /// steps, or `force`d at a stop); returns the seconds it cost training (the copy, and a wait
-    /// for the previous save).
-    ///
-    /// A checkpoint at a commit is exact: resuming from it continues the run bit for bit. One
-    /// forced at a stop after the inner loop moved on holds the committed outer state and the
-    /// committed weights as parameters; the inner optimiser's moments, schedule and data position
-    /// are as of the stop (the interrupted step's inner work is the only thing not kept).
-    fn checkpoint(&mut self, force: bool) -> Result<f64, WorkerError> {
-        let Some((_, every)) = &self.checkpointer else { return Ok(0.0) };
-        let Some(outer) = self.outer.as_ref() else { return Ok(0.0) };
-        let steps = outer.steps();
-        let due = force || steps.is_multiple_of(*every);
-        if steps == 0 || !due || self.checkpointed == Some(steps) {
-            return Ok(0.0);
+    /// Snapshots the state for a checkpoint at a stop, on the loop (the node has left: no
+    /// heartbeats to keep); see [`jobs::checkpoint`].
+    fn checkpoint_at_stop(&mut self) -> Result<(), WorkerError> {
+        let Some(outer) = self.outer.as_ref() else { return Ok(()) };
+        let taken = jobs::checkpoint(
+            self.inner.as_ref(),
+            outer,
+            self.checkpointer.as_mut(),
+            true,
+            self.inner_dirty,
+            self.checkpointed,
+        )?;
+        match taken {
+            Some(t) => self.on_checkpoint_taken(t),
+            None => Ok(()),
         }
-        let Some(inner) = self.inner.as_ref() else { return Ok(0.0) };
-        self.checkpointed = Some(steps);
-        let t0 = self.clock.secs();
-        let (mut trainer, data_position) = inner.save_state()?;
-        if self.inner_dirty && trainer.params.len() == outer.len() {
-            trainer.params.copy_from_slice(outer.outer());
-        }
-        let snap = Snapshot::from_trainer(
-            steps,
-            data_position,
-            outer.outer().to_vec(),
-            outer.momentum().to_vec(),
-            trainer,
-        );
-        let (ck, _) = self.checkpointer.as_mut().expect("checked");
-        let ticket = ck.save(snap);
-        let spent = self.clock.secs() - t0;
+    }
+
+    /// A snapshot went to the writer: noted, the fault drill's strike, the previous save's outcome.
+    fn on_checkpoint_taken(&mut self, t: jobs::CheckpointTaken) -> Result<(), WorkerError> {
+        self.checkpointed = Some(t.steps);
         self.strike(FaultPhase::Checkpoint)?;
-        match ticket {
+        match t.ticket {
             Ok(t) => {
                 if let Some(prev) = t.previous {
                     self.on_saved(prev)?;
                 }
+                Ok(())
             }
-            Err(e) => self.event(EventKind::Checkpoint, format!("checkpoint failed: {e}"))?,
+            Err(e) => self.event(EventKind::Checkpoint, format!("checkpoint failed: {e}")),
         }
-        Ok(spent)
     }
 
     /// Records a finished background save.
@@ -562,15 +736,23 @@ impl<L: InnerLoop> Worker<L> {
         self.acct = Some(StepAcct::open(step, now, epoch, self.bytes_sent));
     }
 
-    /// The time since `started_s` (on this process's clock, in seconds) that this node's loop
-    /// spent on live recovery.
-    fn spend_recovery(&mut self, started_s: f64) {
-        let d = Duration::from_secs_f64((self.clock.secs() - started_s).max(0.0));
+    /// `d` of live recovery, beside the current span (the sender's share of a transfer, a
+    /// non-blocking joiner's install): counted unless the node is in the Recovery span already.
+    fn spend_recovery(&mut self, d: Duration) {
         if let Some(a) = self.acct.as_mut() {
             if a.current() == Some(Span::Recovery) {
                 return; // already counted by the span
             }
             a.spend(Span::Recovery, d);
+        }
+    }
+
+    /// `d` of `span`, beside the current span (work a job did while the node was in another).
+    fn spend(&mut self, span: Span, d: Duration) {
+        if let Some(a) = self.acct.as_mut() {
+            if a.current() != Some(span) {
+                a.spend(span, d);
+            }
         }
     }
 
@@ -612,35 +794,6 @@ impl<L: InnerLoop> Worker<L> {
         Ok(p)
     }
 
-    /// `pseudo_gradient = outer - inner`, written in place (no copy of the weights).
-    fn refresh_pseudo_gradient(&mut self) -> Result<(), WorkerError> {
-        let inner = self
-            .inner
-            .as_ref()
-            .ok_or_else(|| InnerError::Backend("the inner loop is busy computing".into()))?;
-        let outer = self.outer.as_mut().ok_or(InnerError::Backend("no outer state".into()))?;
-        outer.compute_pseudo_gradient_with(|buf| inner.params_into(buf))?;
-        Ok(())
-    }
-
-    /// Copies the outer weights into the inner model; returns their digest.
-    fn sync_inner_to_outer(&mut self) -> Result<String, WorkerError> {
-        let outer = self.outer.as_ref().ok_or(InnerError::Backend("no outer state".into()))?;
-        if let Some(inner) = self.inner.as_mut() {
-            inner.set_params(outer.outer())?;
-        }
-        Ok(weights_digest(outer.outer()))
-    }
-
-    fn ensure_outer(&mut self) -> Result<(), WorkerError> {
-        if self.outer.is_none() {
-            let layout = self.inner.as_ref().map(|i| i.param_layout()).unwrap_or_default();
-            let p = self.params()?;
-            self.outer = Some(OuterState::new(self.opts.outer, p, buckets_from_sizes(layout))?);
-        }
-        Ok(())
-    }
-
     async fn send(&mut self, to: NodeId, frame: Frame) -> bool {
         let n = frame.wire_len();
         match self.t.send(to, frame).await {
@@ -655,17 +808,13 @@ impl<L: InnerLoop> Worker<L> {
         }
     }
 
-    /// Executes one member action; returns a compute task when it started one.
-    async fn act(
-        &mut self,
-        a: MemberAction,
-    ) -> Result<Option<tokio::task::JoinHandle<ComputeResult<L>>>, WorkerError> {
+    /// Executes one member action (no job is running, unless it is a send).
+    async fn act(&mut self, a: MemberAction) -> Result<(), WorkerError> {
         match a {
             MemberAction::Send { to, msg, padding } => {
                 self.send(to, padded_frame(msg, padding, false)).await;
             }
             MemberAction::Admitted { epoch, outer_step } => {
-                self.ensure_outer()?;
                 self.open_row(outer_step, self.clock.now());
                 self.event(
                     loco_core::node::events::admission_kind(epoch),
@@ -676,8 +825,12 @@ impl<L: InnerLoop> Worker<L> {
                 self.event(EventKind::Epoch, format!("{epoch}: {} members", members.len()))?;
             }
             MemberAction::Compute { epoch, outer_step } => {
-                self.ensure_outer()?;
-                self.finish_pending_sync()?;
+                if self.pending_sync.is_some() {
+                    // The received state goes into the inner loop first (a job); then this.
+                    self.finish_pending_sync()?;
+                    self.deferred.push_front(MemberAction::Compute { epoch, outer_step });
+                    return Ok(());
+                }
                 let crash_in_compute = self.armed(FaultPhase::Compute);
                 if crash_in_compute {
                     self.event(
@@ -698,7 +851,7 @@ impl<L: InnerLoop> Worker<L> {
                     a.enter(Span::Compute, now);
                 }
                 let h = self.opts.inner_steps;
-                let handle = tokio::task::spawn_blocking(move || {
+                self.compute = Some(tokio::task::spawn_blocking(move || {
                     let mut inner = inner;
                     let mut stats = Vec::with_capacity(h as usize);
                     for _ in 0..h {
@@ -711,8 +864,7 @@ impl<L: InnerLoop> Worker<L> {
                         }
                     }
                     (inner, Ok(stats))
-                });
-                return Ok(Some(handle));
+                }));
             }
             MemberAction::FetchState { epoch, senders } => {
                 let names: Vec<String> = senders.iter().map(ToString::to_string).collect();
@@ -732,8 +884,7 @@ impl<L: InnerLoop> Worker<L> {
                     None => {
                         let blocking =
                             self.opts.mesh.join_mode == loco_core::mesh::JoinMode::Blocking;
-                        let n = self.outer.as_ref().map_or(0, OuterState::len);
-                        let expect = Expect::real(n, self.own_max);
+                        let expect = Expect::real(self.n_params, self.own_max);
                         self.fetch = Some(Fetch {
                             assembly: StateAssembly::new(epoch, senders, blocking, expect),
                             log: ReplayLog::default(),
@@ -764,7 +915,7 @@ impl<L: InnerLoop> Worker<L> {
             MemberAction::SendState { epoch, to, senders } => {
                 self.send_state(epoch, to, senders)?
             }
-            MemberAction::StartAllReduce(start) => self.start_ring(start).await?,
+            MemberAction::StartAllReduce(start) => self.start_ring(start)?,
             MemberAction::AbortAllReduce { epoch, op } => {
                 if let Some(rings) = self.rings.take() {
                     if rings.collective() == (epoch, op) {
@@ -780,19 +931,13 @@ impl<L: InnerLoop> Worker<L> {
                 self.inbox.abort(epoch, op);
             }
             MemberAction::Commit { epoch, outer_step } => {
-                let hash = self.close_step(outer_step, true)?;
-                self.finish_step(epoch, outer_step, hash)?;
+                self.close_step(epoch, outer_step, None)?;
             }
             MemberAction::SkipStep { epoch, outer_step, attempts } => {
                 if let Some(a) = self.acct.as_mut() {
                     a.set_retries(attempts.saturating_sub(1));
                 }
-                let hash = self.close_step(outer_step, false)?;
-                self.event(
-                    EventKind::SkipStep,
-                    format!("outer step {outer_step} skipped after {attempts} attempts"),
-                )?;
-                self.finish_step(epoch, outer_step, hash)?;
+                self.close_step(epoch, outer_step, Some(attempts))?;
             }
             MemberAction::Stop(reason) => {
                 let kind = loco_core::node::events::stop_kind(&reason);
@@ -804,9 +949,10 @@ impl<L: InnerLoop> Worker<L> {
                 );
                 if holds {
                     // The last commit, when the inner loop has not moved on since.
-                    self.checkpoint(true)?;
+                    self.checkpoint_at_stop()?;
                 }
                 self.flush_checkpoints()?;
+                self.write_counters(true)?;
                 let node = self.opts.name.clone();
                 self.write(&MetricsLine::Resources { node, peak_rss_bytes: peak_rss_bytes() })?;
                 // Let the deathrattle and the last frames leave before the process exits.
@@ -814,54 +960,51 @@ impl<L: InnerLoop> Worker<L> {
                 self.stop = Some(reason);
             }
         }
-        Ok(None)
+        Ok(())
     }
 
-    /// Ends `outer_step` as every member does: applies the all-reduce's result (`apply`) or skips
-    /// the update, resets the inner weights to the outer ones, and takes a checkpoint when one is
-    /// due; returns the digest of the outer weights (empty while this node does not hold the
-    /// mesh's state yet).
-    fn close_step(&mut self, outer_step: u64, apply: bool) -> Result<String, WorkerError> {
-        let outer = self
-            .outer
-            .as_mut()
-            .ok_or(InnerError::Backend("end of a step without outer state".into()))?;
-        if let Some(f) = self.fetch.as_mut() {
-            f.log.push(outer_step, apply.then(|| outer.pseudo_gradient().to_vec()));
-        }
+    /// Ends `outer_step` as every member does, in a job ([`jobs::commit`]): applies the
+    /// all-reduce's result (`skipped: None`) or skips the update, resets the inner weights to the
+    /// outer ones, digests them and takes a checkpoint when one is due; its return writes the row
+    /// (with an empty digest while this node does not hold the mesh's state yet). The job's time
+    /// is the row's `outer_s` (its checkpoint copy, `checkpoint_s`).
+    fn close_step(
+        &mut self,
+        epoch: Epoch,
+        outer_step: u64,
+        skipped: Option<u32>,
+    ) -> Result<(), WorkerError> {
         if let Some(a) = self.acct.as_mut() {
             a.enter(Span::Outer, self.clock.now());
         }
-        // A state received meanwhile (non-blocking join) may already hold this step.
-        if outer.steps() == outer_step {
-            if apply {
-                outer.apply_outer_step();
-            } else {
-                outer.skip_outer_step();
-            }
-        }
-        let mut hash = self.sync_inner_to_outer()?;
-        if self.fetch.is_some() {
+        let job = jobs::CommitJob {
+            epoch,
+            outer_step,
+            skipped,
+            log: self.fetch.is_some(),
             // A non-blocking joiner still receiving the state holds its own weights, not the
             // mesh's: no digest to compare (as in the simulator).
-            hash.clear();
-        }
-        self.inner_dirty = false;
-        self.early_state.clear();
-        if let Some(a) = self.acct.as_mut() {
-            a.enter(Span::Checkpoint, self.clock.now());
-        }
-        self.checkpoint(false)?;
-        Ok(hash)
+            digest: self.fetch.is_none(),
+            checkpointed: self.checkpointed,
+        };
+        self.start_job(move |h| jobs::commit(h, job))
     }
 
+    /// The inner steps are done: the pseudo-gradient is refreshed in a job, then the node arrives
+    /// at the barrier ([`arrive_at_barrier`](Self::arrive_at_barrier)).
     fn on_computed(&mut self, stats: Vec<InnerStats>) -> Result<(), WorkerError> {
         let now = self.clock.now();
         if let Some(a) = self.acct.as_mut() {
             a.trained(stats.iter().map(|s| s.tokens).sum(), stats.last().and_then(|s| s.loss));
             a.enter(Span::Outer, now);
         }
-        self.refresh_pseudo_gradient()?;
+        self.start_job(|h| {
+            jobs::refresh(h)?;
+            Ok(Done::Refreshed)
+        })
+    }
+
+    fn arrive_at_barrier(&mut self) -> Result<(), WorkerError> {
         if let Some(a) = self.acct.as_mut() {
             a.enter(Span::Barrier, self.clock.now());
         }
@@ -892,55 +1035,51 @@ impl<L: InnerLoop> Worker<L> {
         };
         let row = a.close(self.clock.now(), self.bytes_sent, &who, hash);
         self.write(&MetricsLine::Row(row))?;
+        self.write_counters(false)?;
         if let Some(r) = self.checkpointer.as_mut().and_then(|(c, _)| c.poll()) {
             self.on_saved(r)?;
         }
         Ok(())
     }
 
-    async fn start_ring(&mut self, s: AllReduceStart) -> Result<(), WorkerError> {
-        self.ensure_outer()?;
-        // Recompute the pseudo-gradient: a retry starts again from the kept inputs.
-        self.refresh_pseudo_gradient()?;
-        let g = self.outer.as_mut().expect("outer state").take_pseudo_gradient();
+    /// Writes the frame counters when they changed since the last time (or `always`).
+    fn write_counters(&mut self, always: bool) -> Result<(), WorkerError> {
+        let stale = self.inbox.counters().stale;
+        if !always && stale == self.stale_written {
+            return Ok(());
+        }
+        self.stale_written = stale;
+        self.write(&MetricsLine::Counters {
+            node: self.opts.name.clone(),
+            incarnation: self.opts.incarnation,
+            stale_frames_rejected: stale,
+        })
+    }
+
+    /// Starts this node's rings of an attempt. They are built in a job ([`jobs::ring_ready`]),
+    /// which first recomputes the pseudo-gradient when a previous attempt consumed it (a retry
+    /// starts again from the kept inputs); its return feeds them the frames that came early and
+    /// starts sending.
+    fn start_ring(&mut self, s: AllReduceStart) -> Result<(), WorkerError> {
         if let Some(a) = self.acct.as_mut() {
             a.enter(Span::AllReduce, self.clock.now());
             let world = u32::try_from(s.ring.len()).unwrap_or(u32::MAX);
             a.ring(s.epoch, world, f64::from(s.weight.get()), s.attempt);
         }
-        let (epoch, op) = (s.epoch, s.op);
-        let rings = match ShardRings::new(
-            s,
-            self.opts.id,
-            self.opts.codec,
-            Values::Real(g),
-            self.opts.segment_elems,
-        ) {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::warn!(node = %self.opts.name, "cannot start the all-reduce: {}", e.source);
-                if let Values::Real(g) = e.values {
-                    self.outer.as_mut().expect("outer state").put_pseudo_gradient(g)?;
-                }
-                self.member.report_allreduce_failed(self.clock.now(), epoch, op)?;
-                return Ok(());
-            }
-        };
-        let early = self.inbox.take_for(rings.collective());
-        self.rings = Some(rings);
-        for (from, f) in early {
-            self.feed_rings(from, &f)?;
-        }
-        self.pump_ring().await
+        let (me, codec, segment, fresh) =
+            (self.opts.id, self.opts.codec, self.opts.segment_elems, self.g_fresh);
+        self.g_fresh = false;
+        self.start_job(move |h| jobs::ring_ready(h, s, me, codec, segment, fresh))
     }
 
     /// Gives the values of a finished or abandoned all-reduce back to the outer state (after a
-    /// failure they are unspecified; the next attempt recomputes them).
+    /// failure they are unspecified; the next attempt recomputes them), or keeps them for it
+    /// while a job holds it.
     fn return_values(&mut self, rings: ShardRings) -> Result<(), WorkerError> {
-        let n = self.outer.as_ref().map_or(0, OuterState::len);
-        let g = rings.into_values().unwrap_or_else(|| vec![0.0; n]);
-        if let Some(o) = self.outer.as_mut() {
-            o.put_pseudo_gradient(g)?;
+        let g = rings.into_values().unwrap_or_else(|| vec![0.0; self.n_params]);
+        match self.outer.as_mut() {
+            Some(o) => o.put_pseudo_gradient(g)?,
+            None => self.parked_g = Some(g),
         }
         Ok(())
     }
@@ -1018,30 +1157,38 @@ impl<L: InnerLoop> Worker<L> {
     /// replicated part (it is sender `i` of `k`), and, from the first sender only, its own inner
     /// optimiser state whole. A sender still computing (non-blocking mode) sends when it is done.
     ///
-    /// The state is copied here, at once (a consistent snapshot); serialising and hashing it, which
-    /// for a large model takes seconds, run on a blocking thread, and the pieces are queued when
-    /// that is done ([`queue_state`](Self::queue_state)), so that this node keeps its heartbeats
-    /// and its part in the all-reduce meanwhile.
+    /// The state is copied at once, in a job (a consistent snapshot); serialising and hashing it,
+    /// which for a large model takes seconds, run beside the loop when that is done
+    /// ([`prepare_state`](Self::prepare_state)), and the pieces are queued after that
+    /// ([`queue_state`](Self::queue_state)), so that this node keeps its heartbeats and its part
+    /// in the all-reduce meanwhile.
     fn send_state(
         &mut self,
         epoch: Epoch,
         to: NodeId,
         senders: Vec<NodeId>,
     ) -> Result<(), WorkerError> {
-        self.ensure_outer()?;
-        let Some(inner) = self.inner.as_ref() else {
+        if self.inner.is_none() {
             self.deferred_sends.push((epoch, to, senders));
             return Ok(());
-        };
-        let started = self.clock.secs();
+        }
         let blocking = self.opts.mesh.join_mode == loco_core::mesh::JoinMode::Blocking;
         let Some(share) = share_of(&senders, self.opts.id, blocking) else {
             tracing::warn!(node = %self.opts.name, "asked to send the state to {to} but not among its senders");
             return Ok(());
         };
-        let own = if share.sends_own { Some(inner.export_optimizer()?) } else { None };
-        let outer = self.outer.as_ref().expect("outer state");
-        let shared = SharedState::from_outer(outer);
+        self.start_job(move |h| jobs::copy_state(h, epoch, to, share))
+    }
+
+    /// Serialises and hashes a copied state on a blocking thread, beside everything else.
+    fn prepare_state(
+        &mut self,
+        epoch: Epoch,
+        to: NodeId,
+        share: Share,
+        shared: SharedState,
+        own: Option<Vec<u8>>,
+    ) {
         self.preparing.spawn_blocking(move || {
             let outer_step = shared.outer_steps();
             let shared = shared.encode();
@@ -1053,15 +1200,12 @@ impl<L: InnerLoop> Worker<L> {
                 .collect();
             Ok(PreparedState { epoch, to, outer_step, share, parts })
         });
-        // The time this node's loop spent on it (the rest runs beside the loop).
-        self.spend_recovery(started);
-        Ok(())
     }
 
     /// Queues the pieces of a prepared state (reference-counted slices, no copy).
     async fn queue_state(&mut self, p: PreparedState) -> Result<(), WorkerError> {
         let PreparedState { epoch, to, outer_step, share, parts } = p;
-        let started = self.clock.secs();
+        let started = tokio::time::Instant::now();
         let mut sent = 0u64;
         let mut first = true;
         'parts: for (part, digest, bytes) in parts {
@@ -1087,7 +1231,7 @@ impl<L: InnerLoop> Worker<L> {
                 }
             }
         }
-        self.spend_recovery(started);
+        self.spend_recovery(started.elapsed());
         self.event(
             EventKind::RecoveryDone,
             format!(
@@ -1126,12 +1270,12 @@ impl<L: InnerLoop> Worker<L> {
         }
         let Some(f) = self.fetch.as_mut() else { return };
         let Some(received) = f.assembly.take_complete() else { return };
-        let n = self.outer.as_ref().map_or(0, OuterState::len);
+        let n = self.n_params;
         self.verifying.spawn_blocking(move || received.verify(n));
     }
 
-    /// Takes a verified state: the outer state from it, the steps committed meanwhile replayed
-    /// (non-blocking mode), the inner part for the inner loop. A part whose digest is wrong is
+    /// Takes a verified state: in a job ([`jobs::install`]), the outer state from it, the steps
+    /// committed meanwhile replayed (non-blocking mode); the inner part for the inner loop. A part whose digest is wrong is
     /// dropped, and the transfer waits for another copy of it.
     fn on_verified(&mut self, c: Result<Verified, Box<VerifyFailed>>) -> Result<(), WorkerError> {
         let Some(f) = self.fetch.as_mut() else { return Ok(()) };
@@ -1148,39 +1292,16 @@ impl<L: InnerLoop> Worker<L> {
         let Some(shared) = v.shared else {
             return Err(InnerError::Backend("a state without bytes".into()).into());
         };
-        let layout = self.layout.clone();
-        let as_of = shared.outer_steps();
-        let mut outer = shared.into_outer(self.opts.outer, buckets_from_sizes(layout))?;
-        // Non-blocking mode: replay the steps committed here since the state was taken.
-        let replayed = f.log.replay_onto(&mut outer).map_err(|e| {
-            InnerError::Backend(format!("the state received is as of outer step {as_of}: {e}"))
-        })?;
-        let hash = weights_digest(outer.outer());
-        // The pseudo-gradient buffer holds this step's all-reduce result when it has finished
-        // (the commit applies it next): it carries over to the received state.
-        if let Some(old) = self.outer.as_mut() {
-            let g = old.take_pseudo_gradient();
-            if g.len() == outer.len() {
-                outer.put_pseudo_gradient(g)?;
-            }
-        }
-        self.outer = Some(outer);
-        // A blocking joiner's wait is its Recovery span; a non-blocking one computes meanwhile.
-        self.event(
-            EventKind::RecoveryDone,
-            format!(
-                "received {} bytes of state as of outer step {as_of}, digest {}, weights {hash}{}",
-                v.bytes,
-                &v.shared_digest[..16.min(v.shared_digest.len())],
-                if replayed > 0 { format!(", {replayed} step(s) replayed") } else { String::new() }
-            ),
-        )?;
-        self.pending_sync = Some(PendingSync { own: v.own.unwrap_or_default() });
-        if matches!(self.member.phase(), loco_core::mesh::MemberPhase::Syncing { .. }) {
-            // Blocking mode: the inner loop is idle; take the state and report now.
-            self.finish_pending_sync()?;
-        }
-        Ok(())
+        let job = jobs::InstallJob {
+            shared,
+            log: f.log,
+            cfg: self.opts.outer,
+            layout: self.layout.clone(),
+            bytes: v.bytes,
+            shared_digest: v.shared_digest,
+            own: v.own.unwrap_or_default(),
+        };
+        self.start_job(move |h| jobs::install(h, job))
     }
 
     /// Gives the inner loop the received state and tells the coordinator this node is synced.
@@ -1188,18 +1309,15 @@ impl<L: InnerLoop> Worker<L> {
     /// pseudo-gradient this node contributes with weight 1 starts from the mesh's weights.
     fn finish_pending_sync(&mut self) -> Result<(), WorkerError> {
         let Some(p) = self.pending_sync.take() else { return Ok(()) };
-        if let Some(inner) = self.inner.as_mut() {
-            inner.import_optimizer(&p.own)?;
-        }
-        self.sync_inner_to_outer()?;
-        let now = self.clock.now();
-        if let Some(a) = self.acct.as_mut() {
-            if a.current() == Some(Span::Recovery) {
-                a.enter(Span::Barrier, now);
-            }
-        }
-        self.member.report_sync_done(now)?;
-        Ok(())
+        self.start_job(move |h| jobs::sync(h, p.own))
+    }
+}
+
+/// The output of `h`'s task; pending while there is none (a `select!` arm guards it).
+async fn join<T>(h: &mut Option<tokio::task::JoinHandle<T>>) -> Result<T, tokio::task::JoinError> {
+    match h.as_mut() {
+        Some(h) => h.await,
+        None => std::future::pending().await,
     }
 }
 
