@@ -64,8 +64,9 @@ impl Plan {
         let retries = m.max_retries.saturating_add(1);
         // The longest an outer step can take while the mesh keeps its promises: compute, the
         // barrier deadline, a blocking state transfer, every attempt of the all-reduce with its
-        // backoff, and the heartbeat timeouts that trigger them.
+        // backoff, the heartbeat timeouts that trigger them, and the commit's outer work.
         let stall_limit = compute.saturating_mul(2)
+            + s.sim().outer_time(s.model().param_count())
             + m.barrier_timeout
             + m.sync_timeout
             + (m.allreduce_timeout + m.retry_backoff + m.heartbeat_timeout.saturating_mul(2))

@@ -65,6 +65,14 @@ struct Computing {
     since: Option<Time>,
 }
 
+/// A commit's O(model) work (`[sim] outer_cost` per parameter), under way: the member keeps
+/// beating, every other action waits for its end, and the row closes then.
+struct OuterWork {
+    hash: String,
+    /// Left to do, and since when (None while hung), as in [`Computing`].
+    left: Computing,
+}
+
 /// One node's host software. See the module documentation.
 pub(crate) struct Node {
     run: Rc<RunCtx>,
@@ -80,6 +88,7 @@ pub(crate) struct Node {
     /// Collective frames on their way to the rings: stale ones counted, early ones held.
     inbox: Inbox,
     computing: Option<Computing>,
+    outer_work: Option<OuterWork>,
     acct: Option<StepAcct>,
     /// The node holds valid outer weights (a founding member, or the state arrived).
     synced: bool,
@@ -141,6 +150,7 @@ impl Node {
             held_frames: VecDeque::new(),
             inbox: Inbox::default(),
             computing: None,
+            outer_work: None,
             acct: None,
             synced: false,
             report_sync: false,
@@ -208,6 +218,7 @@ impl Node {
         self.held_frames.clear();
         self.inbox = Inbox::default();
         self.computing = None;
+        self.outer_work = None;
         self.acct = None;
         self.synced = false;
         self.report_sync = false;
@@ -244,9 +255,10 @@ impl Node {
         }
     }
 
-    /// The next action to execute: deferred ones first; while hung only sends go out.
+    /// The next action to execute: deferred ones first; while hung or busy with a commit's
+    /// outer work only sends go out.
     fn next_action(&mut self) -> Option<MemberAction> {
-        if self.hung() {
+        if self.hung() || self.outer_work.is_some() {
             while let Some(a) = self.member.poll_action() {
                 match a {
                     MemberAction::Send { to, msg, padding } => self.send_mesh(to, msg, padding),
@@ -265,8 +277,12 @@ impl Node {
 
     async fn next_event(&mut self) -> Event {
         let mut wake = self.member.poll_timeout().unwrap_or(Time::MAX);
-        if let Some(Computing { remaining, since: Some(since), .. }) = &self.computing {
-            wake = wake.min(*since + *remaining);
+        let busy =
+            self.computing.as_ref().into_iter().chain(self.outer_work.as_ref().map(|w| &w.left));
+        for c in busy {
+            if let Computing { remaining, since: Some(since), .. } = c {
+                wake = wake.min(*since + *remaining);
+            }
         }
         let ctl = self.run.clone();
         let wake_ctl = &ctl.node(self.id).wake;
@@ -311,22 +327,10 @@ impl Node {
         }
         let hung = ctl.hung.get();
         if let Some(c) = &mut self.computing {
-            match (hung, c.since) {
-                (true, Some(since)) => {
-                    c.remaining = c.remaining.saturating_sub(now - since);
-                    c.since = None;
-                    if let Some(a) = &mut self.acct {
-                        a.leave(now);
-                    }
-                }
-                (false, None) => {
-                    c.since = Some(now);
-                    if let Some(a) = &mut self.acct {
-                        a.enter(Span::Compute, now);
-                    }
-                }
-                _ => {}
-            }
+            pause_or_resume(c, hung, now, self.acct.as_mut(), Span::Compute);
+        }
+        if let Some(w) = &mut self.outer_work {
+            pause_or_resume(&mut w.left, hung, now, self.acct.as_mut(), Span::Outer);
         }
     }
 
@@ -339,6 +343,13 @@ impl Node {
         };
         if finished {
             self.finish_compute(now);
+        }
+        if self
+            .outer_work
+            .as_ref()
+            .is_some_and(|w| w.left.since.is_some_and(|s| now >= s + w.left.remaining))
+        {
+            self.finish_outer_work(now);
         }
     }
 
@@ -552,7 +563,29 @@ impl Node {
         if let Some(a) = &mut self.acct {
             a.set_epoch(epoch);
         }
-        self.close_row(step, now, hash);
+        // The O(model) work just done takes params x outer_cost of the node's time; the member
+        // keeps answering meanwhile (a real worker does it on a blocking thread).
+        let remaining = self.run.scenario.sim().outer_time(self.run.params);
+        if remaining.is_zero() {
+            self.close_row(step, now, hash);
+            self.after_commit(step);
+            return;
+        }
+        let since = (!self.hung()).then_some(now);
+        if let (Some(a), Some(_)) = (&mut self.acct, since) {
+            a.enter(Span::Outer, now);
+        }
+        self.outer_work = Some(OuterWork { hash, left: Computing { step, remaining, since } });
+    }
+
+    /// The commit's outer work is done: its row closes, and the actions held meanwhile go on.
+    fn finish_outer_work(&mut self, now: Time) {
+        let Some(w) = self.outer_work.take() else { return };
+        self.close_row(w.left.step, now, w.hash);
+        self.after_commit(w.left.step);
+    }
+
+    fn after_commit(&mut self, step: u64) {
         // Where the real backend hands a due checkpoint to its writer (the simulator writes none).
         let real = self.run.scenario.real();
         if real.checkpoint_dir.is_some() && (step + 1).is_multiple_of(real.checkpoint_every) {
@@ -724,6 +757,33 @@ impl Node {
             );
             rec.violation(msg);
         }
+    }
+}
+
+/// A hang pauses `c` (its time so far is spent, the row's span left) and a resume goes on with
+/// it (the row back in `span`).
+fn pause_or_resume(
+    c: &mut Computing,
+    hung: bool,
+    now: Time,
+    acct: Option<&mut StepAcct>,
+    span: Span,
+) {
+    match (hung, c.since) {
+        (true, Some(since)) => {
+            c.remaining = c.remaining.saturating_sub(now - since);
+            c.since = None;
+            if let Some(a) = acct {
+                a.leave(now);
+            }
+        }
+        (false, None) => {
+            c.since = Some(now);
+            if let Some(a) = acct {
+                a.enter(span, now);
+            }
+        }
+        _ => {}
     }
 }
 
