@@ -511,7 +511,10 @@ pub(crate) fn replay(scenario: &Scenario, mut opts: ReplayOptions) -> Result<Run
                 let have = r.rows_of(last);
                 let waiting =
                     members.iter().any(|m| !have.contains(m) && run.node(*m).member.get());
-                let grace = run.mesh.heartbeat_timeout.saturating_mul(2) + Duration::from_secs(10);
+                // Members close their last rows once the commit's outer work is done.
+                let grace = run.mesh.heartbeat_timeout.saturating_mul(2)
+                    + Duration::from_secs(10)
+                    + s.sim().outer_time(run.params);
                 if !waiting || now - last_progress > grace {
                     stop_reason = format!("{n} outer steps done");
                     break;
