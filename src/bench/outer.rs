@@ -272,7 +272,7 @@ mod tests {
             report.presets.iter().map(|p| (p.preset.as_str(), p.params)).collect();
         assert_eq!(
             presets,
-            [("150m", 149_844_736), ("1b", 1_235_814_400), ("10b", 10_211_381_248)]
+            [("150m", 149_840_640), ("1b", 1_235_814_400), ("10b", 10_211_381_248)]
         );
         for p in &report.presets {
             assert_eq!(p.seconds, p.params as f64 * report.outer_cost);
