@@ -141,11 +141,11 @@
 //! numerics = "virtual"         # default "virtual" (sizes only); or "real" (small vectors)
 //! elements = 4096              # default 4096; vector length when numerics = "real"; >= 1
 //! duration_limit = "30d"       # default none (the simulator picks); >= stop.time
-//! outer_cost = 5e-9            # default 5e-9 (seconds per parameter; >= 0, 0 for none): each
-//!                              # commit's O(model) work (pseudo-gradient, outer step, copy into
-//!                              # the model, weights digest) takes params x this of the node's
-//!                              # time, heartbeats going on meanwhile; `loco bench outer` measures
-//!                              # it (the default: on a 2-core AMD EPYC VM)
+//! outer_cost = 3.2e-9          # default 3.2e-9 (seconds per parameter; >= 0, 0 for none):
+//!                              # each commit's O(model) work (pseudo-gradient, outer step, copy
+//!                              # into the model, weights digest) takes params x this of the
+//!                              # node's time, heartbeats going on meanwhile; `loco bench outer`
+//!                              # measures it (the default: on a 2-core AMD EPYC VM)
 //!
 //! [real]                       # real backend only
 //! device = "cpu"               # default "cpu"; or "cuda" / "cuda:N"
@@ -647,9 +647,9 @@ pub struct SimSpec {
 
 impl SimSpec {
     /// The default [`outer_cost`](SimSpec::outer_cost): what `loco bench outer` measured on a
-    /// 2-core AMD EPYC VM (about 5 ns per parameter: 0.75 s per commit at 150M parameters,
-    /// 51 s at 10B).
-    pub const DEFAULT_OUTER_COST: f64 = 5e-9;
+    /// 2-core AMD EPYC VM (3.1-3.5 ns per parameter over seven runs: 0.48 s per commit at 150M
+    /// parameters, 4.0 s at 1B, 33 s at 10B).
+    pub const DEFAULT_OUTER_COST: f64 = 3.2e-9;
 
     /// The time a commit's O(model) work takes for `params` parameters (saturating at
     /// [`Duration::MAX`]).

@@ -842,7 +842,7 @@ fn backend_section_constraints() {
     assert_msg(
         &src,
         "-1e-9",
-        "sim.outer_cost: expected seconds per parameter, a number >= 0 like 5e-9, got -1e-9",
+        "sim.outer_cost: expected seconds per parameter, a number >= 0 like 3.2e-9, got -1e-9",
     );
     let src = format!("{BASE}[sim]\nouter_cost = \"5ns\"\n");
     let e = err(&src);

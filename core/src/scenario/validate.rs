@@ -825,7 +825,7 @@ fn sim(s: &RawSim, stop: &Stop) -> R<SimSpec> {
             Some(v) => {
                 return Err(expected(
                     &p.key("outer_cost"),
-                    "seconds per parameter, a number >= 0 like 5e-9",
+                    "seconds per parameter, a number >= 0 like 3.2e-9",
                     format!("{v:e}"),
                 ));
             }
