@@ -179,6 +179,12 @@ pub(crate) enum BenchCommand {
     /// Simulated seconds per wall second and peak memory of a replay (default: 24 simulated
     /// hours of the INTELLECT-1 global scenario).
     Sim(SimBench),
+    /// The per-parameter cost of a commit's O(model) work as a real worker does it (the
+    /// pseudo-gradient, the outer Nesterov step, the copy into the model, the weights digest),
+    /// next to a memcpy of the same bytes measured in the same run, and what it comes to per
+    /// outer step for the 150m, 1b and 10b presets. The total is the figure for a scenario's
+    /// `[sim] outer_cost`.
+    Outer(OuterBench),
     /// One rank of the TCP all-reduce benchmark.
     #[command(hide = true)]
     AllreduceRank(AllreduceRank),
@@ -243,6 +249,23 @@ pub(crate) struct SimBench {
     /// Simulated hours to run.
     #[arg(long, default_value_t = 24.0)]
     pub(crate) hours: f64,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct OuterBench {
+    /// Parameters (fp32) of the vector; each copy takes 4 bytes per parameter, and the run
+    /// holds five (outer weights, momentum, pseudo-gradient, inner weights, model).
+    #[arg(long, default_value_t = 50_000_000)]
+    pub(crate) params: usize,
+    /// Repetitions; the best is reported.
+    #[arg(long, default_value_t = 5)]
+    pub(crate) repeats: usize,
+    /// Seed of the N(0,1) weights.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) seed: u64,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub(crate) json: bool,

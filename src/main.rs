@@ -183,6 +183,36 @@ fn run(cli: Cli) -> Result<Outcome> {
             };
             print_report(a.json, &report, |out| report.print_table(out))?;
         }
+        Command::Bench(BenchCommand::Outer(a)) => {
+            for (flag, v) in [("--params", a.params), ("--repeats", a.repeats)] {
+                if v == 0 {
+                    return Err(InputError(anyhow::anyhow!("{flag}: expected at least 1")).into());
+                }
+            }
+            let args =
+                bench::outer::OuterBenchArgs { params: a.params, repeats: a.repeats, seed: a.seed };
+            let bar = std::io::IsTerminal::is_terminal(&std::io::stderr()).then(|| {
+                let b = indicatif::ProgressBar::new(5);
+                b.set_style(
+                    indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len}")
+                        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+                        .progress_chars("=> "),
+                );
+                b
+            });
+            let report = bench::outer::run(&args, |name| {
+                if let Some(b) = &bar {
+                    if !b.message().is_empty() {
+                        b.inc(1);
+                    }
+                    b.set_message(format!("{name}, {} params", a.params));
+                }
+            })?;
+            if let Some(b) = bar {
+                b.finish_and_clear();
+            }
+            print_report(a.json, &report, |out| report.print_table(out))?;
+        }
         Command::Bench(BenchCommand::AllreduceRank(a)) => {
             let r = bench::allreduce::run_rank(&a)?;
             println!("{}", serde_json::to_string(&r)?);

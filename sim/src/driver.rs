@@ -64,8 +64,9 @@ impl Plan {
         let retries = m.max_retries.saturating_add(1);
         // The longest an outer step can take while the mesh keeps its promises: compute, the
         // barrier deadline, a blocking state transfer, every attempt of the all-reduce with its
-        // backoff, and the heartbeat timeouts that trigger them.
+        // backoff, the heartbeat timeouts that trigger them, and the commit's outer work.
         let stall_limit = compute.saturating_mul(2)
+            + s.sim().outer_time(s.model().param_count())
             + m.barrier_timeout
             + m.sync_timeout
             + (m.allreduce_timeout + m.retry_backoff + m.heartbeat_timeout.saturating_mul(2))
@@ -510,7 +511,10 @@ pub(crate) fn replay(scenario: &Scenario, mut opts: ReplayOptions) -> Result<Run
                 let have = r.rows_of(last);
                 let waiting =
                     members.iter().any(|m| !have.contains(m) && run.node(*m).member.get());
-                let grace = run.mesh.heartbeat_timeout.saturating_mul(2) + Duration::from_secs(10);
+                // Members close their last rows once the commit's outer work is done.
+                let grace = run.mesh.heartbeat_timeout.saturating_mul(2)
+                    + Duration::from_secs(10)
+                    + s.sim().outer_time(run.params);
                 if !waiting || now - last_progress > grace {
                     stop_reason = format!("{n} outer steps done");
                     break;

@@ -2,5 +2,6 @@
 
 pub(crate) mod allreduce;
 pub mod codec;
+pub(crate) mod outer;
 pub(crate) mod quality;
 pub(crate) mod train;

@@ -1,4 +1,4 @@
-//! `loco bench codec`, `allreduce`, `quality` and `train`.
+//! `loco bench codec`, `allreduce`, `outer`, `quality` and `train`.
 
 use crate::common::{TestContext, stderr, stdout};
 
@@ -75,6 +75,43 @@ fn bench_codec_prints_memcpy_and_ratios() {
     let text = stdout(&out);
     for needle in ["memcpy", "uint8", "int8-block", "fp16", "bf16", "fp32"] {
         assert!(text.contains(needle), "missing {needle} in:\n{text}");
+    }
+}
+
+/// `loco bench outer` at a small size: the four parts of the commit's work, their sum per
+/// parameter (the `[sim] outer_cost` figure), the memcpy beside them, and the presets' seconds.
+#[test]
+fn bench_outer_reports_the_cost_per_parameter_and_the_presets() {
+    let ctx = TestContext::new();
+    let out = ctx.loco(&["bench", "outer", "--params", "200000", "--repeats", "2", "--json"]);
+    assert!(out.status.success(), "stderr: {}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("JSON");
+    assert_eq!((v["params"].as_u64(), v["bytes"].as_u64()), (Some(200_000), Some(800_000)));
+    let parts: Vec<&str> =
+        v["parts"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
+    assert_eq!(parts, ["pseudo-gradient", "outer step", "set params", "digest"]);
+    let sum: f64 =
+        v["parts"].as_array().unwrap().iter().map(|p| p["seconds"].as_f64().unwrap()).sum();
+    let cost = v["outer_cost"].as_f64().unwrap();
+    assert!(cost > 0.0 && (cost * 200_000.0 - sum).abs() < 1e-9 * sum.max(1e-9), "{cost} {sum}");
+    assert!(v["memcpy_gbps"].as_f64().unwrap() > 0.0);
+    let presets: Vec<&str> =
+        v["presets"].as_array().unwrap().iter().map(|p| p["preset"].as_str().unwrap()).collect();
+    assert_eq!(presets, ["150m", "1b", "10b"]);
+    let ten_b = &v["presets"][2];
+    let want = ten_b["params"].as_f64().unwrap() * cost;
+    assert!((ten_b["seconds"].as_f64().unwrap() - want).abs() < 1e-9 * want);
+
+    let out = ctx.loco(&["bench", "outer", "--params", "1000", "--repeats", "1"]);
+    assert!(out.status.success(), "stderr: {}", stderr(&out));
+    let text = stdout(&out);
+    for needle in ["memcpy", "digest", "total", "[sim] outer_cost = ", "10b"] {
+        assert!(text.contains(needle), "missing {needle} in:\n{text}");
+    }
+    for flag in ["--params", "--repeats"] {
+        let out = ctx.loco(&["bench", "outer", flag, "0"]);
+        assert_eq!(out.status.code(), Some(2));
+        assert!(stderr(&out).contains(flag), "{}", stderr(&out));
     }
 }
 

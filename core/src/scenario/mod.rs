@@ -143,6 +143,11 @@
 //! numerics = "virtual"         # default "virtual" (sizes only); or "real" (small vectors)
 //! elements = 4096              # default 4096; vector length when numerics = "real"; >= 1
 //! duration_limit = "30d"       # default none (the simulator picks); >= stop.time
+//! outer_cost = 3.2e-9          # default 3.2e-9 (seconds per parameter; >= 0, 0 for none):
+//!                              # each commit's O(model) work (pseudo-gradient, outer step, copy
+//!                              # into the model, weights digest) takes params x this of the
+//!                              # node's time, heartbeats going on meanwhile; `loco bench outer`
+//!                              # measures it (the default: on a 2-core AMD EPYC VM)
 //!
 //! [real]                       # real backend only
 //! device = "cpu"               # default "cpu"; or "cuda" / "cuda:N"
@@ -636,11 +641,34 @@ pub struct SimSpec {
     pub elements: u64,
     /// Simulated-time safety limit; `None` lets the simulator choose.
     pub duration_limit: Option<Duration>,
+    /// Seconds per parameter of a commit's O(model) work (the pseudo-gradient, the outer step,
+    /// the copy into the model, the weights digest): every commit takes the model's parameter
+    /// count times this of the node's time, spent in its row's `outer_s`. 0 charges nothing.
+    pub outer_cost: f64,
+}
+
+impl SimSpec {
+    /// The default [`outer_cost`](SimSpec::outer_cost): what `loco bench outer` measured on a
+    /// 2-core AMD EPYC VM (3.1-3.5 ns per parameter over seven runs: 0.48 s per commit at 150M
+    /// parameters, 4.0 s at 1B, 33 s at 10B).
+    pub const DEFAULT_OUTER_COST: f64 = 3.2e-9;
+
+    /// The time a commit's O(model) work takes for `params` parameters (saturating at
+    /// [`Duration::MAX`]).
+    pub fn outer_time(&self, params: u64) -> Duration {
+        Duration::try_from_secs_f64(params as f64 * self.outer_cost).unwrap_or(Duration::MAX)
+    }
 }
 
 impl Default for SimSpec {
     fn default() -> Self {
-        SimSpec { tick: None, numerics: Numerics::Virtual, elements: 4096, duration_limit: None }
+        SimSpec {
+            tick: None,
+            numerics: Numerics::Virtual,
+            elements: 4096,
+            duration_limit: None,
+            outer_cost: SimSpec::DEFAULT_OUTER_COST,
+        }
     }
 }
 

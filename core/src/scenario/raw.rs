@@ -249,6 +249,7 @@ pub(crate) struct RawSim {
     pub(crate) numerics: Option<String>,
     pub(crate) elements: Option<u64>,
     pub(crate) duration_limit: Option<RawScalar>,
+    pub(crate) outer_cost: Option<f64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]

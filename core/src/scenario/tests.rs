@@ -204,6 +204,7 @@ tick = "10ms"
 numerics = "real"
 elements = 100
 duration_limit = "2d"
+outer_cost = 2.5e-9
 
 [real]
 device = "cuda:1"
@@ -256,6 +257,7 @@ secret_env = "MY_SECRET"
             numerics: Numerics::Real,
             elements: 100,
             duration_limit: Some(Duration::from_secs(172_800)),
+            outer_cost: 2.5e-9,
         }
     );
     let r = s.real();
@@ -845,6 +847,23 @@ fn backend_section_constraints() {
         "\"1d\"",
         r#"sim.duration_limit: expected a limit >= stop.time (2d), got "1d""#,
     );
+    let src = format!("{BASE}[sim]\nouter_cost = -1e-9\n");
+    assert_msg(
+        &src,
+        "-1e-9",
+        "sim.outer_cost: expected seconds per parameter, a number >= 0 like 3.2e-9, got -1e-9",
+    );
+    let src = format!("{BASE}[sim]\nouter_cost = \"5ns\"\n");
+    let e = err(&src);
+    assert_eq!(e.path.to_string(), "sim.outer_cost");
+    // 0 charges nothing; an integer is a number too.
+    let s = ok(&format!("{BASE}[sim]\nouter_cost = 0\n"));
+    assert_eq!(s.sim().outer_time(10_000_000_000), Duration::ZERO);
+    let s = ok(&format!("{BASE}[sim]\nouter_cost = 2e-9\n"));
+    assert_eq!(s.sim().outer_time(150_000_000), Duration::from_millis(300));
+    assert_eq!(s.sim().outer_time(u64::MAX), Duration::from_secs_f64(u64::MAX as f64 * 2e-9));
+    assert_eq!(SimSpec { outer_cost: 1e300, ..SimSpec::default() }.outer_time(2), Duration::MAX);
+    assert_eq!(SimSpec::default().outer_cost, SimSpec::DEFAULT_OUTER_COST);
     let src = format!("{BASE}[real]\ndevice = \"gpu\"\n");
     assert_msg(&src, "\"gpu\"", r#"real.device: expected "cpu", "cuda" or "cuda:N", got "gpu""#);
     let src = format!("{BASE}[real]\nkeep = 0\n");

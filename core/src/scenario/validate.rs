@@ -828,6 +828,17 @@ fn sim(s: &RawSim, stop: &Stop) -> R<SimSpec> {
         numerics,
         elements: at_least_one(&p.key("elements"), s.elements.unwrap_or(def.elements))?,
         duration_limit,
+        outer_cost: match s.outer_cost {
+            None => def.outer_cost,
+            Some(v) if v.is_finite() && v >= 0.0 => v,
+            Some(v) => {
+                return Err(expected(
+                    &p.key("outer_cost"),
+                    "seconds per parameter, a number >= 0 like 3.2e-9",
+                    format!("{v:e}"),
+                ));
+            }
+        },
     })
 }
 

@@ -21,7 +21,8 @@ use crate::numerics::{self, Synthetic};
 use loco_core::mesh::LeaveReason;
 use loco_core::node::acct::RowIdentity;
 use loco_core::node::machine::{
-    Check, Effect, Node as MachineNode, NodeConfig, NodeEvent, Numerics, StatePieces,
+    Check, Effect, Node as MachineNode, NodeConfig, NodeEvent, Numerics, OuterJob, OuterKind,
+    StatePieces,
 };
 use loco_core::scenario::FaultPhase;
 use loco_core::transport::{Frame, Header, Phase, TransportError};
@@ -52,6 +53,9 @@ pub(crate) struct Node {
     net: SimTransport,
     machine: MachineNode,
     computing: Option<Computing>,
+    /// A commit's O(model) work under way (`[sim] outer_cost` per parameter): the job, already
+    /// run, goes back to the machine when its time is up.
+    outer: Option<(OuterJob, Computing)>,
     /// The synthetic model, with real numerics.
     model: Option<Synthetic>,
 }
@@ -76,7 +80,7 @@ impl Node {
                 (m, None)
             }
         };
-        Ok(Node { run, id, inc, session: 0, net, machine, computing: None, model })
+        Ok(Node { run, id, inc, session: 0, net, machine, computing: None, outer: None, model })
     }
 
     fn now() -> Time {
@@ -97,6 +101,9 @@ impl Node {
         ctl.struck.set(true);
         ctl.hung.set(true);
         if let Some(c) = &mut self.computing {
+            c.since = None;
+        }
+        if let Some((_, c)) = &mut self.outer {
             c.since = None;
         }
         self.machine.suspend(Self::now());
@@ -121,6 +128,7 @@ impl Node {
             tokio::time::sleep(self.run.mesh.heartbeat_interval).await;
             self.session += 1;
             self.computing = None;
+            self.outer = None;
             self.machine.restart((self.inc << 16) | self.session);
         }
         // Let the writer tasks put the last frames (the deathrattle) on the wire.
@@ -161,6 +169,15 @@ impl Node {
             };
             if done {
                 self.finish_compute(now);
+            }
+            if self
+                .outer
+                .as_ref()
+                .is_some_and(|(_, c)| c.since.is_some_and(|t| now >= t + c.remaining))
+            {
+                if let Some((job, _)) = self.outer.take() {
+                    self.machine.outer_done(now, job);
+                }
             }
         }
     }
@@ -221,10 +238,22 @@ impl Node {
                 }
             }
             Effect::Outer(mut job) => {
-                // The outer step's O(model) work. The simulator charges it no time (yet): a
-                // modelled cost would complete the job after `job.params()` x the cost.
+                // The outer step's O(model) work: a commit takes `[sim] outer_cost` per
+                // parameter of the node's time (the cost measured by `loco bench outer` covers
+                // the pseudo-gradient too, so that job and a skip are free). The machine holds every action but sends meanwhile, as a real worker
+                // does while the job runs on a blocking thread; a hang pauses it.
                 job.run();
-                self.machine.outer_done(now, job);
+                let cost = match job.kind() {
+                    OuterKind::Commit => self.run.scenario.sim().outer_time(self.run.params),
+                    OuterKind::PseudoGradient | OuterKind::Skip => Duration::ZERO,
+                };
+                if cost.is_zero() {
+                    self.machine.outer_done(now, job);
+                } else {
+                    let since = (!self.hung()).then_some(now);
+                    let step = job.outer_step();
+                    self.outer = Some((job, Computing { step, remaining: cost, since }));
+                }
             }
             Effect::PrepareState(job) => {
                 // The synthetic model has no inner optimiser state: the own part is empty.
@@ -245,6 +274,7 @@ impl Node {
             Effect::Check(c) => self.check(c),
             Effect::Stop { rejoin, .. } => {
                 self.computing = None;
+                self.outer = None;
                 return Some(rejoin);
             }
         }
@@ -292,8 +322,11 @@ impl Node {
 
     async fn next_event(&mut self) -> Event {
         let mut wake = self.machine.poll_timeout().unwrap_or(Time::MAX);
-        if let Some(Computing { remaining, since: Some(since), .. }) = &self.computing {
-            wake = wake.min(*since + *remaining);
+        let busy = self.computing.iter().chain(self.outer.iter().map(|(_, c)| c));
+        for c in busy {
+            if let Computing { remaining, since: Some(since), .. } = c {
+                wake = wake.min(*since + *remaining);
+            }
         }
         let ctl = self.run.clone();
         let wake_ctl = &ctl.node(self.id).wake;
@@ -313,7 +346,7 @@ impl Node {
             self.machine.leave(now, LeaveReason::Graceful);
         }
         let hung = ctl.hung.get();
-        if let Some(c) = &mut self.computing {
+        for c in self.computing.iter_mut().chain(self.outer.iter_mut().map(|(_, c)| c)) {
             match (hung, c.since) {
                 (true, Some(since)) => {
                     c.remaining = c.remaining.saturating_sub(now - since);

@@ -434,7 +434,8 @@ impl Node {
             return;
         }
         self.suspended = true;
-        if matches!(self.work, Work::Computing { .. }) {
+        // The executor pauses the work it runs for the machine: its time is idle meanwhile.
+        if matches!(self.work, Work::Computing { .. } | Work::Outer { .. }) {
             if let Some(a) = &mut self.acct {
                 a.leave(now);
             }
@@ -447,10 +448,13 @@ impl Node {
             return;
         }
         self.suspended = false;
-        if matches!(self.work, Work::Computing { .. }) {
-            if let Some(a) = &mut self.acct {
-                a.enter(Span::Compute, now);
-            }
+        let span = match self.work {
+            Work::Computing { .. } => Some(Span::Compute),
+            Work::Outer { .. } => Some(Span::Outer),
+            _ => None,
+        };
+        if let (Some(span), Some(a)) = (span, &mut self.acct) {
+            a.enter(span, now);
         }
         if matches!(self.work, Work::Reducing(_)) {
             self.drive_rings(now);
