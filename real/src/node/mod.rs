@@ -265,6 +265,10 @@ impl Clock {
     }
 }
 
+/// The longest the event loop runs the rings before it takes a turn of its own (timers,
+/// frames, jobs): see [`Worker::pump_ring`].
+const RING_SLICE: Duration = Duration::from_millis(10);
+
 /// A state transfer being received.
 struct Fetch {
     /// The pieces, checked and assembled (core's one implementation).
@@ -319,6 +323,10 @@ struct Worker<L: InnerLoop> {
     parked_g: Option<Vec<f32>>,
     /// Stale frames last written to the metrics.
     stale_written: u64,
+    /// Frames of the running rings that arrived before they started, still to be fed.
+    ring_backlog: VecDeque<(NodeId, Frame)>,
+    /// The rings have more to do than [`pump_ring`](Worker::pump_ring) did in its slice.
+    ring_busy: bool,
     /// The running all-reduce: one ring per local shard.
     rings: Option<ShardRings>,
     /// Collective frames on their way to the rings: stale ones counted, early ones held.
@@ -389,6 +397,8 @@ pub async fn run_worker<L: InnerLoop>(
         g_fresh: false,
         parked_g: None,
         stale_written: 0,
+        ring_backlog: VecDeque::new(),
+        ring_busy: false,
         rings: None,
         inbox: Inbox::default(),
         fetch: None,
@@ -456,6 +466,9 @@ impl<L: InnerLoop> Worker<L> {
                     for (epoch, to, senders) in std::mem::take(&mut self.deferred_sends) {
                         self.deferred.push_back(MemberAction::SendState { epoch, to, senders });
                     }
+                }
+                () = std::future::ready(()), if self.ring_busy => {
+                    self.pump_ring().await?;
                 }
                 Some(done) = self.preparing.join_next(), if !self.preparing.is_empty() => {
                     let prepared = done.map_err(|e| InnerError::Backend(format!("preparing a state panicked: {e}")))??;
@@ -533,11 +546,8 @@ impl<L: InnerLoop> Worker<L> {
                 self.g_fresh = false;
                 match rings {
                     Ok(rings) => {
-                        let early = self.inbox.take_for(rings.collective());
+                        self.ring_backlog = self.inbox.take_for(rings.collective()).into();
                         self.rings = Some(rings);
-                        for (from, f) in early {
-                            self.feed_rings(from, &f)?;
-                        }
                         self.pump_ring().await?;
                     }
                     Err(e) => {
@@ -552,7 +562,6 @@ impl<L: InnerLoop> Worker<L> {
                     f.log.push(outer_step, entry);
                 }
                 self.inner_dirty = false;
-                self.early_state.clear();
                 if let Some(taken) = checkpoint {
                     self.spend(Span::Checkpoint, taken.spent);
                     self.on_checkpoint_taken(taken)?;
@@ -919,6 +928,7 @@ impl<L: InnerLoop> Worker<L> {
             MemberAction::AbortAllReduce { epoch, op } => {
                 if let Some(rings) = self.rings.take() {
                     if rings.collective() == (epoch, op) {
+                        self.ring_backlog.clear();
                         self.return_values(rings)?;
                         self.event(
                             EventKind::Retry,
@@ -977,6 +987,7 @@ impl<L: InnerLoop> Worker<L> {
         if let Some(a) = self.acct.as_mut() {
             a.enter(Span::Outer, self.clock.now());
         }
+        self.early_state.clear();
         let job = jobs::CommitJob {
             epoch,
             outer_step,
@@ -1084,26 +1095,47 @@ impl<L: InnerLoop> Worker<L> {
         Ok(())
     }
 
+    /// Runs the rings for at most [`RING_SLICE`]: sends what they have to send, then feeds them
+    /// the frames that arrived before they started, one at a time; reports the all-reduce done
+    /// when it is. Left with more to do, it sets `ring_busy` and the event loop calls it again
+    /// after a turn of its own: each frame is one segment's coding, but an attempt's first
+    /// chunk, or a backlog of early frames, is O(model / world) of them, which for a large
+    /// model would hold the loop (and the heartbeats) for seconds.
     async fn pump_ring(&mut self) -> Result<(), WorkerError> {
+        let started = tokio::time::Instant::now();
+        self.ring_busy = false;
         loop {
-            let Some(rings) = self.rings.as_mut() else { return Ok(()) };
-            let Some((to, f)) = rings.poll_send() else { break };
-            let phase = match &f.header {
-                Header::Collective(h) if h.phase == loco_core::transport::Phase::AllGather => {
-                    FaultPhase::AllGather
-                }
-                _ => FaultPhase::ReduceScatter,
+            let Some(rings) = self.rings.as_mut() else {
+                self.ring_backlog.clear();
+                return Ok(());
             };
-            let sent = self.send(to, f).await;
-            if sent {
-                self.strike(phase)?;
+            if let Some((to, f)) = rings.poll_send() {
+                let phase = match &f.header {
+                    Header::Collective(h) if h.phase == loco_core::transport::Phase::AllGather => {
+                        FaultPhase::AllGather
+                    }
+                    _ => FaultPhase::ReduceScatter,
+                };
+                let sent = self.send(to, f).await;
+                if sent {
+                    self.strike(phase)?;
+                }
+                if !sent {
+                    let rings = self.rings.take().expect("rings");
+                    self.ring_backlog.clear();
+                    let (epoch, op) = rings.collective();
+                    self.return_values(rings)?;
+                    self.event(EventKind::AllreduceFailed, format!("{} unreachable", to))?;
+                    let _ = self.member.report_allreduce_failed(self.clock.now(), epoch, op);
+                    return Ok(());
+                }
+            } else if let Some((from, f)) = self.ring_backlog.pop_front() {
+                self.feed_rings(from, &f)?;
+            } else {
+                break;
             }
-            if !sent {
-                let rings = self.rings.take().expect("rings");
-                let (epoch, op) = rings.collective();
-                self.return_values(rings)?;
-                self.event(EventKind::AllreduceFailed, format!("{} unreachable", to))?;
-                let _ = self.member.report_allreduce_failed(self.clock.now(), epoch, op);
+            if started.elapsed() >= RING_SLICE {
+                self.ring_busy = true;
                 return Ok(());
             }
         }
@@ -1145,6 +1177,12 @@ impl<L: InnerLoop> Worker<L> {
     async fn on_collective(&mut self, from: NodeId, frame: Frame) -> Result<(), WorkerError> {
         let running = self.rings.as_ref().map(ShardRings::collective);
         match self.inbox.admit(self.member.epoch(), running, from, frame) {
+            Admission::Feed(f) if !self.ring_backlog.is_empty() => {
+                // Behind the early frames still to be fed, in arrival order.
+                self.ring_backlog.push_back((from, f));
+                self.ring_busy = true;
+                Ok(())
+            }
             Admission::Feed(f) => {
                 self.feed_rings(from, &f)?;
                 self.pump_ring().await
