@@ -327,6 +327,8 @@ struct Worker<L: InnerLoop> {
     ring_backlog: VecDeque<(NodeId, Frame)>,
     /// The rings have more to do than [`pump_ring`](Worker::pump_ring) did in its slice.
     ring_busy: bool,
+    /// The results of a finished all-reduce of several shards, being concatenated.
+    gathering: Option<tokio::task::JoinHandle<(Epoch, u64, Option<Vec<f32>>)>>,
     /// The running all-reduce: one ring per local shard.
     rings: Option<ShardRings>,
     /// Collective frames on their way to the rings: stale ones counted, early ones held.
@@ -399,6 +401,7 @@ pub async fn run_worker<L: InnerLoop>(
         stale_written: 0,
         ring_backlog: VecDeque::new(),
         ring_busy: false,
+        gathering: None,
         rings: None,
         inbox: Inbox::default(),
         fetch: None,
@@ -466,6 +469,12 @@ impl<L: InnerLoop> Worker<L> {
                     for (epoch, to, senders) in std::mem::take(&mut self.deferred_sends) {
                         self.deferred.push_back(MemberAction::SendState { epoch, to, senders });
                     }
+                }
+                done = join(&mut self.gathering), if self.gathering.is_some() => {
+                    self.gathering = None;
+                    let (epoch, op, g) = done.map_err(|e| InnerError::Backend(format!("gathering the shards panicked: {e}")))?;
+                    self.put_values(g.unwrap_or_else(|| vec![0.0; self.n_params]))?;
+                    let _ = self.member.report_allreduce_done(self.clock.now(), epoch, op);
                 }
                 () = std::future::ready(()), if self.ring_busy => {
                     self.pump_ring().await?;
@@ -1087,7 +1096,17 @@ impl<L: InnerLoop> Worker<L> {
     /// failure they are unspecified; the next attempt recomputes them), or keeps them for it
     /// while a job holds it.
     fn return_values(&mut self, rings: ShardRings) -> Result<(), WorkerError> {
-        let g = rings.into_values().unwrap_or_else(|| vec![0.0; self.n_params]);
+        let g = match rings.shards() {
+            1 => rings.into_values(),
+            // Not worth a copy of the shards (the next attempt recomputes the values).
+            _ => None,
+        };
+        self.put_values(g.unwrap_or_else(|| vec![0.0; self.n_params]))
+    }
+
+    /// Puts the pseudo-gradient buffer back into the outer state, or keeps it for it while a job
+    /// holds it.
+    fn put_values(&mut self, g: Vec<f32>) -> Result<(), WorkerError> {
         match self.outer.as_mut() {
             Some(o) => o.put_pseudo_gradient(g)?,
             None => self.parked_g = Some(g),
@@ -1142,6 +1161,13 @@ impl<L: InnerLoop> Worker<L> {
         if self.rings.as_ref().is_some_and(ShardRings::is_done) {
             let rings = self.rings.take().expect("rings");
             let (epoch, op) = rings.collective();
+            if rings.shards() > 1 {
+                // Concatenating the shards' results copies (G-1)/G of the model: beside the
+                // loop, and the all-reduce is reported done when that is.
+                self.gathering =
+                    Some(tokio::task::spawn_blocking(move || (epoch, op, rings.into_values())));
+                return Ok(());
+            }
             self.return_values(rings)?;
             let _ = self.member.report_allreduce_done(self.clock.now(), epoch, op);
         }
