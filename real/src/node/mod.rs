@@ -328,7 +328,7 @@ struct Worker<L: InnerLoop> {
     /// The rings have more to do than [`pump_ring`](Worker::pump_ring) did in its slice.
     ring_busy: bool,
     /// The results of a finished all-reduce of several shards, being concatenated.
-    gathering: Option<tokio::task::JoinHandle<(Epoch, u64, Option<Vec<f32>>)>>,
+    gathering: Option<tokio::task::JoinHandle<Gathered>>,
     /// The running all-reduce: one ring per local shard.
     rings: Option<ShardRings>,
     /// Collective frames on their way to the rings: stale ones counted, early ones held.
@@ -361,6 +361,9 @@ struct Worker<L: InnerLoop> {
     own_max: u64,
     stop: Option<StopReason>,
 }
+
+/// A finished all-reduce's collective and its values, concatenated from its shards.
+type Gathered = (Epoch, u64, Option<Vec<f32>>);
 
 type ComputeResult<L> = (L, Result<Vec<InnerStats>, InnerError>);
 
