@@ -212,10 +212,16 @@ fn play(name: &str) -> (TestContext, Run) {
         serde_json::from_str(&std::fs::read_to_string(real.out.join("summary.json")).unwrap())
             .unwrap();
     assert_eq!(summary["invariants"]["ok"], true, "{summary}");
+    assert!(summary["extra"]["stale_frames_rejected"].as_u64().is_some(), "{summary}");
     assert!(real.steps_with_identical_replicas() >= 4, "{}", real.events_text());
     assert!(real.checkpoints_verify() >= 2, "no checkpoints in {}", real.ckpt.display());
     real.joiners_match_their_senders();
     let sim = replay(&ctx, &path);
+    // Both backends count the collective frames of epochs left behind.
+    let sim_summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(sim.out.join("summary.json")).unwrap())
+            .unwrap();
+    assert!(sim_summary["extra"]["stale_frames_rejected"].as_u64().is_some(), "{sim_summary}");
     assert_eq!(
         real.story(),
         sim.story(),

@@ -105,3 +105,39 @@ pub(crate) fn collect(
     let summary = summarize(&meta, &rows, &events);
     Ok(Record { summary, rows, events, peaks })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn write(path: &Path, lines: &[MetricsLine]) {
+        let mut f = std::fs::File::create(path).unwrap();
+        for l in lines {
+            writeln!(f, "{}", serde_json::to_string(l).unwrap()).unwrap();
+        }
+    }
+
+    fn counters(node: &str, incarnation: u64, stale: u64) -> MetricsLine {
+        MetricsLine::Counters { node: node.into(), incarnation, stale_frames_rejected: stale }
+    }
+
+    /// Each process writes its running count; the summary takes each process's last and sums
+    /// them, so that a restarted node's second process adds to its first.
+    #[test]
+    fn stale_frames_are_summed_over_processes() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Scenario::load(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/small.toml"),
+        )
+        .unwrap();
+        // One file per node: its incarnations append to it.
+        write(
+            &dir.path().join("a.jsonl"),
+            &[counters("a", 1, 3), counters("a", 1, 5), counters("a", 2, 2)],
+        );
+        write(&dir.path().join("b.jsonl"), &[counters("b", 1, 1)]);
+        let r = collect(&s, dir.path(), Vec::new(), 1.0, &[]).unwrap();
+        assert_eq!(r.summary.extra["stale_frames_rejected"], serde_json::json!(5 + 2 + 1));
+    }
+}

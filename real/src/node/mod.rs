@@ -265,6 +265,10 @@ impl Clock {
     }
 }
 
+/// The longest the event loop runs the rings before it takes a turn of its own (timers,
+/// frames, jobs): see [`Worker::pump_ring`].
+const RING_SLICE: Duration = Duration::from_millis(10);
+
 /// A state transfer being received.
 struct Fetch {
     /// The pieces, checked and assembled (core's one implementation).
@@ -319,6 +323,12 @@ struct Worker<L: InnerLoop> {
     parked_g: Option<Vec<f32>>,
     /// Stale frames last written to the metrics.
     stale_written: u64,
+    /// Frames of the running rings that arrived before they started, still to be fed.
+    ring_backlog: VecDeque<(NodeId, Frame)>,
+    /// The rings have more to do than [`pump_ring`](Worker::pump_ring) did in its slice.
+    ring_busy: bool,
+    /// The results of a finished all-reduce of several shards, being concatenated.
+    gathering: Option<tokio::task::JoinHandle<Gathered>>,
     /// The running all-reduce: one ring per local shard.
     rings: Option<ShardRings>,
     /// Collective frames on their way to the rings: stale ones counted, early ones held.
@@ -351,6 +361,9 @@ struct Worker<L: InnerLoop> {
     own_max: u64,
     stop: Option<StopReason>,
 }
+
+/// A finished all-reduce's collective and its values, concatenated from its shards.
+type Gathered = (Epoch, u64, Option<Vec<f32>>);
 
 type ComputeResult<L> = (L, Result<Vec<InnerStats>, InnerError>);
 
@@ -389,6 +402,9 @@ pub async fn run_worker<L: InnerLoop>(
         g_fresh: false,
         parked_g: None,
         stale_written: 0,
+        ring_backlog: VecDeque::new(),
+        ring_busy: false,
+        gathering: None,
         rings: None,
         inbox: Inbox::default(),
         fetch: None,
@@ -456,6 +472,15 @@ impl<L: InnerLoop> Worker<L> {
                     for (epoch, to, senders) in std::mem::take(&mut self.deferred_sends) {
                         self.deferred.push_back(MemberAction::SendState { epoch, to, senders });
                     }
+                }
+                done = join(&mut self.gathering), if self.gathering.is_some() => {
+                    self.gathering = None;
+                    let (epoch, op, g) = done.map_err(|e| InnerError::Backend(format!("gathering the shards panicked: {e}")))?;
+                    self.put_values(g.unwrap_or_else(|| vec![0.0; self.n_params]))?;
+                    let _ = self.member.report_allreduce_done(self.clock.now(), epoch, op);
+                }
+                () = std::future::ready(()), if self.ring_busy => {
+                    self.pump_ring().await?;
                 }
                 Some(done) = self.preparing.join_next(), if !self.preparing.is_empty() => {
                     let prepared = done.map_err(|e| InnerError::Backend(format!("preparing a state panicked: {e}")))??;
@@ -533,11 +558,8 @@ impl<L: InnerLoop> Worker<L> {
                 self.g_fresh = false;
                 match rings {
                     Ok(rings) => {
-                        let early = self.inbox.take_for(rings.collective());
+                        self.ring_backlog = self.inbox.take_for(rings.collective()).into();
                         self.rings = Some(rings);
-                        for (from, f) in early {
-                            self.feed_rings(from, &f)?;
-                        }
                         self.pump_ring().await?;
                     }
                     Err(e) => {
@@ -552,7 +574,6 @@ impl<L: InnerLoop> Worker<L> {
                     f.log.push(outer_step, entry);
                 }
                 self.inner_dirty = false;
-                self.early_state.clear();
                 if let Some(taken) = checkpoint {
                     self.spend(Span::Checkpoint, taken.spent);
                     self.on_checkpoint_taken(taken)?;
@@ -919,6 +940,7 @@ impl<L: InnerLoop> Worker<L> {
             MemberAction::AbortAllReduce { epoch, op } => {
                 if let Some(rings) = self.rings.take() {
                     if rings.collective() == (epoch, op) {
+                        self.ring_backlog.clear();
                         self.return_values(rings)?;
                         self.event(
                             EventKind::Retry,
@@ -977,6 +999,7 @@ impl<L: InnerLoop> Worker<L> {
         if let Some(a) = self.acct.as_mut() {
             a.enter(Span::Outer, self.clock.now());
         }
+        self.early_state.clear();
         let job = jobs::CommitJob {
             epoch,
             outer_step,
@@ -1076,7 +1099,17 @@ impl<L: InnerLoop> Worker<L> {
     /// failure they are unspecified; the next attempt recomputes them), or keeps them for it
     /// while a job holds it.
     fn return_values(&mut self, rings: ShardRings) -> Result<(), WorkerError> {
-        let g = rings.into_values().unwrap_or_else(|| vec![0.0; self.n_params]);
+        let g = match rings.shards() {
+            1 => rings.into_values(),
+            // Not worth a copy of the shards (the next attempt recomputes the values).
+            _ => None,
+        };
+        self.put_values(g.unwrap_or_else(|| vec![0.0; self.n_params]))
+    }
+
+    /// Puts the pseudo-gradient buffer back into the outer state, or keeps it for it while a job
+    /// holds it.
+    fn put_values(&mut self, g: Vec<f32>) -> Result<(), WorkerError> {
         match self.outer.as_mut() {
             Some(o) => o.put_pseudo_gradient(g)?,
             None => self.parked_g = Some(g),
@@ -1084,32 +1117,60 @@ impl<L: InnerLoop> Worker<L> {
         Ok(())
     }
 
+    /// Runs the rings for at most [`RING_SLICE`]: sends what they have to send, then feeds them
+    /// the frames that arrived before they started, one at a time; reports the all-reduce done
+    /// when it is. Left with more to do, it sets `ring_busy` and the event loop calls it again
+    /// after a turn of its own: each frame is one segment's coding, but an attempt's first
+    /// chunk, or a backlog of early frames, is O(model / world) of them, which for a large
+    /// model would hold the loop (and the heartbeats) for seconds.
     async fn pump_ring(&mut self) -> Result<(), WorkerError> {
+        let started = tokio::time::Instant::now();
+        self.ring_busy = false;
         loop {
-            let Some(rings) = self.rings.as_mut() else { return Ok(()) };
-            let Some((to, f)) = rings.poll_send() else { break };
-            let phase = match &f.header {
-                Header::Collective(h) if h.phase == loco_core::transport::Phase::AllGather => {
-                    FaultPhase::AllGather
-                }
-                _ => FaultPhase::ReduceScatter,
+            let Some(rings) = self.rings.as_mut() else {
+                self.ring_backlog.clear();
+                return Ok(());
             };
-            let sent = self.send(to, f).await;
-            if sent {
-                self.strike(phase)?;
+            if let Some((to, f)) = rings.poll_send() {
+                let phase = match &f.header {
+                    Header::Collective(h) if h.phase == loco_core::transport::Phase::AllGather => {
+                        FaultPhase::AllGather
+                    }
+                    _ => FaultPhase::ReduceScatter,
+                };
+                let sent = self.send(to, f).await;
+                if sent {
+                    self.strike(phase)?;
+                }
+                if !sent {
+                    let rings = self.rings.take().expect("rings");
+                    self.ring_backlog.clear();
+                    let (epoch, op) = rings.collective();
+                    self.return_values(rings)?;
+                    self.event(EventKind::AllreduceFailed, format!("{} unreachable", to))?;
+                    let _ = self.member.report_allreduce_failed(self.clock.now(), epoch, op);
+                    return Ok(());
+                }
+            } else if let Some((from, f)) = self.ring_backlog.pop_front() {
+                self.feed_rings(from, &f)?;
+            } else {
+                break;
             }
-            if !sent {
-                let rings = self.rings.take().expect("rings");
-                let (epoch, op) = rings.collective();
-                self.return_values(rings)?;
-                self.event(EventKind::AllreduceFailed, format!("{} unreachable", to))?;
-                let _ = self.member.report_allreduce_failed(self.clock.now(), epoch, op);
+            if started.elapsed() >= RING_SLICE {
+                self.ring_busy = true;
                 return Ok(());
             }
         }
         if self.rings.as_ref().is_some_and(ShardRings::is_done) {
             let rings = self.rings.take().expect("rings");
             let (epoch, op) = rings.collective();
+            if rings.shards() > 1 {
+                // Concatenating the shards' results copies (G-1)/G of the model: beside the
+                // loop, and the all-reduce is reported done when that is.
+                self.gathering =
+                    Some(tokio::task::spawn_blocking(move || (epoch, op, rings.into_values())));
+                return Ok(());
+            }
             self.return_values(rings)?;
             let _ = self.member.report_allreduce_done(self.clock.now(), epoch, op);
         }
@@ -1145,6 +1206,12 @@ impl<L: InnerLoop> Worker<L> {
     async fn on_collective(&mut self, from: NodeId, frame: Frame) -> Result<(), WorkerError> {
         let running = self.rings.as_ref().map(ShardRings::collective);
         match self.inbox.admit(self.member.epoch(), running, from, frame) {
+            Admission::Feed(f) if !self.ring_backlog.is_empty() => {
+                // Behind the early frames still to be fed, in arrival order.
+                self.ring_backlog.push_back((from, f));
+                self.ring_busy = true;
+                Ok(())
+            }
             Admission::Feed(f) => {
                 self.feed_rings(from, &f)?;
                 self.pump_ring().await
