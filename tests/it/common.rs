@@ -1,5 +1,6 @@
 //! Shared fixtures: run the built `loco` binary in a fresh temporary directory.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -49,4 +50,18 @@ pub(crate) fn stderr(o: &Output) -> String {
 pub(crate) fn one_real_run_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// One row of a CSV file, by column name.
+pub type Row = BTreeMap<String, String>;
+
+/// Reads a CSV file with a header into rows by column name; panics naming the file.
+pub fn read_csv(path: &Path) -> Vec<Row> {
+    let mut r = csv::Reader::from_path(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let header: Vec<String> = r.headers().expect("a header").iter().map(str::to_string).collect();
+    r.records()
+        .map(|rec| {
+            header.iter().cloned().zip(rec.expect("a record").iter().map(str::to_string)).collect()
+        })
+        .collect()
 }

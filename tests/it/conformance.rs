@@ -26,23 +26,10 @@
 //! timing): a new difference fails, and so does a fixed one, until docs/conformance.md and the
 //! list below are updated together.
 
-use crate::common::{TestContext, one_real_run_at_a_time, stderr, stdout};
+use crate::common::{Row, TestContext, one_real_run_at_a_time, read_csv, stderr, stdout};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
-
-/// One row of a CSV file, by column name.
-type Row = BTreeMap<String, String>;
-
-fn read_csv(path: &Path) -> Vec<Row> {
-    let mut r = csv::Reader::from_path(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let header: Vec<String> = r.headers().expect("a header").iter().map(str::to_string).collect();
-    r.records()
-        .map(|rec| {
-            header.iter().cloned().zip(rec.expect("a record").iter().map(str::to_string)).collect()
-        })
-        .collect()
-}
+use std::path::PathBuf;
 
 /// Which backend a difference is in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

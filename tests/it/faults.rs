@@ -8,22 +8,9 @@
 //! hash-equals the state its senders committed; events.csv says what happened; and the simulator
 //! tells the same membership story (the same epochs with the same members, the same evictions).
 
-use crate::common::{TestContext, one_real_run_at_a_time, stderr, stdout};
+use crate::common::{Row, TestContext, one_real_run_at_a_time, read_csv, stderr, stdout};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-
-/// One row of a CSV file, by column name.
-type Row = BTreeMap<String, String>;
-
-fn read_csv(path: &Path) -> Vec<Row> {
-    let mut r = csv::Reader::from_path(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let header: Vec<String> = r.headers().expect("a header").iter().map(str::to_string).collect();
-    r.records()
-        .map(|rec| {
-            header.iter().cloned().zip(rec.expect("a record").iter().map(str::to_string)).collect()
-        })
-        .collect()
-}
 
 /// A finished run: its directory and files.
 struct Run {
