@@ -30,7 +30,7 @@ use loco_core::node::machine::NodeEvent;
 use loco_core::testing::nodes::{NodeNet, Seen};
 use loco_core::time::Time;
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+mod common;
 use std::time::Duration;
 
 fn duration(s: &str) -> Result<Duration, String> {
@@ -204,40 +204,15 @@ fn run_script(script: &str) -> Result<String, String> {
     Ok(net.map(|n| render(&n)).unwrap_or_default())
 }
 
-fn scripts() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/testdata/node");
-    let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .expect("tests/testdata/node is readable")
-        .map(|e| e.expect("a directory entry").path())
-        .filter(|p| p.extension().is_some_and(|e| e == "txt"))
-        .collect();
-    v.sort();
-    v
-}
-
 #[test]
 fn node_scripts() {
-    let rewrite = std::env::var_os("LOCO_REWRITE").is_some();
-    let files = scripts();
-    assert!(files.len() >= 4, "scripts found: {files:?}");
-    let mut failed = Vec::new();
-    for path in files {
-        let text = std::fs::read_to_string(&path).expect("readable script");
-        let (script, expected) = text.split_once("\n----\n").unwrap_or((text.as_str(), ""));
-        let got = run_script(script).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    common::run_scripts("node", 4, run_script, |path, got| {
         assert!(
             !got.contains("VIOLATION") && !got.contains("DISAGREE"),
             "{}:\n{got}",
             path.display()
         );
-        if rewrite {
-            std::fs::write(&path, format!("{script}\n----\n{got}")).expect("writable script");
-        } else if got != expected {
-            eprintln!("{}: expected\n{expected}\ngot\n{got}", path.display());
-            failed.push(path);
-        }
-    }
-    assert!(failed.is_empty(), "traces differ (LOCO_REWRITE=1 rewrites): {failed:?}");
+    });
 }
 
 // ----- the same stories, asserted in code -----
