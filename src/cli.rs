@@ -143,6 +143,10 @@ pub(crate) struct WorkerArgs {
     /// early, so that nodes the scenario starts together ask together).
     #[arg(long, hide = true)]
     pub(crate) join_at: Option<f64>,
+    /// A file in which `loco launch` writes the Unix time to ask to join at, once every worker
+    /// it started together is ready: the scenario's time 0 for all of them.
+    #[arg(long, hide = true, value_name = "FILE", conflicts_with = "join_at")]
+    pub(crate) start_gate: Option<PathBuf>,
     /// Replace the model by a synthetic objective with this many parameters.
     #[arg(long, value_name = "N")]
     pub(crate) synthetic_params: Option<usize>,
@@ -152,9 +156,9 @@ pub(crate) struct WorkerArgs {
     pub(crate) resume: Option<PathBuf>,
     /// Fault injection: SIGKILL this process when it next enters PHASE (compute,
     /// reduce-scatter, all-gather, state-send or checkpoint) at or after SECS seconds after it
-    /// started.
+    /// started, and (with `,step=N`) in outer step N or later.
     /// Repeatable. `loco launch` passes the scenario's `crash` events that have a `during`.
-    #[arg(long, value_name = "PHASE@SECS")]
+    #[arg(long, value_name = "PHASE@SECS[,step=N]")]
     pub(crate) crash_during: Vec<loco_real::node::Fault>,
     /// Write checkpoints here instead of the scenario's `[real] checkpoint_dir`.
     #[arg(long, value_name = "DIR")]

@@ -31,8 +31,8 @@ pub struct NodeCtl {
     /// Whether the node is a member of the mesh now (for the end-of-run events).
     pub member: Cell<bool>,
     /// A crash armed by a `crash` event with `during`: it strikes when the node next enters
-    /// this phase.
-    pub armed: Cell<Option<loco_core::scenario::FaultPhase>>,
+    /// this phase in this outer step or a later one.
+    pub armed: Cell<Option<(loco_core::scenario::FaultPhase, u64)>>,
     /// The armed crash struck: the node froze there, and the driver kills it at its next tick.
     pub struck: Cell<bool>,
 }

@@ -252,7 +252,7 @@ impl Driver<'_> {
                     }
                     let ctl = run.node(id);
                     let detail = match ctl.armed.take() {
-                        Some(phase) => format!("SIGKILL during {phase} (fault injection)"),
+                        Some((phase, _)) => format!("SIGKILL during {phase} (fault injection)"),
                         None => "killed".to_string(),
                     };
                     run.event(now, EventKind::Crash, Some(id), None, detail);
@@ -461,11 +461,12 @@ pub(crate) fn replay(scenario: &Scenario, mut opts: ReplayOptions) -> Result<Run
     loop {
         let now = d.now();
         while next_churn < churn.len() && Time::ZERO + churn[next_churn].at <= now {
-            let (a, during) = (churn[next_churn].action.clone(), churn[next_churn].during);
+            let e = &churn[next_churn];
+            let (a, during, from_step) = (e.action.clone(), e.during, e.from_step);
             match (&a, during) {
                 (ChurnAction::Crash(ids), Some(phase)) => {
                     for &id in ids {
-                        d.run.node(id).armed.set(Some(phase));
+                        d.run.node(id).armed.set(Some((phase, from_step.unwrap_or(0))));
                     }
                 }
                 _ => d.apply(&a),

@@ -55,7 +55,7 @@ impl Kind {
         let node = matches!(field, "node" | "nodes");
         let link = matches!(field, "from" | "to" | "oneway");
         match self {
-            Kind::Crash => node || field == "during",
+            Kind::Crash => node || matches!(field, "during" | "step"),
             Kind::Join | Kind::Leave | Kind::Resume | Kind::Restart => node,
             Kind::Hang => node || field == "for",
             Kind::Partition => node || link || field == "for",
@@ -136,6 +136,7 @@ pub(super) fn churn(
             ("jitter", c.jitter.is_some()),
             ("for", c.for_.is_some()),
             ("during", c.during.is_some()),
+            ("step", c.step.is_some()),
         ];
         for (field, given) in present {
             if given && !kind.accepts(field) {
@@ -152,6 +153,13 @@ pub(super) fn churn(
             })?),
             None => None,
         };
+        if c.step.is_some() && during.is_none() {
+            return Err(missing(
+                &cp.key("during"),
+                "the phase the crash strikes in (`step` arms a crash with `during`)",
+            ));
+        }
+        let from_step = c.step;
         let for_ = c.for_.as_ref().map(|f| positive_duration(&cp.key("for"), f)).transpose()?;
         let end_at = match for_ {
             Some(d) => Some(at.checked_add(d).ok_or_else(|| {
@@ -193,8 +201,11 @@ pub(super) fn churn(
                 EventSource::ChurnEnd(_) => Vec::new(),
                 _ => node_paths.clone(),
             };
-            let during = if matches!(source, EventSource::Churn(_)) { during } else { None };
-            let event = ChurnEvent { at, action, source, during };
+            let (during, from_step) = match source {
+                EventSource::Churn(_) => (during, from_step),
+                _ => (None, None),
+            };
+            let event = ChurnEvent { at, action, source, during, from_step };
             pending.push(Pending { event, path, node_paths });
         };
         let node_kind = |ids: &Vec<NodeId>| -> R<Vec<NodeId>> {
@@ -402,6 +413,7 @@ pub(super) fn churn(
                     action: ChurnAction::Join(vec![n.id]),
                     source: EventSource::NodeStart(n.entry),
                     during: None,
+                    from_step: None,
                 },
                 path: path.clone(),
                 node_paths: vec![path],

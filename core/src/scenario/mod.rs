@@ -133,6 +133,9 @@
 //! during = "reduce-scatter"    # crash: armed at `at`, fires when the node next enters this
 //!                              # phase: compute, reduce-scatter, all-gather, state-send or
 //!                              # checkpoint
+//! step = 4                     # crash with `during`: and only in outer step 4 or later
+//!                              # (default any): the same step in the simulator and on any
+//!                              # machine, however loaded
 //!
 //! [stop]                       # required: outer_steps, time, or both (the first reached)
 //! outer_steps = 30             # >= 1
@@ -174,7 +177,7 @@
 //! |---|---|---|
 //! | `join` | `node`/`nodes` | a declared node without `start` starts then (same as setting its `start`) |
 //! | `leave` | `node`/`nodes` | graceful exit with a deathrattle |
-//! | `crash` | `node`/`nodes`, `during` | SIGKILL (also of a hung node); with `during`, at the node's next entry into that phase after `at` |
+//! | `crash` | `node`/`nodes`, `during` | SIGKILL (also of a hung node); with `during`, at the node's next entry into that phase after `at` (and, with `step`, in outer step `step` or later) |
 //! | `hang` | `node`/`nodes`, `for` | stops working but keeps sending heartbeats |
 //! | `resume` | `node`/`nodes` | a hung node works again |
 //! | `restart` | `node`/`nodes` | a node that crashed or left comes back and rejoins |
@@ -564,6 +567,9 @@ pub struct ChurnEvent {
     pub source: EventSource,
     /// A crash armed at `at` that fires when the node next enters this phase (`None`: at `at`).
     pub during: Option<FaultPhase>,
+    /// A crash with `during` strikes only in this outer step or a later one (`None`: any):
+    /// where the crash lands then depends on the protocol, not on the pace of the machine.
+    pub from_step: Option<u64>,
 }
 
 /// A phase of a node's outer step, where a `crash` with `during` strikes.

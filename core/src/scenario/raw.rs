@@ -233,6 +233,7 @@ pub(crate) struct RawChurn {
     #[serde(rename = "for")]
     pub(crate) for_: Option<RawScalar>,
     pub(crate) during: Option<String>,
+    pub(crate) step: Option<u64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]

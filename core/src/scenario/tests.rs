@@ -968,6 +968,21 @@ fn a_crash_can_wait_for_a_phase() {
         "\"compute\"",
         "churn[0].during: `during` does not apply to a leave event",
     );
+    let s = ok(&churn(
+        "at = \"2s\"\nkind = \"crash\"\nnode = \"eu\"\nduring = \"compute\"\nstep = 4\n",
+    ));
+    assert_eq!((s.churn()[0].during, s.churn()[0].from_step), (Some(FaultPhase::Compute), Some(4)));
+    assert_eq!(
+        ok(&churn("at = \"2s\"\nkind = \"crash\"\nnode = \"eu\"\n")).churn()[0].from_step,
+        None
+    );
+    let e = err(&churn("at = \"2s\"\nkind = \"crash\"\nnode = \"eu\"\nstep = 4\n")).to_string();
+    assert!(
+        e.contains("churn[0].during: missing") && e.contains("`step` arms a crash with `during`"),
+        "{e}"
+    );
+    let src = churn("at = \"2s\"\nkind = \"leave\"\nnode = \"eu\"\nstep = 4\n");
+    assert_msg_last(&src, "4", "churn[0].step: `step` does not apply to a leave event");
 }
 
 fn assert_msg_last(src: &str, needle: &str, rest: &str) {

@@ -99,19 +99,46 @@ pub struct CheckpointPlan {
 }
 
 /// A fault injected into a worker: the process kills itself (SIGKILL) when it next enters
-/// `phase` at or after `after_s` seconds since it started.
+/// `phase` at or after `after_s` seconds since it started, in outer step `from_step` or later.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Fault {
     /// Where it strikes.
     pub phase: FaultPhase,
     /// Armed from this time on (seconds since this process started).
     pub after_s: f64,
+    /// And only in this outer step or a later one (0: any).
+    pub from_step: u64,
+}
+
+impl Fault {
+    /// Whether it strikes on entering `phase` at `now_s` (seconds since the process started)
+    /// in `outer_step`.
+    pub fn strikes(&self, phase: FaultPhase, now_s: f64, outer_step: u64) -> bool {
+        self.phase == phase && now_s >= self.after_s && outer_step >= self.from_step
+    }
+}
+
+impl std::fmt::Display for Fault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}@{}", self.phase, self.after_s)?;
+        if self.from_step > 0 {
+            write!(f, ",step={}", self.from_step)?;
+        }
+        Ok(())
+    }
 }
 
 impl std::str::FromStr for Fault {
     type Err = String;
-    /// `PHASE@SECONDS`, like `reduce-scatter@3.5`.
+    /// `PHASE@SECONDS[,step=N]`, like `reduce-scatter@3.5` or `compute@1.5,step=4`.
     fn from_str(s: &str) -> Result<Fault, String> {
+        let (s, from_step) = match s.split_once(",step=") {
+            Some((rest, n)) => {
+                let n = n.parse().map_err(|_| format!("{n:?} is not an outer step (0, 1, ...)"))?;
+                (rest, n)
+            }
+            None => (s, 0),
+        };
         let (phase, at) = s.split_once('@').unwrap_or((s, "0"));
         let phase = FaultPhase::parse(phase).ok_or_else(|| {
             let names: Vec<&str> = FaultPhase::ALL.iter().map(|(n, _)| *n).collect();
@@ -122,7 +149,7 @@ impl std::str::FromStr for Fault {
             .ok()
             .filter(|t: &f64| t.is_finite() && *t >= 0.0)
             .ok_or_else(|| format!("{at:?} is not a time in seconds"))?;
-        Ok(Fault { phase, after_s })
+        Ok(Fault { phase, after_s, from_step })
     }
 }
 
@@ -665,15 +692,20 @@ impl<L: InnerLoop> Worker<L> {
     }
 
     /// Whether a fault armed for `phase` strikes now.
-    fn armed(&self, phase: FaultPhase) -> bool {
+    fn armed(&self, phase: FaultPhase, outer_step: u64) -> bool {
         let now = self.clock.start.elapsed().as_secs_f64();
-        self.opts.faults.iter().any(|f| f.phase == phase && now >= f.after_s)
+        self.opts.faults.iter().any(|f| f.strikes(phase, now, outer_step))
+    }
+
+    /// The outer step of the open row (0 before the first).
+    fn row_step(&self) -> u64 {
+        self.acct.as_ref().map_or(0, StepAcct::step)
     }
 
     /// Fault injection: records the crash, then kills this process with SIGKILL (no cleanup, no
     /// deathrattle: what a machine failure looks like to the others).
-    fn strike(&mut self, phase: FaultPhase) -> Result<(), WorkerError> {
-        if !self.armed(phase) {
+    fn strike(&mut self, phase: FaultPhase, outer_step: u64) -> Result<(), WorkerError> {
+        if !self.armed(phase, outer_step) {
             return Ok(());
         }
         self.event(EventKind::Crash, format!("SIGKILL during {phase} (fault injection)"))?;
@@ -702,7 +734,8 @@ impl<L: InnerLoop> Worker<L> {
     /// A snapshot went to the writer: noted, the fault drill's strike, the previous save's outcome.
     fn on_checkpoint_taken(&mut self, t: jobs::CheckpointTaken) -> Result<(), WorkerError> {
         self.checkpointed = Some(t.steps);
-        self.strike(FaultPhase::Checkpoint)?;
+        // The snapshot holds `steps` outer steps: that of the last one committed.
+        self.strike(FaultPhase::Checkpoint, t.steps.saturating_sub(1))?;
         match t.ticket {
             Ok(t) => {
                 if let Some(prev) = t.previous {
@@ -852,7 +885,7 @@ impl<L: InnerLoop> Worker<L> {
                     self.deferred.push_front(MemberAction::Compute { epoch, outer_step });
                     return Ok(());
                 }
-                let crash_in_compute = self.armed(FaultPhase::Compute);
+                let crash_in_compute = self.armed(FaultPhase::Compute, outer_step);
                 if crash_in_compute {
                     self.event(
                         EventKind::Crash,
@@ -1140,7 +1173,7 @@ impl<L: InnerLoop> Worker<L> {
                 };
                 let sent = self.send(to, f).await;
                 if sent {
-                    self.strike(phase)?;
+                    self.strike(phase, self.row_step())?;
                 }
                 if !sent {
                     let rings = self.rings.take().expect("rings");
@@ -1294,7 +1327,7 @@ impl<L: InnerLoop> Worker<L> {
                 sent += r.end - r.start;
                 if first {
                     first = false;
-                    self.strike(FaultPhase::StateSend)?;
+                    self.strike(FaultPhase::StateSend, self.row_step())?;
                 }
             }
         }
@@ -1393,4 +1426,24 @@ fn kill_self() {
     let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
     // SIGKILL cannot be caught; should the raise fail, end as abruptly.
     std::process::abort();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fault_flag_reads_back_what_the_launcher_writes() {
+        for text in ["reduce-scatter@1.5", "compute@0", "checkpoint@2.25,step=4"] {
+            let f: Fault = text.parse().unwrap();
+            assert_eq!(f.to_string(), text);
+        }
+        let f: Fault = "all-gather@1.5,step=4".parse().unwrap();
+        assert!(!f.strikes(FaultPhase::AllGather, 1.4, 4), "before its time");
+        assert!(!f.strikes(FaultPhase::AllGather, 9.0, 3), "before its step");
+        assert!(!f.strikes(FaultPhase::ReduceScatter, 9.0, 4), "another phase");
+        assert!(f.strikes(FaultPhase::AllGather, 1.5, 4));
+        assert!("compute@1,step=x".parse::<Fault>().unwrap_err().contains("\"x\""));
+        assert!("lunch@1".parse::<Fault>().unwrap_err().contains("unknown phase"));
+    }
 }

@@ -93,9 +93,10 @@ impl Node {
 
     /// An armed crash for `phase` strikes: the node freezes (it sends and computes nothing more)
     /// and the driver kills it at its next tick.
-    fn strike(&mut self, phase: FaultPhase) {
+    fn strike(&mut self, phase: FaultPhase, outer_step: Option<u64>) {
         let ctl = self.run.node(self.id);
-        if ctl.armed.get() != Some(phase) || ctl.struck.get() {
+        let due = |(p, from): (FaultPhase, u64)| p == phase && outer_step.unwrap_or(0) >= from;
+        if !ctl.armed.get().is_some_and(due) || ctl.struck.get() {
             return;
         }
         ctl.struck.set(true);
@@ -214,7 +215,7 @@ impl Node {
         self.run.frames.set(self.run.frames.get() + 1);
         self.net.enqueue(to, frame);
         if let Some(p) = phase {
-            self.strike(p);
+            self.strike(p, self.machine.outer_step());
         }
     }
 
@@ -225,7 +226,7 @@ impl Node {
             Effect::Compute { outer_step, .. } => {
                 let remaining = self.compute_duration(outer_step);
                 self.computing = Some(Computing { step: outer_step, remaining, since: Some(now) });
-                self.strike(FaultPhase::Compute);
+                self.strike(FaultPhase::Compute, Some(outer_step));
                 if self.hung() {
                     if let Some(c) = &mut self.computing {
                         c.since = None;
@@ -264,10 +265,10 @@ impl Node {
                 let r = received.verify(params);
                 self.machine.state_verified(now, r);
             }
-            Effect::Checkpoint { .. } => {
+            Effect::Checkpoint { outer_step } => {
                 // Where the real backend hands a due checkpoint to its writer (the simulator
                 // writes none).
-                self.strike(FaultPhase::Checkpoint);
+                self.strike(FaultPhase::Checkpoint, Some(outer_step));
             }
             Effect::Row(row) => self.run.rec.borrow_mut().row(row),
             Effect::Event(ev) => self.event(now, ev),

@@ -325,6 +325,12 @@ impl Node {
         &self.work
     }
 
+    /// The outer step it works on: that of its open row (`None` before admission and between
+    /// a commit and the next step's compute).
+    pub fn outer_step(&self) -> Option<u64> {
+        self.acct.as_ref().map(StepAcct::step)
+    }
+
     /// The outer state, unless lent to a job.
     pub fn outer(&self) -> Option<&OuterState> {
         self.outer.as_ref()
