@@ -7,7 +7,8 @@ use loco_core::scenario::Scenario;
 use loco_real::coord::{CoordinatorOptions, bind, run_coordinator};
 use loco_real::inner::{InnerError, InnerLoop, InnerStats, Quadratic};
 use loco_real::launch::{
-    LaunchError, LaunchPlan, Launcher, Notice, Resume, StatusSender, checkpoint_plan, unix_now,
+    LaunchError, LaunchPlan, Launcher, Notice, READY_LIMIT, Resume, StatusSender, checkpoint_plan,
+    unix_now,
 };
 use loco_real::node::{WorkerOptions, run_worker};
 use loco_real::tcp::TcpConfig;
@@ -208,6 +209,9 @@ fn make_inner(
 }
 
 /// `loco worker`.
+/// How much longer than the launcher's [`READY_LIMIT`] a worker waits at the start gate.
+const GATE_SLACK: Duration = Duration::from_secs(30);
+
 pub(crate) fn worker(a: &crate::cli::WorkerArgs) -> Result<()> {
     let s = load(&a.scenario)?;
     let node = s
@@ -236,7 +240,20 @@ pub(crate) fn worker(a: &crate::cli::WorkerArgs) -> Result<()> {
     if let Some(st) = &status {
         st.ready();
     }
-    if let Some(t) = a.join_at {
+    let join_at = match &a.start_gate {
+        // The launcher opens it at most READY_LIMIT after the launch.
+        Some(gate) => match loco_real::launch::gate::wait(gate, READY_LIMIT + GATE_SLACK) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                if let Some(st) = &status {
+                    st.stopped(&format!("failed: {e}"), 0, "");
+                }
+                return Err(e.into());
+            }
+        },
+        None => a.join_at,
+    };
+    if let Some(t) = join_at {
         // Started early (loading libtorch and building the model take a while, and not equally
         // long for every process): wait for the scenario's time to ask to join, at most 60 s.
         // Before the options: the metrics' time base and the faults' clock start after it.

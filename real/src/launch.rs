@@ -7,7 +7,8 @@
 //! starts says `ready` once its model is loaded, forwards its metrics lines, and says `stopped`;
 //! its connection closes when it exits. The scenario's clock starts once every starting worker
 //! is ready (at most [`READY_LIMIT`] after the launch), so that process start-up (loading
-//! libtorch takes a second or more) is not part of the run. A joiner's process starts
+//! libtorch takes a second or more) is not part of the run; those workers wait at a [`gate`]
+//! until then and ask to join together at its time 0. A joiner's process starts
 //! [`JOIN_LEAD`] before its join and waits for the scenario's time to ask to join, so that
 //! nodes the scenario starts together ask together.
 //!
@@ -15,6 +16,7 @@
 //! returned [`LaunchOutcome`] holds the run's record, and details go to `tracing`.
 
 mod error;
+pub mod gate;
 mod outcome;
 mod prepare;
 mod record;
@@ -40,6 +42,8 @@ use std::time::Duration;
 pub const JOIN_LEAD: Duration = Duration::from_secs(3);
 /// The longest the scenario's clock waits for the starting workers to be ready.
 pub const READY_LIMIT: Duration = Duration::from_secs(60);
+/// The start [`gate`]'s file, in the run's `nodes/` folder.
+const GATE_FILE: &str = "start";
 /// The longest the launcher sleeps between two looks at its processes.
 const TICK: Duration = Duration::from_millis(100);
 /// The longest it waits for the coordinator's address.
@@ -151,7 +155,8 @@ impl<'a> Launcher<'a> {
         std::fs::create_dir_all(&nodes_dir).map_err(io("creating", &nodes_dir))?;
         for e in std::fs::read_dir(&nodes_dir).map_err(io("listing", &nodes_dir))? {
             let p = e.map_err(io("listing", &nodes_dir))?.path();
-            if p.extension().is_some_and(|x| x == "jsonl" || x == "addr" || x == "sock") {
+            let stale = p.extension().is_some_and(|x| x == "jsonl" || x == "addr" || x == "sock");
+            if stale || p.file_name().is_some_and(|n| n == GATE_FILE) {
                 std::fs::remove_file(&p).map_err(io("removing", &p))?;
             }
         }
@@ -168,6 +173,7 @@ impl<'a> Launcher<'a> {
         let mut run = Run {
             ckpt_root: checkpoint_root(s, path, given),
             plan: &plan,
+            gate: Some(nodes_dir.join(GATE_FILE)),
             nodes_dir,
             resume,
             run_start: unix_now(),
@@ -248,6 +254,8 @@ impl Drop for Fleet {
 struct Run<'p, 'a> {
     plan: &'p LaunchPlan,
     nodes_dir: PathBuf,
+    /// The start gate, until it opens (the scenario's clock starts).
+    gate: Option<PathBuf>,
     resume: Option<u64>,
     ckpt_root: Option<PathBuf>,
     run_start: f64,
@@ -348,7 +356,11 @@ impl Run<'_, '_> {
                 c.at >= at && matches!(&c.action, ChurnAction::Crash(ids) if ids.contains(&node.id))
             })
             // Armed relative to the process's own start.
-            .filter_map(|c| c.during.map(|p| format!("{p}@{}", (c.at - at).as_secs_f64())))
+            .filter_map(|c| {
+                let after_s = (c.at - at).as_secs_f64();
+                let from_step = c.from_step.unwrap_or(0);
+                c.during.map(|phase| crate::node::Fault { phase, after_s, from_step }.to_string())
+            })
             .collect();
         let index = self.fleet.0.len();
         let token = self.hub.register(index).map_err(|source| LaunchError::Status {
@@ -370,8 +382,15 @@ impl Run<'_, '_> {
         if let Some(n) = plan.synthetic_params {
             cmd.args(["--synthetic-params", &n.to_string()]);
         }
-        if let Some(t) = join_at {
-            cmd.args(["--join-at", &t.to_string()]);
+        match (join_at, &self.gate) {
+            (Some(t), _) => {
+                cmd.args(["--join-at", &t.to_string()]);
+            }
+            // Started before the scenario's clock: waits for its time 0 at the gate.
+            (None, Some(gate)) => {
+                cmd.arg("--start-gate").arg(gate);
+            }
+            (None, None) => {}
         }
         for f in &faults {
             cmd.args(["--crash-during", f]);
@@ -477,6 +496,9 @@ impl Run<'_, '_> {
                     .count();
                 if waiting == 0 || elapsed > READY_LIMIT {
                     churn_t0 = Some(elapsed);
+                    if let Some(gate) = self.gate.take() {
+                        gate::open(&gate, self.run_start + elapsed.as_secs_f64())?;
+                    }
                     let after_s = elapsed.as_secs_f64();
                     if waiting > 0 {
                         tracing::warn!(waiting, "starting workers not ready; the clock starts");

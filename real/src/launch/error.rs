@@ -53,6 +53,9 @@ pub enum LaunchError {
     /// Listing checkpoints failed.
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
+    /// The start gate could not be opened.
+    #[error(transparent)]
+    Gate(#[from] super::gate::GateError),
     /// A file or directory of the run.
     #[error("{action} {}: {source}", .path.display())]
     Io {
