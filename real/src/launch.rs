@@ -597,6 +597,12 @@ impl Run<'_, '_> {
                             if let Some(&i) = workers.get(id) {
                                 hung.remove(id);
                                 self.signal(i, Signal::SIGCONT);
+                                // As the simulator writes a hang's end: a second `hang` row.
+                                launch_events.push(
+                                    EventRow::new(at, EventKind::Hang)
+                                        .node(name(id))
+                                        .detail("SIGCONT"),
+                                );
                             }
                         }
                     }

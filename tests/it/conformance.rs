@@ -328,12 +328,10 @@ enum Why {
     LateStartIsRestart,
     /// When the coordinator dies the real backend writes no run-level `stop` row.
     NoRunStopWithoutCoordinator,
-    /// The real launcher writes no row when it continues a stopped process.
-    NoResumeRow,
 }
 
 impl Why {
-    const ALL: [Why; 9] = [
+    const ALL: [Why; 8] = [
         Why::SigstopIsSilence,
         Why::RingFailureNoticeRace,
         Why::JoinerQueueRace,
@@ -342,7 +340,6 @@ impl Why {
         Why::ProcessStartRows,
         Why::LateStartIsRestart,
         Why::NoRunStopWithoutCoordinator,
-        Why::NoResumeRow,
     ];
 
     /// The name docs/conformance.md gives it.
@@ -356,7 +353,6 @@ impl Why {
             Why::ProcessStartRows => "process-start-rows",
             Why::LateStartIsRestart => "late-start-is-restart",
             Why::NoRunStopWithoutCoordinator => "no-run-stop-without-coordinator",
-            Why::NoResumeRow => "no-resume-row",
         }
     }
 
@@ -472,7 +468,6 @@ fn allowed(scenario: &str) -> List {
         }
         "hang" => {
             l.processes(&three, &[])
-                .always(Why::NoResumeRow, "n-1", Side::Sim, &["hang -"])
                 .always(Why::SigstopIsSilence, "run", Side::Real, &["epoch e2 (n-0 n-2)"])
                 .always(
                     Why::SigstopIsSilence,

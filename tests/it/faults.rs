@@ -295,6 +295,7 @@ fn a_hung_worker_is_evicted_by_its_silence_and_finds_out_when_it_wakes() {
     let ctx = TestContext::new();
     let r = launch(&ctx, &scenario("hang"), &[]);
     r.assert_event("hang", "n-1", "SIGSTOP");
+    r.assert_event("hang", "n-1", "SIGCONT");
     r.assert_event("evict", "n-1", "heartbeat timeout");
     assert_eq!(r.steps_with_identical_replicas(), 16);
     assert!(r.checkpoints_verify() >= 2);
