@@ -320,25 +320,16 @@ enum Why {
     JoinerQueueRace,
     /// A non-blocking joiner's state may arrive after the step it was admitted at closes.
     NonBlockingStateArrival,
-    /// The real backend writes no run-level `start` row.
-    NoRunStartInReal,
-    /// The real launcher writes a `start` row (no epoch) for each process it spawns.
-    ProcessStartRows,
-    /// The real launcher writes `restart` for a late joiner's first start.
-    LateStartIsRestart,
     /// When the coordinator dies the real backend writes no run-level `stop` row.
     NoRunStopWithoutCoordinator,
 }
 
 impl Why {
-    const ALL: [Why; 8] = [
+    const ALL: [Why; 5] = [
         Why::SigstopIsSilence,
         Why::RingFailureNoticeRace,
         Why::JoinerQueueRace,
         Why::NonBlockingStateArrival,
-        Why::NoRunStartInReal,
-        Why::ProcessStartRows,
-        Why::LateStartIsRestart,
         Why::NoRunStopWithoutCoordinator,
     ];
 
@@ -349,9 +340,6 @@ impl Why {
             Why::RingFailureNoticeRace => "ring-failure-notice-race",
             Why::JoinerQueueRace => "joiner-queue-race",
             Why::NonBlockingStateArrival => "non-blocking-state-arrival",
-            Why::NoRunStartInReal => "no-run-start-in-real",
-            Why::ProcessStartRows => "process-start-rows",
-            Why::LateStartIsRestart => "late-start-is-restart",
             Why::NoRunStopWithoutCoordinator => "no-run-stop-without-coordinator",
         }
     }
@@ -408,19 +396,6 @@ impl List {
         self
     }
 
-    /// What every scenario has: no run-level `start` in the real run, a `start` row per process
-    /// the launcher spawns at once (`founders`) and a `restart` per one it spawns later (`late`).
-    fn processes(&mut self, founders: &[&str], late: &[&str]) -> &mut List {
-        self.always(Why::NoRunStartInReal, "run", Side::Sim, &["start -"]);
-        for n in founders {
-            self.always(Why::ProcessStartRows, n, Side::Real, &["start -"]);
-        }
-        for n in late {
-            self.always(Why::LateStartIsRestart, n, Side::Real, &["restart -"]);
-        }
-        self
-    }
-
     /// A member killed in the all-reduce of epoch 1 (n-1 in a ring of three): which of the two
     /// survivors reports the broken ring is the real backend's race.
     fn broken_ring(&mut self) -> &mut List {
@@ -443,32 +418,22 @@ impl List {
 /// The allow-list of each scenario of `scenarios/faults/` (docs/conformance.md, "The allow-list").
 fn allowed(scenario: &str) -> List {
     let mut l = List::default();
-    let three = ["n-0", "n-1", "n-2"];
     match scenario {
         "coordinator-crash" => {
-            l.processes(&three, &[]).always(
-                Why::NoRunStopWithoutCoordinator,
-                "run",
-                Side::Sim,
-                &["stop -"],
-            );
+            l.always(Why::NoRunStopWithoutCoordinator, "run", Side::Sim, &["stop -"]);
         }
         "crash-in-compute"
         | "crash-in-checkpoint"
         | "crash-in-reduce-scatter"
         | "crash-in-all-gather" => {
             let phase = scenario.strip_prefix("crash-in-").unwrap();
-            l.processes(&three, &[]);
             if matches!(phase, "reduce-scatter" | "all-gather") {
                 l.broken_ring();
             }
         }
-        "crash-in-state-send" => {
-            l.processes(&three, &["late"]);
-        }
+        "crash-in-state-send" => {}
         "hang" => {
-            l.processes(&three, &[])
-                .always(Why::SigstopIsSilence, "run", Side::Real, &["epoch e2 (n-0 n-2)"])
+            l.always(Why::SigstopIsSilence, "run", Side::Real, &["epoch e2 (n-0 n-2)"])
                 .always(
                     Why::SigstopIsSilence,
                     "coord/n-1",
@@ -527,21 +492,15 @@ fn allowed(scenario: &str) -> List {
                 l.always(Why::SigstopIsSilence, "digests", Side::Real, &later);
             }
         }
-        "join-during-change" => {
-            l.processes(&three, &["late"]);
-        }
+        "join-during-change" => {}
         "join-non-blocking" => {
-            l.processes(&three, &["late"]);
             // Admitted at step 4; how many steps its state takes to arrive depends on the load.
             let early: Vec<String> = (4..9).map(|s| format!("step {s} late")).collect();
             let early: Vec<&str> = early.iter().map(String::as_str).collect();
             l.maybe(Why::NonBlockingStateArrival, "digests", Side::Sim, &early);
         }
-        "leave" => {
-            l.processes(&three, &[]);
-        }
+        "leave" => {}
         "two-joiners" => {
-            l.processes(&three, &["late-a", "late-b"]);
             // The queue's order (late-a first in the simulator) gives late-a n-0 and late-b n-1;
             // in the real run the joiner that arrives first is first, and gets n-0: either the
             // other way round, or the same senders as in the simulator (no difference).
