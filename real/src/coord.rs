@@ -141,20 +141,12 @@ pub async fn run_coordinator(
                                 "no member holds the training state any more: stopped at outer \
                                  step {outer_step} (resume from checkpoints)"
                             );
-                            write(
-                                EventRow::new(at, EventKind::Stop)
-                                    .epoch(c.epoch().0)
-                                    .detail(detail),
-                            )?
+                            // The run's end, as the simulator writes it: no epoch.
+                            write(EventRow::new(at, EventKind::Stop).detail(detail))?
                         }
                         MeshEvent::JoinRefused { .. } => tracing::warn!("{ev}"),
                         MeshEvent::Shutdown => {
-                            let epoch = c.epoch().0;
-                            write(
-                                EventRow::new(at, EventKind::Stop)
-                                    .epoch(epoch)
-                                    .detail(ev.to_string()),
-                            )?
+                            write(EventRow::new(at, EventKind::Stop).detail(ev.to_string()))?
                         }
                         _ => tracing::debug!("{ev}"),
                     }

@@ -472,10 +472,13 @@ impl Run<'_, '_> {
             let i = self.spawn(n, Duration::ZERO, None)?;
             workers.insert(n.id, i);
             starting.push(i);
-            launch_events.push(
-                EventRow::new(0.0, EventKind::Start).node(n.name.clone()).detail("process started"),
-            );
         }
+        // The run's start, as the simulator writes it (the processes' own rows follow).
+        launch_events.push(EventRow::new(0.0, EventKind::Start).detail(format!(
+            "seed {}, {} processes",
+            s.seed(),
+            starting.len()
+        )));
         let limit = plan.timeout.or(s.stop().time.map(|t| t + Duration::from_secs(60)));
         let mut next = 0;
         // Join events whose processes were started ahead of time.
@@ -542,21 +545,21 @@ impl Run<'_, '_> {
                 let name = |id: &NodeId| s.node(*id).map(|n| n.name.clone()).unwrap_or_default();
                 match &action {
                     ChurnAction::Join(ids) | ChurnAction::Restart(ids) => {
+                        let restart = matches!(action, ChurnAction::Restart(_));
                         for id in ids {
                             if let Some(n) = s.node(*id) {
                                 if !started_early {
                                     workers.insert(*id, self.spawn(n, churn_now, None)?);
                                 }
-                                let detail = if started_early {
-                                    "process started ahead; asks to join now"
-                                } else {
-                                    "process started"
-                                };
-                                launch_events.push(
-                                    EventRow::new(at, EventKind::Restart)
-                                        .node(n.name.clone())
-                                        .detail(detail),
-                                );
+                                // A join is the node's to write (its admission), as in the
+                                // simulator; a restart is the launcher's.
+                                if restart {
+                                    launch_events.push(
+                                        EventRow::new(at, EventKind::Restart)
+                                            .node(n.name.clone())
+                                            .detail("process restarted"),
+                                    );
+                                }
                             }
                         }
                     }
@@ -597,6 +600,12 @@ impl Run<'_, '_> {
                             if let Some(&i) = workers.get(id) {
                                 hung.remove(id);
                                 self.signal(i, Signal::SIGCONT);
+                                // As the simulator writes a hang's end: a second `hang` row.
+                                launch_events.push(
+                                    EventRow::new(at, EventKind::Hang)
+                                        .node(name(id))
+                                        .detail("SIGCONT"),
+                                );
                             }
                         }
                     }

@@ -295,13 +295,21 @@ fn a_hung_worker_is_evicted_by_its_silence_and_finds_out_when_it_wakes() {
     let ctx = TestContext::new();
     let r = launch(&ctx, &scenario("hang"), &[]);
     r.assert_event("hang", "n-1", "SIGSTOP");
+    r.assert_event("hang", "n-1", "SIGCONT");
     r.assert_event("evict", "n-1", "heartbeat timeout");
     assert_eq!(r.steps_with_identical_replicas(), 16);
     assert!(r.checkpoints_verify() >= 2);
-    // Woken after the run, the stopped process first asks the coordinator instead of
-    // concluding from its own silence that the coordinator died; it learns it was evicted.
+    // Woken, the stopped process first asks the coordinator instead of concluding from its own
+    // silence that the coordinator died; it learns it was evicted.
     r.assert_event("evict", "n-1", "evicted by the coordinator");
     assert!(!r.has_event("coordinator-lost", "n-1", ""), "{}", r.events_text());
+    // Then, as docs/lifecycle.md says, it rejoins in the same process with a new incarnation: it
+    // is admitted again and receives the state, which equals what the members committed.
+    let evicted = r.events.iter().position(|e| e["kind"] == "evict" && e["node"] == "n-1");
+    let admitted = r.events.iter().rposition(|e| e["kind"] == "join" && e["node"] == "n-1");
+    assert!(admitted > evicted, "n-1 is admitted again after its eviction:\n{}", r.events_text());
+    r.assert_event("recovery-done", "n-1", "received");
+    assert_eq!(r.joiners_match_their_senders(), 1);
 }
 
 #[test]
@@ -348,8 +356,12 @@ fn a_non_blocking_joiner_counts_with_weight_zero_until_it_holds_the_state() {
 #[test]
 fn when_the_coordinator_dies_the_members_checkpoint_and_stop_and_the_run_resumes() {
     let (_ctx, r) = play("coordinator-crash");
+    // Each member writes the loss once, however often it then tries to rejoin (a bounded number
+    // of times, docs/lifecycle.md) before it exits.
     for n in ["n-0", "n-1", "n-2"] {
         r.assert_event("coordinator-lost", n, "coordinator lost");
+        let lost = r.events.iter().filter(|e| e["kind"] == "coordinator-lost" && e["node"] == n);
+        assert_eq!(lost.count(), 1, "{n}:\n{}", r.events_text());
     }
     // Nothing committed is lost: every member checkpointed its last committed step.
     let last: u64 = r.rows.iter().map(|x| x["outer_step"].parse::<u64>().unwrap()).max().unwrap();

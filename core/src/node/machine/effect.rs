@@ -98,6 +98,12 @@ pub struct OuterJob {
     /// Compute the digest of the outer weights after the work.
     pub(super) want_digest: bool,
     pub(super) digest: Option<String>,
+    /// Make [`copy`](Self::copy) after the work (real numerics): so that the O(model) copy the
+    /// machine hands on is made off the executor's event loop too.
+    pub(super) want_copy: bool,
+    /// Pseudo-gradient: a copy of it (the all-reduce's input, in the inner weights' buffer);
+    /// commit and skip: a copy of the outer weights (the next [`Effect::SetParams`]).
+    pub(super) copy: Option<Vec<f32>>,
     pub(super) params: u64,
     done: bool,
 }
@@ -112,6 +118,8 @@ impl OuterJob {
             valid: false,
             want_digest: false,
             digest: None,
+            want_copy: false,
+            copy: None,
             params,
             done: false,
         }
@@ -153,6 +161,14 @@ impl OuterJob {
                 if !ok {
                     self.outer.pseudo_gradient_mut().fill(0.0);
                 }
+                if self.want_copy {
+                    // The inner weights' buffer becomes the copy: no allocation.
+                    let mut buf = self.values.take().unwrap_or_default();
+                    buf.clear();
+                    buf.extend_from_slice(self.outer.pseudo_gradient());
+                    self.copy = Some(buf);
+                }
+                return;
             }
             OuterKind::Commit => match self.values.as_deref() {
                 Some(avg) if avg.len() == self.outer.len() => {
@@ -166,6 +182,9 @@ impl OuterJob {
         }
         if self.want_digest {
             self.digest = Some(weights_digest(self.outer.outer()));
+        }
+        if self.want_copy {
+            self.copy = Some(self.outer.outer().to_vec());
         }
     }
 }

@@ -231,6 +231,11 @@ pub struct Node {
     just_admitted: bool,
     grad_step: Option<u64>,
     fetch: Option<Fetch>,
+    /// The executor's inner parameters are the outer weights (no [`Effect::SetParams`] is
+    /// needed before the next compute).
+    params_current: bool,
+    /// A copy of the pseudo-gradient made by its job: the next all-reduce's input.
+    ring_input: Option<Vec<f32>>,
     /// A verified state that came back while the outer state was lent: taken on its return.
     verified: Option<Verified>,
     early: EarlyPieces,
@@ -265,6 +270,8 @@ impl Node {
             just_admitted: false,
             grad_step: None,
             fetch: None,
+            params_current: true,
+            ring_input: None,
             verified: None,
             early: EarlyPieces::default(),
             suspended: false,
@@ -292,10 +299,28 @@ impl Node {
         self.just_admitted = false;
         self.grad_step = None;
         self.fetch = None;
+        self.params_current = false;
+        self.ring_input = None;
         self.verified = None;
         self.early.clear();
         self.transmits.clear();
         self.suspended = false;
+    }
+
+    /// Starts from `outer` instead of the initial weights (a process resumed from a
+    /// checkpoint): call before the first [`join`](Self::join). Its length must be the model's.
+    pub fn resume_from(&mut self, outer: OuterState) -> Result<(), crate::diloco::DilocoError> {
+        let expected = usize::try_from(self.params()).unwrap_or(usize::MAX);
+        if self.real && outer.len() != expected {
+            return Err(crate::diloco::DilocoError::Length {
+                what: "resumed outer state",
+                expected,
+                got: outer.len(),
+            });
+        }
+        self.outer = Some(outer);
+        self.params_current = false;
+        Ok(())
     }
 
     /// Asks to join the mesh (once per incarnation).
@@ -478,12 +503,27 @@ impl Node {
         inner: Option<Vec<f32>>,
         loss: Option<f64>,
     ) {
+        let tokens = self.cfg.inner_steps.saturating_mul(self.cfg.batch_tokens);
+        self.computed_tokens(now, outer_step, inner, loss, tokens);
+    }
+
+    /// [`computed`](Self::computed) with the tokens the inner steps processed as counted by
+    /// the executor (a trainer whose batches are not `batch_tokens` each).
+    pub fn computed_tokens(
+        &mut self,
+        now: Time,
+        outer_step: u64,
+        inner: Option<Vec<f32>>,
+        loss: Option<f64>,
+        tokens: u64,
+    ) {
         if !matches!(self.work, Work::Computing { outer_step: s } if s == outer_step) {
             return;
         }
-        let h = self.cfg.inner_steps;
+        // The inner loop moved: the next compute starts from parameters set again.
+        self.params_current = false;
         if let Some(a) = &mut self.acct {
-            a.trained(h.saturating_mul(self.cfg.batch_tokens), loss);
+            a.trained(tokens, loss);
         }
         let valid = self.grad_step == Some(outer_step);
         match self.lend(OuterKind::PseudoGradient, outer_step, now) {
@@ -511,9 +551,11 @@ impl Node {
         };
         let average = job.values.take();
         let digest = job.digest.take();
+        let copy = job.copy.take();
         self.outer = Some(job.outer);
         match then {
             AfterOuter::Barrier { outer_step } => {
+                self.ring_input = copy;
                 self.work = Work::Barrier;
                 if let Some(a) = &mut self.acct {
                     a.enter(Span::Barrier, now);
@@ -524,7 +566,7 @@ impl Node {
             }
             AfterOuter::Commit { epoch, outer_step } => {
                 self.work = Work::Idle;
-                self.set_params();
+                self.set_params_from(copy);
                 let avg = average.filter(|a| Some(a.len()) == self.outer.as_ref().map(|o| o.len()));
                 self.log_result(outer_step, avg);
                 let hash = digest.unwrap_or_default();
@@ -546,7 +588,7 @@ impl Node {
             }
             AfterOuter::Skip { epoch, outer_step, attempts } => {
                 self.work = Work::Idle;
-                self.set_params();
+                self.set_params_from(copy);
                 self.log_result(outer_step, None);
                 if let Some(a) = &mut self.acct {
                     a.set_epoch(epoch);
@@ -628,12 +670,26 @@ impl Node {
         }
         let mut job = OuterJob::new(outer, kind, outer_step, self.params());
         job.want_digest = self.real && self.synced && kind != OuterKind::PseudoGradient;
+        job.want_copy = self.real;
         Some(job)
     }
 
     fn set_params(&mut self) {
         if let (true, Some(o)) = (self.real, &self.outer) {
             self.effects.push_back(Effect::SetParams(o.outer().to_vec()));
+        }
+        self.params_current = true;
+    }
+
+    /// [`set_params`](Self::set_params) with the copy of the outer weights a job made.
+    fn set_params_from(&mut self, copy: Option<Vec<f32>>) {
+        let len = self.outer.as_ref().map(OuterState::len);
+        match copy {
+            Some(w) if self.real && Some(w.len()) == len => {
+                self.effects.push_back(Effect::SetParams(w));
+                self.params_current = true;
+            }
+            _ => self.set_params(),
         }
     }
 
@@ -778,7 +834,9 @@ impl Node {
             }
         }
         self.grad_step = self.synced.then_some(step);
-        self.set_params();
+        if !self.params_current {
+            self.set_params();
+        }
         self.open_row(step, now);
         if let Some(a) = &mut self.acct {
             a.set_epoch(epoch);
@@ -813,8 +871,13 @@ impl Node {
             let world = u32::try_from(start.ring.len()).unwrap_or(u32::MAX);
             a.ring(start.epoch, world, f64::from(start.weight.get()), start.attempt);
         }
+        let input = self.ring_input.take();
         let values = match (&self.outer, self.real) {
-            (Some(o), true) => Values::Real(o.pseudo_gradient().to_vec()),
+            // The copy the pseudo-gradient's job made (a retry copies again).
+            (Some(o), true) => match input {
+                Some(g) if g.len() == o.len() => Values::Real(g),
+                _ => Values::Real(o.pseudo_gradient().to_vec()),
+            },
             _ => Values::Virtual(usize::try_from(self.params()).unwrap_or(usize::MAX)),
         };
         let (epoch, op) = (start.epoch, start.op);
