@@ -12,7 +12,7 @@
 use super::WorkerError;
 use crate::checkpoint::{CheckpointError, Checkpointer, SaveTicket, Snapshot};
 use crate::inner::{InnerError, InnerLoop};
-use loco_core::node::machine::{PreparedState, StateJob};
+use loco_core::node::machine::StateJob;
 
 /// What a job owns while it runs.
 pub(super) struct Held<L> {
@@ -26,7 +26,7 @@ pub(super) struct Held<L> {
 pub(super) enum InnerWork {
     /// The inner steps of `outer_step`; `crash`: the fault drill kills the process in them.
     Compute { outer_step: u64, steps: u64, crash: bool },
-    /// The inner optimiser's export for a joiner, and the state's encoding.
+    /// The inner optimiser's export for a joiner (a copy; the encoding runs elsewhere).
     Export(StateJob),
     /// A checkpoint of the committed outer state (`steps` outer steps). `dirty`: the inner loop
     /// has moved on since (a stop mid-step): the snapshot's parameters are the outer weights.
@@ -46,8 +46,9 @@ pub(super) struct Pending {
 pub(super) enum InnerOut {
     /// The inner steps: the inner weights after them, the loss at their end, the tokens.
     Computed { outer_step: u64, result: Result<(Vec<f32>, Option<f64>, u64), InnerError> },
-    /// A state encoded for a joiner.
-    Exported(Result<PreparedState, InnerError>),
+    /// The inner optimiser's export for a joiner's state: the state is encoded and hashed
+    /// after, off the inner loop (the next inner steps need not wait for it).
+    Exported(StateJob, Result<Vec<u8>, InnerError>),
     /// A snapshot handed to the writer.
     Checkpointed { steps: u64, ticket: Result<SaveTicket, CheckpointError> },
     /// Nothing was done (no checkpointer).
@@ -83,11 +84,8 @@ fn run<L: InnerLoop>(
             InnerOut::Computed { outer_step, result }
         }
         InnerWork::Export(job) => {
-            let own = match job.sends_own() {
-                true => h.inner.export_optimizer().map(Some),
-                false => Ok(None),
-            };
-            InnerOut::Exported(own.map(|own| job.prepare(own)))
+            let own = h.inner.export_optimizer();
+            InnerOut::Exported(job, own)
         }
         InnerWork::Checkpoint { steps, outer, momentum, dirty } => {
             let Some((ck, _)) = h.checkpointer.as_mut() else { return Ok(InnerOut::Nothing) };

@@ -679,7 +679,10 @@ impl<L: InnerLoop> Worker<L> {
                 let (inner, loss, tokens) = result?;
                 self.machine.computed_tokens(now, outer_step, Some(inner), loss, tokens);
             }
-            InnerOut::Exported(p) => self.machine.state_prepared(now, p?),
+            InnerOut::Exported(job, own) => {
+                let own = own?;
+                self.preparing.spawn_blocking(move || job.prepare(Some(own)));
+            }
             InnerOut::Checkpointed { steps, ticket } => {
                 // The snapshot holds `steps` outer steps: that of the last one committed.
                 self.strike(FaultPhase::Checkpoint, steps.saturating_sub(1))?;
