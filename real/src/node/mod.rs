@@ -559,6 +559,11 @@ impl<L: InnerLoop> Worker<L> {
             tracing::warn!(node = %self.opts.name, "not joining again: {MAX_REJOINS} memberships in this process");
             return false;
         }
+        if self.opts.incarnation > u64::MAX >> 16 {
+            // Its rejoins' incarnations (`incarnation << 16 | n`) would not be above it.
+            tracing::warn!(node = %self.opts.name, "not joining again: incarnation {} leaves no room for a rejoin's", self.opts.incarnation);
+            return false;
+        }
         if let StopReason::CoordinatorLost { .. } = reason {
             let now = self.clock.now();
             let since = *self.lost_since.get_or_insert(now);
