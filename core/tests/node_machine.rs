@@ -266,6 +266,22 @@ fn three_nodes_commit_steps_with_identical_weights_and_rows() {
 }
 
 #[test]
+fn a_due_checkpoint_comes_with_the_committed_state_copied_by_the_commit_job() {
+    let cfg = MeshConfig { min_members: 2, join_window: Duration::ZERO, ..MeshConfig::default() };
+    let mut net = NodeNet::new(cfg, 4096, secs(60), 7);
+    net.set_checkpoint_every(2);
+    net.add(NodeId(0));
+    net.add(NodeId(1));
+    net.run_for(secs(300)).unwrap();
+    assert_clean(&net);
+    let steps: Vec<u64> = net.snapshots().iter().map(|(_, s, _)| *s).collect();
+    assert_eq!(steps, [1, 1, 3, 3], "every second step, on both nodes");
+    for (id, step, digest) in net.snapshots() {
+        assert_eq!(digest.as_ref(), Some(&net.hashes()[step][id]), "n{} step {step}", id.0);
+    }
+}
+
+#[test]
 fn a_crash_in_the_all_reduce_is_retried_without_the_dead_node() {
     let mut net = formed(MeshConfig::default(), 3);
     // Slow links: the all-reduce of step 0 takes seconds.

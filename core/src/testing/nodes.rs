@@ -98,6 +98,8 @@ pub struct NodeNet {
     record: Vec<Record>,
     rows: Vec<OuterStepRow>,
     hashes: BTreeMap<u64, BTreeMap<NodeId, String>>,
+    checkpoint_every: Option<u64>,
+    snapshots: Vec<(NodeId, u64, Option<String>)>,
     max_steps: u64,
 }
 
@@ -128,6 +130,8 @@ impl NodeNet {
             record: Vec::new(),
             rows: Vec::new(),
             hashes: BTreeMap::new(),
+            checkpoint_every: None,
+            snapshots: Vec::new(),
             max_steps: 2_000_000,
         }
     }
@@ -173,6 +177,17 @@ impl NodeNet {
             .collect()
     }
 
+    /// Nodes added from now on ask for a checkpoint every `k` outer steps.
+    pub fn set_checkpoint_every(&mut self, k: u64) {
+        self.checkpoint_every = Some(k);
+    }
+
+    /// The checkpoints asked for: node, outer step, and the digest of the snapshot's outer
+    /// weights (`None`: the machine sent no snapshot).
+    pub fn snapshots(&self) -> &[(NodeId, u64, Option<String>)] {
+        &self.snapshots
+    }
+
     /// Bandwidth (bytes per second) of the directed link `from -> to`.
     pub fn set_bandwidth(&mut self, from: NodeId, to: NodeId, bytes_per_sec: f64) {
         self.bandwidth.insert((from, to), bytes_per_sec);
@@ -198,7 +213,7 @@ impl NodeNet {
             numerics: Numerics::Real { initial: vec![0.5; self.params] },
             inner_steps: 10,
             batch_tokens: 100,
-            checkpoint_every: None,
+            checkpoint_every: self.checkpoint_every,
             // Joiners with 4 GPUs' worth of parallel pieces per sender.
             state_pieces: StatePieces::PerJoinerShard {
                 shards: (0..64).map(|n| (NodeId(n), 4)).collect(),
@@ -362,7 +377,10 @@ impl NodeNet {
             Effect::VerifyState { received, params } => {
                 node.state_verified(now, received.verify(params))
             }
-            Effect::Checkpoint { .. } => {}
+            Effect::Checkpoint { outer_step, snapshot } => {
+                let digest = snapshot.map(|s| crate::node::digest::weights_digest(&s.outer));
+                self.snapshots.push((id, outer_step, digest));
+            }
             Effect::Row(r) => self.rows.push(r),
             Effect::Event(ev) => self.note(id, Seen::Node(ev)),
             Effect::Check(Check::WeightsAfter { outer_step, hash }) => {

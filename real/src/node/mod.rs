@@ -33,7 +33,7 @@ use loco_core::metrics::{EventKind, EventRow, OuterStepRow};
 use loco_core::node::acct::RowIdentity;
 use loco_core::node::machine::{
     Check, Effect, Node as Machine, NodeConfig, NodeEvent, Numerics, OuterJob, PreparedState,
-    StatePieces, VerifyResult,
+    Snapshot, StatePieces, VerifyResult,
 };
 use loco_core::scenario::FaultPhase;
 use loco_core::time::Time;
@@ -648,7 +648,9 @@ impl<L: InnerLoop> Worker<L> {
             Effect::VerifyState { received, params } => {
                 self.verifying.spawn_blocking(move || received.verify(params));
             }
-            Effect::Checkpoint { outer_step } => self.checkpoint(outer_step + 1, false),
+            Effect::Checkpoint { outer_step, snapshot } => {
+                self.checkpoint(outer_step + 1, false, snapshot)
+            }
             Effect::Row(row) => {
                 self.dirty = false;
                 self.write(&MetricsLine::Row(row))?;
@@ -719,7 +721,7 @@ impl<L: InnerLoop> Worker<L> {
 
     /// Queues a checkpoint of the outer state of `steps` steps (when one is written and not
     /// taken yet). The outer weights and momentum are copied here; the rest on the inner loop.
-    fn checkpoint(&mut self, steps: u64, dirty: bool) {
+    fn checkpoint(&mut self, steps: u64, dirty: bool, snapshot: Option<Snapshot>) {
         if self.opts.checkpoint.is_none() || steps == 0 || self.checkpointed == Some(steps) {
             return;
         }
@@ -727,7 +729,14 @@ impl<L: InnerLoop> Worker<L> {
         if o.steps() != steps {
             return;
         }
-        let (outer, momentum) = (o.outer().to_vec(), o.momentum().to_vec());
+        // The commit's job copied the state off the loop; a stop's checkpoint copies it here
+        // (the node has left: no heartbeats to keep).
+        let (outer, momentum) = match snapshot {
+            Some(s) if s.outer.len() == o.len() && s.momentum.len() == o.len() => {
+                (s.outer, s.momentum)
+            }
+            _ => (o.outer().to_vec(), o.momentum().to_vec()),
+        };
         self.checkpointed = Some(steps);
         self.queue.push_back(InnerWork::Checkpoint { steps, outer, momentum, dirty });
     }
@@ -762,7 +771,7 @@ impl<L: InnerLoop> Worker<L> {
             );
         if holds {
             if let Some(steps) = self.machine.outer().map(OuterState::steps) {
-                self.checkpoint(steps, self.dirty);
+                self.checkpoint(steps, self.dirty, None);
                 self.start_inner();
                 self.wait_inner().await?;
             }

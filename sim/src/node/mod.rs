@@ -265,7 +265,7 @@ impl Node {
                 let r = received.verify(params);
                 self.machine.state_verified(now, r);
             }
-            Effect::Checkpoint { outer_step } => {
+            Effect::Checkpoint { outer_step, .. } => {
                 // Where the real backend hands a due checkpoint to its writer (the simulator
                 // writes none).
                 self.strike(FaultPhase::Checkpoint, Some(outer_step));

@@ -51,10 +51,13 @@ pub enum Effect {
         params: usize,
     },
     /// A checkpoint of `outer_step` is due (every `checkpoint_every` steps): the executor
-    /// snapshots and writes it, or does nothing if it writes none.
+    /// writes it, or does nothing if it writes none.
     Checkpoint {
         /// The step just committed.
         outer_step: u64,
+        /// The outer state after that commit, copied by its [`OuterJob`] (real numerics): the
+        /// O(model) snapshot is made off the executor's event loop too.
+        snapshot: Option<Snapshot>,
     },
     /// A finished row of `outer_steps.csv`.
     Row(OuterStepRow),
@@ -71,6 +74,15 @@ pub enum Effect {
         /// Whether to restart and join again (an eviction, or the coordinator went silent).
         rejoin: bool,
     },
+}
+
+/// A copy of the outer state for a checkpoint.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Snapshot {
+    /// The outer weights.
+    pub outer: Vec<f32>,
+    /// The outer optimiser's momentum.
+    pub momentum: Vec<f32>,
 }
 
 /// What an [`OuterJob`] does.
@@ -104,6 +116,9 @@ pub struct OuterJob {
     /// Pseudo-gradient: a copy of it (the all-reduce's input, in the inner weights' buffer);
     /// commit and skip: a copy of the outer weights (the next [`Effect::SetParams`]).
     pub(super) copy: Option<Vec<f32>>,
+    /// Commit: make [`snapshot`](Self::snapshot) after it (a checkpoint is due).
+    pub(super) want_snapshot: bool,
+    pub(super) snapshot: Option<Snapshot>,
     pub(super) params: u64,
     done: bool,
 }
@@ -120,6 +135,8 @@ impl OuterJob {
             digest: None,
             want_copy: false,
             copy: None,
+            want_snapshot: false,
+            snapshot: None,
             params,
             done: false,
         }
@@ -185,6 +202,10 @@ impl OuterJob {
         }
         if self.want_copy {
             self.copy = Some(self.outer.outer().to_vec());
+        }
+        if self.want_snapshot {
+            let (outer, momentum) = (self.outer.outer().to_vec(), self.outer.momentum().to_vec());
+            self.snapshot = Some(Snapshot { outer, momentum });
         }
     }
 }

@@ -45,7 +45,8 @@
 mod effect;
 
 pub use effect::{
-    Check, Effect, NodeEvent, OuterJob, OuterKind, PreparedState, StateJob, VerifyResult, Violation,
+    Check, Effect, NodeEvent, OuterJob, OuterKind, PreparedState, Snapshot, StateJob, VerifyResult,
+    Violation,
 };
 
 use crate::codec::CodecKind;
@@ -552,6 +553,7 @@ impl Node {
         let average = job.values.take();
         let digest = job.digest.take();
         let copy = job.copy.take();
+        let snapshot = job.snapshot.take();
         self.outer = Some(job.outer);
         match then {
             AfterOuter::Barrier { outer_step } => {
@@ -578,12 +580,8 @@ impl Node {
                     a.set_epoch(epoch);
                 }
                 self.close_row(outer_step, now, hash);
-                if self
-                    .cfg
-                    .checkpoint_every
-                    .is_some_and(|k| (outer_step + 1).is_multiple_of(k.max(1)))
-                {
-                    self.effects.push_back(Effect::Checkpoint { outer_step });
+                if self.checkpoint_due(outer_step) {
+                    self.effects.push_back(Effect::Checkpoint { outer_step, snapshot });
                 }
             }
             AfterOuter::Skip { epoch, outer_step, attempts } => {
@@ -671,7 +669,14 @@ impl Node {
         let mut job = OuterJob::new(outer, kind, outer_step, self.params());
         job.want_digest = self.real && self.synced && kind != OuterKind::PseudoGradient;
         job.want_copy = self.real;
+        job.want_snapshot =
+            self.real && kind == OuterKind::Commit && self.checkpoint_due(outer_step);
         Some(job)
+    }
+
+    /// Whether the commit of `outer_step` is followed by a checkpoint.
+    fn checkpoint_due(&self, outer_step: u64) -> bool {
+        self.cfg.checkpoint_every.is_some_and(|k| (outer_step + 1).is_multiple_of(k.max(1)))
     }
 
     fn set_params(&mut self) {
