@@ -31,27 +31,8 @@ use loco_core::testing::nodes::{NodeNet, Seen};
 use loco_core::time::Time;
 use std::fmt::Write as _;
 mod common;
+use common::{duration, node};
 use std::time::Duration;
-
-fn duration(s: &str) -> Result<Duration, String> {
-    let (num, unit) = s
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .map(|i| s.split_at(i))
-        .ok_or_else(|| format!("{s}: expected a duration like 30s or 500ms"))?;
-    let v: f64 = num.parse().map_err(|_| format!("{s}: expected a number"))?;
-    match unit {
-        "s" => Ok(Duration::from_secs_f64(v)),
-        "ms" => Ok(Duration::from_secs_f64(v / 1000.0)),
-        _ => Err(format!("{s}: expected a unit s or ms")),
-    }
-}
-
-fn node(s: &str) -> Result<NodeId, String> {
-    s.strip_prefix('n')
-        .and_then(|n| n.parse().ok())
-        .map(NodeId)
-        .ok_or_else(|| format!("{s}: expected a node like n3"))
-}
 
 fn name(n: NodeId) -> String {
     if n == NodeId::COORDINATOR { "coordinator".into() } else { format!("n{}", n.0) }

@@ -1,7 +1,31 @@
 //! What the script-driven tests share: `testdata/<dir>/*.txt` files, each a script, a line
 //! `----`, and the expected trace.
 
+use loco_core::ids::NodeId;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// A script's duration: `30s`, `500ms`, `1.5s`.
+pub fn duration(s: &str) -> Result<Duration, String> {
+    let (num, unit) = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .map(|i| s.split_at(i))
+        .ok_or_else(|| format!("{s}: expected a duration like 30s or 500ms"))?;
+    let v: f64 = num.parse().map_err(|_| format!("{s}: expected a number"))?;
+    match unit {
+        "s" => Ok(Duration::from_secs_f64(v)),
+        "ms" => Ok(Duration::from_secs_f64(v / 1000.0)),
+        _ => Err(format!("{s}: expected a unit s or ms")),
+    }
+}
+
+/// A script's node: `n3`.
+pub fn node(s: &str) -> Result<NodeId, String> {
+    s.strip_prefix('n')
+        .and_then(|n| n.parse().ok())
+        .map(NodeId)
+        .ok_or_else(|| format!("{s}: expected a node like n3"))
+}
 
 fn scripts(dir: &str) -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/testdata").join(dir);
