@@ -181,6 +181,56 @@ pub struct Livelock {
     pub at: Time,
 }
 
+/// A seeded network on a virtual clock that handles one event at a time: what the run loops
+/// below need of it.
+trait Stepped {
+    fn clock(&mut self) -> &mut Time;
+    fn next_at(&self) -> Option<Time>;
+    fn handle_next(&mut self);
+    fn step_limit(&self) -> u64;
+}
+
+/// Runs every event of `net` up to and including `t`, then sets its clock to `t`.
+fn run_until<N: Stepped>(net: &mut N, t: Time) -> Result<(), Livelock> {
+    let mut steps = 0;
+    while net.next_at().is_some_and(|n| n <= t) {
+        net.handle_next();
+        steps += 1;
+        if steps > net.step_limit() {
+            return Err(Livelock { steps, at: *net.clock() });
+        }
+    }
+    let now = net.clock();
+    *now = (*now).max(t);
+    Ok(())
+}
+
+/// Runs `net` until `pred` holds (checked after every event) or `deadline`; whether it held.
+fn run_until_cond<N: Stepped>(
+    net: &mut N,
+    deadline: Time,
+    mut pred: impl FnMut(&N) -> bool,
+) -> Result<bool, Livelock> {
+    let mut steps = 0;
+    loop {
+        if pred(net) {
+            return Ok(true);
+        }
+        match net.next_at() {
+            Some(n) if n <= deadline => net.handle_next(),
+            _ => {
+                let now = net.clock();
+                *now = (*now).max(deadline);
+                return Ok(pred(net));
+            }
+        }
+        steps += 1;
+        if steps > net.step_limit() {
+            return Err(Livelock { steps, at: *net.clock() });
+        }
+    }
+}
+
 struct Node<D> {
     member: Option<Member>,
     driver: D,
@@ -678,16 +728,7 @@ impl<D: Driver> Network<D> {
 
     /// Runs every event up to and including `t`, then sets the clock to `t`.
     pub fn run_until(&mut self, t: Time) -> Result<(), Livelock> {
-        let mut steps = 0;
-        while self.next_event().is_some_and(|n| n <= t) {
-            self.step();
-            steps += 1;
-            if steps > self.max_steps {
-                return Err(Livelock { steps, at: self.now });
-            }
-        }
-        self.now = self.now.max(t);
-        Ok(())
+        run_until(self, t)
     }
 
     /// Runs for `d` of virtual time.
@@ -699,27 +740,9 @@ impl<D: Driver> Network<D> {
     pub fn run_until_cond(
         &mut self,
         deadline: Time,
-        mut pred: impl FnMut(&Self) -> bool,
+        pred: impl FnMut(&Self) -> bool,
     ) -> Result<bool, Livelock> {
-        let mut steps = 0;
-        loop {
-            if pred(self) {
-                return Ok(true);
-            }
-            match self.next_event() {
-                Some(n) if n <= deadline => {
-                    self.step();
-                }
-                _ => {
-                    self.now = self.now.max(deadline);
-                    return Ok(pred(self));
-                }
-            }
-            steps += 1;
-            if steps > self.max_steps {
-                return Err(Livelock { steps, at: self.now });
-            }
-        }
+        run_until_cond(self, deadline, pred)
     }
 }
 
@@ -734,6 +757,21 @@ impl Network<Workload> {
             net.add_node(NodeId(i), workload.clone());
         }
         net
+    }
+}
+
+impl<D: Driver> Stepped for Network<D> {
+    fn clock(&mut self) -> &mut Time {
+        &mut self.now
+    }
+    fn next_at(&self) -> Option<Time> {
+        self.next_event()
+    }
+    fn handle_next(&mut self) {
+        self.step();
+    }
+    fn step_limit(&self) -> u64 {
+        self.max_steps
     }
 }
 

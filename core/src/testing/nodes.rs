@@ -518,16 +518,7 @@ impl NodeNet {
 
     /// Runs every event up to and including `t`, then sets the clock to `t`.
     pub fn run_until(&mut self, t: Time) -> Result<(), Livelock> {
-        let mut steps = 0;
-        while self.next_due().is_some_and(|(n, _)| n <= t) {
-            self.step();
-            steps += 1;
-            if steps > self.max_steps {
-                return Err(Livelock { steps, at: self.now });
-            }
-        }
-        self.now = self.now.max(t);
-        Ok(())
+        super::run_until(self, t)
     }
 
     /// Runs for `d` of virtual time.
@@ -539,27 +530,9 @@ impl NodeNet {
     pub fn run_until_cond(
         &mut self,
         deadline: Time,
-        mut pred: impl FnMut(&Self) -> bool,
+        pred: impl FnMut(&Self) -> bool,
     ) -> Result<bool, Livelock> {
-        let mut steps = 0;
-        loop {
-            if pred(self) {
-                return Ok(true);
-            }
-            match self.next_due() {
-                Some((n, _)) if n <= deadline => {
-                    self.step();
-                }
-                _ => {
-                    self.now = self.now.max(deadline);
-                    return Ok(pred(self));
-                }
-            }
-            steps += 1;
-            if steps > self.max_steps {
-                return Err(Livelock { steps, at: self.now });
-            }
-        }
+        super::run_until_cond(self, deadline, pred)
     }
 
     /// Every step's digests, checked: the nodes that report a step agree on its weights.
@@ -570,5 +543,20 @@ impl NodeNet {
             .filter(|(_, by)| by.values().collect::<BTreeSet<_>>().len() > 1)
             .map(|(s, _)| *s)
             .collect()
+    }
+}
+
+impl super::Stepped for NodeNet {
+    fn clock(&mut self) -> &mut Time {
+        &mut self.now
+    }
+    fn next_at(&self) -> Option<Time> {
+        self.next_due().map(|(t, _)| t)
+    }
+    fn handle_next(&mut self) {
+        self.step();
+    }
+    fn step_limit(&self) -> u64 {
+        self.max_steps
     }
 }
