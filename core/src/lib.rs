@@ -48,6 +48,7 @@ pub mod ids;
 pub mod mesh;
 pub mod metrics;
 pub mod node;
+pub mod rng;
 pub mod scenario;
 pub mod time;
 pub mod transport;

@@ -44,23 +44,7 @@ pub enum FlowStatus {
     Cancelled,
 }
 
-/// Capacities of the connections from one node to another.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct PairCaps {
-    /// Rate of one connection, bytes per second (> 0, finite).
-    pub per_stream: f64,
-    /// How many concurrent connections each get `per_stream`; `None` for no limit.
-    pub streams: Option<u32>,
-}
-
-impl PairCaps {
-    fn total(&self) -> f64 {
-        match self.streams {
-            Some(s) => self.per_stream * f64::from(s.max(1)),
-            None => f64::INFINITY,
-        }
-    }
-}
+pub use loco_core::scenario::links::PairCaps;
 
 #[derive(Clone, Copy, Debug)]
 enum ResKey {
