@@ -14,6 +14,7 @@ pub mod inner;
 pub mod launch;
 pub mod node;
 pub mod tcp;
+pub mod wan;
 
 /// Facts about the libtorch this binary was built with, when built with the `torch` feature.
 #[cfg(feature = "torch")]

@@ -103,17 +103,6 @@ pub(crate) fn default_tick(estimate: Duration) -> Duration {
     Duration::from_millis(u64::try_from(ms).unwrap_or(200))
 }
 
-/// Which directed pairs of hosts a cut covers.
-fn covers(cut: &Cut, regions: &BTreeMap<NodeId, RegionId>, a: NodeId, b: NodeId) -> bool {
-    match cut {
-        Cut::Regions { from, to, oneway } => {
-            let (ra, rb) = (regions.get(&a), regions.get(&b));
-            (ra == Some(from) && rb == Some(to)) || (!oneway && ra == Some(to) && rb == Some(from))
-        }
-        Cut::Nodes(nodes) => nodes.contains(&a) != nodes.contains(&b),
-    }
-}
-
 struct Driver<'a> {
     sim: turmoil::Sim<'a>,
     run: Rc<RunCtx>,
@@ -161,10 +150,10 @@ impl Driver<'_> {
         self.set_latencies(&lat);
         for cut in self.cuts.clone() {
             for &o in &hosts {
-                if covers(&cut, &self.regions, id, o) {
+                if cut.covers(&self.regions, id, o) {
                     self.cut(id, o);
                 }
-                if covers(&cut, &self.regions, o, id) {
+                if cut.covers(&self.regions, o, id) {
                     self.cut(o, id);
                 }
             }
@@ -181,7 +170,7 @@ impl Driver<'_> {
         let hosts = self.hosts.clone();
         for &a in &hosts {
             for &b in &hosts {
-                if a != b && covers(cut, &self.regions, a, b) {
+                if a != b && cut.covers(&self.regions, a, b) {
                     self.cut(a, b);
                 }
             }
@@ -195,7 +184,7 @@ impl Driver<'_> {
         let hosts = self.hosts.clone();
         for &a in &hosts {
             for &b in &hosts {
-                if a != b && covers(cut, &self.regions, a, b) && self.run.net.uncut(a, b) {
+                if a != b && cut.covers(&self.regions, a, b) && self.run.net.uncut(a, b) {
                     self.sim.repair_oneway(host_name(a), host_name(b));
                 }
             }
@@ -211,19 +200,7 @@ impl Driver<'_> {
     }
 
     fn describe_cut(&self, cut: &Cut) -> String {
-        let region = |r: &RegionId| {
-            self.run.scenario.region(*r).map_or_else(|| r.to_string(), |x| x.name.clone())
-        };
-        match cut {
-            Cut::Regions { from, to, oneway } => {
-                format!("{} {} {}", region(from), if *oneway { "->" } else { "<->" }, region(to))
-            }
-            Cut::Nodes(n) => {
-                let rec = self.run.rec.borrow();
-                let names: Vec<String> = n.iter().map(|i| rec.name(*i)).collect();
-                format!("{} | everyone else", names.join(" "))
-            }
-        }
+        cut.describe(&self.run.scenario)
     }
 
     fn apply(&mut self, action: &ChurnAction) {

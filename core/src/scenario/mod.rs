@@ -209,6 +209,7 @@ use std::time::Duration;
 
 mod churn;
 mod error;
+pub mod links;
 mod model;
 mod raw;
 pub mod units;
@@ -494,6 +495,43 @@ pub enum Cut {
     },
     /// Between these nodes and everyone else (the coordinator included).
     Nodes(Vec<NodeId>),
+}
+
+impl Cut {
+    /// The cut as events.csv writes it: `us <-> eu`, `us -> eu`, or `n-1 n-2 | everyone else`.
+    pub fn describe(&self, scenario: &Scenario) -> String {
+        let region =
+            |r: &RegionId| scenario.region(*r).map_or_else(|| r.to_string(), |x| x.name.clone());
+        match self {
+            Cut::Regions { from, to, oneway } => {
+                format!("{} {} {}", region(from), if *oneway { "->" } else { "<->" }, region(to))
+            }
+            Cut::Nodes(n) => {
+                let names: Vec<String> = n
+                    .iter()
+                    .map(|i| scenario.node(*i).map_or_else(|| i.to_string(), |x| x.name.clone()))
+                    .collect();
+                format!("{} | everyone else", names.join(" "))
+            }
+        }
+    }
+
+    /// Whether the cut drops traffic from host `a` to host `b`, given every host's region.
+    pub fn covers(
+        &self,
+        regions: &std::collections::BTreeMap<NodeId, RegionId>,
+        a: NodeId,
+        b: NodeId,
+    ) -> bool {
+        match self {
+            Cut::Regions { from, to, oneway } => {
+                let (ra, rb) = (regions.get(&a), regions.get(&b));
+                (ra == Some(from) && rb == Some(to))
+                    || (!oneway && ra == Some(to) && rb == Some(from))
+            }
+            Cut::Nodes(nodes) => nodes.contains(&a) != nodes.contains(&b),
+        }
+    }
 }
 
 /// What a churn event does.
@@ -787,6 +825,39 @@ pub struct RealSpec {
     /// The run's shared secret written in the file, used when the environment variable is not
     /// set (a file is easier to leak than the environment: prefer `secret_env`).
     pub secret: Option<String>,
+    /// The network `loco launch` runs the processes in.
+    pub network: NetworkMode,
+}
+
+/// The network of a real run on one machine (`[real] network`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NetworkMode {
+    /// The scenario's links, emulated (each process in a network namespace of its own, packets
+    /// delayed and dropped as the links would), where this machine allows it (root, TUN
+    /// devices); bare loopback otherwise, said at the start of the run.
+    #[default]
+    Auto,
+    /// The scenario's links, emulated; the run refuses to start where they cannot be.
+    Emulated,
+    /// Bare loopback: the links stand for this machine's own (the scenario's links are the
+    /// simulator's alone).
+    Loopback,
+}
+
+impl NetworkMode {
+    /// The names the scenario format takes.
+    pub const NAMES: [&'static str; 3] = ["auto", "emulated", "loopback"];
+
+    /// The mode of a name of [`Self::NAMES`].
+    pub fn from_name(name: &str) -> Option<NetworkMode> {
+        match name {
+            "auto" => Some(NetworkMode::Auto),
+            "emulated" => Some(NetworkMode::Emulated),
+            "loopback" => Some(NetworkMode::Loopback),
+            _ => None,
+        }
+    }
 }
 
 impl Default for RealSpec {
@@ -803,6 +874,7 @@ impl Default for RealSpec {
             keep: 3,
             secret_env: "LOCO_SECRET".to_owned(),
             secret: None,
+            network: NetworkMode::Auto,
         }
     }
 }

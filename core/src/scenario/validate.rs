@@ -10,8 +10,8 @@ use super::units::{
     UnitError, duration_from_secs_f64, format_duration, parse_duration, parse_rate, parse_size,
 };
 use super::{
-    Decay, Device, DilocoSpec, LinkSpec, ModelSpec, NodeSpec, Numerics, Precision, Preset,
-    Published, RealSpec, Region, RegionId, Scenario, SimSpec, Stop, Varying,
+    Decay, Device, DilocoSpec, LinkSpec, ModelSpec, NetworkMode, NodeSpec, Numerics, Precision,
+    Preset, Published, RealSpec, Region, RegionId, Scenario, SimSpec, Stop, Varying,
 };
 use crate::codec::CodecKind;
 use crate::ids::NodeId;
@@ -894,6 +894,12 @@ fn real(r: &RawReal) -> R<RealSpec> {
                 return Err(expected(&p.key("secret"), "a non-empty secret", quoted(s)));
             }
             other => other.clone(),
+        },
+        network: match r.network.as_deref() {
+            None => def.network,
+            Some(name) => NetworkMode::from_name(name).ok_or_else(|| {
+                expected(&p.key("network"), one_of_text(&NetworkMode::NAMES), quoted(name))
+            })?,
         },
     })
 }

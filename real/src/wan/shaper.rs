@@ -1,0 +1,278 @@
+//! When a packet between two emulated hosts arrives, or that it is dropped: the scenario's links
+//! as queues, with time injected (no clock, no I/O).
+//!
+//! A packet from node `a` to node `b` crosses, in order:
+//!
+//! 1. its connection's queue, served at the link's `bandwidth` (the rate of one connection);
+//! 2. the pair's queue, served at `bandwidth x streams` (binding only when more connections than
+//!    `streams` share the pair);
+//! 3. `a`'s egress NIC and 4. `b`'s ingress NIC (`nic`, when the node has one);
+//!
+//! then the link's one-way latency, plus a jitter drawn uniformly in `[0, jitter]` from the
+//! run's seed. Arrivals keep their order on a pair (jitter never reorders a TCP stream: real
+//! paths rarely do, and the simulator's messages do not). Each queue holds at most about one
+//! round trip of its rate (a buffer of one bandwidth-delay product, at least [`MIN_BUFFER`]):
+//! a packet that would wait longer is dropped, as a router's tail-drop would, so TCP finds the
+//! link's rate the way it does on the internet.
+//!
+//! Traffic to and from the coordinator takes the latency only, as in the simulator (control
+//! messages skip its bandwidth model). A cut (`partition`) drops every packet it covers until
+//! its `heal`; `degrade` and `restore` change the links as [`Links`] does for the simulator,
+//! from the same seed, so a uniformly drawn rate is the same number in both backends.
+
+use loco_core::rng::{Purpose, pair_subject, stream};
+use loco_core::scenario::links::Links;
+use loco_core::scenario::{ChurnAction, Cut, RegionId, Scenario};
+use loco_core::{NodeId, Time};
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+/// The least time a queue buffers, whatever the round trip.
+pub const MIN_BUFFER: Duration = Duration::from_millis(5);
+
+/// What becomes of a packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// It reaches its receiver at this time.
+    Deliver(Time),
+    /// A cut covers the pair.
+    Cut,
+    /// A queue on its way is full.
+    Full,
+    /// The pair has no link (it is not in the scenario).
+    NoLink,
+}
+
+/// One packet, as the shaper sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Packet {
+    /// Sender.
+    pub from: NodeId,
+    /// Receiver.
+    pub to: NodeId,
+    /// The connection it belongs to (any stable key of its 5-tuple).
+    pub flow: u64,
+    /// Bytes on the wire.
+    pub len: usize,
+}
+
+/// A FIFO server: when it is next free.
+#[derive(Clone, Copy, Debug, Default)]
+struct Server {
+    free: Time,
+}
+
+/// A packet on its way through the servers: when its first byte may start at the next one and
+/// when its last byte has left the previous ones. Servers pass it on cut-through (a server as
+/// fast as the one before it adds no delay), so only the slowest one on the way serialises it.
+#[derive(Clone, Copy, Debug)]
+struct Passage {
+    start: Time,
+    done: Time,
+}
+
+impl Server {
+    /// Serves `len` bytes at `rate` (bytes per second); `None` when the packet would wait more
+    /// than `buffer` for this server.
+    fn serve(&mut self, p: Passage, len: usize, rate: f64, buffer: Duration) -> Option<Passage> {
+        if !rate.is_finite() {
+            return Some(p);
+        }
+        let start = self.free.max(p.start);
+        if start - p.start > buffer {
+            return None;
+        }
+        // Lengths are at most 64 KiB: exact in f64.
+        self.free = start + Duration::from_secs_f64(len as f64 / rate.max(1.0));
+        Some(Passage { start, done: p.done.max(self.free) })
+    }
+}
+
+/// The scenario's links as queues. See the module documentation.
+pub struct Shaper {
+    links: Links,
+    regions: BTreeMap<NodeId, RegionId>,
+    nodes: Vec<NodeId>,
+    hosts: Vec<NodeId>,
+    nic: BTreeMap<NodeId, f64>,
+    cuts: Vec<Cut>,
+    steps: u64,
+    /// The time at which the scenario's clock reads 0 (its traces count from there).
+    origin: Time,
+    flows: HashMap<(NodeId, NodeId, u64), Server>,
+    pairs: BTreeMap<(NodeId, NodeId), Server>,
+    egress: BTreeMap<NodeId, Server>,
+    ingress: BTreeMap<NodeId, Server>,
+    last_arrival: BTreeMap<(NodeId, NodeId), Time>,
+    jitter: ChaCha8Rng,
+}
+
+impl std::fmt::Debug for Shaper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shaper").field("hosts", &self.hosts).field("cuts", &self.cuts).finish()
+    }
+}
+
+impl Shaper {
+    /// The links of `scenario`, drawn from `seed` (the run's seed, as the simulator's).
+    pub fn new(scenario: &Scenario, seed: u64) -> Self {
+        let mut regions: BTreeMap<NodeId, RegionId> =
+            scenario.nodes().iter().map(|n| (n.id, n.region)).collect();
+        regions.insert(NodeId::COORDINATOR, scenario.coordinator_region());
+        let nodes: Vec<NodeId> = scenario.nodes().iter().map(|n| n.id).collect();
+        let mut hosts = nodes.clone();
+        hosts.push(NodeId::COORDINATOR);
+        let nic = scenario
+            .nodes()
+            .iter()
+            .filter_map(|n| n.nic.map(|r| (n.id, r.bytes_per_sec())))
+            .collect();
+        let mut links = Links::new(scenario, seed);
+        links.refresh(Time::ZERO, 0, &nodes, &hosts);
+        Shaper {
+            links,
+            regions,
+            nodes,
+            hosts,
+            nic,
+            cuts: Vec::new(),
+            steps: 0,
+            origin: Time::ZERO,
+            flows: HashMap::new(),
+            pairs: BTreeMap::new(),
+            egress: BTreeMap::new(),
+            ingress: BTreeMap::new(),
+            last_arrival: BTreeMap::new(),
+            jitter: stream(seed, pair_subject(u32::MAX, u32::MAX), Purpose::Turmoil),
+        }
+    }
+
+    /// The outer steps done so far (a uniform rate without `resample` is drawn again at each).
+    pub fn set_outer_steps(&mut self, steps: u64) {
+        self.steps = self.steps.max(steps);
+    }
+
+    /// Applies a churn event's network part (`partition`, `heal`, `degrade`, `restore`); other
+    /// events are not the network's and change nothing. Returns whether it was the network's.
+    pub fn apply(&mut self, action: &ChurnAction) -> bool {
+        match action {
+            ChurnAction::Partition(cut) => self.cuts.push(cut.clone()),
+            ChurnAction::Heal(Some(cut)) => {
+                if let Some(i) = self.cuts.iter().position(|c| c == cut) {
+                    self.cuts.remove(i);
+                }
+            }
+            ChurnAction::Heal(None) => self.cuts.clear(),
+            ChurnAction::Degrade { from, to, oneway, bandwidth, latency, jitter } => {
+                self.links.degrade(
+                    *from,
+                    *to,
+                    *oneway,
+                    bandwidth.as_ref(),
+                    latency.as_ref(),
+                    *jitter,
+                );
+            }
+            ChurnAction::Restore { from, to, oneway } => self.links.restore(*from, *to, *oneway),
+            _ => return false,
+        }
+        true
+    }
+
+    /// Whether a cut drops traffic from `a` to `b` now.
+    pub fn is_cut(&self, a: NodeId, b: NodeId) -> bool {
+        self.cuts.iter().any(|c| c.covers(&self.regions, a, b))
+    }
+
+    /// The rate of one connection from `a` to `b` (bytes per second) and their one-way latency
+    /// `(min, max)` in force at `now`.
+    pub fn link(&mut self, now: Time, a: NodeId, b: NodeId) -> Option<(f64, Duration, Duration)> {
+        self.refresh(now);
+        let (lo, hi) = self.links.latency(a, b)?;
+        let rate = self.links.pair_caps(a, b).map_or(f64::INFINITY, |c| c.per_stream);
+        Some((rate, lo, hi))
+    }
+
+    /// The scenario's clock reads 0 at `at`: traces are read from there.
+    pub fn set_origin(&mut self, at: Time) {
+        self.origin = at;
+        self.links.refresh(Time::ZERO, self.steps, &self.nodes, &self.hosts);
+    }
+
+    /// The rate one connection from `a` to `b` can reach at `now` (bytes per second): the
+    /// link's, capped by the pair's `streams` share and the two NICs.
+    pub fn one_connection_rate(&mut self, now: Time, a: NodeId, b: NodeId) -> Option<f64> {
+        self.refresh(now);
+        let caps = self.links.pair_caps(a, b)?;
+        let mut r = caps.per_stream.min(caps.total());
+        for n in [a, b] {
+            if let Some(&nic) = self.nic.get(&n) {
+                r = r.min(nic);
+            }
+        }
+        Some(r)
+    }
+
+    fn refresh(&mut self, now: Time) {
+        let t = Time::ZERO + now.saturating_since(self.origin);
+        if self.links.due(t, self.steps) {
+            self.links.refresh(t, self.steps, &self.nodes, &self.hosts);
+        }
+    }
+
+    /// What becomes of `p`, handed to the network at `now`.
+    pub fn admit(&mut self, now: Time, p: Packet) -> Verdict {
+        if p.from == p.to {
+            return Verdict::NoLink;
+        }
+        if self.is_cut(p.from, p.to) {
+            return Verdict::Cut;
+        }
+        self.refresh(now);
+        let Some((lo, hi)) = self.links.latency(p.from, p.to) else { return Verdict::NoLink };
+        let buffer = (lo * 2).max(MIN_BUFFER);
+        let mut t = Passage { start: now, done: now };
+        let control = p.from == NodeId::COORDINATOR || p.to == NodeId::COORDINATOR;
+        if !control {
+            let Some(caps) = self.links.pair_caps(p.from, p.to) else { return Verdict::NoLink };
+            let flow = self.flows.entry((p.from, p.to, p.flow)).or_default();
+            let Some(x) = flow.serve(t, p.len, caps.per_stream, buffer) else {
+                return Verdict::Full;
+            };
+            t = x;
+            let pair = self.pairs.entry((p.from, p.to)).or_default();
+            let Some(x) = pair.serve(t, p.len, caps.total(), buffer) else {
+                return Verdict::Full;
+            };
+            t = x;
+            for (queues, node) in [(&mut self.egress, p.from), (&mut self.ingress, p.to)] {
+                if let Some(&rate) = self.nic.get(&node) {
+                    let Some(x) = queues.entry(node).or_default().serve(t, p.len, rate, buffer)
+                    else {
+                        return Verdict::Full;
+                    };
+                    t = x;
+                }
+            }
+        }
+        let spread = hi.saturating_sub(lo);
+        let jitter =
+            if spread.is_zero() { Duration::ZERO } else { spread.mul_f64(self.jitter.random()) };
+        let last = self.last_arrival.entry((p.from, p.to)).or_insert(Time::ZERO);
+        let arrival = (t.done + lo + jitter).max(*last);
+        *last = arrival;
+        Verdict::Deliver(arrival)
+    }
+
+    /// Forgets the connections that have been idle since before `now - idle` (bounds the
+    /// per-connection state of a long run).
+    pub fn forget_idle(&mut self, now: Time, idle: Duration) {
+        self.flows.retain(|_, s| now.saturating_since(s.free) < idle);
+    }
+}
+
+#[cfg(test)]
+#[path = "tests.rs"]
+mod tests;

@@ -1,0 +1,159 @@
+use super::*;
+use loco_core::scenario::Scenario;
+
+const SCENARIO: &str = r#"
+name = "wan"
+seed = 5
+[model]
+preset = "tiny"
+[[regions]]
+name = "us"
+[[regions]]
+name = "eu"
+[[links]]
+from = "us"
+to = "us"
+bandwidth = "80Mbit/s"
+latency = "10ms"
+[[links]]
+from = "us"
+to = "eu"
+bandwidth = "8Mbit/s"
+latency = "40ms"
+jitter = "4ms"
+[[links]]
+from = "eu"
+to = "eu"
+bandwidth = "80Mbit/s"
+latency = "5ms"
+[[nodes]]
+name = "us"
+count = 2
+region = "us"
+step_time = "1s"
+[[nodes]]
+name = "eu"
+region = "eu"
+step_time = "1s"
+nic = "16Mbit/s"
+[stop]
+outer_steps = 1
+"#;
+
+fn shaper() -> Shaper {
+    Shaper::new(&Scenario::from_toml_str(SCENARIO, "wan.toml").expect("valid scenario"), 5)
+}
+
+fn pkt(from: u32, to: u32, flow: u64, len: usize) -> Packet {
+    Packet { from: NodeId(from), to: NodeId(to), flow, len }
+}
+
+fn at(v: Verdict) -> Time {
+    match v {
+        Verdict::Deliver(t) => t,
+        other => panic!("not delivered: {other:?}"),
+    }
+}
+
+#[test]
+fn a_lone_packet_takes_its_serialisation_and_the_latency() {
+    let mut s = shaper();
+    // 10 kB at 10 MB/s: 1 ms, then 10 ms.
+    let t = at(s.admit(Time::ZERO, pkt(0, 1, 1, 10_000)));
+    assert_eq!(t, Time::from_secs_f64(0.011));
+}
+
+#[test]
+fn a_saturated_connection_gets_the_link_rate_and_drops_beyond_its_buffer() {
+    let mut s = shaper();
+    // Offer 1 MB at once to a 10 MB/s link with a 20 ms buffer (one round trip).
+    let mut last = Time::ZERO;
+    let (mut sent, mut full) = (0usize, 0usize);
+    for _ in 0..100 {
+        match s.admit(Time::ZERO, pkt(0, 1, 1, 10_000)) {
+            Verdict::Deliver(t) => {
+                sent += 10_000;
+                last = t;
+            }
+            Verdict::Full => full += 1,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(full > 0, "the buffer is bounded");
+    let serial = (last - Time::ZERO).as_secs_f64() - 0.010;
+    let rate = sent as f64 / serial;
+    assert!((rate - 10e6).abs() / 10e6 < 1e-6, "rate {rate}");
+    assert!(serial <= 0.020 + 0.001 + 1e-9, "waited {serial}");
+}
+
+#[test]
+fn the_receivers_nic_caps_the_sum_of_its_pairs() {
+    let mut s = shaper();
+    // Nodes 0 and 1 (us) each send to node 2 (eu, NIC 2 MB/s) over 1 MB/s links: 2 MB/s in all.
+    let mut last = Time::ZERO;
+    let mut sent = 0usize;
+    for i in 0..40u64 {
+        let now = Time::from_secs_f64(i as f64 * 0.001);
+        for from in [0, 1] {
+            if let Verdict::Deliver(t) = s.admit(now, pkt(from, 2, 7, 1_000)) {
+                sent += 1_000;
+                last = last.max(t);
+            }
+        }
+    }
+    // Jitter adds at most 4 ms to the 40 ms latency.
+    let busy = (last - Time::ZERO).as_secs_f64() - 0.040;
+    let rate = sent as f64 / busy;
+    assert!(rate <= 2e6 * 1.01 && rate > 2e6 * 0.85, "rate {rate} over {busy}s");
+}
+
+#[test]
+fn jitter_never_reorders_a_pair_and_stays_within_its_bound() {
+    let mut s = shaper();
+    let mut prev = Time::ZERO;
+    for i in 0..200u64 {
+        let now = Time::from_secs_f64(i as f64 * 0.01);
+        let t = at(s.admit(now, pkt(2, 0, 3, 100)));
+        assert!(t >= prev);
+        let delay = (t - now).as_secs_f64();
+        assert!((0.040..=0.0442).contains(&delay), "delay {delay}");
+        prev = t;
+    }
+}
+
+#[test]
+fn cuts_drop_until_healed_and_degrades_change_the_rate() {
+    let mut s = shaper();
+    let (us, eu) = (RegionId(0), RegionId(1));
+    let cut = Cut::Regions { from: us, to: eu, oneway: true };
+    assert!(s.apply(&ChurnAction::Partition(cut.clone())));
+    assert_eq!(s.admit(Time::ZERO, pkt(0, 2, 1, 100)), Verdict::Cut);
+    assert!(matches!(s.admit(Time::ZERO, pkt(2, 0, 1, 100)), Verdict::Deliver(_)));
+    s.apply(&ChurnAction::Heal(Some(cut)));
+    assert!(matches!(s.admit(Time::ZERO, pkt(0, 2, 1, 100)), Verdict::Deliver(_)));
+    let slow = loco_core::scenario::Varying::Fixed(
+        loco_core::scenario::Rate::from_bits_per_sec(800e3).expect("a rate"),
+    );
+    let deg = ChurnAction::Degrade {
+        from: us,
+        to: eu,
+        oneway: false,
+        bandwidth: Some(slow),
+        latency: None,
+        jitter: None,
+    };
+    assert!(s.apply(&deg));
+    let t0 = Time::from_secs_f64(1.0);
+    let (rate, lo, _) = s.link(t0, NodeId(0), NodeId(2)).expect("a link");
+    assert_eq!((rate, lo), (100e3, Duration::from_millis(40)));
+    assert!(s.apply(&ChurnAction::Restore { from: us, to: eu, oneway: false }));
+    assert_eq!(s.link(t0, NodeId(0), NodeId(2)).expect("a link").0, 1e6);
+    assert!(!s.apply(&ChurnAction::Crash(vec![NodeId(0)])));
+}
+
+#[test]
+fn the_coordinators_traffic_takes_the_latency_only() {
+    let mut s = shaper();
+    let t = at(s.admit(Time::ZERO, pkt(0, NodeId::COORDINATOR.0, 1, 60_000)));
+    assert_eq!(t, Time::from_secs_f64(0.010));
+}
