@@ -28,9 +28,12 @@ pub(crate) enum Command {
     /// one broke (summary.json says which), 2 on bad input.
     Replay(ReplayArgs),
     /// Run a scenario on real processes on this machine: a coordinator and the scenario's
-    /// workers over loopback TCP, training the scenario's model (libtorch), with its churn
-    /// played by real signals (SIGKILL, SIGTERM, SIGSTOP/SIGCONT) and new processes. Writes the
-    /// same files as `replay` into DIR.
+    /// workers, training the scenario's model (libtorch), with its churn played by real signals
+    /// (SIGKILL, SIGTERM, SIGSTOP/SIGCONT) and new processes. The processes talk kernel TCP
+    /// through the scenario's links, emulated (each in a network namespace of its own, its
+    /// packets delayed and dropped as the links would, partitions and degrades included), where
+    /// this machine allows it (root); else over bare loopback, as the run says. Writes the same
+    /// files as `replay` into DIR.
     Launch(LaunchArgs),
     /// Run the coordinator of a real run (workers connect to it).
     Coordinator(CoordinatorArgs),
@@ -44,6 +47,38 @@ pub(crate) enum Command {
     /// quality, and training throughput.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// The emulated network of real runs.
+    #[command(subcommand)]
+    Net(NetCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum NetCommand {
+    /// Self-test of the emulated network: builds the scenario's network as `loco launch` does
+    /// (needs root), then for each pair of regions times one TCP connection between two of its
+    /// nodes: the rate it reaches (on the wire, over the second half of the transfer) and the
+    /// median round trip of one-byte exchanges, against the figures the scenario gives. Exit 0
+    /// when every link is within the tolerance, 1 when one is not, 2 on bad input or when the
+    /// network cannot be built.
+    Check(NetCheckArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct NetCheckArgs {
+    /// The scenario file.
+    pub(crate) scenario: PathBuf,
+    /// Seed of the links' draws (overrides the scenario's).
+    #[arg(long)]
+    pub(crate) seed: Option<u64>,
+    /// Seconds of transfer per link.
+    #[arg(long, default_value_t = 4.0)]
+    pub(crate) seconds: f64,
+    /// The largest relative error of rate and round trip that passes.
+    #[arg(long, default_value_t = 0.05)]
+    pub(crate) tolerance: f64,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -91,6 +126,22 @@ pub(crate) struct LaunchArgs {
     /// `[real] checkpoint_dir`.
     #[arg(long, value_name = "DIR")]
     pub(crate) checkpoint_dir: Option<PathBuf>,
+    /// The network to run in, instead of the scenario's `[real] network`: `emulated` (the
+    /// scenario's links; refuse to start where they cannot be emulated), `loopback` (bare), or
+    /// `auto` (emulated where this machine allows it).
+    #[arg(long, value_name = "MODE")]
+    pub(crate) network: Option<NetworkArg>,
+}
+
+/// `--network`.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub(crate) enum NetworkArg {
+    /// Emulated where this machine allows it, else bare loopback.
+    Auto,
+    /// The scenario's links, emulated.
+    Emulated,
+    /// Bare loopback.
+    Loopback,
 }
 
 #[derive(Debug, Args)]

@@ -9,6 +9,7 @@ mod bench;
 mod cli;
 mod clock;
 mod human;
+mod net_cmd;
 mod real_cmd;
 mod replay;
 
@@ -121,6 +122,11 @@ fn run(cli: Cli) -> Result<Outcome> {
         }
         Command::Launch(a) => {
             if !real_cmd::launch(&a)? {
+                return Ok(Outcome::InvariantsBroken);
+            }
+        }
+        Command::Net(cli::NetCommand::Check(a)) => {
+            if !net_cmd::check(&a)? {
                 return Ok(Outcome::InvariantsBroken);
             }
         }

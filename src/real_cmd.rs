@@ -314,6 +314,11 @@ pub(crate) fn launch(a: &crate::cli::LaunchArgs) -> Result<bool> {
             (false, None) => None,
         },
         checkpoint_dir: a.checkpoint_dir.clone(),
+        network: a.network.map(|n| match n {
+            crate::cli::NetworkArg::Auto => loco_core::scenario::NetworkMode::Auto,
+            crate::cli::NetworkArg::Emulated => loco_core::scenario::NetworkMode::Emulated,
+            crate::cli::NetworkArg::Loopback => loco_core::scenario::NetworkMode::Loopback,
+        }),
         ..LaunchPlan::new(s, a.scenario.clone(), std::env::current_exe()?, out.clone())
     };
     let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
@@ -335,6 +340,7 @@ pub(crate) fn launch(a: &crate::cli::LaunchArgs) -> Result<bool> {
     }
     let outcome = outcome.map_err(|e| match e {
         LaunchError::DoesNotFit { .. }
+        | LaunchError::Network(loco_real::wan::WanError::Unavailable { .. })
         | LaunchError::NoCheckpointDir { .. }
         | LaunchError::NoCommonCheckpoint { .. } => InputError(anyhow!(e)).into(),
         e => anyhow!(e),

@@ -30,7 +30,7 @@ pub use status::{StatusEvent, StatusHub, StatusMsg, StatusSender};
 
 use loco_core::ids::NodeId;
 use loco_core::metrics::{EventKind, EventRow};
-use loco_core::scenario::{ChurnAction, NodeSpec, Scenario};
+use loco_core::scenario::{ChurnAction, NetworkMode, NodeSpec, Scenario};
 use nix::sys::signal::Signal;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -91,6 +91,43 @@ pub struct LaunchPlan {
     pub resume: Option<Resume>,
     /// Checkpoints go here instead of the scenario's `[real] checkpoint_dir`.
     pub checkpoint_dir: Option<PathBuf>,
+    /// The network to run in, instead of the scenario's `[real] network`.
+    pub network: Option<NetworkMode>,
+}
+
+/// The network a launch ran in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NetworkUsed {
+    /// The scenario's links, emulated (namespaces, TUN devices and the router).
+    Emulated,
+    /// Bare loopback, and why.
+    Loopback {
+        /// Why not emulated: the scenario asked for loopback, or what the machine lacks.
+        why: String,
+    },
+}
+
+impl NetworkUsed {
+    /// The short name written to summary.json (`extra.network`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            NetworkUsed::Emulated => "emulated",
+            NetworkUsed::Loopback { .. } => "loopback",
+        }
+    }
+}
+
+impl std::fmt::Display for NetworkUsed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NetworkUsed::Emulated => write!(
+                f,
+                "the scenario's links, emulated (a network namespace per process, packets shaped \
+                 by the launcher's router; addresses in 198.18.0.0/15)"
+            ),
+            NetworkUsed::Loopback { why } => write!(f, "bare loopback, unshaped ({why})"),
+        }
+    }
 }
 
 impl LaunchPlan {
@@ -106,6 +143,7 @@ impl LaunchPlan {
             timeout: None,
             resume: None,
             checkpoint_dir: None,
+            network: None,
         }
     }
 }
@@ -167,6 +205,23 @@ impl<'a> Launcher<'a> {
             Some(Resume::Newest) => Some(resume_step(s, path, given, None)?),
             Some(Resume::Step(k)) => Some(resume_step(s, path, given, Some(k))?),
         };
+        let (net, used) = match plan.network.unwrap_or(s.real().network) {
+            NetworkMode::Loopback => (
+                None,
+                NetworkUsed::Loopback {
+                    why: "the scenario's `[real] network` is \"loopback\"".into(),
+                },
+            ),
+            NetworkMode::Emulated => {
+                (Some(crate::wan::Network::start(s, s.seed())?), NetworkUsed::Emulated)
+            }
+            NetworkMode::Auto => match crate::wan::netns::unavailable() {
+                None => (Some(crate::wan::Network::start(s, s.seed())?), NetworkUsed::Emulated),
+                Some(why) => (None, NetworkUsed::Loopback { why: format!("not emulated: {why}") }),
+            },
+        };
+        let mut on_notice = on_notice;
+        on_notice(Notice::Network { description: used.to_string() });
         let sock = nodes_dir.join("status.sock");
         let hub = StatusHub::bind(&sock)
             .map_err(|source| LaunchError::Status { path: sock.clone(), source })?;
@@ -185,8 +240,46 @@ impl<'a> Launcher<'a> {
             committed: 0,
             last_step: None,
             on_notice,
+            net,
+            used,
         };
         run.run()
+    }
+}
+
+/// The events.csv rows of a network event, as the simulator writes them.
+fn network_event_rows(
+    s: &Scenario,
+    action: &ChurnAction,
+    cuts: &mut Vec<loco_core::scenario::Cut>,
+) -> Vec<(EventKind, String)> {
+    use loco_core::scenario::Cut;
+    match action {
+        ChurnAction::Partition(cut) => {
+            cuts.push(cut.clone());
+            vec![(EventKind::Partition, cut.describe(s))]
+        }
+        ChurnAction::Heal(cut) => {
+            let healed: Vec<Cut> = match cut {
+                Some(c) => {
+                    if let Some(i) = cuts.iter().position(|x| x == c) {
+                        cuts.remove(i);
+                    }
+                    vec![c.clone()]
+                }
+                None => std::mem::take(cuts),
+            };
+            healed.iter().map(|c| (EventKind::Heal, c.describe(s))).collect()
+        }
+        ChurnAction::Degrade { from, to, oneway, .. } => {
+            let d = Cut::Regions { from: *from, to: *to, oneway: *oneway }.describe(s);
+            vec![(EventKind::Degrade, format!("link {d} degraded"))]
+        }
+        ChurnAction::Restore { from, to, oneway } => {
+            let d = Cut::Regions { from: *from, to: *to, oneway: *oneway }.describe(s);
+            vec![(EventKind::Degrade, format!("link {d} restored"))]
+        }
+        _ => Vec::new(),
     }
 }
 
@@ -269,6 +362,9 @@ struct Run<'p, 'a> {
     committed: u64,
     last_step: Option<u64>,
     on_notice: Box<dyn FnMut(Notice) + 'a>,
+    /// The emulated network, when the run has one.
+    net: Option<crate::wan::Network>,
+    used: NetworkUsed,
 }
 
 impl Run<'_, '_> {
@@ -286,13 +382,26 @@ impl Run<'_, '_> {
         }
     }
 
+    /// A command that runs the `loco` program as `host` (in its namespace, when the run has an
+    /// emulated network), and the address it is to listen on.
+    fn command(&self, host: NodeId) -> (Command, String) {
+        let program = &self.plan.program;
+        if let Some(net) = &self.net {
+            let addr = net.hosts().host(host).map(|h| h.addr);
+            if let (Some(cmd), Some(addr)) = (net.hosts().command(host, program), addr) {
+                return (cmd, format!("{addr}:0"));
+            }
+        }
+        (Command::new(program), "127.0.0.1:0".into())
+    }
+
     fn start_coordinator(&mut self) -> Result<SocketAddr, LaunchError> {
         let plan = self.plan;
         let addr_file = self.nodes_dir.join("coordinator.addr");
-        let mut cmd = Command::new(&plan.program);
+        let (mut cmd, listen) = self.command(NodeId::COORDINATOR);
         cmd.arg("coordinator")
             .arg(&plan.scenario_path)
-            .args(["--listen", "127.0.0.1:0"])
+            .args(["--listen", &listen])
             .arg("--addr-file")
             .arg(&addr_file)
             .arg("--metrics")
@@ -368,11 +477,11 @@ impl Run<'_, '_> {
             source,
         })?;
         let addr = self.addr.map(|a| a.to_string()).unwrap_or_default();
-        let mut cmd = Command::new(&plan.program);
+        let (mut cmd, listen) = self.command(node.id);
         cmd.arg("worker")
             .arg(&plan.scenario_path)
             .args(["--coordinator", &addr, "--id", &node.name])
-            .args(["--listen", "127.0.0.1:0", "--incarnation", &inc.to_string()])
+            .args(["--listen", &listen, "--incarnation", &inc.to_string()])
             .arg("--metrics")
             .arg(self.nodes_dir.join(format!("{}.jsonl", node.name)))
             .args(["--run-start", &self.run_start.to_string()])
@@ -439,6 +548,9 @@ impl Run<'_, '_> {
                             if self.last_step.is_none_or(|l| r.outer_step > l) {
                                 self.last_step = Some(r.outer_step);
                                 self.committed += 1;
+                                if let Some(net) = &self.net {
+                                    net.router().set_outer_steps(self.committed);
+                                }
                             }
                         }
                         StatusMsg::Metrics { .. } | StatusMsg::Hello { .. } => {}
@@ -485,6 +597,8 @@ impl Run<'_, '_> {
         let mut prestarted: BTreeSet<usize> = BTreeSet::new();
         let mut churn_t0: Option<Duration> = None;
         let mut hung: BTreeSet<NodeId> = BTreeSet::new();
+        // The partitions in force (a `heal` without a cut heals them all).
+        let mut cuts: Vec<loco_core::scenario::Cut> = Vec::new();
         let mut failures: Vec<String> = Vec::new();
         let mut shown: Option<Duration> = None;
         loop {
@@ -499,6 +613,9 @@ impl Run<'_, '_> {
                     .count();
                 if waiting == 0 || elapsed > READY_LIMIT {
                     churn_t0 = Some(elapsed);
+                    if let Some(net) = &self.net {
+                        net.router().start_clock();
+                    }
                     if let Some(gate) = self.gate.take() {
                         gate::open(&gate, self.run_start + elapsed.as_secs_f64())?;
                     }
@@ -614,10 +731,19 @@ impl Run<'_, '_> {
                         launch_events
                             .push(EventRow::new(at, EventKind::CoordinatorCrash).detail("SIGKILL"));
                     }
-                    other => {
-                        tracing::info!(
-                            "the real backend on one machine ignores {other:?} (network faults are the simulator's)"
-                        );
+                    ChurnAction::Partition(_)
+                    | ChurnAction::Heal(_)
+                    | ChurnAction::Degrade { .. }
+                    | ChurnAction::Restore { .. } => {
+                        for (kind, detail) in network_event_rows(s, &action, &mut cuts) {
+                            launch_events.push(EventRow::new(at, kind).detail(detail));
+                        }
+                        match &self.net {
+                            Some(net) => net.router().apply(&action),
+                            None => tracing::warn!(
+                                "{action:?} is not played: the run is on bare loopback"
+                            ),
+                        }
                     }
                 }
             }
@@ -715,7 +841,15 @@ impl Run<'_, '_> {
             }
         }
         let wall = unix_now() - self.run_start;
-        let r = record::collect(s, &self.nodes_dir, launch_events, wall, &failures)?;
+        let mut r = record::collect(s, &self.nodes_dir, launch_events, wall, &failures)?;
+        r.summary.extra.insert("network".into(), self.used.name().into());
+        if let Some(net) = &self.net {
+            let (_, stats) = net.router().stats();
+            let dropped: u64 = stats.values().map(|p| p.dropped_full + p.dropped_cut).sum();
+            let carried: u64 = stats.values().map(|p| p.bytes).sum();
+            r.summary.extra.insert("network_bytes_carried".into(), carried.into());
+            r.summary.extra.insert("network_packets_dropped".into(), dropped.into());
+        }
         let processes = self
             .fleet
             .0

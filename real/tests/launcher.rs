@@ -170,6 +170,7 @@ outer_steps = 1
 time = "30s"
 
 [real]
+network = "loopback"
 device = "cpu"
 "#;
 

@@ -7,6 +7,10 @@ use std::time::Duration;
 /// Why a launch could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {
+    /// The scenario's network could not be emulated (`[real] network = "emulated"`, or the
+    /// emulation failed to start).
+    #[error("the scenario's network: {0}")]
+    Network(#[from] crate::wan::WanError),
     /// The starting processes need more memory than this machine has.
     #[error(
         "{scenario}: {processes} processes of this model need {:.1} GiB, and this machine has \

@@ -33,6 +33,11 @@ pub enum Notice {
     EveryWorkerStopped,
     /// The run exceeded its time limit and is being stopped.
     TimeLimit,
+    /// The network the processes run in.
+    Network {
+        /// What it is ([`super::NetworkUsed`]'s text).
+        description: String,
+    },
 }
 
 impl std::fmt::Display for Notice {
@@ -55,6 +60,7 @@ impl std::fmt::Display for Notice {
                 write!(f, "every worker has stopped and none is due to start; ending the run")
             }
             Notice::TimeLimit => write!(f, "the run exceeded its time limit; stopping it"),
+            Notice::Network { description } => write!(f, "network: {description}"),
         }
     }
 }
