@@ -50,6 +50,34 @@ pub(crate) enum Command {
     /// The emulated network of real runs.
     #[command(subcommand)]
     Net(NetCommand),
+    /// How far the simulator's predictions are from a real run: replays the scenario, launches
+    /// it on real processes in its emulated network (a synthetic objective of `[sim] elements`
+    /// parameters, so both backends send the same bytes), and compares them per outer step:
+    /// all-reduce time, the step's wall time, utilisation, bytes and the membership story.
+    /// Writes DIR/sim, DIR/real and DIR/fidelity.{csv,json,html}. Exit 0 when every figure is
+    /// within the tolerance and the stories agree, 1 when not, 2 on bad input.
+    Fidelity(FidelityArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct FidelityArgs {
+    /// The scenario file (`[sim] numerics = "real"`).
+    pub(crate) scenario: PathBuf,
+    /// Output directory (default out/<scenario name>-fidelity).
+    #[arg(long, value_name = "DIR")]
+    pub(crate) out: Option<PathBuf>,
+    /// Stop both runs after this many outer steps.
+    #[arg(long)]
+    pub(crate) max_outer_steps: Option<u64>,
+    /// The largest relative error that passes.
+    #[arg(long, default_value_t = 0.05)]
+    pub(crate) tolerance: f64,
+    /// Give the real run up after this many seconds.
+    #[arg(long, value_name = "SECS")]
+    pub(crate) timeout: Option<u64>,
+    /// The real run's network, instead of the scenario's `[real] network`.
+    #[arg(long, value_name = "MODE")]
+    pub(crate) network: Option<NetworkArg>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -8,6 +8,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod bench;
 mod cli;
 mod clock;
+mod fidelity_cmd;
 mod human;
 mod net_cmd;
 mod real_cmd;
@@ -122,6 +123,11 @@ fn run(cli: Cli) -> Result<Outcome> {
         }
         Command::Launch(a) => {
             if !real_cmd::launch(&a)? {
+                return Ok(Outcome::InvariantsBroken);
+            }
+        }
+        Command::Fidelity(a) => {
+            if !fidelity_cmd::fidelity(&a)? {
                 return Ok(Outcome::InvariantsBroken);
             }
         }

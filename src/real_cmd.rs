@@ -299,6 +299,16 @@ pub(crate) fn worker(a: &crate::cli::WorkerArgs) -> Result<()> {
     Ok(())
 }
 
+/// The scenario format's network mode of `--network`.
+pub(crate) fn network_mode(n: crate::cli::NetworkArg) -> loco_core::scenario::NetworkMode {
+    use loco_core::scenario::NetworkMode;
+    match n {
+        crate::cli::NetworkArg::Auto => NetworkMode::Auto,
+        crate::cli::NetworkArg::Emulated => NetworkMode::Emulated,
+        crate::cli::NetworkArg::Loopback => NetworkMode::Loopback,
+    }
+}
+
 /// `loco launch`: the library's launcher, its notices on stderr, its record written to the run
 /// directory and summarised on stdout.
 pub(crate) fn launch(a: &crate::cli::LaunchArgs) -> Result<bool> {
@@ -314,11 +324,7 @@ pub(crate) fn launch(a: &crate::cli::LaunchArgs) -> Result<bool> {
             (false, None) => None,
         },
         checkpoint_dir: a.checkpoint_dir.clone(),
-        network: a.network.map(|n| match n {
-            crate::cli::NetworkArg::Auto => loco_core::scenario::NetworkMode::Auto,
-            crate::cli::NetworkArg::Emulated => loco_core::scenario::NetworkMode::Emulated,
-            crate::cli::NetworkArg::Loopback => loco_core::scenario::NetworkMode::Loopback,
-        }),
+        network: a.network.map(network_mode),
         ..LaunchPlan::new(s, a.scenario.clone(), std::env::current_exe()?, out.clone())
     };
     let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());

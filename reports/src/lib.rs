@@ -30,6 +30,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 mod error;
+pub mod fidelity;
 mod files;
 mod format;
 mod html;

@@ -1,0 +1,94 @@
+//! `loco fidelity`: one scenario replayed by the simulator and launched on real processes in
+//! its emulated network, then compared step by step (`loco_reports::fidelity`).
+
+use crate::InputError;
+use crate::cli::FidelityArgs;
+use anyhow::{Result, anyhow};
+use loco_core::scenario::Numerics;
+use loco_real::launch::{LaunchError, LaunchPlan, Launcher, Notice};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Runs both backends and compares them; `Ok(false)` when a figure is outside the tolerance, the
+/// stories differ, or a run broke an invariant.
+pub(crate) fn fidelity(a: &FidelityArgs) -> Result<bool> {
+    if !(a.tolerance.is_finite() && a.tolerance > 0.0) {
+        return Err(
+            InputError(anyhow!("--tolerance: expected a number > 0, got {}", a.tolerance)).into()
+        );
+    }
+    let s = crate::real_cmd::load(&a.scenario)?;
+    if s.sim().numerics != Numerics::Real {
+        return Err(InputError(anyhow!(
+            "{}: sim.numerics: expected \"real\" (both backends then train the same synthetic \
+             objective of `sim.elements` parameters and send the same bytes)",
+            a.scenario.display()
+        ))
+        .into());
+    }
+    let params = usize::try_from(s.sim().elements)
+        .map_err(|_| InputError(anyhow!("{}: sim.elements: too large", a.scenario.display())))?;
+    let out = a
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("out").join(format!("{}-fidelity", s.name())));
+    let (sim_dir, real_dir) = (out.join("sim"), out.join("real"));
+
+    eprintln!("loco: replaying {} in the simulator", s.name());
+    let run = loco_sim::replay(
+        &s,
+        loco_sim::ReplayOptions {
+            max_outer_steps: a.max_outer_steps,
+            ..loco_sim::ReplayOptions::default()
+        },
+    )
+    .map_err(|e| InputError(anyhow!(e)))?;
+    loco_reports::write_run(&sim_dir, &run.summary, &run.rows, &run.events)
+        .map_err(|e| anyhow!(e))?;
+
+    eprintln!("loco: launching {} on real processes ({params} parameters each)", s.name());
+    let plan = LaunchPlan {
+        max_outer_steps: a.max_outer_steps,
+        synthetic_params: Some(params),
+        timeout: a.timeout.map(Duration::from_secs),
+        network: a.network.map(crate::real_cmd::network_mode),
+        ..LaunchPlan::new(s.clone(), a.scenario.clone(), std::env::current_exe()?, real_dir.clone())
+    };
+    let outcome = Launcher::new(plan)
+        .on_notice(|n| match n {
+            Notice::Progress { .. } | Notice::ClockStarted { .. } => tracing::info!("{n}"),
+            n => eprintln!("loco: {n}"),
+        })
+        .run()
+        .map_err(|e| match e {
+            LaunchError::Network(loco_real::wan::WanError::Unavailable { .. }) => {
+                InputError(anyhow!(e)).into()
+            }
+            e => anyhow!(e),
+        })?;
+    loco_reports::write_run(&real_dir, &outcome.summary, &outcome.rows, &outcome.events)
+        .map_err(|e| anyhow!(e))?;
+
+    let sim = loco_reports::read_run(&sim_dir).map_err(|e| anyhow!(e))?;
+    let real = loco_reports::read_run(&real_dir).map_err(|e| anyhow!(e))?;
+    let f = loco_reports::fidelity::compare(&sim, &real);
+    let files =
+        loco_reports::fidelity::write_fidelity(&out, &f, a.tolerance).map_err(|e| anyhow!(e))?;
+    println!(
+        "scenario               {} (seed {}, real network: {})",
+        f.scenario,
+        f.seed,
+        f.network.as_deref().unwrap_or("unknown")
+    );
+    print!("{}", f.text(a.tolerance));
+    let ok = f.within(a.tolerance) && sim.summary.invariants.ok && real.summary.invariants.ok;
+    println!(
+        "verdict                {} (tolerance {:.1}%)",
+        if ok { "within" } else { "OUTSIDE" },
+        a.tolerance * 100.0
+    );
+    for p in files {
+        println!("wrote                  {}", p.display());
+    }
+    Ok(ok)
+}
