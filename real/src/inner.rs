@@ -112,8 +112,9 @@ impl Quadratic {
         }
     }
 
-    /// Makes each step take at least `pace` (a node's `step_time`), so that a synthetic run has
-    /// the scenario's timing and its churn lands where it would in a real one.
+    /// Makes each step take `pace` (a node's `step_time`), its own work included (at least its
+    /// work, when that is longer), so that a synthetic run has the scenario's timing and its
+    /// churn lands where it would in a real one.
     pub fn paced(mut self, pace: std::time::Duration) -> Quadratic {
         self.pace = pace;
         self
@@ -146,11 +147,15 @@ impl InnerLoop for Quadratic {
     /// One step; its loss is the loss after the update (the simulator's, for the last step of an
     /// outer step).
     fn step(&mut self) -> Result<InnerStats, InnerError> {
+        #[allow(clippy::disallowed_methods)] // pacing only: the step lasts `pace` in all
+        let started = std::time::Instant::now();
         let noise = self.noise.get_or_insert_with(|| self.objective.noise(&self.x));
         let loss = self.objective.step(&mut self.x, noise);
         self.steps += 1;
-        if !self.pace.is_zero() {
-            std::thread::sleep(self.pace);
+        // The step's own work counts toward its pace, as a real step's compute would.
+        let left = self.pace.saturating_sub(started.elapsed());
+        if !left.is_zero() {
+            std::thread::sleep(left);
         }
         Ok(InnerStats { loss: Some(loss), tokens: self.x.len() as u64 })
     }

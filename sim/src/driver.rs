@@ -383,7 +383,7 @@ pub(crate) fn replay(scenario: &Scenario, mut opts: ReplayOptions) -> Result<Run
         .collect();
     let run = Rc::new(RunCtx {
         mesh: s.mesh().clone(),
-        params: s.model().param_count(),
+        params: opts.outer_params.unwrap_or_else(|| s.model().param_count()),
         scenario: s.clone(),
         seed,
         net,

@@ -77,6 +77,10 @@ pub struct ReplayOptions {
     pub run_for: Option<Duration>,
     /// Called as the run advances (every outer step and every 2000 ticks).
     pub progress: Option<Box<dyn FnMut(Progress)>>,
+    /// The parameters a commit's O(model) work is charged for (`[sim] outer_cost` each), instead
+    /// of the model's: `loco fidelity` sets `[sim] elements`, the size of the synthetic objective
+    /// the real run trains.
+    pub outer_params: Option<u64>,
 }
 
 impl fmt::Debug for ReplayOptions {
@@ -87,6 +91,7 @@ impl fmt::Debug for ReplayOptions {
             .field("max_time", &self.max_time)
             .field("run_for", &self.run_for)
             .field("progress", &self.progress.is_some())
+            .field("outer_params", &self.outer_params)
             .finish()
     }
 }

@@ -806,8 +806,12 @@ impl Coordinator {
         self.request_probes();
     }
 
-    /// Queues the links not measured yet among the members.
+    /// Queues the links not measured yet among the members, when the ring order is measured (a
+    /// ring in id order needs no figures, and probes would only load the links).
     fn request_probes(&mut self) {
+        if self.cfg.ring_order == super::RingOrder::Ids {
+            return;
+        }
         let members = self.state.member_ids();
         self.probes.plan(&members, &self.state.bandwidth);
     }
