@@ -84,6 +84,25 @@ pub struct TcpConfig {
     pub max_body: u64,
     /// Capacity of the receive queue, in frames (default 4096).
     pub inbox_frames: usize,
+    /// The TCP congestion control of every connection (`[sim] tcp`: "cubic" or "bbr"); `None`
+    /// keeps the host's default. Set per socket, which a process with `CAP_NET_ADMIN` may do
+    /// for any algorithm the kernel has, and others for those the host allows.
+    pub congestion: Option<String>,
+}
+
+/// Sets `s`'s congestion control to `cc`; a refusal is logged once per process and the
+/// connection keeps the host's default.
+fn set_congestion(s: &TcpStream, cc: Option<&str>) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    let Some(cc) = cc else { return };
+    let opt = std::ffi::OsString::from(cc);
+    if let Err(e) = nix::sys::socket::setsockopt(s, nix::sys::socket::sockopt::TcpCongestion, &opt)
+    {
+        if !WARNED.swap(true, Ordering::Relaxed) {
+            tracing::warn!("TCP congestion control {cc:?} refused ({e}); the host's default runs");
+        }
+    }
 }
 
 impl Default for TcpConfig {
@@ -95,6 +114,7 @@ impl Default for TcpConfig {
             secret: None,
             max_body: 4 << 30,
             inbox_frames: 4096,
+            congestion: None,
         }
     }
 }
@@ -398,6 +418,7 @@ async fn dial(
     let unreachable = |_| TransportError::Unreachable(to);
     let mut s = TcpStream::connect(addr).await.map_err(unreachable)?;
     s.set_nodelay(true).map_err(unreachable)?;
+    set_congestion(&s, cfg.congestion.as_deref());
     let hello = hello(PROTOCOL_VERSION, me, listen_port, cfg.secret.as_deref());
     s.write_all(&hello).await.map_err(unreachable)?;
     let mut reply = [0u8; HELLO_REPLY_LEN];
@@ -429,6 +450,7 @@ async fn accept_loop(listener: TcpListener, ctx: AcceptCtx, inbox: mpsc::Sender<
         let (ctx, inbox) = (ctx.clone(), inbox.clone());
         tokio::spawn(async move {
             let _ = stream.set_nodelay(true);
+            set_congestion(&stream, ctx.cfg.congestion.as_deref());
             let hs =
                 tokio::time::timeout(ctx.cfg.connect_timeout, accept_handshake(stream, &ctx.cfg));
             match hs.await {

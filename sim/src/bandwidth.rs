@@ -24,6 +24,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
 /// Identifies one flow of a [`BandwidthModel`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -60,6 +61,8 @@ pub type LaneKey = (NodeId, NodeId, u64);
 struct Flow {
     from: NodeId,
     to: NodeId,
+    /// TCP slow start after idle: the flow gets no rate before this time.
+    hold: Time,
     /// Waiting behind another flow of its lane (no rate yet).
     queued: bool,
     lane: Option<LaneKey>,
@@ -93,6 +96,63 @@ pub struct BandwidthModel {
     count: Vec<u32>,
     recomputes: u64,
     bytes_done: f64,
+    /// TCP's slow start, when modelled.
+    tcp: Option<TcpParams>,
+    /// Round trip per directed pair, seconds.
+    rtt: BTreeMap<(NodeId, NodeId), f64>,
+    /// Congestion state per connection.
+    conns: BTreeMap<LaneKey, Conn>,
+}
+
+/// What the model takes of TCP's congestion control: the window a connection starts with, and
+/// restarts from after an idle time longer than its retransmission timeout (Linux's
+/// `tcp_slow_start_after_idle`, on by default; RFC 5681 section 4.1), and that timeout's floor.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TcpParams {
+    /// Initial (and restart) window, bytes: 10 segments (RFC 6928).
+    pub initial_window: f64,
+    /// The retransmission timeout's floor, seconds (Linux: 200 ms); the timeout is a round trip
+    /// more.
+    pub rto_min: f64,
+    /// Whether an idle connection starts over (loss-based congestion control such as cubic;
+    /// BBR resumes at its measured rate).
+    pub restart_after_idle: bool,
+}
+
+impl TcpParams {
+    /// Linux's defaults for segments of `mss` bytes.
+    pub fn linux(mss: f64, restart_after_idle: bool) -> TcpParams {
+        TcpParams { initial_window: 10.0 * mss, rto_min: 0.2, restart_after_idle }
+    }
+}
+
+/// One connection's congestion window.
+#[derive(Clone, Copy, Debug)]
+struct Conn {
+    window: f64,
+    /// When its last flow ended (`None` while one is under way).
+    idle_since: Option<Time>,
+}
+
+/// The extra time slow start adds to sending `bytes` at `rate` over a round trip `rtt` from a
+/// window of `w0` bytes (doubling each round trip until it covers the bandwidth-delay product),
+/// against sending them at `rate` from the start; and the window after.
+pub fn slow_start_extra(bytes: f64, w0: f64, rate: f64, rtt: f64) -> (f64, f64) {
+    let bdp = rate * rtt;
+    let (mut sent, mut w, mut t) = (0.0, w0.max(1.0), 0.0);
+    while sent < bytes {
+        if w >= bdp {
+            t += (bytes - sent) / rate;
+            break;
+        }
+        let chunk = w.min(bytes - sent);
+        // A whole window takes a round trip; the last, partial one its share of it.
+        t += rtt * chunk / w;
+        sent += chunk;
+        w *= 2.0;
+    }
+    let window = (w0 + bytes).min(bdp.max(w0));
+    ((t - bytes / rate).max(0.0), window)
 }
 
 /// Bytes below which a flow counts as finished (floating-point residue).
@@ -163,6 +223,52 @@ impl BandwidthModel {
         self.pairs.get(&(from, to)).copied()
     }
 
+    /// Models TCP's slow start after idle with `tcp` (`None`: flows run at their share from
+    /// their first byte).
+    pub fn set_tcp(&mut self, tcp: Option<TcpParams>) {
+        self.tcp = tcp;
+    }
+
+    /// Sets the round trip between `a` and `b` (both directions).
+    pub fn set_rtt(&mut self, a: NodeId, b: NodeId, rtt: Duration) {
+        self.rtt.insert((a, b), rtt.as_secs_f64());
+        self.rtt.insert((b, a), rtt.as_secs_f64());
+    }
+
+    /// When a flow of `bytes` from `from` to `to` that starts being served at `now` on
+    /// connection `conn` gets its first share: `now`, or later by slow start's extra time when
+    /// the connection is new or was idle longer than its retransmission timeout.
+    fn hold_for(&mut self, conn: LaneKey, from: NodeId, to: NodeId, bytes: f64) -> Time {
+        let now = self.now;
+        let (Some(tcp), Some(&rtt), Some(caps)) =
+            (self.tcp, self.rtt.get(&(from, to)), self.pairs.get(&(from, to)))
+        else {
+            return now;
+        };
+        let c =
+            self.conns.entry(conn).or_insert(Conn { window: tcp.initial_window, idle_since: None });
+        if let Some(t) = c.idle_since.filter(|_| tcp.restart_after_idle) {
+            if now.saturating_since(t).as_secs_f64() > rtt + tcp.rto_min {
+                c.window = tcp.initial_window;
+            }
+        }
+        c.idle_since = None;
+        let (extra, window) = slow_start_extra(bytes, c.window, caps.per_stream, rtt);
+        c.window = window;
+        now + Duration::from_secs_f64(extra)
+    }
+
+    fn conn_of(from: NodeId, to: NodeId, lane: Option<LaneKey>) -> LaneKey {
+        lane.unwrap_or((from, to, u64::MAX))
+    }
+
+    /// Marks the connection of a flow that ended at `t` idle from then.
+    fn conn_idle(&mut self, from: NodeId, to: NodeId, lane: Option<LaneKey>, t: Time) {
+        if let Some(c) = self.conns.get_mut(&Self::conn_of(from, to, lane)) {
+            c.idle_since = Some(t);
+        }
+    }
+
     /// Starts a flow of `bytes` from `from` to `to` at `now`. A pair never set gets an unlimited
     /// rate (the flow completes at once).
     pub fn start(&mut self, now: Time, from: NodeId, to: NodeId, bytes: u64) -> FlowId {
@@ -200,11 +306,17 @@ impl BandwidthModel {
             // A lane with an entry has an active (or queued) flow; an idle lane has none.
             self.lanes.entry(l).or_default().push_back(id);
         }
+        let hold = if busy {
+            Time::ZERO
+        } else {
+            self.hold_for(Self::conn_of(from, to, lane), from, to, bytes as f64)
+        };
         self.flows.insert(
             id,
             Flow {
                 from,
                 to,
+                hold,
                 queued: busy,
                 lane,
                 res,
@@ -246,6 +358,11 @@ impl BandwidthModel {
                         q.pop_front();
                         continue;
                     }
+                    let (from, to, bytes) = (f.from, f.to, f.remaining);
+                    let hold = self.hold_for(l, from, to, bytes);
+                    if let Some(f) = self.flows.get_mut(&next) {
+                        f.hold = hold;
+                    }
                     self.dirty = true;
                     return;
                 }
@@ -282,6 +399,8 @@ impl BandwidthModel {
             if let Some(w) = f.waker.take() {
                 w.wake();
             }
+            let now = self.now;
+            self.conn_idle(f.from, f.to, f.lane, now);
             self.release_lane(id, f.lane);
             self.dirty = true;
             self.refresh();
@@ -306,6 +425,7 @@ impl BandwidthModel {
             self.dirty = true;
         }
         self.lanes.retain(|l, _| l.0 != node && l.1 != node);
+        self.conns.retain(|l, _| l.0 != node && l.1 != node);
         self.refresh();
     }
 
@@ -330,7 +450,10 @@ impl BandwidthModel {
             let done: Vec<FlowId> = self
                 .flows
                 .iter()
-                .filter(|(_, f)| !f.queued && (f.eta <= next || f.remaining <= EPS_BYTES))
+                .filter(|(_, f)| {
+                    // A flow held by slow start has no rate yet: its eta is its hold's end.
+                    !f.queued && (f.remaining <= EPS_BYTES || (f.rate > 0.0 && f.eta <= next))
+                })
                 .map(|(i, _)| *i)
                 .collect();
             for id in done {
@@ -340,6 +463,7 @@ impl BandwidthModel {
                         w.wake();
                     }
                     self.finished.insert(id, next);
+                    self.conn_idle(f.from, f.to, f.lane, next);
                     self.release_lane(id, f.lane);
                 }
             }
@@ -407,9 +531,9 @@ impl BandwidthModel {
                 self.count[r] = 0;
             }
         }
-        // Flows queued behind another of their lane take no share.
-        let mut frozen: Vec<bool> = self.flows.values().map(|f| f.queued).collect();
-        for f in self.flows.values().filter(|f| !f.queued) {
+        // Flows queued behind another of their lane, or held by slow start, take no share.
+        let mut frozen: Vec<bool> = self.flows.values().map(|f| f.queued || f.hold > now).collect();
+        for f in self.flows.values().filter(|f| !f.queued && f.hold <= now) {
             for &r in &f.res {
                 self.count[r] += 1;
             }
@@ -481,7 +605,9 @@ impl BandwidthModel {
         }
         for f in self.flows.values_mut() {
             let old = f.eta;
-            f.eta = if f.rate > 0.0 {
+            f.eta = if f.hold > now && !f.queued {
+                f.hold
+            } else if f.rate > 0.0 {
                 let ns = (f.remaining / f.rate * 1e9).ceil();
                 if ns >= (u64::MAX / 2) as f64 {
                     Time::MAX

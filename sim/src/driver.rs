@@ -13,7 +13,7 @@ use crate::record::Recorder;
 use crate::rng::{Purpose, derive};
 use crate::{Progress, ReplayOptions, RunOutput, SimError};
 use loco_core::metrics::{EventKind, MfuBasis, RunMeta, sort_events, sort_outer_steps, summarize};
-use loco_core::scenario::{ChurnAction, Cut, Numerics, RegionId, Scenario};
+use loco_core::scenario::{ChurnAction, Cut, Numerics, RegionId, Scenario, TcpKind};
 use loco_core::{NodeId, Time};
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet};
@@ -124,9 +124,12 @@ impl Driver<'_> {
     }
 
     fn set_latencies(&mut self, l: &[LatencySetting]) {
+        let mut bw = self.run.net.bandwidth.borrow_mut();
         for s in l {
             self.sim.set_link_latency(host_name(s.a), host_name(s.b), s.min);
             self.sim.set_link_max_message_latency(host_name(s.a), host_name(s.b), s.max);
+            // Both directions take the pair's latency, half-way between min and max on average.
+            bw.set_rtt(s.a, s.b, s.min + s.max);
         }
     }
 
@@ -363,6 +366,12 @@ pub(crate) fn replay(scenario: &Scenario, mut opts: ReplayOptions) -> Result<Run
     let net = NetShared::new();
     {
         let mut bw: std::cell::RefMut<'_, BandwidthModel> = net.bandwidth.borrow_mut();
+        let mss = f64::from(loco_core::scenario::links::EMULATED_MSS);
+        bw.set_tcp(match s.sim().tcp {
+            TcpKind::Cubic => Some(crate::bandwidth::TcpParams::linux(mss, true)),
+            TcpKind::Bbr => Some(crate::bandwidth::TcpParams::linux(mss, false)),
+            TcpKind::None => None,
+        });
         for n in s.nodes() {
             bw.set_nic(Time::ZERO, n.id, n.nic.map(|r| r.bytes_per_sec()));
         }

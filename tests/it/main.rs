@@ -5,4 +5,5 @@ mod common;
 mod conformance;
 mod faults;
 mod launch;
+mod net;
 mod replay;

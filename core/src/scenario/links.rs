@@ -23,6 +23,13 @@ use rand::Rng;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+/// The MTU of the real backend's emulated links (jumbo frames: the router handles six times
+/// fewer packets than at 1500 bytes for the same rate).
+pub const EMULATED_MTU: u16 = 9000;
+/// The TCP payload of one segment on those links: the MTU less the IPv4 and TCP headers and
+/// TCP's timestamp option (20 + 20 + 12 bytes).
+pub const EMULATED_MSS: u32 = EMULATED_MTU as u32 - 52;
+
 /// Capacities of the connections from one node to another.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PairCaps {

@@ -151,6 +151,11 @@
 //!                              # into the model, weights digest) takes params x this of the
 //!                              # node's time, heartbeats going on meanwhile; `loco bench outer`
 //!                              # measures it (the default: on a 2-core AMD EPYC VM)
+//! tcp = "cubic"                # default "cubic" (Linux's), or "bbr", or "none": the nodes'
+//!                              # TCP congestion control. New connections start from 10
+//!                              # segments doubling each round trip; with cubic, so does one
+//!                              # idle past its retransmission timeout. `loco launch` sets it
+//!                              # in the emulated network; "none" models no start-up at all
 //!
 //! [real]                       # real backend only
 //! device = "cpu"               # default "cpu"; or "cuda" / "cuda:N"
@@ -689,6 +694,41 @@ pub struct SimSpec {
     /// the copy into the model, the weights digest): every commit takes the model's parameter
     /// count times this of the node's time, spent in its row's `outer_s`. 0 charges nothing.
     pub outer_cost: f64,
+    /// The TCP congestion control the nodes run: the simulator charges its start-up, and
+    /// `loco launch`'s emulated network sets it in every namespace.
+    pub tcp: TcpKind,
+}
+
+/// TCP congestion control (`[sim] tcp`). Either way a new connection starts from a window of 10
+/// segments of the emulated network's MSS ([`links::EMULATED_MSS`]) and doubles it each round
+/// trip until it covers the link's bandwidth-delay product.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TcpKind {
+    /// Linux's default: a connection idle longer than its retransmission timeout starts over
+    /// from the initial window (`tcp_slow_start_after_idle`).
+    #[default]
+    Cubic,
+    /// BBR: after an idle time a connection resumes at the rate it had measured.
+    Bbr,
+    /// No start-up at all: flows run at their share from their first byte (the fluid model
+    /// alone); the emulated network keeps the host's congestion control.
+    None,
+}
+
+impl TcpKind {
+    /// The names the scenario format takes.
+    pub const NAMES: [&'static str; 3] = ["cubic", "bbr", "none"];
+
+    /// The kind of a name of [`Self::NAMES`].
+    pub fn from_name(name: &str) -> Option<TcpKind> {
+        match name {
+            "cubic" => Some(TcpKind::Cubic),
+            "bbr" => Some(TcpKind::Bbr),
+            "none" => Some(TcpKind::None),
+            _ => None,
+        }
+    }
 }
 
 impl SimSpec {
@@ -712,6 +752,7 @@ impl Default for SimSpec {
             elements: 4096,
             duration_limit: None,
             outer_cost: SimSpec::DEFAULT_OUTER_COST,
+            tcp: TcpKind::Cubic,
         }
     }
 }

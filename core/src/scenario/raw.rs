@@ -251,6 +251,7 @@ pub(crate) struct RawSim {
     pub(crate) elements: Option<u64>,
     pub(crate) duration_limit: Option<RawScalar>,
     pub(crate) outer_cost: Option<f64>,
+    pub(crate) tcp: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]

@@ -11,7 +11,7 @@ use super::units::{
 };
 use super::{
     Decay, Device, DilocoSpec, LinkSpec, ModelSpec, NetworkMode, NodeSpec, Numerics, Precision,
-    Preset, Published, RealSpec, Region, RegionId, Scenario, SimSpec, Stop, Varying,
+    Preset, Published, RealSpec, Region, RegionId, Scenario, SimSpec, Stop, TcpKind, Varying,
 };
 use crate::codec::CodecKind;
 use crate::ids::NodeId;
@@ -824,6 +824,12 @@ fn sim(s: &RawSim, stop: &Stop) -> R<SimSpec> {
         None => None,
     };
     Ok(SimSpec {
+        tcp: match s.tcp.as_deref() {
+            None => def.tcp,
+            Some(name) => TcpKind::from_name(name).ok_or_else(|| {
+                expected(&p.key("tcp"), one_of_text(&TcpKind::NAMES), quoted(name))
+            })?,
+        },
         tick: s.tick.as_ref().map(|t| positive_duration(&p.key("tick"), t)).transpose()?,
         numerics,
         elements: at_least_one(&p.key("elements"), s.elements.unwrap_or(def.elements))?,

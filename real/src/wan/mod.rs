@@ -69,13 +69,13 @@ pub struct Network {
     hosts: Hosts,
 }
 
-/// The MTU of the emulated links: jumbo frames, so that the router handles six times fewer
-/// packets than at 1500 bytes for the same rate.
-pub const MTU: u16 = 9000;
+/// The MTU of the emulated links ([`loco_core::scenario::links::EMULATED_MTU`]).
+pub const MTU: u16 = loco_core::scenario::links::EMULATED_MTU;
 
 impl Network {
     /// The network of `scenario` (every node it names, and the coordinator), its links drawn
-    /// from `seed`.
+    /// from `seed` (the processes set the scenario's TCP congestion control on
+    /// their own sockets).
     pub fn start(scenario: &loco_core::scenario::Scenario, seed: u64) -> Result<Network, WanError> {
         let mut ids: Vec<loco_core::NodeId> = scenario.nodes().iter().map(|n| n.id).collect();
         ids.push(loco_core::NodeId::COORDINATOR);
