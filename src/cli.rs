@@ -239,6 +239,10 @@ pub(crate) struct WorkerArgs {
     /// Repeatable. `loco launch` passes the scenario's `crash` events that have a `during`.
     #[arg(long, value_name = "PHASE@SECS[,step=N]")]
     pub(crate) crash_during: Vec<loco_real::node::Fault>,
+    /// The TCP congestion control of this worker's connections (the launcher passes the
+    /// scenario's `[sim] tcp` in its emulated network); default: the host's.
+    #[arg(long, value_name = "NAME")]
+    pub(crate) congestion: Option<String>,
     /// Write checkpoints here instead of the scenario's `[real] checkpoint_dir`.
     #[arg(long, value_name = "DIR")]
     pub(crate) checkpoint_dir: Option<PathBuf>,

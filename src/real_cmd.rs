@@ -31,15 +31,6 @@ fn secret(s: &Scenario) -> Option<Vec<u8>> {
 }
 
 /// The runtime of a real worker or coordinator (the all-reduce benchmark's ranks use it too).
-/// The congestion control the scenario's nodes run (`[sim] tcp`), for their sockets.
-fn congestion(s: &Scenario) -> Option<String> {
-    match s.sim().tcp {
-        loco_core::scenario::TcpKind::Cubic => Some("cubic".into()),
-        loco_core::scenario::TcpKind::Bbr => Some("bbr".into()),
-        loco_core::scenario::TcpKind::None => None,
-    }
-}
-
 pub(crate) fn runtime() -> Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?)
 }
@@ -66,7 +57,7 @@ pub(crate) fn coordinator(a: &crate::cli::CoordinatorArgs) -> Result<()> {
     let opts = CoordinatorOptions {
         listen: a.listen,
         mesh: s.mesh().clone(),
-        tcp: TcpConfig { secret: secret(&s), congestion: congestion(&s), ..TcpConfig::default() },
+        tcp: TcpConfig { secret: secret(&s), ..TcpConfig::default() },
         stop_outer_steps: a.max_outer_steps.or(s.stop().outer_steps),
         stop_time: s.stop().time,
         names,
@@ -285,7 +276,11 @@ pub(crate) fn worker(a: &crate::cli::WorkerArgs) -> Result<()> {
         },
         segment_elems: s.diloco().segment_elems(),
         shards: u16::try_from(node.gpus.max(1)).unwrap_or(u16::MAX),
-        tcp: TcpConfig { secret: secret(&s), congestion: congestion(&s), ..TcpConfig::default() },
+        tcp: TcpConfig {
+            secret: secret(&s),
+            congestion: a.congestion.clone(),
+            ..TcpConfig::default()
+        },
         metrics: a.metrics.clone(),
         time_offset_s: a.run_start.map_or(0.0, |t| unix_now() - t),
         checkpoint: checkpoint_plan(&s, &a.scenario, a.checkpoint_dir.as_deref(), &node.name),

@@ -504,6 +504,18 @@ impl Run<'_, '_> {
         for f in &faults {
             cmd.args(["--crash-during", f]);
         }
+        // In the emulated network the workers run the TCP the simulator models.
+        if self.net.is_some() {
+            match s.sim().tcp {
+                loco_core::scenario::TcpKind::Cubic => {
+                    cmd.args(["--congestion", "cubic"]);
+                }
+                loco_core::scenario::TcpKind::Bbr => {
+                    cmd.args(["--congestion", "bbr"]);
+                }
+                loco_core::scenario::TcpKind::None => {}
+            }
+        }
         if let Some(d) = &plan.checkpoint_dir {
             cmd.arg("--checkpoint-dir").arg(d);
         }

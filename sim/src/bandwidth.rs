@@ -132,6 +132,8 @@ struct Conn {
     window: f64,
     /// When its last flow ended (`None` while one is under way).
     idle_since: Option<Time>,
+    /// Whether its slow start has met a loss (and so has a threshold to stop at).
+    threshold: bool,
 }
 
 /// The extra time slow start adds to sending `bytes` at `rate` over a round trip `rtt` from a
@@ -245,16 +247,30 @@ impl BandwidthModel {
         else {
             return now;
         };
-        let c =
-            self.conns.entry(conn).or_insert(Conn { window: tcp.initial_window, idle_since: None });
+        let c = self.conns.entry(conn).or_insert(Conn {
+            window: tcp.initial_window,
+            idle_since: None,
+            threshold: false,
+        });
         if let Some(t) = c.idle_since.filter(|_| tcp.restart_after_idle) {
             if now.saturating_since(t).as_secs_f64() > rtt + tcp.rto_min {
                 c.window = tcp.initial_window;
             }
         }
         c.idle_since = None;
-        let (extra, window) = slow_start_extra(bytes, c.window, caps.per_stream, rtt);
+        let bdp = caps.per_stream * rtt;
+        let (mut extra, window) = slow_start_extra(bytes, c.window, caps.per_stream, rtt);
+        let outgrows = c.window + bytes > bdp;
         c.window = window;
+        // A loss-based connection's first slow start has no threshold yet: it outgrows the pipe
+        // and the bottleneck's buffer, loses the tail of a window, and waits out a
+        // retransmission timeout (RFC 6298; Linux's floor 200 ms, plus the round trip) before
+        // it goes on (once the window would outgrow the pipe, whichever flow that is). Later
+        // restarts stop at the threshold that loss set.
+        if !c.threshold && outgrows && tcp.restart_after_idle {
+            extra += tcp.rto_min + rtt;
+            c.threshold = true;
+        }
         now + Duration::from_secs_f64(extra)
     }
 
@@ -687,6 +703,62 @@ mod tests {
 
     fn caps(mbps: f64, streams: Option<u32>) -> PairCaps {
         PairCaps { per_stream: mbps * MB, streams }
+    }
+
+    #[test]
+    fn slow_start_costs_round_trips_until_the_window_covers_the_pipe() {
+        // 1 MB/s, 100 ms: a pipe of 100 kB. From 25 kB: 25, 50, then the rest at the rate.
+        let (extra, w) = slow_start_extra(1e6, 25e3, 1e6, 0.1);
+        // Two round trips carry 75 kB (0.075 s at the rate), the rest 0.925 s: 1.125 s in all.
+        assert!((extra - 0.125).abs() < 1e-9, "{extra}");
+        assert!((w - 100e3).abs() < 1e-9, "the window stops at the pipe: {w}");
+        // A transfer that fits the first window: one round trip's share, less the rate's time.
+        let (extra, w) = slow_start_extra(10e3, 25e3, 1e6, 0.1);
+        assert!((extra - (0.1 * 10.0 / 25.0 - 0.01)).abs() < 1e-9, "{extra}");
+        assert!((w - 35e3).abs() < 1e-9);
+        // A window already as large as the pipe costs nothing.
+        assert_eq!(slow_start_extra(1e6, 200e3, 1e6, 0.1).0, 0.0);
+    }
+
+    #[test]
+    fn a_new_or_idle_connection_is_held_by_slow_start_and_a_busy_one_is_not() {
+        let start = |restart: bool| {
+            let mut m = BandwidthModel::new();
+            m.set_tcp(Some(TcpParams {
+                initial_window: 25e3,
+                rto_min: 0.2,
+                restart_after_idle: restart,
+            }));
+            m.set_pair(Time::ZERO, n(0), n(1), caps(1.0, None));
+            m.set_rtt(n(0), n(1), Duration::from_millis(100));
+            m
+        };
+        for restart in [true, false] {
+            let mut m = start(restart);
+            let lane = (n(0), n(1), 0);
+            let a = m.start_in_lane(Time::ZERO, lane, 1_000_000);
+            // New connection: 0.125 s of slow start, then 1 s at the rate; a loss-based one
+            // also waits out a retransmission timeout (0.2 s + the round trip) once.
+            let t = run_to_done(&mut m, &[a])[0];
+            let first = if restart { 1.425 } else { 1.125 };
+            assert!((t - first).abs() < 1e-6, "{t}");
+            // Right after: the window is open, no hold.
+            let b = m.start_in_lane(Time::from_secs_f64(t), lane, 1_000_000);
+            let t2 = run_to_done(&mut m, &[b])[0];
+            assert!((t2 - t - 1.0).abs() < 1e-6, "{t2}");
+            // Idle for 2 s, past the timeout (0.3 s): cubic starts over, BBR does not.
+            let at = t2 + 2.0;
+            let c = m.start_in_lane(Time::from_secs_f64(at), lane, 1_000_000);
+            let t3 = run_to_done(&mut m, &[c])[0] - at;
+            let want = if restart { 1.125 } else { 1.0 };
+            assert!((t3 - want).abs() < 1e-6, "restart {restart}: {t3}");
+        }
+        // Without TCP modelled, no hold at all.
+        let mut m = BandwidthModel::new();
+        m.set_pair(Time::ZERO, n(0), n(1), caps(1.0, None));
+        m.set_rtt(n(0), n(1), Duration::from_millis(100));
+        let a = m.start(Time::ZERO, n(0), n(1), 1_000_000);
+        assert!((run_to_done(&mut m, &[a])[0] - 1.0).abs() < 1e-9);
     }
 
     #[test]
