@@ -274,13 +274,24 @@ impl BandwidthModel {
         now + Duration::from_secs_f64(extra)
     }
 
+    /// The connection a flow's lane travels on: its own for a collective shard or the mesh's
+    /// bulk frames; one for every piece of a state transfer (lanes of `1 << 63` and above, as
+    /// the real backend sends them on one connection), and one for flows without a lane.
     fn conn_of(from: NodeId, to: NodeId, lane: Option<LaneKey>) -> LaneKey {
-        lane.unwrap_or((from, to, u64::MAX))
+        match lane {
+            Some((a, b, k)) if k < (1 << 63) => (a, b, k),
+            Some((a, b, _)) => (a, b, 1 << 63),
+            None => (from, to, u64::MAX),
+        }
     }
 
     /// Marks the connection of a flow that ended at `t` idle from then.
     fn conn_idle(&mut self, from: NodeId, to: NodeId, lane: Option<LaneKey>, t: Time) {
-        if let Some(c) = self.conns.get_mut(&Self::conn_of(from, to, lane)) {
+        // Another flow on the connection keeps it busy (state pieces share one).
+        let conn = Self::conn_of(from, to, lane);
+        let busy =
+            self.flows.values().any(|f| !f.queued && Self::conn_of(f.from, f.to, f.lane) == conn);
+        if let (false, Some(c)) = (busy, self.conns.get_mut(&conn)) {
             c.idle_since = Some(t);
         }
     }
@@ -375,7 +386,7 @@ impl BandwidthModel {
                         continue;
                     }
                     let (from, to, bytes) = (f.from, f.to, f.remaining);
-                    let hold = self.hold_for(l, from, to, bytes);
+                    let hold = self.hold_for(Self::conn_of(from, to, Some(l)), from, to, bytes);
                     if let Some(f) = self.flows.get_mut(&next) {
                         f.hold = hold;
                     }

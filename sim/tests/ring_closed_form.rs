@@ -234,7 +234,8 @@ fn parallel_shard_rings_share_the_nic() {
 fn a_replayed_churn_free_scenario_matches_the_closed_form() {
     // The whole stack (mesh, 8 shard rings per node, transport, bandwidth model) from a
     // scenario: 4 nodes of 8 GPUs, the 1B model in uint8 (1.236 GB), 2 Gbit/s per node pair
-    // shared by the 8 rings (streams = 1), 20 ms one-way.
+    // shared by the 8 rings (streams = 1), 20 ms one-way. The fluid model alone (`tcp =
+    // "none"`): the closed form has no TCP start-up term.
     let toml = r#"
 name = "closed-form"
 seed = 9
@@ -261,6 +262,7 @@ step_time = "1s"
 outer_steps = 3
 [sim]
 tick = "1ms"
+tcp = "none"
 "#;
     let s =
         loco_core::scenario::Scenario::from_toml_str(toml, "closed-form.toml").expect("scenario");

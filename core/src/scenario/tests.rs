@@ -205,6 +205,7 @@ numerics = "real"
 elements = 100
 duration_limit = "2d"
 outer_cost = 2.5e-9
+tcp = "bbr"
 
 [real]
 device = "cuda:1"
@@ -215,6 +216,7 @@ checkpoint_dir = "ckpt"
 checkpoint_every = 2
 keep = 5
 secret_env = "MY_SECRET"
+network = "emulated"
 "#;
     let s = ok(&src);
     assert_eq!(s.name(), "all");
@@ -258,6 +260,7 @@ secret_env = "MY_SECRET"
             elements: 100,
             duration_limit: Some(Duration::from_secs(172_800)),
             outer_cost: 2.5e-9,
+            tcp: TcpKind::Bbr,
         }
     );
     let r = s.real();
@@ -266,6 +269,7 @@ secret_env = "MY_SECRET"
     assert_eq!((r.data.as_deref(), r.micro_batch, r.seq_len), (Some("data/x.txt"), 4, Some(128)));
     assert_eq!((r.checkpoint_dir.as_deref(), r.checkpoint_every, r.keep), (Some("ckpt"), 2, 5));
     assert_eq!(r.secret_env, "MY_SECRET");
+    assert_eq!(r.network, NetworkMode::Emulated);
     // The validated scenario serialises (summary.json echoes it).
     let json = serde_json::to_value(&s).unwrap();
     assert_eq!(json["diloco"]["codec"], "int8-block");
@@ -846,6 +850,18 @@ fn backend_section_constraints() {
         &src,
         "\"1d\"",
         r#"sim.duration_limit: expected a limit >= stop.time (2d), got "1d""#,
+    );
+    let src = format!("{BASE}[sim]\ntcp = \"vegas\"\n");
+    assert_msg(
+        &src,
+        "\"vegas\"",
+        r#"sim.tcp: expected one of "cubic", "bbr", "none", got "vegas""#,
+    );
+    let src = format!("{BASE}[real]\nnetwork = \"wan\"\n");
+    assert_msg(
+        &src,
+        "\"wan\"",
+        r#"real.network: expected one of "auto", "emulated", "loopback", got "wan""#,
     );
     let src = format!("{BASE}[sim]\nouter_cost = -1e-9\n");
     assert_msg(
