@@ -98,8 +98,9 @@ pub(crate) struct NetCheckArgs {
     /// Seed of the links' draws (overrides the scenario's).
     #[arg(long)]
     pub(crate) seed: Option<u64>,
-    /// Seconds of transfer per link.
-    #[arg(long, default_value_t = 4.0)]
+    /// Seconds of transfer per link (the rate is measured over the second half: long round
+    /// trips need several seconds for TCP to find the link's rate).
+    #[arg(long, default_value_t = 10.0)]
     pub(crate) seconds: f64,
     /// The largest relative error of rate and round trip that passes.
     #[arg(long, default_value_t = 0.05)]

@@ -90,9 +90,9 @@ pub struct TcpConfig {
     pub congestion: Option<String>,
 }
 
-/// Sets `s`'s congestion control to `cc`; a refusal is logged once per process and the
-/// connection keeps the host's default.
-fn set_congestion(s: &TcpStream, cc: Option<&str>) {
+/// Sets the congestion control of socket `s` to `cc`; a refusal is logged once per process and
+/// the connection keeps the host's default.
+pub fn set_congestion(s: &impl std::os::fd::AsFd, cc: Option<&str>) {
     use std::sync::atomic::{AtomicBool, Ordering};
     static WARNED: AtomicBool = AtomicBool::new(false);
     let Some(cc) = cc else { return };

@@ -33,7 +33,7 @@ fn net_check_gives_every_link_its_rate_and_round_trip() {
         "check",
         "scenarios/fidelity/three-regions.toml",
         "--seconds",
-        "2",
+        "8",
         "--json",
     ]);
     if !root() {
@@ -96,7 +96,9 @@ fn fidelity_of_a_short_run_is_within_five_percent() {
         assert_eq!(f["network"], "emulated", "{f:#}");
         assert_eq!(f["steps_compared"], 5, "{f:#}");
         assert_eq!(f["story_differences"].as_array().map(Vec::len), Some(0), "{f:#}");
-        assert_eq!(f["bytes"]["relative"].as_f64(), Some(0.0), "the same bytes: {f:#}");
+        // The same payloads; control frames (heartbeats, their timing) differ by a few bytes.
+        let bytes = f["bytes"]["relative"].as_f64().expect("a bytes error");
+        assert!(bytes.abs() < 1e-3, "the same bytes: {f:#}");
         let within = |k: &str| f[k]["relative"].as_f64().is_some_and(|e| e.abs() <= 0.05);
         if within("allreduce_median") && within("outer_step_mean") {
             assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));

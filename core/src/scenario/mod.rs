@@ -171,6 +171,8 @@
 //! keep = 3                     # default 3; >= 1
 //! secret_env = "LOCO_SECRET"   # default "LOCO_SECRET": env variable with the run's secret
 //! secret = "..."               # default none; the secret itself, when that variable is unset
+//! network = "auto"             # default "auto": the links emulated where the machine allows
+//!                              # it (root), else bare loopback; "emulated" or "loopback"
 //! ```
 //!
 //! # Nodes and churn

@@ -34,6 +34,8 @@ pub struct LinkCheck {
     pub configured_rtt: f64,
     /// The median round trip of a one-byte exchange, seconds.
     pub measured_rtt: f64,
+    /// Packets the link's queues dropped during the transfer (TCP probing for the rate).
+    pub dropped: u64,
 }
 
 impl LinkCheck {
@@ -112,7 +114,8 @@ fn measure(
     a: NodeId,
     b: NodeId,
     seconds: Duration,
-) -> Result<(f64, f64, f64), WanError> {
+    cc: Option<&'static str>,
+) -> Result<(f64, f64, f64, u64), WanError> {
     let b_addr = net.hosts().host(b).ok_or(WanError::NodeOutOfRange { node: b })?.addr;
     let addr = SocketAddr::from((b_addr, PORT));
     let received = Arc::new(AtomicU64::new(0));
@@ -132,6 +135,7 @@ fn measure(
         }
         // The bulk connection: count what arrives.
         let (mut s, _) = l.accept().map_err(io("accepting"))?;
+        crate::tcp::set_congestion(&s, cc);
         s.set_read_timeout(Some(Duration::from_secs(5))).map_err(io("a read timeout"))?;
         let mut buf = vec![0u8; 1 << 16];
         while !rx_done.load(Ordering::Relaxed) {
@@ -197,7 +201,8 @@ fn measure(
     let wire_dt = w1.saturating_since(w0).as_secs_f64();
     let wire = (wire1.saturating_sub(wire0)) as f64 / wire_dt;
     let good = (good1.saturating_sub(good0)) as f64 / dt;
-    Ok((rtt, wire, good))
+    let dropped = stats1.get(&(a, b)).map_or(0, |p| p.dropped_full);
+    Ok((rtt, wire, good, dropped))
 }
 
 /// Checks every link of `s` (see [`pairs`]), `seconds` of transfer each, one after the other;
@@ -209,6 +214,12 @@ pub fn check(
     mut progress: impl FnMut(&LinkCheck),
 ) -> Result<Vec<LinkCheck>, WanError> {
     let net = Network::start(s, seed)?;
+    // The congestion control the scenario's workers run (`[sim] tcp`).
+    let cc = match s.sim().tcp {
+        loco_core::scenario::TcpKind::Cubic => Some("cubic"),
+        loco_core::scenario::TcpKind::Bbr => Some("bbr"),
+        loco_core::scenario::TcpKind::None => None,
+    };
     let mut shaper = Shaper::new(s, seed);
     let name = |id: NodeId| s.node(id).map_or_else(|| id.to_string(), |n| n.name.clone());
     let mut out = Vec::new();
@@ -220,7 +231,7 @@ pub fn check(
             })
         };
         let configured_rtt = one_way(&mut shaper, a, b) + one_way(&mut shaper, b, a);
-        let (measured_rtt, achieved_rate, goodput) = measure(&net, a, b, seconds)?;
+        let (measured_rtt, achieved_rate, goodput, dropped) = measure(&net, a, b, seconds, cc)?;
         let c = LinkCheck {
             link,
             from: name(a),
@@ -230,6 +241,7 @@ pub fn check(
             goodput,
             configured_rtt,
             measured_rtt,
+            dropped,
         };
         progress(&c);
         out.push(c);

@@ -59,7 +59,7 @@ pub struct Packet {
 }
 
 /// A FIFO server: when it is next free.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 struct Server {
     free: Time,
 }
@@ -237,24 +237,38 @@ impl Shaper {
         let control = p.from == NodeId::COORDINATOR || p.to == NodeId::COORDINATOR;
         if !control {
             let Some(caps) = self.links.pair_caps(p.from, p.to) else { return Verdict::NoLink };
-            let flow = self.flows.entry((p.from, p.to, p.flow)).or_default();
-            let Some(x) = flow.serve(t, p.len, caps.per_stream, buffer) else {
-                return Verdict::Full;
-            };
-            t = x;
-            let pair = self.pairs.entry((p.from, p.to)).or_default();
-            let Some(x) = pair.serve(t, p.len, caps.total(), buffer) else {
-                return Verdict::Full;
-            };
-            t = x;
-            for (queues, node) in [(&mut self.egress, p.from), (&mut self.ingress, p.to)] {
-                if let Some(&rate) = self.nic.get(&node) {
-                    let Some(x) = queues.entry(node).or_default().serve(t, p.len, rate, buffer)
-                    else {
-                        return Verdict::Full;
-                    };
-                    t = x;
-                }
+            // Every server on the way serves a copy; only a packet that all of them take is
+            // charged to them (a packet dropped downstream must not hold an upstream queue).
+            let nic = |n: NodeId| self.nic.get(&n).copied();
+            let mut stages: [(Server, f64); 4] = [
+                (
+                    self.flows.get(&(p.from, p.to, p.flow)).copied().unwrap_or_default(),
+                    caps.per_stream,
+                ),
+                (self.pairs.get(&(p.from, p.to)).copied().unwrap_or_default(), caps.total()),
+                (
+                    self.egress.get(&p.from).copied().unwrap_or_default(),
+                    nic(p.from).unwrap_or(f64::INFINITY),
+                ),
+                (
+                    self.ingress.get(&p.to).copied().unwrap_or_default(),
+                    nic(p.to).unwrap_or(f64::INFINITY),
+                ),
+            ];
+            for (server, rate) in &mut stages {
+                let Some(x) = server.serve(t, p.len, *rate, buffer) else {
+                    return Verdict::Full;
+                };
+                t = x;
+            }
+            let [flow, pair, egress, ingress] = stages.map(|(s, _)| s);
+            self.flows.insert((p.from, p.to, p.flow), flow);
+            self.pairs.insert((p.from, p.to), pair);
+            if nic(p.from).is_some() {
+                self.egress.insert(p.from, egress);
+            }
+            if nic(p.to).is_some() {
+                self.ingress.insert(p.to, ingress);
             }
         }
         let spread = hi.saturating_sub(lo);

@@ -157,3 +157,26 @@ fn the_coordinators_traffic_takes_the_latency_only() {
     let t = at(s.admit(Time::ZERO, pkt(0, NodeId::COORDINATOR.0, 1, 60_000)));
     assert_eq!(t, Time::from_secs_f64(0.010));
 }
+
+/// A packet dropped at a later queue (here the receiver's NIC) is not charged to the queues
+/// before it: before the fix, a sender that lost packets at a NIC lost its connection's rate too.
+#[test]
+fn a_packet_dropped_downstream_holds_no_upstream_queue() {
+    let mut s = shaper();
+    // Two senders, 0 and 1 (us), to node 2 (eu, NIC 2 MB/s) at 1 MB/s each, over 1 s with
+    // three times the NIC's rate offered: the NIC drops, and what it lets through, the links
+    // carry at the NIC's rate (none of them is held back by packets that never left).
+    let (mut sent, mut last) = (0usize, Time::ZERO);
+    for i in 0..3000u64 {
+        let now = Time::from_secs_f64(i as f64 * 0.000_333);
+        for from in [0, 1] {
+            if let Verdict::Deliver(t) = s.admit(now, pkt(from, 2, 9 + u64::from(from), 1_000)) {
+                sent += 1_000;
+                last = last.max(t);
+            }
+        }
+    }
+    let busy = (last - Time::ZERO).as_secs_f64() - 0.040;
+    let rate = sent as f64 / busy;
+    assert!(rate > 2e6 * 0.95 && rate <= 2e6 * 1.01, "rate {rate} over {busy} s");
+}
