@@ -75,7 +75,8 @@ pub(crate) struct FidelityArgs {
     /// Give the real run up after this many seconds.
     #[arg(long, value_name = "SECS")]
     pub(crate) timeout: Option<u64>,
-    /// The real run's network, instead of the scenario's `[real] network`.
+    /// The real run's network (default: emulated; the run refuses to start where it cannot
+    /// be).
     #[arg(long, value_name = "MODE")]
     pub(crate) network: Option<NetworkArg>,
 }

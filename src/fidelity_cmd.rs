@@ -51,7 +51,11 @@ pub(crate) fn fidelity(a: &FidelityArgs) -> Result<bool> {
         max_outer_steps: a.max_outer_steps,
         synthetic_params: Some(params),
         timeout: a.timeout.map(Duration::from_secs),
-        network: a.network.map(crate::real_cmd::network_mode),
+        // The point is the scenario's network: emulated unless asked otherwise.
+        network: Some(
+            a.network
+                .map_or(loco_core::scenario::NetworkMode::Emulated, crate::real_cmd::network_mode),
+        ),
         ..LaunchPlan::new(s.clone(), a.scenario.clone(), std::env::current_exe()?, real_dir.clone())
     };
     let outcome = Launcher::new(plan)
