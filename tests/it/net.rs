@@ -32,8 +32,6 @@ fn net_check_gives_every_link_its_rate_and_round_trip() {
         "net",
         "check",
         "scenarios/fidelity/three-regions.toml",
-        "--seconds",
-        "8",
         "--json",
     ]);
     if !root() {
