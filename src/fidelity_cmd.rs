@@ -78,6 +78,9 @@ pub(crate) fn fidelity(a: &FidelityArgs) -> Result<bool> {
     let f = loco_reports::fidelity::compare(&sim, &real);
     let files =
         loco_reports::fidelity::write_fidelity(&out, &f, a.tolerance).map_err(|e| anyhow!(e))?;
+    // The real run's report gets the comparison too (and keeps it when redrawn).
+    loco_reports::fidelity::write_fidelity(&real_dir, &f, a.tolerance).map_err(|e| anyhow!(e))?;
+    loco_reports::render(std::slice::from_ref(&real_dir)).map_err(|e| anyhow!(e))?;
     println!(
         "scenario               {} (seed {}, real network: {})",
         f.scenario,

@@ -9,7 +9,7 @@
 use crate::ReportError;
 use crate::files::{Run, write_atomic};
 use loco_core::metrics::{EventKind, EventRow, OuterStepRow};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -20,9 +20,11 @@ pub const FIDELITY_CSV: &str = "fidelity.csv";
 pub const FIDELITY_JSON: &str = "fidelity.json";
 /// `fidelity.html`.
 pub const FIDELITY_HTML: &str = "fidelity.html";
+/// The tolerance a report's fidelity section judges by (`loco fidelity`'s default).
+pub const DEFAULT_TOLERANCE: f64 = 0.05;
 
 /// One backend's figures of one outer step.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct StepFigures {
     /// Median `allreduce_s` over the nodes whose all-reduce ran (0 when none did).
     pub allreduce_s: f64,
@@ -35,7 +37,7 @@ pub struct StepFigures {
 }
 
 /// One outer step, both backends (`None` where a backend has no row of it).
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StepPair {
     /// The outer step.
     pub outer_step: u64,
@@ -46,13 +48,14 @@ pub struct StepPair {
 }
 
 /// The simulator's error on one figure: `sim / real - 1`.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Error {
     /// The simulator's value.
     pub sim: f64,
     /// The real run's value.
     pub real: f64,
-    /// `sim / real - 1` (NaN when the real value is 0).
+    /// `sim / real - 1` (NaN when the real value is 0; `null` in JSON).
+    #[serde(deserialize_with = "nan_or_number")]
     pub relative: f64,
 }
 
@@ -69,7 +72,7 @@ impl Error {
 }
 
 /// The comparison of two runs of one scenario.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Fidelity {
     /// The scenario's name.
     pub scenario: String,
@@ -91,6 +94,30 @@ pub struct Fidelity {
     pub story_differences: Vec<String>,
     /// Per outer step.
     pub steps: Vec<StepPair>,
+}
+
+/// JSON writes NaN as `null`: read it back as NaN.
+fn nan_or_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+}
+
+/// The `fidelity.json` of `dir`, if it has one (a run that `loco fidelity` compared).
+///
+/// # Errors
+/// [`ReportError::Io`] when it cannot be read, [`ReportError::Json`] when it does not parse.
+pub fn read(dir: &Path) -> Result<Option<Fidelity>, ReportError> {
+    let path = dir.join(FIDELITY_JSON);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(ReportError::Io { path, source }),
+    };
+    serde_json::from_str(&text).map(Some).map_err(|e| ReportError::Json {
+        file: path.clone(),
+        line: e.line(),
+        column: e.column(),
+        message: e.to_string(),
+    })
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -319,6 +346,17 @@ impl Fidelity {
         h
     }
 
+    /// The section of a run's report.html: the summary and the plot.
+    pub fn section(&self, tol: f64) -> String {
+        format!(
+            "<h2 id=\"fidelity\">The simulator against this run</h2>\n<p>From <code>loco fidelity</code>: the \
+             simulator's errors against the real run (sim / real - 1), tolerance {:.0}%.</p>\n<pre>{}</pre>\n{}\n",
+            tol * 100.0,
+            crate::escape_html(&self.text(tol)),
+            self.svg()
+        )
+    }
+
     /// Both backends' all-reduce time per outer step, as an inline SVG line plot.
     fn svg(&self) -> String {
         let (w, hgt, pad) = (720.0, 280.0, 40.0);
@@ -444,6 +482,24 @@ mod tests {
         assert!(!f.within(0.5), "a step only one backend ran is a different story");
         assert!(f.csv().lines().count() == 4 && f.csv().starts_with("outer_step,"));
         assert!(f.html(0.05).contains("<svg"));
+    }
+
+    #[test]
+    fn fidelity_json_reads_back_nan_included_and_a_run_without_one_has_none() {
+        let sim = run(vec![row(0, "a", 1.0, 4.0)], vec![]);
+        let real = run(vec![row(0, "a", 1.2, 5.0)], vec![]);
+        let mut f = compare(&sim, &real);
+        f.bytes.relative = f64::NAN;
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(read(dir.path()).unwrap(), None);
+        write_fidelity(dir.path(), &f, 0.05).unwrap();
+        let back = read(dir.path()).unwrap().expect("written");
+        assert!(back.bytes.relative.is_nan());
+        assert_eq!(back.allreduce_median, f.allreduce_median);
+        assert_eq!(back.steps, f.steps);
+        std::fs::write(dir.path().join(FIDELITY_JSON), "{").unwrap();
+        let e = read(dir.path()).unwrap_err().to_string();
+        assert!(e.contains(FIDELITY_JSON), "{e}");
     }
 
     #[test]

@@ -261,7 +261,11 @@ fn events_table(out: &mut String, run: &Run) {
 }
 
 /// The report of one run.
-pub(crate) fn run_report(run: &Run, plots: &[RenderedPlot]) -> String {
+pub(crate) fn run_report(
+    run: &Run,
+    plots: &[RenderedPlot],
+    fidelity: Option<&crate::fidelity::Fidelity>,
+) -> String {
     let s = &run.summary;
     let mut out = String::new();
     head(&mut out, &format!("loco report: {}", s.scenario));
@@ -298,6 +302,9 @@ pub(crate) fn run_report(run: &Run, plots: &[RenderedPlot]) -> String {
     }
     if !plots.iter().any(|p| p.name == "loss") {
         out.push_str("<p class=\"note\">No loss recorded: no loss plot.</p>\n");
+    }
+    if let Some(f) = fidelity {
+        out.push_str(&f.section(crate::fidelity::DEFAULT_TOLERANCE));
     }
     tail(&mut out);
     out

@@ -172,6 +172,9 @@ pub fn render_run(run: &Run) -> Result<Vec<PathBuf>, ReportError> {
     for (name, text) in tables {
         written.push(files::write_atomic(dir, name, text.as_bytes())?);
     }
-    written.push(files::write_atomic(dir, REPORT_HTML, html::run_report(run, &plots).as_bytes())?);
+    // A run that `loco fidelity` compared has its fidelity.json beside it: its report says so.
+    let fidelity = fidelity::read(dir)?;
+    let html = html::run_report(run, &plots, fidelity.as_ref());
+    written.push(files::write_atomic(dir, REPORT_HTML, html.as_bytes())?);
     Ok(written)
 }

@@ -28,12 +28,7 @@ fn assert_refused(o: &std::process::Output) {
 fn net_check_gives_every_link_its_rate_and_round_trip() {
     let _one = one_real_run_at_a_time();
     let ctx = TestContext::new();
-    let o = ctx.loco(&[
-        "net",
-        "check",
-        "scenarios/fidelity/three-regions.toml",
-        "--json",
-    ]);
+    let o = ctx.loco(&["net", "check", "scenarios/fidelity/three-regions.toml", "--json"]);
     if !root() {
         return assert_refused(&o);
     }
@@ -98,6 +93,12 @@ fn fidelity_of_a_short_run_is_within_five_percent() {
         let bytes = f["bytes"]["relative"].as_f64().expect("a bytes error");
         assert!(bytes.abs() < 1e-3, "the same bytes: {f:#}");
         let within = |k: &str| f[k]["relative"].as_f64().is_some_and(|e| e.abs() <= 0.05);
+        // The real run's report carries the comparison.
+        let report = std::fs::read_to_string(out.join("real/report.html")).expect("report.html");
+        assert!(
+            report.contains("id=\"fidelity\"") && report.contains("<svg"),
+            "no fidelity section"
+        );
         if within("allreduce_median") && within("outer_step_mean") {
             assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
             assert!(stdout(&o).contains("verdict                within"), "{}", stdout(&o));
