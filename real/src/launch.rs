@@ -247,42 +247,6 @@ impl<'a> Launcher<'a> {
     }
 }
 
-/// The events.csv rows of a network event, as the simulator writes them.
-fn network_event_rows(
-    s: &Scenario,
-    action: &ChurnAction,
-    cuts: &mut Vec<loco_core::scenario::Cut>,
-) -> Vec<(EventKind, String)> {
-    use loco_core::scenario::Cut;
-    match action {
-        ChurnAction::Partition(cut) => {
-            cuts.push(cut.clone());
-            vec![(EventKind::Partition, cut.describe(s))]
-        }
-        ChurnAction::Heal(cut) => {
-            let healed: Vec<Cut> = match cut {
-                Some(c) => {
-                    if let Some(i) = cuts.iter().position(|x| x == c) {
-                        cuts.remove(i);
-                    }
-                    vec![c.clone()]
-                }
-                None => std::mem::take(cuts),
-            };
-            healed.iter().map(|c| (EventKind::Heal, c.describe(s))).collect()
-        }
-        ChurnAction::Degrade { from, to, oneway, .. } => {
-            let d = Cut::Regions { from: *from, to: *to, oneway: *oneway }.describe(s);
-            vec![(EventKind::Degrade, format!("link {d} degraded"))]
-        }
-        ChurnAction::Restore { from, to, oneway } => {
-            let d = Cut::Regions { from: *from, to: *to, oneway: *oneway }.describe(s);
-            vec![(EventKind::Degrade, format!("link {d} restored"))]
-        }
-        _ => Vec::new(),
-    }
-}
-
 /// One child process of a launch.
 struct Proc {
     name: String,
@@ -505,16 +469,8 @@ impl Run<'_, '_> {
             cmd.args(["--crash-during", f]);
         }
         // In the emulated network the workers run the TCP the simulator models.
-        if self.net.is_some() {
-            match s.sim().tcp {
-                loco_core::scenario::TcpKind::Cubic => {
-                    cmd.args(["--congestion", "cubic"]);
-                }
-                loco_core::scenario::TcpKind::Bbr => {
-                    cmd.args(["--congestion", "bbr"]);
-                }
-                loco_core::scenario::TcpKind::None => {}
-            }
+        if let (Some(_), Some(cc)) = (&self.net, s.sim().tcp.linux_name()) {
+            cmd.args(["--congestion", cc]);
         }
         if let Some(d) = &plan.checkpoint_dir {
             cmd.arg("--checkpoint-dir").arg(d);
@@ -747,9 +703,10 @@ impl Run<'_, '_> {
                     | ChurnAction::Heal(_)
                     | ChurnAction::Degrade { .. }
                     | ChurnAction::Restore { .. } => {
-                        for (kind, detail) in network_event_rows(s, &action, &mut cuts) {
+                        for (kind, detail) in action.network_rows(s, &cuts) {
                             launch_events.push(EventRow::new(at, kind).detail(detail));
                         }
+                        action.update_cuts(&mut cuts);
                         match &self.net {
                             Some(net) => net.router().apply(&action),
                             None => tracing::warn!(

@@ -14,6 +14,10 @@
 //! recomputed whenever a flow starts or ends or a capacity changes, and the model is advanced
 //! lazily to the time of each call, processing completions in time order on the way.
 //!
+//! With [`TcpParams`] set, a flow on a new connection, or on one idle past its retransmission
+//! timeout (cubic), gets no share until slow start's extra round trips have passed
+//! ([`slow_start_extra`]); docs/fidelity.md gives the sources and the measured effect.
+//!
 //! The model owns no clock and no task: callers pass the simulated time. Calls with a time
 //! earlier than the model's (two turmoil hosts run one after the other through the same tick)
 //! are taken at the model's time, so the model never goes backwards; the error is at most one

@@ -5,14 +5,14 @@ use crate::bandwidth::BandwidthModel;
 use crate::clock;
 use crate::coord;
 use crate::ctx::{NodeCtl, RealSetup, RunCtx};
-use crate::links::{LatencySetting, Links};
 use crate::net::{NetShared, host_name};
 use crate::node::Node;
 use crate::numerics;
 use crate::record::Recorder;
-use crate::rng::{Purpose, derive};
 use crate::{Progress, ReplayOptions, RunOutput, SimError};
 use loco_core::metrics::{EventKind, MfuBasis, RunMeta, sort_events, sort_outer_steps, summarize};
+use loco_core::rng::{Purpose, derive};
+use loco_core::scenario::links::{LatencySetting, Links};
 use loco_core::scenario::{ChurnAction, Cut, Numerics, RegionId, Scenario, TcpKind};
 use loco_core::{NodeId, Time};
 use std::cell::{Cell, RefCell};
@@ -202,8 +202,11 @@ impl Driver<'_> {
         }
     }
 
-    fn describe_cut(&self, cut: &Cut) -> String {
-        cut.describe(&self.run.scenario)
+    /// Writes a network event's rows (`ChurnAction::network_rows`).
+    fn network_rows(&self, now: Time, action: &ChurnAction) {
+        for (kind, detail) in action.network_rows(&self.run.scenario, &self.cuts) {
+            self.run.event(now, kind, None, None, detail);
+        }
     }
 
     fn apply(&mut self, action: &ChurnAction) {
@@ -279,18 +282,16 @@ impl Driver<'_> {
                 }
             }
             ChurnAction::Partition(cut) => {
-                let d = self.describe_cut(cut);
-                run.event(now, EventKind::Partition, None, None, d);
+                self.network_rows(now, action);
                 self.partition(cut);
             }
             ChurnAction::Heal(cut) => {
+                self.network_rows(now, action);
                 let cuts: Vec<Cut> = match cut {
                     Some(c) => vec![c.clone()],
                     None => self.cuts.clone(),
                 };
                 for c in cuts {
-                    let d = self.describe_cut(&c);
-                    run.event(now, EventKind::Heal, None, None, d);
                     self.heal(&c);
                 }
             }
@@ -303,13 +304,11 @@ impl Driver<'_> {
                     latency.as_ref(),
                     *jitter,
                 );
-                let d = self.describe_cut(&Cut::Regions { from: *from, to: *to, oneway: *oneway });
-                run.event(now, EventKind::Degrade, None, None, format!("link {d} degraded"));
+                self.network_rows(now, action);
             }
             ChurnAction::Restore { from, to, oneway } => {
                 self.links.restore(*from, *to, *oneway);
-                let d = self.describe_cut(&Cut::Regions { from: *from, to: *to, oneway: *oneway });
-                run.event(now, EventKind::Degrade, None, None, format!("link {d} restored"));
+                self.network_rows(now, action);
             }
             ChurnAction::CoordinatorCrash => {
                 run.event(now, EventKind::CoordinatorCrash, None, None, "killed");

@@ -44,12 +44,10 @@ pub mod clock;
 mod coord;
 mod ctx;
 mod driver;
-pub mod links;
 pub mod net;
 mod node;
 pub mod numerics;
 pub mod record;
-pub mod rng;
 
 /// Where a replay stands, for a progress bar.
 #[derive(Clone, Copy, Debug, PartialEq)]

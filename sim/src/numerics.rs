@@ -16,9 +16,9 @@
 //! **State.** What a joiner receives is `loco_core::node::state`'s, as with the real backend
 //! (see the node's recovery module).
 
-use crate::rng::{Purpose, mix64, stream};
 use loco_core::diloco::OuterConfig;
 use loco_core::node::synthetic::Objective;
+use loco_core::rng::{Purpose, mix64, stream};
 use loco_core::scenario::Scenario;
 use rand::Rng;
 use std::time::Duration;

@@ -504,6 +504,52 @@ pub enum Cut {
     Nodes(Vec<NodeId>),
 }
 
+impl ChurnAction {
+    /// Updates the partitions in force: a partition adds its cut, a heal removes its cut (the
+    /// first equal one) or, without a cut, all of them. Other events change nothing.
+    pub fn update_cuts(&self, in_force: &mut Vec<Cut>) {
+        match self {
+            ChurnAction::Partition(cut) => in_force.push(cut.clone()),
+            ChurnAction::Heal(Some(cut)) => {
+                if let Some(i) = in_force.iter().position(|c| c == cut) {
+                    in_force.remove(i);
+                }
+            }
+            ChurnAction::Heal(None) => in_force.clear(),
+            _ => {}
+        }
+    }
+
+    /// The events.csv rows (kind, detail) that a network event writes, the same in both
+    /// backends: a partition and each cut a heal ends (`in_force`: the partitions in force
+    /// before it, which a `heal` without a cut ends), a degrade and a restore. Other events
+    /// write none here.
+    pub fn network_rows(
+        &self,
+        scenario: &Scenario,
+        in_force: &[Cut],
+    ) -> Vec<(crate::metrics::EventKind, String)> {
+        use crate::metrics::EventKind;
+        let link = |from: &RegionId, to: &RegionId, oneway: &bool| {
+            Cut::Regions { from: *from, to: *to, oneway: *oneway }.describe(scenario)
+        };
+        match self {
+            ChurnAction::Partition(cut) => vec![(EventKind::Partition, cut.describe(scenario))],
+            ChurnAction::Heal(Some(cut)) => vec![(EventKind::Heal, cut.describe(scenario))],
+            ChurnAction::Heal(None) => {
+                in_force.iter().map(|c| (EventKind::Heal, c.describe(scenario))).collect()
+            }
+            ChurnAction::Degrade { from, to, oneway, .. } => {
+                vec![(EventKind::Degrade, format!("link {} degraded", link(from, to, oneway)))]
+            }
+            ChurnAction::Restore { from, to, oneway } => {
+                vec![(EventKind::Degrade, format!("link {} restored", link(from, to, oneway)))]
+            }
+            _ => Vec::new(),
+        }
+    }
+}
+
 impl Cut {
     /// The cut as events.csv writes it: `us <-> eu`, `us -> eu`, or `n-1 n-2 | everyone else`.
     pub fn describe(&self, scenario: &Scenario) -> String {
@@ -721,6 +767,16 @@ pub enum TcpKind {
 impl TcpKind {
     /// The names the scenario format takes.
     pub const NAMES: [&'static str; 3] = ["cubic", "bbr", "none"];
+
+    /// Linux's name of the congestion control (`TCP_CONGESTION`); `None` for
+    /// [`TcpKind::None`], which keeps the host's.
+    pub fn linux_name(self) -> Option<&'static str> {
+        match self {
+            TcpKind::Cubic => Some("cubic"),
+            TcpKind::Bbr => Some("bbr"),
+            TcpKind::None => None,
+        }
+    }
 
     /// The kind of a name of [`Self::NAMES`].
     pub fn from_name(name: &str) -> Option<TcpKind> {

@@ -215,11 +215,7 @@ pub fn check(
 ) -> Result<Vec<LinkCheck>, WanError> {
     let net = Network::start(s, seed)?;
     // The congestion control the scenario's workers run (`[sim] tcp`).
-    let cc = match s.sim().tcp {
-        loco_core::scenario::TcpKind::Cubic => Some("cubic"),
-        loco_core::scenario::TcpKind::Bbr => Some("bbr"),
-        loco_core::scenario::TcpKind::None => None,
-    };
+    let cc = s.sim().tcp.linux_name();
     let mut shaper = Shaper::new(s, seed);
     let name = |id: NodeId| s.node(id).map_or_else(|| id.to_string(), |n| n.name.clone());
     let mut out = Vec::new();

@@ -158,13 +158,7 @@ impl Shaper {
     /// events are not the network's and change nothing. Returns whether it was the network's.
     pub fn apply(&mut self, action: &ChurnAction) -> bool {
         match action {
-            ChurnAction::Partition(cut) => self.cuts.push(cut.clone()),
-            ChurnAction::Heal(Some(cut)) => {
-                if let Some(i) = self.cuts.iter().position(|c| c == cut) {
-                    self.cuts.remove(i);
-                }
-            }
-            ChurnAction::Heal(None) => self.cuts.clear(),
+            ChurnAction::Partition(_) | ChurnAction::Heal(_) => action.update_cuts(&mut self.cuts),
             ChurnAction::Degrade { from, to, oneway, bandwidth, latency, jitter } => {
                 self.links.degrade(
                     *from,
