@@ -49,6 +49,19 @@ async fn terminate_signal() {
     }
 }
 
+/// The transport of a run's processes: the run's secret, the congestion control the launcher
+/// asks for, and connections given up after the mesh's heartbeat timeout without progress
+/// (the coordinator evicts a node silent that long anyway), so that a partition's heal is
+/// followed by a new connection at once rather than by TCP's backed-off retransmissions.
+fn tcp_config(s: &Scenario, congestion: Option<String>) -> TcpConfig {
+    TcpConfig {
+        secret: secret(s),
+        congestion,
+        user_timeout: Some(s.mesh().heartbeat_timeout),
+        ..TcpConfig::default()
+    }
+}
+
 /// `loco coordinator`.
 pub(crate) fn coordinator(a: &crate::cli::CoordinatorArgs) -> Result<()> {
     let s = load(&a.scenario)?;
@@ -57,7 +70,7 @@ pub(crate) fn coordinator(a: &crate::cli::CoordinatorArgs) -> Result<()> {
     let opts = CoordinatorOptions {
         listen: a.listen,
         mesh: s.mesh().clone(),
-        tcp: TcpConfig { secret: secret(&s), ..TcpConfig::default() },
+        tcp: tcp_config(&s, None),
         stop_outer_steps: a.max_outer_steps.or(s.stop().outer_steps),
         stop_time: s.stop().time,
         names,
@@ -263,6 +276,7 @@ pub(crate) fn worker(a: &crate::cli::WorkerArgs) -> Result<()> {
     let opts = WorkerOptions {
         id: node.id,
         name: node.name.clone(),
+        names: s.nodes().iter().map(|n| (n.id, n.name.clone())).collect(),
         incarnation: a.incarnation,
         coordinator: a.coordinator,
         listen: a.listen,
@@ -276,11 +290,7 @@ pub(crate) fn worker(a: &crate::cli::WorkerArgs) -> Result<()> {
         },
         segment_elems: s.diloco().segment_elems(),
         shards: u16::try_from(node.gpus.max(1)).unwrap_or(u16::MAX),
-        tcp: TcpConfig {
-            secret: secret(&s),
-            congestion: a.congestion.clone(),
-            ..TcpConfig::default()
-        },
+        tcp: tcp_config(&s, a.congestion.clone()),
         metrics: a.metrics.clone(),
         time_offset_s: a.run_start.map_or(0.0, |t| unix_now() - t),
         checkpoint: checkpoint_plan(&s, &a.scenario, a.checkpoint_dir.as_deref(), &node.name),

@@ -8,7 +8,7 @@ use crate::node::{MetricsFile, MetricsLine};
 use crate::tcp::{TcpConfig, TcpError, TcpTransport};
 use loco_core::ids::NodeId;
 use loco_core::mesh::{
-    Coordinator, CoordinatorAction, MeshConfig, MeshEvent, MeshMsg, padded_frame,
+    Coordinator, CoordinatorAction, EvictReason, MeshConfig, MeshEvent, MeshMsg, padded_frame,
 };
 use loco_core::metrics::{EventKind, EventRow};
 use loco_core::time::Time;
@@ -131,7 +131,17 @@ pub async fn run_coordinator(
                         write(r)?;
                     }
                     match &ev {
-                        MeshEvent::EpochFormed { .. } => epochs += 1,
+                        MeshEvent::EpochFormed { evicted, .. } => {
+                            epochs += 1;
+                            // A node silent for the heartbeat timeout is likely behind a
+                            // partition: the connection to it would resume only at TCP's next
+                            // backed-off retransmission after the heal. Dial afresh instead.
+                            for (n, why) in evicted {
+                                if *why == EvictReason::HeartbeatTimeout {
+                                    t.reset(*n);
+                                }
+                            }
+                        }
                         MeshEvent::Committed { .. } | MeshEvent::StepSkipped { .. } => {
                             committed += 1
                         }

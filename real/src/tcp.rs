@@ -88,6 +88,13 @@ pub struct TcpConfig {
     /// keeps the host's default. Set per socket, which a process with `CAP_NET_ADMIN` may do
     /// for any algorithm the kernel has, and others for those the host allows.
     pub congestion: Option<String>,
+    /// How long data sent on a connection may stay unacknowledged before the kernel gives the
+    /// connection up (`TCP_USER_TIMEOUT`); `None` keeps the kernel's retransmission schedule,
+    /// which backs off exponentially for about 15 minutes. A node sets its mesh's heartbeat
+    /// timeout: across a partition its connections fail within it, and the next send dials
+    /// again (in the background), so that it is connected again within about a second of the
+    /// heal instead of at TCP's next backed-off retransmission (up to two minutes later).
+    pub user_timeout: Option<Duration>,
 }
 
 /// Sets the congestion control of socket `s` to `cc`; a refusal is logged once per process and
@@ -105,6 +112,44 @@ pub fn set_congestion(s: &impl std::os::fd::AsFd, cc: Option<&str>) {
     }
 }
 
+/// Sets `TCP_USER_TIMEOUT` on `s` (see [`TcpConfig::user_timeout`]); best effort.
+fn set_user_timeout(s: &impl std::os::fd::AsFd, t: Option<Duration>) {
+    let Some(t) = t else { return };
+    let ms = u32::try_from(t.as_millis()).unwrap_or(u32::MAX).max(1);
+    if let Err(e) = nix::sys::socket::setsockopt(s, nix::sys::socket::sockopt::TcpUserTimeout, &ms)
+    {
+        tracing::debug!("TCP_USER_TIMEOUT refused: {e}");
+    }
+}
+
+/// Keepalive probes on an accepted connection, so that its reader ends once the dialer's end is
+/// gone (a dialer that gave its connection up during a partition dials a new one; the old one's
+/// reader would otherwise wait forever): after [`ACCEPTED_IDLE_PROBE`] of silence, three probes
+/// 10 s apart. Best effort.
+fn set_keepalive(s: &impl std::os::fd::AsFd) {
+    use nix::sys::socket::{setsockopt, sockopt};
+    let idle = u32::try_from(ACCEPTED_IDLE_PROBE.as_secs()).unwrap_or(u32::MAX);
+    let r = setsockopt(s, sockopt::KeepAlive, &true)
+        .and_then(|()| setsockopt(s, sockopt::TcpKeepIdle, &idle))
+        .and_then(|()| setsockopt(s, sockopt::TcpKeepInterval, &10))
+        .and_then(|()| setsockopt(s, sockopt::TcpKeepCount, &3));
+    if let Err(e) = r {
+        tracing::debug!("keepalive refused: {e}");
+    }
+}
+
+/// Silence after which an accepted connection is probed (see [`set_keepalive`]).
+const ACCEPTED_IDLE_PROBE: Duration = Duration::from_secs(60);
+/// How long a send waits for a dial to a peer whose connection failed: one that completes (or
+/// is refused) this fast is used at once; one that takes longer (its SYN was lost in a
+/// partition) goes on in the background, the send reports the peer unreachable, and a later
+/// send finds the new connection.
+const REDIAL_WAIT: Duration = Duration::from_millis(50);
+/// Bounds of one attempt of a background redial (see [`redial`]); the upper one is Linux's
+/// initial SYN retransmission timeout.
+const REDIAL_ATTEMPT_MIN: Duration = Duration::from_millis(100);
+const REDIAL_ATTEMPT_MAX: Duration = Duration::from_secs(1);
+
 impl Default for TcpConfig {
     fn default() -> Self {
         TcpConfig {
@@ -115,6 +160,7 @@ impl Default for TcpConfig {
             max_body: 4 << 30,
             inbox_frames: 4096,
             congestion: None,
+            user_timeout: None,
         }
     }
 }
@@ -197,6 +243,8 @@ struct Peer {
     bulk: Option<mpsc::UnboundedSender<Outgoing>>,
     next: usize,
     failed: Arc<AtomicBool>,
+    /// How long dialling this peer took (its round trips): sets a redial's attempts.
+    dial_time: Duration,
 }
 
 /// One node's TCP endpoint. Needs a tokio runtime.
@@ -206,6 +254,11 @@ pub struct TcpTransport {
     cfg: Arc<TcpConfig>,
     addrs: Directory,
     peers: BTreeMap<NodeId, Peer>,
+    /// Peers this endpoint had a connection to: after a failure they are dialled again in the
+    /// background ([`REDIAL_WAIT`]).
+    known: BTreeMap<NodeId, Duration>,
+    /// Background dials to peers whose connection failed.
+    redials: BTreeMap<NodeId, JoinHandle<Result<Peer, TransportError>>>,
     inbox: mpsc::Receiver<(NodeId, Frame)>,
     stats: Arc<TcpStats>,
     accept_task: JoinHandle<()>,
@@ -214,6 +267,9 @@ pub struct TcpTransport {
 impl Drop for TcpTransport {
     fn drop(&mut self) {
         self.accept_task.abort();
+        for h in self.redials.values() {
+            h.abort();
+        }
     }
 }
 
@@ -236,6 +292,8 @@ impl TcpTransport {
             cfg,
             addrs,
             peers: BTreeMap::new(),
+            known: Default::default(),
+            redials: BTreeMap::new(),
             inbox,
             stats,
             accept_task,
@@ -251,7 +309,7 @@ impl TcpTransport {
     pub fn set_peer_addr(&mut self, peer: NodeId, addr: SocketAddr) {
         let old = self.addrs.lock().expect("poisoned").insert(peer, addr);
         if old != Some(addr) {
-            self.peers.remove(&peer);
+            self.forget(peer);
         }
     }
 
@@ -278,7 +336,25 @@ impl TcpTransport {
 
     /// Forgets the connections to `peer` (it left or was evicted).
     pub fn disconnect(&mut self, peer: NodeId) {
+        self.forget(peer);
+    }
+
+    /// Gives up the connections to `peer` (the coordinator does, for a node it evicted after
+    /// its silence: a connection through a partition waits for TCP's backed-off
+    /// retransmissions after the heal); the next send dials again in the background
+    /// ([`REDIAL_WAIT`]).
+    pub fn reset(&mut self, peer: NodeId) {
         self.peers.remove(&peer);
+    }
+
+    /// Drops the connections to `peer` and any dial under way: the next send dials afresh and
+    /// waits for it, as the first send to a peer does.
+    fn forget(&mut self, peer: NodeId) {
+        self.peers.remove(&peer);
+        self.known.remove(&peer);
+        if let Some(h) = self.redials.remove(&peer) {
+            h.abort();
+        }
     }
 
     /// This endpoint's counters.
@@ -307,25 +383,53 @@ impl TcpTransport {
 
     async fn connect(&mut self, to: NodeId) -> Result<&mut Peer, TransportError> {
         let current = self.addrs.lock().expect("poisoned").get(&to).copied();
-        // A failed connection, or a peer that moved (a restarted process): dial again.
-        let stale = self
-            .peers
-            .get(&to)
-            .is_some_and(|p| p.failed.load(Ordering::Relaxed) || Some(p.addr) != current);
-        if stale {
+        // A peer that moved (a restarted process): dial it as a new one.
+        if self.peers.get(&to).is_some_and(|p| Some(p.addr) != current) {
+            self.forget(to);
+        }
+        // A failed connection to a peer this endpoint was connected to: dial again in the
+        // background, and wait for it only briefly (a partition must not hold the sender up).
+        if self.peers.get(&to).is_some_and(|p| p.failed.load(Ordering::Relaxed)) {
             self.peers.remove(&to);
         }
-        if !self.peers.contains_key(&to) {
-            let addr = self.addrs.lock().expect("poisoned").get(&to).copied();
-            let addr = addr.ok_or(TransportError::Unreachable(to))?;
-            let failed = Arc::new(AtomicBool::new(false));
-            let mut streams = Vec::with_capacity(self.cfg.streams.max(1));
-            for _ in 0..self.cfg.streams.max(1) {
-                streams.push(self.open_stream(to, addr, &failed).await?);
+        if let (false, Some(&dialled_in)) = (self.peers.contains_key(&to), self.known.get(&to)) {
+            let addr = current.ok_or(TransportError::Unreachable(to))?;
+            let handle = match self.redials.remove(&to) {
+                Some(h) => h,
+                None => {
+                    let (me, port) = (self.id, self.local_addr.port());
+                    let (cfg, stats) = (self.cfg.clone(), self.stats.clone());
+                    tokio::spawn(async move {
+                        redial(me, port, to, addr, &cfg, &stats, dialled_in).await
+                    })
+                }
+            };
+            let mut handle = handle;
+            match tokio::time::timeout(REDIAL_WAIT, &mut handle).await {
+                Ok(Ok(Ok(peer))) => {
+                    self.peers.insert(to, peer);
+                }
+                Ok(Ok(Err(e))) => return Err(e),
+                Ok(Err(_)) => return Err(TransportError::Unreachable(to)),
+                Err(_) => {
+                    self.redials.insert(to, handle);
+                    return Err(TransportError::Unreachable(to));
+                }
             }
-            self.peers.insert(to, Peer { addr, streams, bulk: None, next: 0, failed });
         }
-        Ok(self.peers.get_mut(&to).expect("inserted"))
+        if !self.peers.contains_key(&to) {
+            let addr = current.ok_or(TransportError::Unreachable(to))?;
+            let peer = tokio::time::timeout(
+                self.cfg.connect_timeout,
+                dial_peer(self.id, self.local_addr.port(), to, addr, &self.cfg, &self.stats),
+            )
+            .await
+            .map_err(|_| TransportError::Unreachable(to))??;
+            self.peers.insert(to, peer);
+        }
+        let peer = self.peers.get_mut(&to).expect("inserted");
+        self.known.insert(to, peer.dial_time);
+        Ok(peer)
     }
 
     /// Dials one more connection to `to` at `addr` and starts its writer task.
@@ -335,16 +439,75 @@ impl TcpTransport {
         addr: SocketAddr,
         failed: &Arc<AtomicBool>,
     ) -> Result<mpsc::UnboundedSender<Outgoing>, TransportError> {
-        let stream = tokio::time::timeout(
+        tokio::time::timeout(
             self.cfg.connect_timeout,
-            dial(self.id, self.local_addr.port(), to, addr, &self.cfg),
+            open_stream(self.id, self.local_addr.port(), to, addr, &self.cfg, &self.stats, failed),
         )
         .await
-        .map_err(|_| TransportError::Unreachable(to))??;
-        let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(write_loop(to, stream, rx, failed.clone(), self.stats.clone()));
-        Ok(tx)
+        .map_err(|_| TransportError::Unreachable(to))?
     }
+}
+
+/// Dials `streams` connections to `to` at `addr` and starts their writer tasks.
+async fn dial_peer(
+    me: NodeId,
+    port: u16,
+    to: NodeId,
+    addr: SocketAddr,
+    cfg: &Arc<TcpConfig>,
+    stats: &Arc<TcpStats>,
+) -> Result<Peer, TransportError> {
+    let started = tokio::time::Instant::now();
+    let failed = Arc::new(AtomicBool::new(false));
+    let mut streams = Vec::with_capacity(cfg.streams.max(1));
+    for _ in 0..cfg.streams.max(1) {
+        streams.push(open_stream(me, port, to, addr, cfg, stats, &failed).await?);
+    }
+    let dial_time = started.elapsed() / u32::try_from(streams.len()).unwrap_or(1).max(1);
+    Ok(Peer { addr, streams, bulk: None, next: 0, failed, dial_time })
+}
+
+/// Dials `to` again after its connection failed, in attempts of three times what the last
+/// successful dial took (`dialled_in`, two round trips), within [`REDIAL_ATTEMPT_MIN`] and
+/// [`REDIAL_ATTEMPT_MAX`]: a SYN lost in a partition is not waited for (its own retransmissions
+/// back off: 1, 3, 7 s), a new attempt sends a new one. Until one connects, the peer refuses
+/// (its process is gone, or the handshake is refused), or [`TcpConfig::connect_timeout`] has
+/// passed.
+async fn redial(
+    me: NodeId,
+    port: u16,
+    to: NodeId,
+    addr: SocketAddr,
+    cfg: &Arc<TcpConfig>,
+    stats: &Arc<TcpStats>,
+    dialled_in: Duration,
+) -> Result<Peer, TransportError> {
+    let give_up = tokio::time::Instant::now() + cfg.connect_timeout;
+    let attempt =
+        (dialled_in * 3).clamp(REDIAL_ATTEMPT_MIN, REDIAL_ATTEMPT_MAX).min(cfg.connect_timeout);
+    loop {
+        match tokio::time::timeout(attempt, dial_peer(me, port, to, addr, cfg, stats)).await {
+            Ok(r) => return r,
+            Err(_) if tokio::time::Instant::now() < give_up => {}
+            Err(_) => return Err(TransportError::Unreachable(to)),
+        }
+    }
+}
+
+/// Dials one connection to `to` at `addr` and starts its writer task.
+async fn open_stream(
+    me: NodeId,
+    port: u16,
+    to: NodeId,
+    addr: SocketAddr,
+    cfg: &Arc<TcpConfig>,
+    stats: &Arc<TcpStats>,
+    failed: &Arc<AtomicBool>,
+) -> Result<mpsc::UnboundedSender<Outgoing>, TransportError> {
+    let stream = dial(me, port, to, addr, cfg).await?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(write_loop(to, stream, rx, failed.clone(), stats.clone()));
+    Ok(tx)
 }
 
 impl Transport for TcpTransport {
@@ -419,6 +582,7 @@ async fn dial(
     let mut s = TcpStream::connect(addr).await.map_err(unreachable)?;
     s.set_nodelay(true).map_err(unreachable)?;
     set_congestion(&s, cfg.congestion.as_deref());
+    set_user_timeout(&s, cfg.user_timeout);
     let hello = hello(PROTOCOL_VERSION, me, listen_port, cfg.secret.as_deref());
     s.write_all(&hello).await.map_err(unreachable)?;
     let mut reply = [0u8; HELLO_REPLY_LEN];
@@ -451,6 +615,7 @@ async fn accept_loop(listener: TcpListener, ctx: AcceptCtx, inbox: mpsc::Sender<
         tokio::spawn(async move {
             let _ = stream.set_nodelay(true);
             set_congestion(&stream, ctx.cfg.congestion.as_deref());
+            set_keepalive(&stream);
             let hs =
                 tokio::time::timeout(ctx.cfg.connect_timeout, accept_handshake(stream, &ctx.cfg));
             match hs.await {

@@ -176,6 +176,7 @@ async fn commit_work_longer_than_the_heartbeat_timeout_evicts_nobody() {
             checkpoint: None,
             resume: None,
             faults: Vec::new(),
+            names: Default::default(),
             status: None,
         };
         // Built on a blocking thread: filling 2e8 values is not for the runtime's threads.

@@ -46,6 +46,7 @@ fn worker(id: u32, coordinator: std::net::SocketAddr, dir: &std::path::Path) -> 
         checkpoint: None,
         resume: None,
         faults: Vec::new(),
+        names: Default::default(),
         status: None,
     }
 }

@@ -39,7 +39,7 @@ use loco_core::scenario::FaultPhase;
 use loco_core::time::Time;
 use loco_core::transport::{Frame, Header, Phase, Transport};
 use serde::{Deserialize, Serialize};
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
 use std::io::Write;
 use std::net::SocketAddr;
@@ -53,6 +53,9 @@ pub struct WorkerOptions {
     pub id: NodeId,
     /// This node's name, for the metrics.
     pub name: String,
+    /// The scenario's names of the other nodes, by id, for the events' details (a node missing
+    /// here is written as its id, `n3`).
+    pub names: BTreeMap<NodeId, String>,
     /// Distinguishes restarts of the same node.
     pub incarnation: u64,
     /// Where the coordinator listens.
@@ -799,6 +802,11 @@ impl<L: InnerLoop> Worker<L> {
         }
     }
 
+    /// The scenario's name of node `n`, or its id where the scenario does not name it.
+    fn peer_name(&self, n: NodeId) -> String {
+        self.opts.names.get(&n).cloned().unwrap_or_else(|| n.to_string())
+    }
+
     fn node_event(&mut self, ev: NodeEvent) -> Result<(), WorkerError> {
         match &ev {
             NodeEvent::Admitted { .. } => self.lost_since = None,
@@ -810,7 +818,7 @@ impl<L: InnerLoop> Worker<L> {
             }
             NodeEvent::RecoveryStart { .. } | NodeEvent::CoordinatorLost { .. } => {}
         }
-        let detail = ev.detail(&|n| n.to_string());
+        let detail = ev.detail(&|n| self.peer_name(n));
         self.event(ev.kind(), ev.epoch(), detail)
     }
 
@@ -818,7 +826,7 @@ impl<L: InnerLoop> Worker<L> {
         match c {
             Check::StaleFrame => self.stale += 1,
             Check::Violation(v) => {
-                tracing::warn!(node = %self.opts.name, "{}", v.describe(self.opts.id, &|n| n.to_string()))
+                tracing::warn!(node = %self.opts.name, "{}", v.describe(self.opts.id, &|n| self.peer_name(n)))
             }
             Check::View { .. } | Check::AllReduceWeights { .. } | Check::WeightsAfter { .. } => {}
         }

@@ -278,3 +278,65 @@ async fn a_large_state_frame_does_not_hold_up_the_collective_frames_behind_it() 
     assert!(matches!(second.header, Header::State(_)));
     assert!(matches!(&second.body, Body::Bytes(x) if *x == big));
 }
+
+/// A listener on `addr` whose accept queue is full: further SYNs are dropped, as in a
+/// partition (the kernel drops a SYN for a full queue). Returns the listener and the filler.
+fn blackhole(addr: SocketAddr) -> (std::os::fd::OwnedFd, std::net::TcpStream) {
+    use nix::sys::socket::{
+        AddressFamily, Backlog, SockFlag, SockType, SockaddrIn, bind, listen, setsockopt, socket,
+        sockopt,
+    };
+    let SocketAddr::V4(v4) = addr else { panic!("IPv4 loopback expected") };
+    let fd = socket(AddressFamily::Inet, SockType::Stream, SockFlag::empty(), None).unwrap();
+    setsockopt(&fd, sockopt::ReuseAddr, &true).unwrap();
+    // The closed listener's task may take a moment to go.
+    let mut bound = Err(nix::errno::Errno::EADDRINUSE);
+    for _ in 0..50 {
+        bound = bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrIn::from(v4));
+        if bound.is_ok() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    bound.unwrap();
+    listen(&fd, Backlog::new(0).unwrap()).unwrap();
+    let filler = std::net::TcpStream::connect(addr).unwrap();
+    (fd, filler)
+}
+
+#[tokio::test]
+async fn a_reset_peer_is_dialled_again_in_the_background_without_holding_the_sender() {
+    let (mut a, b) = pair(TcpConfig::default()).await;
+    let addr = b.local_addr();
+    a.send(NodeId(1), collective(1)).await.unwrap();
+    // The peer's address now drops SYNs (a partition), and the sender gives its connection up
+    // (as the coordinator does for a node it evicted after its silence): each send reports the
+    // peer unreachable at once instead of waiting for a dial (10 s by default).
+    drop(b);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (hole, filler) = blackhole(addr);
+    a.reset(NodeId(1));
+    for i in 0..5 {
+        let t0 = tokio::time::Instant::now();
+        let r = a.send(NodeId(1), collective(i)).await;
+        assert!(t0.elapsed() < Duration::from_millis(500), "send {i} held for {:?}", t0.elapsed());
+        assert_eq!(r, Err(TransportError::Unreachable(NodeId(1))), "send {i}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The partition heals: a process listens there again; a later send finds the connection
+    // that the background dial made.
+    drop((hole, filler));
+    let mut b2 = TcpTransport::bind(NodeId(1), addr, TcpConfig::default()).await.unwrap();
+    let mut arrived = None;
+    for i in 0..100u32 {
+        if a.send(NodeId(1), collective(1000 + i)).await.is_ok() {
+            if let Ok(Ok(got)) = tokio::time::timeout(Duration::from_millis(50), b2.recv()).await {
+                arrived = Some(got);
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (from, _) = arrived.expect("connected again within 10 s");
+    assert_eq!(from, NodeId(0));
+}
