@@ -72,10 +72,13 @@ const THREE: &str = "[[nodes]]\nname = \"n\"\ncount = 3\ngpus = 3\nstep_time = \
 fn a_hung_node_that_keeps_beating_is_evicted_at_the_barrier_deadline_and_rejoins() {
     let churn = "[[churn]]\nat = \"8s\"\nkind = \"hang\"\nnode = \"n-1\"\nfor = \"60s\"\n";
     let out = run(&small("hang", "barrier_timeout = \"20s\"", THREE, churn, "time = \"3min\""));
+    // The coordinator's row, then the node's own when it learns it (as a real worker writes).
     let ev = events(&out, EventKind::Evict, "n-1");
-    assert_eq!(ev.len(), 1, "{ev:?}");
+    assert_eq!(ev.len(), 2, "{ev:?}");
     let (t, why) = &ev[0];
     assert_eq!(why, "missed the barrier deadline");
+    assert_eq!(ev[1].1, "evicted by the coordinator (missed the barrier deadline)");
+    assert!(ev[1].0 >= 68.0, "{ev:?}");
     // The others reach the barrier of step 1 at about 11 s; the deadline is 20 s later. The
     // heartbeat timeout (6 s) did not evict it: it kept beating while hung.
     assert!(*t > 30.0 && *t < 33.0, "{t}");

@@ -18,7 +18,8 @@ use crate::clock;
 use crate::ctx::RunCtx;
 use crate::net::SimTransport;
 use crate::numerics::{self, Synthetic};
-use loco_core::mesh::LeaveReason;
+use loco_core::mesh::{LeaveReason, StopReason};
+use loco_core::metrics::EventKind;
 use loco_core::node::acct::RowIdentity;
 use loco_core::node::machine::{
     Check, Effect, Node as MachineNode, NodeConfig, NodeEvent, Numerics, OuterJob, OuterKind,
@@ -273,7 +274,13 @@ impl Node {
             Effect::Row(row) => self.run.rec.borrow_mut().row(row),
             Effect::Event(ev) => self.event(now, ev),
             Effect::Check(c) => self.check(c),
-            Effect::Stop { rejoin, .. } => {
+            Effect::Stop { reason, rejoin } => {
+                // As a real worker writes it: an evicted node learns it and says so (its
+                // other stops are written by the driver, or once by the machine).
+                if let StopReason::Evicted(_) = &reason {
+                    let epoch = self.machine.member().epoch();
+                    self.run.event(now, EventKind::Evict, Some(self.id), epoch, reason.to_string());
+                }
                 self.computing = None;
                 self.outer = None;
                 return Some(rejoin);
