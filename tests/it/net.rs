@@ -112,6 +112,44 @@ fn fidelity_of_a_short_run_is_within_ten_percent_and_tells_the_same_story() {
     panic!("outside 10% twice:\n{last}");
 }
 
+/// A partition and its heal tell the same membership story in both backends: the eu nodes are
+/// evicted for their silence, learn it after the heal, and rejoin by live recovery in the same
+/// outer step (the real transport reconnects at once after a heal, as the simulator's does,
+/// rather than at TCP's next backed-off retransmission). One retry, as above.
+#[test]
+fn a_partition_and_its_heal_tell_the_same_story_in_both_backends() {
+    let _one = one_real_run_at_a_time();
+    let ctx = TestContext::new();
+    let mut last = String::new();
+    for attempt in 0..2 {
+        let out = ctx.path().join(format!("part{attempt}"));
+        let o = ctx.loco(&[
+            "fidelity",
+            "scenarios/fidelity/partition.toml",
+            "--out",
+            out.to_str().unwrap(),
+            "--tolerance",
+            "0.10",
+        ]);
+        if !root() {
+            return assert_refused(&o);
+        }
+        let f =
+            json(&std::fs::read_to_string(out.join("fidelity.json")).unwrap_or_else(|e| {
+                panic!("no fidelity.json ({e}): {}\n{}", stdout(&o), stderr(&o))
+            }));
+        let events = std::fs::read_to_string(out.join("real/events.csv")).expect("events.csv");
+        let rejoined = events.lines().filter(|l| l.contains(",recovery-done,eu-")).count();
+        assert_eq!(rejoined, 2, "both eu nodes rejoin by recovery:\n{events}");
+        let bytes = f["bytes"]["relative"].as_f64().expect("a bytes error");
+        if f["story_differences"].as_array().is_some_and(Vec::is_empty) && bytes.abs() < 1e-3 {
+            return;
+        }
+        last = format!("{}\n{f:#}", stdout(&o));
+    }
+    panic!("another story twice:\n{last}");
+}
+
 /// `--network emulated` where the emulation cannot run refuses, and where it can, the run says
 /// so in summary.json; a bad `[real] network` names the file and the field.
 #[test]
