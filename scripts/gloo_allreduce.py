@@ -8,8 +8,16 @@ slowest rank ("seconds"), every repetition's, and the CPU time per rank, as `loc
 --repeat` does.
 
 Usage: gloo_allreduce.py [--world 4] [--elements 25000000] [--repeat 1]
+
+Single-rank mode, one process per host or network namespace (scripts/bench-allreduce-wan.sh):
+gloo_allreduce.py --rank R --master ADDR:PORT [--world 4] [--elements N] [--repeat K]
+[--ifname DEV] runs rank R only; rank 0 hosts the rendezvous on ADDR:PORT (its own address).
+It prints one JSON line with this rank's seconds and CPU seconds of each repetition; whoever
+started the ranks takes each repetition's slowest rank. --ifname sets GLOO_SOCKET_IFNAME, the
+interface gloo's connections use (without it gloo uses the address the host name resolves to).
 """
 import argparse
+import datetime
 import json
 import os
 import socket
@@ -26,11 +34,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def rank_main(rank: int, world: int, elements: int, repeat: int, port: int, out) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
-    )
+def timed_allreduces(rank: int, world: int, elements: int, repeat: int):
+    """A warm-up, then REPEAT timed all-reduces: (seconds, CPU seconds) of each."""
     g = torch.Generator().manual_seed(rank)
     inputs = torch.randn(elements, generator=g) * 10
     x = inputs.clone()
@@ -45,8 +50,47 @@ def rank_main(rank: int, world: int, elements: int, repeat: int, port: int, out)
         x /= world
         seconds.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
+    return seconds, cpu
+
+
+def rank_main(rank: int, world: int, elements: int, repeat: int, port: int, out) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
+    seconds, cpu = timed_allreduces(rank, world, elements, repeat)
     out.put((rank, seconds, cpu))
     dist.destroy_process_group()
+
+
+def single_rank(a) -> None:
+    """One rank of a run whose ranks were started apart (--rank, --master)."""
+    if not 0 <= a.rank < a.world:
+        raise SystemExit(f"--rank {a.rank} out of range for --world {a.world}")
+    if a.ifname:
+        os.environ["GLOO_SOCKET_IFNAME"] = a.ifname
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://{a.master}",
+        rank=a.rank,
+        world_size=a.world,
+        timeout=datetime.timedelta(seconds=a.timeout),
+    )
+    seconds, cpu = timed_allreduces(a.rank, a.world, a.elements, max(1, a.repeat))
+    # Every rank done before any leaves (rank 0 hosts the rendezvous).
+    dist.barrier()
+    dist.destroy_process_group()
+    print(json.dumps({
+        "backend": "gloo",
+        "codec": "fp32",
+        "rank": a.rank,
+        "world": a.world,
+        "elements": a.elements,
+        "seconds": seconds,
+        "cpu_seconds": cpu,
+        "torch": torch.__version__,
+    }), flush=True)
 
 
 def main() -> None:
@@ -54,7 +98,17 @@ def main() -> None:
     p.add_argument("--world", type=int, default=4)
     p.add_argument("--elements", type=int, default=25_000_000)
     p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--rank", type=int, help="single-rank mode: this process's rank")
+    p.add_argument("--master", metavar="ADDR:PORT", help="single-rank mode: rank 0's rendezvous")
+    p.add_argument("--ifname", help="single-rank mode: GLOO_SOCKET_IFNAME")
+    p.add_argument("--timeout", type=float, default=120.0,
+                   help="single-rank mode: seconds to wait for the other ranks")
     a = p.parse_args()
+    if (a.rank is None) != (a.master is None):
+        p.error("--rank and --master go together")
+    if a.rank is not None:
+        single_rank(a)
+        return
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = free_port()

@@ -466,13 +466,19 @@ pub(crate) struct QualityBench {
     pub(crate) json: bool,
 }
 
-/// One rank of `bench allreduce --backend tcp` (started by it; not for direct use).
+/// One rank of `bench allreduce --backend tcp` (started by it), or of a multi-host run such as
+/// `scripts/bench-allreduce-wan.sh` (one rank per network namespace, with `--addrs`).
 #[derive(Debug, Args)]
 pub(crate) struct AllreduceRank {
     #[arg(long)]
     pub(crate) rank: usize,
-    #[arg(long, value_delimiter = ',')]
+    /// Every rank's listen port on 127.0.0.1, in rank order (or give --addrs).
+    #[arg(long, value_delimiter = ',', value_name = "PORT,PORT,...")]
     pub(crate) ports: Vec<u16>,
+    /// Every rank's listen address, in rank order; this rank binds to its own entry (or give
+    /// --ports).
+    #[arg(long, value_delimiter = ',', value_name = "IP:PORT,IP:PORT,...")]
+    pub(crate) addrs: Vec<std::net::SocketAddr>,
     #[arg(long)]
     pub(crate) elements: usize,
     #[arg(long, value_parser = parse_codec)]

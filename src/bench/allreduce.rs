@@ -189,6 +189,41 @@ mod tests {
             assert!(r.bytes_sent_per_rank as f64 >= r.ring_formula_bytes, "{codec}");
         }
     }
+
+    #[test]
+    fn rank_takes_ports_or_addrs_but_not_both() {
+        use clap::Parser;
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["loco", "bench", "allreduce-rank", "--rank", "1"];
+            argv.extend_from_slice(extra);
+            argv.extend_from_slice(&["--elements", "8", "--codec", "fp32", "--segment", "4"]);
+            argv.extend_from_slice(&["--streams", "1", "--seed", "0"]);
+            let cli = crate::cli::Cli::try_parse_from(argv).expect("parses");
+            match cli.command {
+                crate::cli::Command::Bench(crate::cli::BenchCommand::AllreduceRank(a)) => {
+                    rank_addrs(&a)
+                }
+                other => panic!("parsed as {other:?}"),
+            }
+        };
+        let ports = parse(&["--ports", "5000,5001"]).unwrap();
+        assert_eq!(ports[1], "127.0.0.1:5001".parse().unwrap());
+        let addrs = parse(&["--addrs", "198.18.0.2:7000,198.18.0.3:7000"]).unwrap();
+        assert_eq!(
+            addrs,
+            vec!["198.18.0.2:7000".parse().unwrap(), "198.18.0.3:7000".parse().unwrap()]
+        );
+        let both = parse(&["--ports", "5000,5001", "--addrs", "198.18.0.2:7000,198.18.0.3:7000"]);
+        assert!(both.unwrap_err().to_string().contains("not both"));
+        assert!(parse(&[]).unwrap_err().to_string().contains("--addrs"));
+        assert!(
+            parse(&["--addrs", "198.18.0.2:7000"])
+                .unwrap_err()
+                .to_string()
+                .contains("out of range")
+        );
+        assert!(parse(&["--addrs", "198.18.0.2:7000,198.18.0.2:7000"]).is_err());
+    }
 }
 
 /// What one rank of the TCP benchmark prints (one JSON line on stdout).
@@ -228,27 +263,47 @@ fn cpu_seconds() -> f64 {
     })
 }
 
-/// Runs one rank: listen on its port, connect to the others, a small warm-up all-reduce (which
-/// also lines the ranks up), then the timed one.
+/// Every rank's listen address, in rank order: `--ports` on 127.0.0.1 or `--addrs`, exactly one
+/// of the two, and `rank` one of them.
+fn rank_addrs(a: &crate::cli::AllreduceRank) -> Result<Vec<std::net::SocketAddr>> {
+    let addrs: Vec<std::net::SocketAddr> = match (a.ports.is_empty(), a.addrs.is_empty()) {
+        (false, true) => {
+            a.ports.iter().map(|&p| std::net::SocketAddr::from(([127, 0, 0, 1], p))).collect()
+        }
+        (true, false) => a.addrs.clone(),
+        (false, false) => bail!("give either --ports or --addrs, not both"),
+        (true, true) => bail!(
+            "give every rank's listen address: --addrs IP:PORT,IP:PORT,... (or --ports \
+             PORT,PORT,... on 127.0.0.1)"
+        ),
+    };
+    if a.rank >= addrs.len() {
+        bail!("--rank {} out of range for {} ranks", a.rank, addrs.len());
+    }
+    if let Some(i) = (1..addrs.len()).find(|&i| addrs[..i].contains(&addrs[i])) {
+        bail!("rank {i}'s address {} is also an earlier rank's", addrs[i]);
+    }
+    Ok(addrs)
+}
+
+/// Runs one rank: listen on its address, connect to the others, a small warm-up all-reduce
+/// (which also lines the ranks up), then the timed one.
 pub(crate) fn run_rank(a: &crate::cli::AllreduceRank) -> Result<RankResult> {
     use loco_real::tcp::{TcpConfig, TcpTransport};
-    let world = a.ports.len();
-    if a.rank >= world {
-        bail!("--rank {} out of range for {world} ports", a.rank);
-    }
+    let addrs = rank_addrs(a)?;
+    let world = addrs.len();
     // The runtime a real worker runs on: the connections' reader and writer tasks go on while
     // the ring reduces, as they do in training.
     let rt = crate::real_cmd::runtime()?;
     let input = rank_input(a.seed, a.rank, a.elements);
     let mut data = input.clone();
     rt.block_on(async {
-        let addr = |p: u16| std::net::SocketAddr::from(([127, 0, 0, 1], p));
         let cfg = TcpConfig { streams: a.streams.max(1), ..TcpConfig::default() };
         let me = NodeId(a.rank as u32);
-        let mut t = TcpTransport::bind(me, addr(a.ports[a.rank]), cfg).await?;
+        let mut t = TcpTransport::bind(me, addrs[a.rank], cfg).await?;
         let ring: Vec<NodeId> = (0..world as u32).map(NodeId).collect();
-        for (i, &p) in a.ports.iter().enumerate() {
-            t.set_peer_addr(NodeId(i as u32), addr(p));
+        for (i, &addr) in addrs.iter().enumerate() {
+            t.set_peer_addr(NodeId(i as u32), addr);
         }
         let right = ring[(a.rank + 1) % world];
         t.connect_within(right, std::time::Duration::from_secs(30)).await?;
