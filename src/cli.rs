@@ -76,9 +76,15 @@ pub(crate) struct FidelityArgs {
     #[arg(long, value_name = "SECS")]
     pub(crate) timeout: Option<u64>,
     /// The real run's network (default: emulated; the run refuses to start where it cannot
-    /// be).
+    /// be). With `relay` the simulator runs its fluid model alone (`[sim] tcp = "none"`): the
+    /// relays lose no packet, so the real connections have none of the TCP dynamics the model's
+    /// TCP term describes.
     #[arg(long, value_name = "MODE")]
     pub(crate) network: Option<NetworkArg>,
+    /// Seed of both runs (overrides the scenario's: the links' draws, the jitter, the synthetic
+    /// objective); the real run reads a copy of the scenario with it, written to DIR.
+    #[arg(long)]
+    pub(crate) seed: Option<u64>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -166,10 +172,12 @@ pub(crate) struct LaunchArgs {
 /// `--network`.
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub(crate) enum NetworkArg {
-    /// Emulated where this machine allows it, else bare loopback.
+    /// Emulated where this machine allows it, else relayed.
     Auto,
-    /// The scenario's links, emulated.
+    /// The scenario's links, emulated (root).
     Emulated,
+    /// The scenario's links, relayed in userspace (no privileges needed).
+    Relay,
     /// Bare loopback.
     Loopback,
 }
@@ -196,6 +204,10 @@ pub(crate) struct CoordinatorArgs {
     /// The outer step the run starts at (a run resumed from checkpoints of that step).
     #[arg(long, default_value_t = 0)]
     pub(crate) start_step: u64,
+    /// Reach node ID through ADDR instead of the address it listens on (the launcher passes
+    /// its relays' addresses when it relays the scenario's links in userspace).
+    #[arg(long, value_name = "ID=ADDR,...", value_delimiter = ',', value_parser = parse_dial_via)]
+    pub(crate) dial_via: Vec<(u32, std::net::SocketAddr)>,
 }
 
 #[derive(Debug, Args)]
@@ -245,6 +257,10 @@ pub(crate) struct WorkerArgs {
     /// scenario's `[sim] tcp` in its emulated network); default: the host's.
     #[arg(long, value_name = "NAME")]
     pub(crate) congestion: Option<String>,
+    /// Reach node ID through ADDR instead of the address it listens on (the launcher passes
+    /// its relays' addresses when it relays the scenario's links in userspace).
+    #[arg(long, value_name = "ID=ADDR,...", value_delimiter = ',', value_parser = parse_dial_via)]
+    pub(crate) dial_via: Vec<(u32, std::net::SocketAddr)>,
     /// Write checkpoints here instead of the scenario's `[real] checkpoint_dir`.
     #[arg(long, value_name = "DIR")]
     pub(crate) checkpoint_dir: Option<PathBuf>,
@@ -491,6 +507,13 @@ pub(crate) struct AllreduceRank {
     pub(crate) repeat: usize,
     #[arg(long)]
     pub(crate) seed: u64,
+}
+
+fn parse_dial_via(s: &str) -> Result<(u32, std::net::SocketAddr), String> {
+    let (id, addr) = s.split_once('=').ok_or("expected ID=HOST:PORT")?;
+    let id = id.parse().map_err(|_| format!("{id:?}: expected a node id (a number)"))?;
+    let addr = addr.parse().map_err(|_| format!("{addr:?}: expected HOST:PORT"))?;
+    Ok((id, addr))
 }
 
 fn parse_codec(s: &str) -> Result<CodecKind, String> {

@@ -17,7 +17,21 @@ pub(crate) fn fidelity(a: &FidelityArgs) -> Result<bool> {
             InputError(anyhow!("--tolerance: expected a number > 0, got {}", a.tolerance)).into()
         );
     }
-    let s = crate::real_cmd::load(&a.scenario)?;
+    let mut s = crate::real_cmd::load(&a.scenario)?;
+    let out = a
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("out").join(format!("{}-fidelity", s.name())));
+    // Another seed: both runs read a copy of the file with it (the real processes read the
+    // file themselves).
+    let path = match a.seed {
+        None => a.scenario.clone(),
+        Some(seed) => {
+            let copy = with_seed(&a.scenario, seed, &out)?;
+            s = crate::real_cmd::load(&copy)?;
+            copy
+        }
+    };
     if s.sim().numerics != Numerics::Real {
         return Err(InputError(anyhow!(
             "{}: sim.numerics: expected \"real\" (both backends then train the same synthetic \
@@ -28,10 +42,11 @@ pub(crate) fn fidelity(a: &FidelityArgs) -> Result<bool> {
     }
     let params = usize::try_from(s.sim().elements)
         .map_err(|_| InputError(anyhow!("{}: sim.elements: too large", a.scenario.display())))?;
-    let out = a
-        .out
-        .clone()
-        .unwrap_or_else(|| PathBuf::from("out").join(format!("{}-fidelity", s.name())));
+    let network =
+        a.network.map_or(loco_core::scenario::NetworkMode::Emulated, crate::real_cmd::network_mode);
+    if network == loco_core::scenario::NetworkMode::Relay {
+        s.set_tcp(loco_core::scenario::TcpKind::None);
+    }
     let (sim_dir, real_dir) = (out.join("sim"), out.join("real"));
 
     eprintln!("loco: replaying {} in the simulator", s.name());
@@ -39,6 +54,8 @@ pub(crate) fn fidelity(a: &FidelityArgs) -> Result<bool> {
         &s,
         loco_sim::ReplayOptions {
             max_outer_steps: a.max_outer_steps,
+            // The commit's cost is that of the objective the real run steps.
+            outer_params: Some(s.sim().elements),
             ..loco_sim::ReplayOptions::default()
         },
     )
@@ -52,11 +69,8 @@ pub(crate) fn fidelity(a: &FidelityArgs) -> Result<bool> {
         synthetic_params: Some(params),
         timeout: a.timeout.map(Duration::from_secs),
         // The point is the scenario's network: emulated unless asked otherwise.
-        network: Some(
-            a.network
-                .map_or(loco_core::scenario::NetworkMode::Emulated, crate::real_cmd::network_mode),
-        ),
-        ..LaunchPlan::new(s.clone(), a.scenario.clone(), std::env::current_exe()?, real_dir.clone())
+        network: Some(network),
+        ..LaunchPlan::new(s.clone(), path.clone(), std::env::current_exe()?, real_dir.clone())
     };
     let outcome = Launcher::new(plan)
         .on_notice(|n| match n {
@@ -98,4 +112,22 @@ pub(crate) fn fidelity(a: &FidelityArgs) -> Result<bool> {
         println!("wrote                  {}", p.display());
     }
     Ok(ok)
+}
+
+/// Writes `DIR/scenario.toml`: the scenario at `path` with its top-level `seed` replaced, its
+/// comments and layout kept. Returns its path.
+fn with_seed(path: &std::path::Path, seed: u64, dir: &std::path::Path) -> Result<PathBuf> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| InputError(anyhow!("{}: cannot read: {e}", path.display())))?;
+    let mut doc: toml_edit::DocumentMut =
+        text.parse().map_err(|e| InputError(anyhow!("{}: not TOML: {e}", path.display())))?;
+    let seed = i64::try_from(seed)
+        .map_err(|_| InputError(anyhow!("--seed: expected at most {}, got {seed}", i64::MAX)))?;
+    doc["seed"] = toml_edit::value(seed);
+    std::fs::create_dir_all(dir).map_err(|e| anyhow!("creating {}: {e}", dir.display()))?;
+    let copy = dir.join("scenario.toml");
+    let tmp = dir.join("scenario.toml.tmp");
+    std::fs::write(&tmp, doc.to_string()).map_err(|e| anyhow!("writing {}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, &copy).map_err(|e| anyhow!("writing {}: {e}", copy.display()))?;
+    Ok(copy)
 }

@@ -70,7 +70,10 @@ pub(crate) fn coordinator(a: &crate::cli::CoordinatorArgs) -> Result<()> {
     let opts = CoordinatorOptions {
         listen: a.listen,
         mesh: s.mesh().clone(),
-        tcp: tcp_config(&s, None),
+        tcp: TcpConfig {
+            dial_via: a.dial_via.iter().map(|&(n, addr)| (NodeId(n), addr)).collect(),
+            ..tcp_config(&s, None)
+        },
         stop_outer_steps: a.max_outer_steps.or(s.stop().outer_steps),
         stop_time: s.stop().time,
         names,
@@ -290,7 +293,10 @@ pub(crate) fn worker(a: &crate::cli::WorkerArgs) -> Result<()> {
         },
         segment_elems: s.diloco().segment_elems(),
         shards: u16::try_from(node.gpus.max(1)).unwrap_or(u16::MAX),
-        tcp: tcp_config(&s, a.congestion.clone()),
+        tcp: TcpConfig {
+            dial_via: a.dial_via.iter().map(|&(n, addr)| (NodeId(n), addr)).collect(),
+            ..tcp_config(&s, a.congestion.clone())
+        },
         metrics: a.metrics.clone(),
         time_offset_s: a.run_start.map_or(0.0, |t| unix_now() - t),
         checkpoint: checkpoint_plan(&s, &a.scenario, a.checkpoint_dir.as_deref(), &node.name),
@@ -319,6 +325,7 @@ pub(crate) fn network_mode(n: crate::cli::NetworkArg) -> loco_core::scenario::Ne
     match n {
         crate::cli::NetworkArg::Auto => NetworkMode::Auto,
         crate::cli::NetworkArg::Emulated => NetworkMode::Emulated,
+        crate::cli::NetworkArg::Relay => NetworkMode::Relay,
         crate::cli::NetworkArg::Loopback => NetworkMode::Loopback,
     }
 }

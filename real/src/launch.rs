@@ -100,6 +100,12 @@ pub struct LaunchPlan {
 pub enum NetworkUsed {
     /// The scenario's links, emulated (namespaces, TUN devices and the router).
     Emulated,
+    /// The scenario's links, relayed in userspace ([`crate::wan::Relays`]), and why not
+    /// emulated.
+    Relayed {
+        /// Why not emulated: the scenario asked for the relays, or what the machine lacks.
+        why: String,
+    },
     /// Bare loopback, and why.
     Loopback {
         /// Why not emulated: the scenario asked for loopback, or what the machine lacks.
@@ -112,6 +118,7 @@ impl NetworkUsed {
     pub fn name(&self) -> &'static str {
         match self {
             NetworkUsed::Emulated => "emulated",
+            NetworkUsed::Relayed { .. } => "relay",
             NetworkUsed::Loopback { .. } => "loopback",
         }
     }
@@ -125,7 +132,49 @@ impl std::fmt::Display for NetworkUsed {
                 "the scenario's links, emulated (a network namespace per process, packets shaped \
                  by the launcher's router; addresses in 198.18.0.0/15)"
             ),
+            NetworkUsed::Relayed { why } => write!(
+                f,
+                "the scenario's links, relayed in userspace (processes on loopback, every \
+                 connection between nodes through a shaping relay of the launcher's; no packet \
+                 is lost, so TCP's own dynamics are not the links'; {why})"
+            ),
             NetworkUsed::Loopback { why } => write!(f, "bare loopback, unshaped ({why})"),
+        }
+    }
+}
+
+/// The scenario's network of a launch.
+enum Net {
+    Emulated(crate::wan::Network),
+    Relayed(crate::wan::Relays),
+}
+
+impl Net {
+    fn apply(&self, action: &ChurnAction) {
+        match self {
+            Net::Emulated(n) => n.router().apply(action),
+            Net::Relayed(r) => r.apply(action),
+        }
+    }
+
+    fn set_outer_steps(&self, steps: u64) {
+        match self {
+            Net::Emulated(n) => n.router().set_outer_steps(steps),
+            Net::Relayed(r) => r.set_outer_steps(steps),
+        }
+    }
+
+    fn start_clock(&self) {
+        match self {
+            Net::Emulated(n) => n.router().start_clock(),
+            Net::Relayed(r) => r.start_clock(),
+        }
+    }
+
+    fn stats(&self) -> (loco_core::Time, crate::wan::Stats) {
+        match self {
+            Net::Emulated(n) => n.router().stats(),
+            Net::Relayed(r) => r.stats(),
         }
     }
 }
@@ -212,12 +261,23 @@ impl<'a> Launcher<'a> {
                     why: "the scenario's `[real] network` is \"loopback\"".into(),
                 },
             ),
-            NetworkMode::Emulated => {
-                (Some(crate::wan::Network::start(s, s.seed())?), NetworkUsed::Emulated)
-            }
+            NetworkMode::Emulated => (
+                Some(Net::Emulated(crate::wan::Network::start(s, s.seed())?)),
+                NetworkUsed::Emulated,
+            ),
+            NetworkMode::Relay => (
+                Some(Net::Relayed(crate::wan::Relays::start(s, s.seed())?)),
+                NetworkUsed::Relayed { why: "the scenario's `[real] network` is \"relay\"".into() },
+            ),
             NetworkMode::Auto => match crate::wan::netns::unavailable() {
-                None => (Some(crate::wan::Network::start(s, s.seed())?), NetworkUsed::Emulated),
-                Some(why) => (None, NetworkUsed::Loopback { why: format!("not emulated: {why}") }),
+                None => (
+                    Some(Net::Emulated(crate::wan::Network::start(s, s.seed())?)),
+                    NetworkUsed::Emulated,
+                ),
+                Some(why) => (
+                    Some(Net::Relayed(crate::wan::Relays::start(s, s.seed())?)),
+                    NetworkUsed::Relayed { why: format!("not emulated: {why}") },
+                ),
             },
         };
         let mut on_notice = on_notice;
@@ -326,8 +386,8 @@ struct Run<'p, 'a> {
     committed: u64,
     last_step: Option<u64>,
     on_notice: Box<dyn FnMut(Notice) + 'a>,
-    /// The emulated network, when the run has one.
-    net: Option<crate::wan::Network>,
+    /// The scenario's network, when the run has one.
+    net: Option<Net>,
     used: NetworkUsed,
 }
 
@@ -350,13 +410,32 @@ impl Run<'_, '_> {
     /// emulated network), and the address it is to listen on.
     fn command(&self, host: NodeId) -> (Command, String) {
         let program = &self.plan.program;
-        if let Some(net) = &self.net {
-            let addr = net.hosts().host(host).map(|h| h.addr);
-            if let (Some(cmd), Some(addr)) = (net.hosts().command(host, program), addr) {
-                return (cmd, format!("{addr}:0"));
+        match &self.net {
+            Some(Net::Emulated(net)) => {
+                let addr = net.hosts().host(host).map(|h| h.addr);
+                if let (Some(cmd), Some(addr)) = (net.hosts().command(host, program), addr) {
+                    return (cmd, format!("{addr}:0"));
+                }
             }
+            Some(Net::Relayed(r)) => {
+                if let Some(addr) = r.listen_addr(host) {
+                    return (Command::new(program), addr.to_string());
+                }
+            }
+            None => {}
         }
         (Command::new(program), "127.0.0.1:0".into())
+    }
+
+    /// Relayed: `host` reaches every other host through that pair's relay.
+    fn relayed_via(&self, host: NodeId, cmd: &mut Command) {
+        if let Some(Net::Relayed(r)) = &self.net {
+            let via: Vec<String> =
+                r.dial_via(host).iter().map(|(n, a)| format!("{}={a}", n.0)).collect();
+            if !via.is_empty() {
+                cmd.args(["--dial-via", &via.join(",")]);
+            }
+        }
     }
 
     fn start_coordinator(&mut self) -> Result<SocketAddr, LaunchError> {
@@ -378,6 +457,7 @@ impl Run<'_, '_> {
         if let Some(n) = plan.max_outer_steps {
             cmd.args(["--max-outer-steps", &n.to_string()]);
         }
+        self.relayed_via(NodeId::COORDINATOR, &mut cmd);
         let child = cmd.spawn().map_err(|source| LaunchError::Process {
             action: "starting",
             process: "the coordinator".into(),
@@ -469,9 +549,10 @@ impl Run<'_, '_> {
             cmd.args(["--crash-during", f]);
         }
         // In the emulated network the workers run the TCP the simulator models.
-        if let (Some(_), Some(cc)) = (&self.net, s.sim().tcp.linux_name()) {
+        if let (Some(Net::Emulated(_)), Some(cc)) = (&self.net, s.sim().tcp.linux_name()) {
             cmd.args(["--congestion", cc]);
         }
+        self.relayed_via(node.id, &mut cmd);
         if let Some(d) = &plan.checkpoint_dir {
             cmd.arg("--checkpoint-dir").arg(d);
         }
@@ -517,7 +598,7 @@ impl Run<'_, '_> {
                                 self.last_step = Some(r.outer_step);
                                 self.committed += 1;
                                 if let Some(net) = &self.net {
-                                    net.router().set_outer_steps(self.committed);
+                                    net.set_outer_steps(self.committed);
                                 }
                             }
                         }
@@ -582,7 +663,7 @@ impl Run<'_, '_> {
                 if waiting == 0 || elapsed > READY_LIMIT {
                     churn_t0 = Some(elapsed);
                     if let Some(net) = &self.net {
-                        net.router().start_clock();
+                        net.start_clock();
                     }
                     if let Some(gate) = self.gate.take() {
                         gate::open(&gate, self.run_start + elapsed.as_secs_f64())?;
@@ -708,7 +789,7 @@ impl Run<'_, '_> {
                         }
                         action.update_cuts(&mut cuts);
                         match &self.net {
-                            Some(net) => net.router().apply(&action),
+                            Some(net) => net.apply(&action),
                             None => tracing::warn!(
                                 "{action:?} is not played: the run is on bare loopback"
                             ),
@@ -813,7 +894,7 @@ impl Run<'_, '_> {
         let mut r = record::collect(s, &self.nodes_dir, launch_events, wall, &failures)?;
         r.summary.extra.insert("network".into(), self.used.name().into());
         if let Some(net) = &self.net {
-            let (_, stats) = net.router().stats();
+            let (_, stats) = net.stats();
             let dropped: u64 = stats.values().map(|p| p.dropped_full + p.dropped_cut).sum();
             let carried: u64 = stats.values().map(|p| p.bytes).sum();
             r.summary.extra.insert("network_bytes_carried".into(), carried.into());

@@ -95,6 +95,9 @@ pub struct TcpConfig {
     /// again (in the background), so that it is connected again within about a second of the
     /// heal instead of at TCP's next backed-off retransmission (up to two minutes later).
     pub user_timeout: Option<Duration>,
+    /// Peers to reach through another address than the one they listen on (the relays of a
+    /// launch that relays the scenario's links in userspace, [`crate::wan::Relays`]).
+    pub dial_via: BTreeMap<NodeId, SocketAddr>,
 }
 
 /// Sets the congestion control of socket `s` to `cc`; a refusal is logged once per process and
@@ -161,6 +164,7 @@ impl Default for TcpConfig {
             inbox_frames: 4096,
             congestion: None,
             user_timeout: None,
+            dial_via: BTreeMap::new(),
         }
     }
 }
@@ -579,6 +583,7 @@ async fn dial(
     cfg: &TcpConfig,
 ) -> Result<TcpStream, TransportError> {
     let unreachable = |_| TransportError::Unreachable(to);
+    let addr = cfg.dial_via.get(&to).copied().unwrap_or(addr);
     let mut s = TcpStream::connect(addr).await.map_err(unreachable)?;
     s.set_nodelay(true).map_err(unreachable)?;
     set_congestion(&s, cfg.congestion.as_deref());

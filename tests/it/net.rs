@@ -150,6 +150,40 @@ fn a_partition_and_its_heal_tell_the_same_story_in_both_backends() {
     panic!("another story twice:\n{last}");
 }
 
+/// The userspace relays (no privileges needed) give the real run the scenario's links too: a
+/// short fidelity run against the simulator's fluid model has the same story and bytes, and a
+/// median all-reduce within 15% (measured: 1-5%), where bare loopback would be 30 times faster.
+#[test]
+fn relayed_links_without_privileges_give_the_real_run_the_scenarios_rates() {
+    let _one = one_real_run_at_a_time();
+    let ctx = TestContext::new();
+    let out = ctx.path().join("relay");
+    let o = ctx.loco(&[
+        "fidelity",
+        "scenarios/fidelity/steady.toml",
+        "--network",
+        "relay",
+        "--max-outer-steps",
+        "4",
+        "--out",
+        out.to_str().unwrap(),
+        "--tolerance",
+        "0.15",
+    ]);
+    let f = json(
+        &std::fs::read_to_string(out.join("fidelity.json"))
+            .unwrap_or_else(|e| panic!("no fidelity.json ({e}): {}\n{}", stdout(&o), stderr(&o))),
+    );
+    assert_eq!(f["network"], "relay", "{f:#}");
+    assert_eq!(f["story_differences"].as_array().map(Vec::len), Some(0), "{f:#}");
+    let bytes = f["bytes"]["relative"].as_f64().expect("a bytes error");
+    assert!(bytes.abs() < 1e-3, "the same bytes: {f:#}");
+    let ar = f["allreduce_median"]["relative"].as_f64().expect("an all-reduce error");
+    assert!(ar.abs() <= 0.15, "all-reduce {ar:+.3}: {f:#}");
+    let real = f["allreduce_median"]["real"].as_f64().expect("the real median");
+    assert!(real > 0.3, "a 50 Mbit/s link's all-reduce takes about 0.5 s, not {real} s");
+}
+
 /// `--network emulated` where the emulation cannot run refuses, and where it can, the run says
 /// so in summary.json; a bad `[real] network` names the file and the field.
 #[test]

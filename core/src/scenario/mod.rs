@@ -172,7 +172,8 @@
 //! secret_env = "LOCO_SECRET"   # default "LOCO_SECRET": env variable with the run's secret
 //! secret = "..."               # default none; the secret itself, when that variable is unset
 //! network = "auto"             # default "auto": the links emulated where the machine allows
-//!                              # it (root), else bare loopback; "emulated" or "loopback"
+//!                              # it (root), else relayed in userspace; "emulated", "relay" or
+//!                              # "loopback" (unshaped)
 //! ```
 //!
 //! # Nodes and churn
@@ -934,11 +935,17 @@ pub struct RealSpec {
 pub enum NetworkMode {
     /// The scenario's links, emulated (each process in a network namespace of its own, packets
     /// delayed and dropped as the links would), where this machine allows it (root, TUN
-    /// devices); bare loopback otherwise, said at the start of the run.
+    /// devices); relayed otherwise, said at the start of the run.
     #[default]
     Auto,
     /// The scenario's links, emulated; the run refuses to start where they cannot be.
     Emulated,
+    /// The scenario's links in userspace, for machines without the privileges to emulate them:
+    /// the processes on loopback, every connection between two nodes through a relay of the
+    /// launcher's that holds each byte as the link would (rate, `streams`, NIC caps, latency,
+    /// jitter, partitions, degrades). No packet is lost, so TCP's own dynamics (slow start,
+    /// losses, timeouts) are not those of the link: the simulator's TCP term does not apply.
+    Relay,
     /// Bare loopback: the links stand for this machine's own (the scenario's links are the
     /// simulator's alone).
     Loopback,
@@ -946,13 +953,14 @@ pub enum NetworkMode {
 
 impl NetworkMode {
     /// The names the scenario format takes.
-    pub const NAMES: [&'static str; 3] = ["auto", "emulated", "loopback"];
+    pub const NAMES: [&'static str; 4] = ["auto", "emulated", "relay", "loopback"];
 
     /// The mode of a name of [`Self::NAMES`].
     pub fn from_name(name: &str) -> Option<NetworkMode> {
         match name {
             "auto" => Some(NetworkMode::Auto),
             "emulated" => Some(NetworkMode::Emulated),
+            "relay" => Some(NetworkMode::Relay),
             "loopback" => Some(NetworkMode::Loopback),
             _ => None,
         }
@@ -1131,6 +1139,12 @@ impl Scenario {
     /// The simulator's section.
     pub fn sim(&self) -> &SimSpec {
         &self.sim
+    }
+
+    /// Replaces the simulator's TCP model (`loco fidelity` against a relayed real run, whose
+    /// connections never meet the links' losses, compares with the fluid model alone).
+    pub fn set_tcp(&mut self, tcp: TcpKind) {
+        self.sim.tcp = tcp;
     }
 
     /// The real backend's section.

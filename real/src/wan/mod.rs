@@ -10,10 +10,12 @@
 pub mod addr;
 pub mod check;
 pub mod netns;
+pub mod relay;
 pub mod router;
 pub mod shaper;
 
 pub use netns::{Host, Hosts};
+pub use relay::Relays;
 pub use router::{PairStats, Router, Stats};
 pub use shaper::{Packet, Shaper, Verdict};
 

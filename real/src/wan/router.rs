@@ -60,19 +60,24 @@ impl std::fmt::Debug for Router {
     }
 }
 
-/// The router's clock: the one place in the emulated network that reads one.
+/// The clock of the emulated network and of the relays: the one place in them that reads one.
 #[derive(Clone, Copy)]
-struct Clock(Instant);
+pub(crate) struct Clock(Instant);
 
 impl Clock {
     #[allow(clippy::disallowed_methods)] // the emulated network's clock adapter
-    fn start() -> Clock {
+    pub(crate) fn start() -> Clock {
         Clock(Instant::now())
     }
 
     #[allow(clippy::disallowed_methods)] // the emulated network's clock adapter
-    fn now(self) -> Time {
+    pub(crate) fn now(self) -> Time {
         Time::from_nanos(u64::try_from(self.0.elapsed().as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    /// The instant this clock reads `t` at.
+    pub(crate) fn instant(self, t: Time) -> Instant {
+        self.0 + Duration::from_nanos(t.as_nanos())
     }
 }
 
