@@ -3,7 +3,8 @@
 # per scenario, the simulator's error on the median all-reduce, the mean outer step and the
 # utilisation against the real run, whether the bytes and the membership story agree.
 #   scripts/fidelity-all.sh [OUT_DIR]      (needs root for the emulated network)
-# LOCO_BIN runs a prebuilt binary instead of `cargo run --release`.
+# LOCO_BIN runs a prebuilt binary instead of `cargo run --release`; NETWORK=relay runs the real
+# side through the userspace relays (no root needed) against the simulator's fluid model.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-out/fidelity}"
@@ -17,7 +18,7 @@ echo "|---|---|---|---|---|---|"
 for f in scenarios/fidelity/*.toml; do
   name="$(basename "$f" .toml)"
   # Exit 1 means outside the tolerance: the table says so; anything else is an error.
-  rc=0; "${loco[@]}" fidelity "$f" --out "$out/$name" > "$out/$name.log" 2>&1 || rc=$?
+  rc=0; "${loco[@]}" fidelity "$f" --out "$out/$name" ${NETWORK:+--network "$NETWORK"} > "$out/$name.log" 2>&1 || rc=$?
   if [[ $rc -gt 1 ]]; then echo "$name: loco fidelity failed ($rc); see $out/$name.log" >&2; exit "$rc"; fi
   python3 - "$out/$name/fidelity.json" "$name" <<'PY'
 import json, sys

@@ -143,9 +143,10 @@ fn set_keepalive(s: &impl std::os::fd::AsFd) {
 
 /// Silence after which an accepted connection is probed (see [`set_keepalive`]).
 const ACCEPTED_IDLE_PROBE: Duration = Duration::from_secs(60);
-/// How long a send waits for a dial to a peer whose connection failed: one that completes (or
-/// is refused) this fast is used at once; one that takes longer (its SYN was lost in a
-/// partition) goes on in the background, the send reports the peer unreachable, and a later
+/// How long a send waits for a redial that an earlier send started and that has not connected
+/// yet (its SYNs are being lost: a partition). The send that starts a redial waits for its first
+/// attempt (three dial times: a reachable peer is connected within it). Either way a redial that
+/// takes longer goes on in the background, the send reports the peer unreachable, and a later
 /// send finds the new connection.
 const REDIAL_WAIT: Duration = Duration::from_millis(50);
 /// Bounds of one attempt of a background redial (see [`redial`]); the upper one is Linux's
@@ -398,18 +399,20 @@ impl TcpTransport {
         }
         if let (false, Some(&dialled_in)) = (self.peers.contains_key(&to), self.known.get(&to)) {
             let addr = current.ok_or(TransportError::Unreachable(to))?;
-            let handle = match self.redials.remove(&to) {
-                Some(h) => h,
+            // A new dial gets one attempt's time (a reachable peer answers within it); one
+            // already under way, whose attempts are failing, only a moment.
+            let (mut handle, wait) = match self.redials.remove(&to) {
+                Some(h) => (h, REDIAL_WAIT),
                 None => {
                     let (me, port) = (self.id, self.local_addr.port());
                     let (cfg, stats) = (self.cfg.clone(), self.stats.clone());
-                    tokio::spawn(async move {
+                    let h = tokio::spawn(async move {
                         redial(me, port, to, addr, &cfg, &stats, dialled_in).await
-                    })
+                    });
+                    (h, redial_attempt(dialled_in, &self.cfg))
                 }
             };
-            let mut handle = handle;
-            match tokio::time::timeout(REDIAL_WAIT, &mut handle).await {
+            match tokio::time::timeout(wait, &mut handle).await {
                 Ok(Ok(Ok(peer))) => {
                     self.peers.insert(to, peer);
                 }
@@ -487,8 +490,7 @@ async fn redial(
     dialled_in: Duration,
 ) -> Result<Peer, TransportError> {
     let give_up = tokio::time::Instant::now() + cfg.connect_timeout;
-    let attempt =
-        (dialled_in * 3).clamp(REDIAL_ATTEMPT_MIN, REDIAL_ATTEMPT_MAX).min(cfg.connect_timeout);
+    let attempt = redial_attempt(dialled_in, cfg);
     loop {
         match tokio::time::timeout(attempt, dial_peer(me, port, to, addr, cfg, stats)).await {
             Ok(r) => return r,
@@ -496,6 +498,11 @@ async fn redial(
             Err(_) => return Err(TransportError::Unreachable(to)),
         }
     }
+}
+
+/// How long one attempt of a redial lasts (see [`redial`]).
+fn redial_attempt(dialled_in: Duration, cfg: &TcpConfig) -> Duration {
+    (dialled_in * 3).clamp(REDIAL_ATTEMPT_MIN, REDIAL_ATTEMPT_MAX).min(cfg.connect_timeout)
 }
 
 /// Dials one connection to `to` at `addr` and starts its writer task.
