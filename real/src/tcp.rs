@@ -149,7 +149,7 @@ const ACCEPTED_IDLE_PROBE: Duration = Duration::from_secs(60);
 /// takes longer goes on in the background, the send reports the peer unreachable, and a later
 /// send finds the new connection.
 const REDIAL_WAIT: Duration = Duration::from_millis(50);
-/// Bounds of one attempt of a background redial (see [`redial`]); the upper one is Linux's
+/// Bounds of one attempt of a background redial (see [`Dialer::redial`]); the upper one is Linux's
 /// initial SYN retransmission timeout.
 const REDIAL_ATTEMPT_MIN: Duration = Duration::from_millis(100);
 const REDIAL_ATTEMPT_MAX: Duration = Duration::from_secs(1);
@@ -404,11 +404,8 @@ impl TcpTransport {
             let (mut handle, wait) = match self.redials.remove(&to) {
                 Some(h) => (h, REDIAL_WAIT),
                 None => {
-                    let (me, port) = (self.id, self.local_addr.port());
-                    let (cfg, stats) = (self.cfg.clone(), self.stats.clone());
-                    let h = tokio::spawn(async move {
-                        redial(me, port, to, addr, &cfg, &stats, dialled_in).await
-                    });
+                    let d = self.dialer();
+                    let h = tokio::spawn(async move { d.redial(to, addr, dialled_in).await });
                     (h, redial_attempt(dialled_in, &self.cfg))
                 }
             };
@@ -426,12 +423,9 @@ impl TcpTransport {
         }
         if !self.peers.contains_key(&to) {
             let addr = current.ok_or(TransportError::Unreachable(to))?;
-            let peer = tokio::time::timeout(
-                self.cfg.connect_timeout,
-                dial_peer(self.id, self.local_addr.port(), to, addr, &self.cfg, &self.stats),
-            )
-            .await
-            .map_err(|_| TransportError::Unreachable(to))??;
+            let peer = tokio::time::timeout(self.cfg.connect_timeout, self.dialer().peer(to, addr))
+                .await
+                .map_err(|_| TransportError::Unreachable(to))??;
             self.peers.insert(to, peer);
         }
         let peer = self.peers.get_mut(&to).expect("inserted");
@@ -446,79 +440,84 @@ impl TcpTransport {
         addr: SocketAddr,
         failed: &Arc<AtomicBool>,
     ) -> Result<mpsc::UnboundedSender<Outgoing>, TransportError> {
-        tokio::time::timeout(
-            self.cfg.connect_timeout,
-            open_stream(self.id, self.local_addr.port(), to, addr, &self.cfg, &self.stats, failed),
-        )
-        .await
-        .map_err(|_| TransportError::Unreachable(to))?
+        tokio::time::timeout(self.cfg.connect_timeout, self.dialer().stream(to, addr, failed))
+            .await
+            .map_err(|_| TransportError::Unreachable(to))?
     }
-}
 
-/// Dials `streams` connections to `to` at `addr` and starts their writer tasks.
-async fn dial_peer(
-    me: NodeId,
-    port: u16,
-    to: NodeId,
-    addr: SocketAddr,
-    cfg: &Arc<TcpConfig>,
-    stats: &Arc<TcpStats>,
-) -> Result<Peer, TransportError> {
-    let started = tokio::time::Instant::now();
-    let failed = Arc::new(AtomicBool::new(false));
-    let mut streams = Vec::with_capacity(cfg.streams.max(1));
-    for _ in 0..cfg.streams.max(1) {
-        streams.push(open_stream(me, port, to, addr, cfg, stats, &failed).await?);
-    }
-    let dial_time = started.elapsed() / u32::try_from(streams.len()).unwrap_or(1).max(1);
-    Ok(Peer { addr, streams, bulk: None, next: 0, failed, dial_time })
-}
-
-/// Dials `to` again after its connection failed, in attempts of three times what the last
-/// successful dial took (`dialled_in`, two round trips), within [`REDIAL_ATTEMPT_MIN`] and
-/// [`REDIAL_ATTEMPT_MAX`]: a SYN lost in a partition is not waited for (its own retransmissions
-/// back off: 1, 3, 7 s), a new attempt sends a new one. Until one connects, the peer refuses
-/// (its process is gone, or the handshake is refused), or [`TcpConfig::connect_timeout`] has
-/// passed.
-async fn redial(
-    me: NodeId,
-    port: u16,
-    to: NodeId,
-    addr: SocketAddr,
-    cfg: &Arc<TcpConfig>,
-    stats: &Arc<TcpStats>,
-    dialled_in: Duration,
-) -> Result<Peer, TransportError> {
-    let give_up = tokio::time::Instant::now() + cfg.connect_timeout;
-    let attempt = redial_attempt(dialled_in, cfg);
-    loop {
-        match tokio::time::timeout(attempt, dial_peer(me, port, to, addr, cfg, stats)).await {
-            Ok(r) => return r,
-            Err(_) if tokio::time::Instant::now() < give_up => {}
-            Err(_) => return Err(TransportError::Unreachable(to)),
+    /// What a dial needs of this endpoint (owned: a background redial outlives the borrow).
+    fn dialer(&self) -> Dialer {
+        Dialer {
+            me: self.id,
+            port: self.local_addr.port(),
+            cfg: self.cfg.clone(),
+            stats: self.stats.clone(),
         }
     }
 }
 
-/// How long one attempt of a redial lasts (see [`redial`]).
-fn redial_attempt(dialled_in: Duration, cfg: &TcpConfig) -> Duration {
-    (dialled_in * 3).clamp(REDIAL_ATTEMPT_MIN, REDIAL_ATTEMPT_MAX).min(cfg.connect_timeout)
-}
-
-/// Dials one connection to `to` at `addr` and starts its writer task.
-async fn open_stream(
+/// This endpoint as a dialer: its id and listening port (for the handshake), settings, counters.
+struct Dialer {
     me: NodeId,
     port: u16,
-    to: NodeId,
-    addr: SocketAddr,
-    cfg: &Arc<TcpConfig>,
-    stats: &Arc<TcpStats>,
-    failed: &Arc<AtomicBool>,
-) -> Result<mpsc::UnboundedSender<Outgoing>, TransportError> {
-    let stream = dial(me, port, to, addr, cfg).await?;
-    let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(write_loop(to, stream, rx, failed.clone(), stats.clone()));
-    Ok(tx)
+    cfg: Arc<TcpConfig>,
+    stats: Arc<TcpStats>,
+}
+
+impl Dialer {
+    /// Dials `streams` connections to `to` at `addr` and starts their writer tasks.
+    async fn peer(&self, to: NodeId, addr: SocketAddr) -> Result<Peer, TransportError> {
+        let started = tokio::time::Instant::now();
+        let failed = Arc::new(AtomicBool::new(false));
+        let n = self.cfg.streams.max(1);
+        let mut streams = Vec::with_capacity(n);
+        for _ in 0..n {
+            streams.push(self.stream(to, addr, &failed).await?);
+        }
+        let dial_time = started.elapsed() / u32::try_from(n).unwrap_or(u32::MAX);
+        Ok(Peer { addr, streams, bulk: None, next: 0, failed, dial_time })
+    }
+
+    /// Dials `to` again after its connection failed, in attempts of three times what the last
+    /// successful dial took (`dialled_in`, two round trips), within [`REDIAL_ATTEMPT_MIN`] and
+    /// [`REDIAL_ATTEMPT_MAX`]: a SYN lost in a partition is not waited for (its own
+    /// retransmissions back off: 1, 3, 7 s), a new attempt sends a new one. Until one connects,
+    /// the peer refuses (its process is gone, or the handshake is refused), or
+    /// [`TcpConfig::connect_timeout`] has passed.
+    async fn redial(
+        &self,
+        to: NodeId,
+        addr: SocketAddr,
+        dialled_in: Duration,
+    ) -> Result<Peer, TransportError> {
+        let give_up = tokio::time::Instant::now() + self.cfg.connect_timeout;
+        let attempt = redial_attempt(dialled_in, &self.cfg);
+        loop {
+            match tokio::time::timeout(attempt, self.peer(to, addr)).await {
+                Ok(r) => return r,
+                Err(_) if tokio::time::Instant::now() < give_up => {}
+                Err(_) => return Err(TransportError::Unreachable(to)),
+            }
+        }
+    }
+
+    /// Dials one connection to `to` at `addr` and starts its writer task.
+    async fn stream(
+        &self,
+        to: NodeId,
+        addr: SocketAddr,
+        failed: &Arc<AtomicBool>,
+    ) -> Result<mpsc::UnboundedSender<Outgoing>, TransportError> {
+        let stream = dial(self.me, self.port, to, addr, &self.cfg).await?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(write_loop(to, stream, rx, failed.clone(), self.stats.clone()));
+        Ok(tx)
+    }
+}
+
+/// How long one attempt of a redial lasts (see [`Dialer::redial`]).
+fn redial_attempt(dialled_in: Duration, cfg: &TcpConfig) -> Duration {
+    (dialled_in * 3).clamp(REDIAL_ATTEMPT_MIN, REDIAL_ATTEMPT_MAX).min(cfg.connect_timeout)
 }
 
 impl Transport for TcpTransport {

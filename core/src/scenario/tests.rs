@@ -861,7 +861,7 @@ fn backend_section_constraints() {
     assert_msg(
         &src,
         "\"wan\"",
-        r#"real.network: expected one of "auto", "emulated", "loopback", got "wan""#,
+        r#"real.network: expected one of "auto", "emulated", "relay", "loopback", got "wan""#,
     );
     let src = format!("{BASE}[sim]\nouter_cost = -1e-9\n");
     assert_msg(
