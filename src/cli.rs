@@ -32,8 +32,8 @@ pub(crate) enum Command {
     /// (SIGKILL, SIGTERM, SIGSTOP/SIGCONT) and new processes. The processes talk kernel TCP
     /// through the scenario's links, emulated (each in a network namespace of its own, its
     /// packets delayed and dropped as the links would, partitions and degrades included), where
-    /// this machine allows it (root); else over bare loopback, as the run says. Writes the same
-    /// files as `replay` into DIR.
+    /// this machine allows it (root); else through userspace relays that shape each directed
+    /// link, as the run says. Writes the same files as `replay` into DIR.
     Launch(LaunchArgs),
     /// Run the coordinator of a real run (workers connect to it).
     Coordinator(CoordinatorArgs),
@@ -163,8 +163,9 @@ pub(crate) struct LaunchArgs {
     #[arg(long, value_name = "DIR")]
     pub(crate) checkpoint_dir: Option<PathBuf>,
     /// The network to run in, instead of the scenario's `[real] network`: `emulated` (the
-    /// scenario's links; refuse to start where they cannot be emulated), `loopback` (bare), or
-    /// `auto` (emulated where this machine allows it).
+    /// scenario's links in network namespaces; refuse to start where they cannot be), `relay`
+    /// (the links shaped by userspace relays, no privileges needed), `loopback` (bare), or
+    /// `auto` (emulated where this machine allows it, else relayed).
     #[arg(long, value_name = "MODE")]
     pub(crate) network: Option<NetworkArg>,
 }
