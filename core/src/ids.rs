@@ -55,8 +55,18 @@ impl fmt::Display for Epoch {
 
 /// The weight of one contribution to a weighted average: finite and non-negative. A joiner that
 /// has no pseudo-gradient yet contributes with weight 0.
+/// Deserialising checks the same as [`Weight::new`]: a frame cannot carry a NaN, an infinite or
+/// a negative weight into an average.
 #[derive(Clone, Copy, Debug, PartialEq, PartialOrd, Serialize, Deserialize)]
+#[serde(try_from = "f32")]
 pub struct Weight(f32);
+
+impl TryFrom<f32> for Weight {
+    type Error = String;
+    fn try_from(w: f32) -> Result<Self, Self::Error> {
+        Weight::new(w).ok_or_else(|| format!("weight {w}: expected finite and non-negative"))
+    }
+}
 
 impl Weight {
     /// Weight 1, the usual contribution.
@@ -78,5 +88,24 @@ impl Weight {
 impl Default for Weight {
     fn default() -> Self {
         Weight::ONE
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_weight_that_new_refuses_does_not_deserialise_either() {
+        use serde::de::{value::Error, IntoDeserializer};
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -1.0, -0.5] {
+            let r = Weight::deserialize(IntoDeserializer::<Error>::into_deserializer(bad));
+            assert!(r.is_err(), "{bad} gave {r:?}");
+        }
+        for good in [0.0f32, 0.5, 3.0] {
+            let w = Weight::deserialize(IntoDeserializer::<Error>::into_deserializer(good));
+            assert_eq!(w.unwrap().get(), good);
+        }
+        assert_eq!(serde_json::to_string(&Weight::ONE).unwrap(), "1.0");
     }
 }
