@@ -97,7 +97,7 @@ mod tests {
 
     #[test]
     fn a_weight_that_new_refuses_does_not_deserialise_either() {
-        use serde::de::{value::Error, IntoDeserializer};
+        use serde::de::{IntoDeserializer, value::Error};
         for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -1.0, -0.5] {
             let r = Weight::deserialize(IntoDeserializer::<Error>::into_deserializer(bad));
             assert!(r.is_err(), "{bad} gave {r:?}");

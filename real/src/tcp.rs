@@ -63,6 +63,10 @@ pub const PIECE: usize = 128 << 10;
 const KIND_FRAME: u8 = 0;
 const KIND_DIRECTORY: u8 = 1;
 const MAX_HEADER: u32 = 1 << 20;
+/// Most bytes reserved for a body before any of it arrived: a frame's length prefix is the
+/// peer's word, so a larger body's buffer grows (doubling) with the bytes that do arrive. Ring
+/// segments of up to this size are read into one buffer from the pool, as before.
+const BODY_RESERVE: u64 = 64 << 20;
 /// The frame checksum: XXH3-64 (with the AVX2 kernel where the processor has it, chosen at run
 /// time), about twice as fast as CRC-32 with carry-less multiplication on the all-reduce's
 /// megabyte bodies, and with a 64-bit result.
@@ -744,11 +748,16 @@ async fn read_frame<R: AsyncRead + Unpin>(
         s.read_exact(&mut header).await.map_err(|e| e.to_string())?;
         // Read into uninitialised capacity (no zeroing of large bodies), of a recycled buffer
         // (no fresh pages for the kernel to zero either).
-        let mut body = pool::with_capacity(blen as usize);
+        let mut body = pool::with_capacity(blen.min(BODY_RESERVE) as usize);
         let mut h = Checksum::default();
         h.write(&header);
         while body.len() < blen as usize {
             let piece = (blen - body.len() as u64).min(PIECE as u64);
+            if body.capacity() - body.len() < piece as usize {
+                // At most double what arrived, never past the announced length.
+                let left = blen as usize - body.len();
+                body.reserve_exact(body.capacity().max(PIECE).min(left));
+            }
             let mut limited = (&mut *s).take(piece);
             let start = body.len();
             if limited.read_buf(&mut body).await.map_err(|e| e.to_string())? == 0 {

@@ -119,6 +119,30 @@ async fn a_large_body_is_hashed_piece_by_piece_and_checked_whole() {
 }
 
 #[tokio::test]
+async fn a_body_length_is_not_reserved_before_its_bytes_arrive() {
+    // A peer announces a 1 TiB body (within a limit raised to allow it) and sends 1 KiB of it:
+    // reserving the announced length up front would abort the process (no such memory).
+    let cfg = TcpConfig { max_body: 2 << 40, ..TcpConfig::default() };
+    let header = postcard::to_allocvec(&collective(1).header).unwrap();
+    let mut wire = vec![KIND_FRAME];
+    wire.extend_from_slice(&(header.len() as u32).to_le_bytes());
+    wire.extend_from_slice(&(1u64 << 40).to_le_bytes());
+    wire.extend_from_slice(&header);
+    wire.extend_from_slice(&[7; 1024]);
+    match read_frame(&mut &wire[..], &cfg).await {
+        Err(e) => assert!(e.contains("closed inside a frame"), "{e}"),
+        Ok(_) => panic!("a truncated frame was accepted"),
+    }
+    // A body larger than the first reservation grows into place and is checked whole.
+    let body: Vec<u8> =
+        (0..BODY_RESERVE as usize + 3 * PIECE + 17).map(|i| (i % 253) as u8).collect();
+    let frame = Frame { header: collective(2).header, body: Body::Bytes(Bytes::from(body)) };
+    let wire = encode_msg(&Outgoing::Frame(frame.clone())).unwrap();
+    let got = read_frame(&mut &wire[..], &cfg).await;
+    assert!(matches!(got, Ok(Some(Incoming::Frame(ref f))) if *f == frame));
+}
+
+#[tokio::test]
 async fn a_corrupt_frame_is_dropped_counted_and_the_link_recovers() {
     let (mut a, mut b) = pair(TcpConfig::default()).await;
     // A raw peer that completes the handshake as node 0, then sends a frame with a bad checksum.
