@@ -187,6 +187,8 @@ pub struct TcpStats {
     pub corrupt_frames: AtomicU64,
     /// Incoming connections refused at the handshake (version, secret, garbage).
     pub rejected_handshakes: AtomicU64,
+    /// Messages refused for their sender: a directory from anyone but the coordinator.
+    pub unauthorised: AtomicU64,
 }
 
 /// Errors of setting up the transport.
@@ -701,9 +703,17 @@ async fn read_loop(
                 }
             }
             Ok(Some(Incoming::Directory(entries))) => {
+                // Only the coordinator tells a node where its peers listen: a member's directory
+                // could point the others' traffic anywhere.
+                if from != NodeId::COORDINATOR || ctx.me == NodeId::COORDINATOR {
+                    ctx.stats.unauthorised.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(node = %ctx.me, peer = %from, "refused a directory from a peer that is not the coordinator; dropped its connection");
+                    return;
+                }
                 let mut addrs = ctx.addrs.lock().expect("poisoned");
                 for (id, addr) in entries {
-                    if id != ctx.me {
+                    // Nobody moves this node, nor the coordinator the node dialled itself.
+                    if id != ctx.me && id != NodeId::COORDINATOR {
                         addrs.insert(id, addr);
                     }
                 }

@@ -271,6 +271,28 @@ async fn addresses_are_learned_from_handshakes_and_passed_on_in_directories() {
     assert_eq!((from, f), (NodeId(0), collective(5)));
 }
 
+#[tokio::test]
+async fn a_directory_from_a_member_is_refused_and_moves_nobody() {
+    let (mut a, mut b) = pair(TcpConfig::default()).await;
+    let coord_addr = "198.18.0.1:7000".parse().unwrap();
+    b.set_peer_addr(NodeId::COORDINATOR, coord_addr);
+    let before = b.peer_addrs();
+    // Member 0 tells member 1 that the coordinator and member 0 itself listen elsewhere.
+    let lie: SocketAddr = "198.18.0.66:1".parse().unwrap();
+    a.send_directory(NodeId(1), vec![(NodeId::COORDINATOR, lie), (NodeId(0), lie)]).await.unwrap();
+    // The receiver drops the connection; a frame sent after the directory does not arrive on it.
+    let _ = a.send(NodeId(1), collective(1)).await;
+    for _ in 0..100 {
+        if b.stats().unauthorised.load(Ordering::Relaxed) > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(b.stats().unauthorised.load(Ordering::Relaxed), 1);
+    assert_eq!(b.peer_addrs(), before, "a member's directory moved a peer");
+    assert_eq!(b.peer_addrs().get(&NodeId::COORDINATOR), Some(&coord_addr));
+}
+
 /// A large state frame does not hold up the collective frames sent after it: the state has a
 /// connection of its own, so the small frame arrives first, and the state arrives intact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
