@@ -211,13 +211,17 @@ impl OuterState {
     }
 
     /// `pseudo_gradient = outer - inner`. Call again to restore the kept pseudo-gradient before
-    /// retrying a failed all-reduce (the inner weights have not changed).
-    pub fn compute_pseudo_gradient(&mut self, inner: &[f32]) -> Result<(), DilocoError> {
+    /// retrying a failed all-reduce (the inner weights have not changed). Returns how many of
+    /// its values are not finite (NaN or infinite: a diverged inner loop), counted in the same
+    /// pass; such a pseudo-gradient must not be averaged.
+    pub fn compute_pseudo_gradient(&mut self, inner: &[f32]) -> Result<usize, DilocoError> {
         self.check("inner weights", inner.len())?;
+        let mut bad = 0usize;
         for ((g, o), i) in self.pseudo_gradient.iter_mut().zip(&self.outer).zip(inner) {
             *g = o - i;
+            bad += usize::from(!g.is_finite());
         }
-        Ok(())
+        Ok(bad)
     }
 
     /// Like [`compute_pseudo_gradient`](Self::compute_pseudo_gradient), without a copy of the

@@ -705,6 +705,7 @@ fn a_repeated_join_is_a_repeat_only_until_the_member_confirms_its_admission() {
         epoch: Some(Epoch(1)),
         phase: MemberPhase::Computing { outer_step: 0 },
         synced: true,
+        withheld: None,
     };
     c.handle_message(at(2), n0, beat);
     assert!(c.state().members[&n0].confirmed);
@@ -757,10 +758,11 @@ fn a_joiner_that_missed_its_admission_is_not_admitted_as_a_founding_member() {
     c.handle_message(at(0), n1, MeshMsg::Join { incarnation: 0 });
     c.handle_message(at(1), n5, MeshMsg::Join { incarnation: 0 });
     let computing = |k| MemberPhase::Computing { outer_step: k };
-    let beat = |epoch, phase| MeshMsg::Heartbeat { seq: 0, epoch, phase, synced: true };
+    let beat =
+        |epoch, phase| MeshMsg::Heartbeat { seq: 0, epoch, phase, synced: true, withheld: None };
     for n in [n0, n1] {
         c.handle_message(at(2), n, beat(Some(Epoch(1)), computing(0)));
-        c.handle_message(at(2), n, MeshMsg::Barrier { outer_step: 0 });
+        c.handle_message(at(2), n, MeshMsg::Barrier { outer_step: 0, withheld: false });
     }
     assert_eq!(c.members(), ids(&[0, 1, 5]), "admitted at the boundary");
     drain(&mut c); // n5's Release is lost
@@ -771,7 +773,13 @@ fn a_joiner_that_missed_its_admission_is_not_admitted_as_a_founding_member() {
     c.handle_message(
         t + secs(1),
         n5,
-        MeshMsg::Heartbeat { seq: 1, epoch: None, phase: MemberPhase::Joining, synced: false },
+        MeshMsg::Heartbeat {
+            seq: 1,
+            epoch: None,
+            phase: MemberPhase::Joining,
+            synced: false,
+            withheld: None,
+        },
     );
     // A member leaves mid-compute: the new epoch's `View` goes to the others only.
     c.handle_message(t + secs(2), n1, MeshMsg::Leave { reason: LeaveReason::Graceful });

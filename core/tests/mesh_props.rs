@@ -74,13 +74,18 @@ fn apply(c: &mut Coordinator, now: &mut Time, ev: &Ev, admitted: &mut BTreeSet<(
                     done: true,
                 },
             };
-            let msg =
-                MeshMsg::Heartbeat { seq: 0, epoch: Some(s.epoch), phase, synced: p % 2 == 0 };
+            let msg = MeshMsg::Heartbeat {
+                seq: 0,
+                epoch: Some(s.epoch),
+                phase,
+                synced: p % 2 == 0,
+                withheld: None,
+            };
             c.handle_message(*now, from(n), msg);
         }
         Ev::Barrier(n, o) => {
             let outer_step = s.outer_step.saturating_add_signed(i64::from(o));
-            c.handle_message(*now, from(n), MeshMsg::Barrier { outer_step });
+            c.handle_message(*now, from(n), MeshMsg::Barrier { outer_step, withheld: false });
         }
         Ev::Done(n, stale) => {
             let epoch = if stale { Epoch(round_epoch.0.saturating_sub(1)) } else { round_epoch };

@@ -404,3 +404,45 @@ fn runs_are_deterministic() {
     };
     assert_eq!(run(), run());
 }
+
+/// A node whose inner loop diverged (NaN and infinities in its weights) is not averaged: it asks
+/// for weight 0, says so in its events and its row, takes the others' average, and the replicas
+/// stay identical and finite, whatever the codec would have done with the NaN.
+#[test]
+fn a_diverged_pseudo_gradient_is_withheld_and_the_others_average_is_taken() {
+    let mut net = formed(MeshConfig::default(), 3);
+    net.diverge(NodeId(2), 1);
+    net.run_for(secs(200)).unwrap();
+    assert_eq!(net.coordinator().unwrap().outer_step(), 3);
+    assert_clean(&net);
+    let weights: Vec<(u64, Vec<f32>)> = net
+        .record()
+        .iter()
+        .filter_map(|r| match &r.what {
+            Seen::Mesh(MeshEvent::Released { outer_step, weights, .. }) => {
+                Some((*outer_step, weights.iter().map(|w| w.get()).collect()))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        weights,
+        [(0, vec![1.0, 1.0, 1.0]), (1, vec![1.0, 1.0, 0.0]), (2, vec![1.0, 1.0, 1.0])]
+    );
+    let withheld: Vec<NodeEvent> = node_events(&net, NodeId(2))
+        .into_iter()
+        .filter(|e| matches!(e, NodeEvent::Withheld { .. }))
+        .collect();
+    assert!(
+        matches!(withheld[..], [NodeEvent::Withheld { outer_step: 1, values: 586, of: 4096, .. }]),
+        "{withheld:?}"
+    );
+    assert!(node_events(&net, NodeId(0)).iter().all(|e| !matches!(e, NodeEvent::Withheld { .. })));
+    for r in net.rows().iter().filter(|r| r.outer_step == 1) {
+        assert_eq!(r.weight, if r.node_id == 2 { 0.0 } else { 1.0 }, "{r:?}");
+    }
+    for i in 0..3 {
+        let outer = net.node(NodeId(i)).unwrap().outer().unwrap();
+        assert!(outer.outer().iter().all(|w| w.is_finite()), "n{i}");
+    }
+}

@@ -50,7 +50,9 @@ use tokio::task::JoinHandle;
 /// Version of the wire protocol; peers with another version are refused at the handshake.
 /// 2: state pieces carry the part they belong to (the state travels in two parts).
 /// 3: frames are checksummed with XXH3-64 instead of CRC-32 (twice as fast, and 64 bits).
-pub const PROTOCOL_VERSION: u16 = 3;
+/// 4: a barrier arrival and heartbeats say whether the sender withholds a non-finite
+/// pseudo-gradient.
+pub const PROTOCOL_VERSION: u16 = 4;
 /// Bytes of the handshake's answer: a [`HelloStatus`], then the answering side's version (LE).
 pub const HELLO_REPLY_LEN: usize = 3;
 const MAGIC: [u8; 4] = *b"LOCO";

@@ -358,26 +358,32 @@ impl Coordinator {
         }
         match msg {
             MeshMsg::Join { incarnation } => self.on_join(now, from, incarnation),
-            MeshMsg::Heartbeat { epoch, phase, synced, .. } => {
+            MeshMsg::Heartbeat { epoch, phase, synced, withheld, .. } => {
                 if is_member || self.state.is_queued(from) {
                     self.send(from, MeshMsg::HeartbeatAck);
                     if is_member {
+                        if let (Some(s), Some(m)) = (withheld, self.state.members.get_mut(&from)) {
+                            m.withheld = Some(s);
+                        }
                         self.repair(now, from, epoch, phase, synced);
                     }
                 } else {
                     self.send(from, MeshMsg::Evicted { reason: EvictReason::NotAMember });
                 }
             }
-            MeshMsg::Barrier { outer_step } if is_member => {
+            MeshMsg::Barrier { outer_step, withheld } if is_member => {
                 let cur = self.state.outer_step;
                 match &mut self.state.phase {
                     Phase::Compute { barrier_opened, .. } if outer_step == cur => {
                         barrier_opened.get_or_insert(now);
                         if let Some(m) = self.state.members.get_mut(&from) {
                             m.arrived = Some(outer_step);
+                            if withheld {
+                                m.withheld = Some(outer_step);
+                            }
                         }
                     }
-                    _ => self.stale(from, MeshMsg::Barrier { outer_step }),
+                    _ => self.stale(from, MeshMsg::Barrier { outer_step, withheld }),
                 }
             }
             MeshMsg::Done { epoch, outer_step, attempt } if is_member => {

@@ -360,7 +360,9 @@ fn live_joiners<'a>(now: Time, s: &'a MeshState, cfg: &MeshConfig) -> Vec<&'a Jo
 fn weights(s: &MeshState, ring: &[NodeId], outer_step: u64) -> Vec<Weight> {
     ring.iter()
         .map(|id| match s.members.get(id) {
-            Some(m) if m.synced && m.first_step <= outer_step => Weight::ONE,
+            Some(m) if m.synced && m.first_step <= outer_step && m.withheld != Some(outer_step) => {
+                Weight::ONE
+            }
             _ => Weight::ZERO,
         })
         .collect()

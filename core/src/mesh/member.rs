@@ -319,6 +319,8 @@ pub struct Member {
     heartbeats: u64,
     last_committed: Option<u64>,
     fetching: Option<Vec<NodeId>>,
+    /// The outer step whose pseudo-gradient this member withholds ([`Member::withhold`]).
+    withheld: Option<u64>,
     sending: BTreeMap<NodeId, Vec<NodeId>>,
     timers: TimerTable<MemberTimer>,
     prober: Prober,
@@ -346,6 +348,7 @@ impl Member {
             heartbeats: 0,
             last_committed: None,
             fetching: None,
+            withheld: None,
             sending: BTreeMap::new(),
             timers: TimerTable::new(),
             prober: Prober::default(),
@@ -443,12 +446,20 @@ impl Member {
         self.stop(StopReason::Left(reason));
     }
 
+    /// This member's pseudo-gradient of `outer_step` is not fit to average (not finite): its
+    /// barrier arrival, and its heartbeats until the step is over, ask the coordinator for
+    /// weight 0. Call before [`barrier_arrive`](Self::barrier_arrive).
+    pub fn withhold(&mut self, outer_step: u64) {
+        self.withheld = Some(outer_step);
+    }
+
     /// The inner steps of `outer_step` are done and the pseudo-gradient is kept.
     pub fn barrier_arrive(&mut self, _now: Time, outer_step: u64) -> Result<(), MeshError> {
         match self.phase {
             MemberPhase::Computing { outer_step: s } if s == outer_step => {
                 self.phase = MemberPhase::AtBarrier { outer_step };
-                self.send_coordinator(MeshMsg::Barrier { outer_step });
+                let withheld = self.withheld == Some(outer_step);
+                self.send_coordinator(MeshMsg::Barrier { outer_step, withheld });
                 Ok(())
             }
             MemberPhase::Computing { outer_step: s } => {
@@ -582,6 +593,7 @@ impl Member {
             epoch: self.epoch,
             phase: self.phase,
             synced: self.synced,
+            withheld: self.withheld,
         });
     }
 

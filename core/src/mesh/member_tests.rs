@@ -84,7 +84,8 @@ fn heartbeats_repeat_join_until_queued_then_beat() {
                 seq: 1,
                 epoch: None,
                 phase: MemberPhase::Joining,
-                synced: false
+                synced: false,
+                withheld: None
             },
             ..
         }]

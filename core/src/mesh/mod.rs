@@ -235,11 +235,16 @@ pub enum MeshMsg {
         phase: MemberPhase,
         /// Whether the sender holds the training state.
         synced: bool,
+        /// The outer step whose pseudo-gradient the sender withholds (see `Barrier`).
+        withheld: Option<u64>,
     },
     /// The sender finished its inner steps of `outer_step` and waits at the barrier.
     Barrier {
         /// The outer step.
         outer_step: u64,
+        /// Its pseudo-gradient is not finite (a diverged inner loop): it takes part in the
+        /// all-reduce with weight 0 and takes the others' average.
+        withheld: bool,
     },
     /// The sender finished the all-reduce of this epoch and attempt (on every shard).
     Done {

@@ -22,6 +22,8 @@ pub struct MemberInfo {
     pub synced: bool,
     /// The last outer step whose barrier it reached.
     pub arrived: Option<u64>,
+    /// An outer step whose pseudo-gradient it withholds (weight 0 in that step's rounds).
+    pub withheld: Option<u64>,
     /// Its deathrattle, if it sent one.
     pub leaving: Option<LeaveReason>,
     /// It joined again (another incarnation, or the same one once `confirmed`): the process this
@@ -47,6 +49,7 @@ impl MemberInfo {
             first_step: step,
             synced,
             arrived: None,
+            withheld: None,
             leaving: None,
             restarted: false,
             confirmed: false,

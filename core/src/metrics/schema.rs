@@ -114,13 +114,16 @@ pub enum EventKind {
     RecoveryStart,
     /// A live recovery finished.
     RecoveryDone,
+    /// A node's pseudo-gradient was not finite (its inner loop diverged): it took part in the
+    /// all-reduce with weight 0 and took the others' average.
+    Withheld,
     /// The run stopped (`node` empty), or a node stopped at the end of the run (`node` set).
     Stop,
 }
 
 impl EventKind {
     /// Every kind, in declaration order.
-    pub const ALL: [EventKind; 22] = [
+    pub const ALL: [EventKind; 23] = [
         EventKind::Start,
         EventKind::JoinRequest,
         EventKind::Admit,
@@ -142,6 +145,7 @@ impl EventKind {
         EventKind::Checkpoint,
         EventKind::RecoveryStart,
         EventKind::RecoveryDone,
+        EventKind::Withheld,
         EventKind::Stop,
     ];
 
@@ -169,6 +173,7 @@ impl EventKind {
             EventKind::Checkpoint => "checkpoint",
             EventKind::RecoveryStart => "recovery-start",
             EventKind::RecoveryDone => "recovery-done",
+            EventKind::Withheld => "withheld",
             EventKind::Stop => "stop",
         }
     }

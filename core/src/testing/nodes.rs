@@ -67,6 +67,8 @@ struct Host {
     paused_left: Option<Duration>,
     restart_at: Option<Time>,
     hung: bool,
+    /// An outer step whose inner weights come out NaN (a diverged inner loop).
+    diverge_at: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -243,6 +245,7 @@ impl NodeNet {
             paused_left: None,
             restart_at: None,
             hung: false,
+            diverge_at: None,
         };
         self.hosts.insert(id, host);
         let now = self.now;
@@ -250,6 +253,14 @@ impl NodeNet {
             let _ = n.join(now);
         }
         self.drain(id);
+    }
+
+    /// Node `id`'s inner loop diverges in `outer_step`: the inner weights it hands over hold NaN
+    /// and infinities.
+    pub fn diverge(&mut self, id: NodeId, outer_step: u64) {
+        if let Some(h) = self.hosts.get_mut(&id) {
+            h.diverge_at = Some(outer_step);
+        }
     }
 
     /// SIGKILL: the node vanishes; frames to it are lost.
@@ -491,7 +502,13 @@ impl NodeNet {
                             .zip(&h.target)
                             .map(|(w, t)| f64::from((w - t).powi(2)))
                             .sum();
-                        n.computed(now, step, Some(h.params.clone()), Some(loss));
+                        let mut inner = h.params.clone();
+                        if h.diverge_at == Some(step) {
+                            for (i, w) in inner.iter_mut().enumerate().step_by(7) {
+                                *w = if i % 2 == 0 { f32::NAN } else { f32::INFINITY };
+                            }
+                        }
+                        n.computed(now, step, Some(inner), Some(loss));
                     }
                 }
                 self.drain(id);

@@ -816,7 +816,9 @@ impl<L: InnerLoop> Worker<L> {
                     self.pending.own = Some(own);
                 }
             }
-            NodeEvent::RecoveryStart { .. } | NodeEvent::CoordinatorLost { .. } => {}
+            NodeEvent::RecoveryStart { .. }
+            | NodeEvent::CoordinatorLost { .. }
+            | NodeEvent::Withheld { .. } => {}
         }
         let detail = ev.detail(&|n| self.peer_name(n));
         self.event(ev.kind(), ev.epoch(), detail)

@@ -301,7 +301,9 @@ impl Node {
                     return;
                 }
             }
-            NodeEvent::RecoveryStart { .. } | NodeEvent::RecoveryDone { .. } => {}
+            NodeEvent::RecoveryStart { .. }
+            | NodeEvent::RecoveryDone { .. }
+            | NodeEvent::Withheld { .. } => {}
         }
         let detail = {
             let rec = self.run.rec.borrow();

@@ -107,6 +107,9 @@ pub struct OuterJob {
     pub(super) values: Option<Vec<f32>>,
     /// Pseudo-gradient: whether the inner steps started from valid weights.
     pub(super) valid: bool,
+    /// Pseudo-gradient: how many of its values were not finite (it was zeroed, and is withheld
+    /// from the average).
+    pub(super) nonfinite: usize,
     /// Compute the digest of the outer weights after the work.
     pub(super) want_digest: bool,
     pub(super) digest: Option<String>,
@@ -131,6 +134,7 @@ impl OuterJob {
             outer_step,
             values: None,
             valid: false,
+            nonfinite: 0,
             want_digest: false,
             digest: None,
             want_copy: false,
@@ -170,12 +174,13 @@ impl OuterJob {
                 if self.outer.is_empty() {
                     return;
                 }
-                let ok = self.valid
-                    && self
-                        .values
-                        .as_deref()
-                        .is_some_and(|inner| self.outer.compute_pseudo_gradient(inner).is_ok());
-                if !ok {
+                let computed = match self.values.as_deref() {
+                    Some(inner) if self.valid => self.outer.compute_pseudo_gradient(inner).ok(),
+                    _ => None,
+                };
+                self.nonfinite = computed.unwrap_or(0);
+                // A NaN times weight 0 is still NaN: a withheld pseudo-gradient goes in as zeros.
+                if computed != Some(0) {
                     self.outer.pseudo_gradient_mut().fill(0.0);
                 }
                 if self.want_copy {
@@ -317,6 +322,18 @@ pub enum NodeEvent {
         /// Steps committed meanwhile and replayed onto it.
         replayed: usize,
     },
+    /// This node's pseudo-gradient of `outer_step` had `values` values that are not finite: it
+    /// is withheld from the average (weight 0), and the node takes the others' average.
+    Withheld {
+        /// The epoch this node was in.
+        epoch: Option<Epoch>,
+        /// The outer step.
+        outer_step: u64,
+        /// How many values were NaN or infinite.
+        values: usize,
+        /// The pseudo-gradient's length.
+        of: usize,
+    },
     /// The coordinator went silent (written once per loss, not at every restart).
     CoordinatorLost {
         /// The epoch this node was in.
@@ -334,6 +351,7 @@ impl NodeEvent {
             NodeEvent::RecoveryStart { .. } => EventKind::RecoveryStart,
             NodeEvent::RecoveryDone { .. } => EventKind::RecoveryDone,
             NodeEvent::CoordinatorLost { .. } => EventKind::CoordinatorLost,
+            NodeEvent::Withheld { .. } => EventKind::Withheld,
         }
     }
 
@@ -343,7 +361,7 @@ impl NodeEvent {
             NodeEvent::Admitted { epoch, .. }
             | NodeEvent::RecoveryStart { epoch, .. }
             | NodeEvent::RecoveryDone { epoch, .. } => Some(*epoch),
-            NodeEvent::CoordinatorLost { epoch, .. } => *epoch,
+            NodeEvent::CoordinatorLost { epoch, .. } | NodeEvent::Withheld { epoch, .. } => *epoch,
         }
     }
 
@@ -371,6 +389,10 @@ impl NodeEvent {
                 }
             ),
             NodeEvent::CoordinatorLost { reason, .. } => reason.to_string(),
+            NodeEvent::Withheld { outer_step, values, of, .. } => format!(
+                "pseudo-gradient of outer step {outer_step} not finite ({values} of {of} values): \
+                 withheld from the average (weight 0)"
+            ),
         }
     }
 }

@@ -231,6 +231,8 @@ pub struct Node {
     report_sync: bool,
     just_admitted: bool,
     grad_step: Option<u64>,
+    /// The outer step whose pseudo-gradient was not finite (withheld: weight 0).
+    withheld: Option<u64>,
     fetch: Option<Fetch>,
     /// The executor's inner parameters are the outer weights (no [`Effect::SetParams`] is
     /// needed before the next compute).
@@ -270,6 +272,7 @@ impl Node {
             report_sync: false,
             just_admitted: false,
             grad_step: None,
+            withheld: None,
             fetch: None,
             params_current: true,
             ring_input: None,
@@ -551,6 +554,8 @@ impl Node {
             }
         };
         let average = job.values.take();
+        let nonfinite = job.nonfinite;
+        let of = job.outer.len();
         let digest = job.digest.take();
         let copy = job.copy.take();
         let snapshot = job.snapshot.take();
@@ -561,6 +566,15 @@ impl Node {
                 self.work = Work::Barrier;
                 if let Some(a) = &mut self.acct {
                     a.enter(Span::Barrier, now);
+                }
+                if nonfinite > 0 {
+                    // A diverged inner loop: averaging it would spread NaN (fp32, fp16) or hide
+                    // it (uint8, int8-block). The node asks for weight 0 and takes the average.
+                    self.withheld = Some(outer_step);
+                    self.member.withhold(outer_step);
+                    let epoch = self.member.epoch();
+                    let ev = NodeEvent::Withheld { epoch, outer_step, values: nonfinite, of };
+                    self.effects.push_back(Effect::Event(ev));
                 }
                 if let Err(e) = self.member.barrier_arrive(now, outer_step) {
                     tracing::debug!(target: "loco_core", "{}: barrier refused: {e}", self.cfg.id);
@@ -975,7 +989,7 @@ impl Node {
     fn check_release(&mut self, s: &AllReduceStart) {
         let c = Check::View { epoch: s.epoch, members: s.ring.clone(), what: "release" };
         self.effects.push_back(Effect::Check(c));
-        let holds = self.grad_step == Some(s.outer_step);
+        let holds = self.grad_step == Some(s.outer_step) && self.withheld != Some(s.outer_step);
         let w = s.weight.get();
         if (w == 1.0) != holds || (w != 0.0 && w != 1.0) {
             let v = Violation::WrongWeight {
