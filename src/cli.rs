@@ -428,6 +428,10 @@ pub(crate) struct AllreduceBench {
     /// TCP connections per peer (tcp backend).
     #[arg(long, default_value_t = 1)]
     pub(crate) streams: usize,
+    /// Encrypt and authenticate every connection, as a run with a secret does (tcp backend):
+    /// measures what the security costs the ring.
+    #[arg(long)]
+    pub(crate) secure: bool,
     /// Timed all-reduces in one run (tcp backend), each of the same inputs after a barrier; the
     /// time reported is the best repetition's slowest rank, and the median is printed too.
     #[arg(long, default_value_t = 1)]
@@ -504,6 +508,9 @@ pub(crate) struct AllreduceRank {
     pub(crate) segment: usize,
     #[arg(long)]
     pub(crate) streams: usize,
+    /// The ranks' shared secret: connections are encrypted and authenticated with it.
+    #[arg(long)]
+    pub(crate) secret: Option<String>,
     #[arg(long, default_value_t = 1)]
     pub(crate) repeat: usize,
     #[arg(long)]

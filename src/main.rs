@@ -191,7 +191,7 @@ fn run(cli: Cli) -> Result<Outcome> {
                     }
                     bench::allreduce::run(&args)?
                 }
-                cli::BenchBackend::Tcp => bench::allreduce::run_tcp(&args, a.streams)?,
+                cli::BenchBackend::Tcp => bench::allreduce::run_tcp(&args, a.streams, a.secure)?,
             };
             print_report(a.json, &report, |out| report.print_table(out))?;
         }

@@ -30,6 +30,26 @@ fn secret(s: &Scenario) -> Option<Vec<u8>> {
         .map(String::into_bytes)
 }
 
+/// A process that listens where other machines may reach it needs the run's secret: without one
+/// anyone who reaches the address could join the run, or read and alter its traffic. Refuses to
+/// start, saying how to give one.
+fn require_secret(s: &Scenario, path: &Path, listen: std::net::SocketAddr) -> Result<()> {
+    if listen.ip().is_loopback() || secret(s).is_some() {
+        return Ok(());
+    }
+    let var = &s.real().secret_env;
+    Err(InputError(anyhow!(
+        "{}: refusing to listen on {listen} without a run secret: anyone who reaches that \
+         address could join the run, or read and alter its traffic. Give every process of the \
+         run the same secret in the environment variable {var} (for example \
+         `export {var}=$(head -c 32 /dev/urandom | base64)` here, and the same value on the \
+         other machines), or set `[real] secret` in the scenario (`loco launch` makes one for \
+         its own processes)",
+        path.display()
+    ))
+    .into())
+}
+
 /// The runtime of a real worker or coordinator (the all-reduce benchmark's ranks use it too).
 pub(crate) fn runtime() -> Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?)
@@ -65,6 +85,7 @@ fn tcp_config(s: &Scenario, congestion: Option<String>) -> TcpConfig {
 /// `loco coordinator`.
 pub(crate) fn coordinator(a: &crate::cli::CoordinatorArgs) -> Result<()> {
     let s = load(&a.scenario)?;
+    require_secret(&s, &a.scenario, a.listen)?;
     let names: BTreeMap<NodeId, String> =
         s.nodes().iter().map(|n| (n.id, n.name.clone())).collect();
     let opts = CoordinatorOptions {
@@ -230,6 +251,7 @@ const GATE_SLACK: Duration = Duration::from_secs(30);
 
 pub(crate) fn worker(a: &crate::cli::WorkerArgs) -> Result<()> {
     let s = load(&a.scenario)?;
+    require_secret(&s, &a.scenario, a.listen)?;
     let node = s
         .node_by_name(&a.id)
         .or_else(|| a.id.parse::<u32>().ok().and_then(|i| s.nodes().get(i as usize)))

@@ -285,6 +285,8 @@ impl<'a> Launcher<'a> {
         let sock = nodes_dir.join("status.sock");
         let hub = StatusHub::bind(&sock)
             .map_err(|source| LaunchError::Status { path: sock.clone(), source })?;
+        // Emulated, the processes listen on addresses beyond loopback.
+        let secret = if matches!(net, Some(Net::Emulated(_))) { run_secret(s) } else { None };
         let mut run = Run {
             ckpt_root: checkpoint_root(s, path, given),
             plan: &plan,
@@ -302,6 +304,7 @@ impl<'a> Launcher<'a> {
             on_notice,
             net,
             used,
+            secret,
         };
         run.run()
     }
@@ -389,6 +392,22 @@ struct Run<'p, 'a> {
     /// The scenario's network, when the run has one.
     net: Option<Net>,
     used: NetworkUsed,
+    /// A secret made for this run, handed to its processes, when the user gave none.
+    secret: Option<String>,
+}
+
+/// A secret for a run whose processes listen beyond loopback and whose user gave none (neither
+/// the scenario's `secret_env` variable nor `[real] secret`): every connection of the run is
+/// then authenticated and encrypted with it. `None` when the user gave one (the processes
+/// inherit the variable, or read the file).
+fn run_secret(s: &Scenario) -> Option<String> {
+    let real = s.real();
+    let given = std::env::var(&real.secret_env).is_ok_and(|v| !v.is_empty());
+    if given || real.secret.is_some() {
+        return None;
+    }
+    let bytes: [u8; 32] = rand::random();
+    Some(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 impl Run<'_, '_> {
@@ -409,6 +428,14 @@ impl Run<'_, '_> {
     /// A command that runs the `loco` program as `host` (in its namespace, when the run has an
     /// emulated network), and the address it is to listen on.
     fn command(&self, host: NodeId) -> (Command, String) {
+        let (mut cmd, listen) = self.bare_command(host);
+        if let Some(k) = &self.secret {
+            cmd.env(&self.plan.scenario.real().secret_env, k);
+        }
+        (cmd, listen)
+    }
+
+    fn bare_command(&self, host: NodeId) -> (Command, String) {
         let program = &self.plan.program;
         match &self.net {
             Some(Net::Emulated(net)) => {

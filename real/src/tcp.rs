@@ -2,9 +2,11 @@
 //!
 //! Connections are one-way: a node dials each peer it sends to (lazily, on the first send) and
 //! accepts the connections of the peers that send to it. Every connection starts with a
-//! handshake that carries the protocol version, the dialer's node id and, when the run has a
-//! shared secret, a keyed tag proving the dialer knows it; a mismatch is refused with a reason the
-//! dialer reports. Several connections per peer ([`TcpConfig::streams`]) carry the collective
+//! handshake that carries the protocol version and the dialer's node id; a mismatch is refused
+//! with a reason the dialer reports. When the run has a shared secret, a Noise handshake under
+//! it follows, and everything after it travels in encrypted, authenticated records
+//! ([`secure`]): a recorded connection cannot be replayed, and a byte changed on the path
+//! closes the connection. Several connections per peer ([`TcpConfig::streams`]) carry the collective
 //! frames round-robin (the ring all-reduce accepts its frames in any order); control frames always
 //! use the first, so their order is kept.
 //!
@@ -56,7 +58,7 @@ pub const PROTOCOL_VERSION: u16 = 4;
 /// Bytes of the handshake's answer: a [`HelloStatus`], then the answering side's version (LE).
 pub const HELLO_REPLY_LEN: usize = 3;
 const MAGIC: [u8; 4] = *b"LOCO";
-const HELLO_LEN: usize = 4 + 2 + 4 + 2 + 32;
+const HELLO_LEN: usize = 4 + 2 + 4 + 2 + 1;
 const PREFIX_LEN: usize = 13;
 const CHECKSUM_LEN: usize = 8;
 /// Largest piece of a body hashed and written (or read and hashed) at a time: it stays in the
@@ -220,18 +222,33 @@ pub enum HelloStatus {
     BadMagic = 3,
 }
 
-/// The handshake a dialer sends: magic, protocol `version`, its id, the port it listens on
-/// (0: none), and its proof of the run's secret. Public for diagnostics and fault-injection
-/// tests (a peer speaking an older version, or without the secret).
-pub fn hello(version: u16, from: NodeId, listen_port: u16, secret: Option<&[u8]>) -> Vec<u8> {
+/// The plaintext hello: magic, protocol `version`, the dialer's id, the port it listens on
+/// (0: none), and whether it runs with a secret.
+fn plain_hello(version: u16, from: NodeId, listen_port: u16, secured: bool) -> Vec<u8> {
     let mut h = Vec::with_capacity(HELLO_LEN);
     h.extend_from_slice(&MAGIC);
     h.extend_from_slice(&version.to_le_bytes());
     h.extend_from_slice(&from.0.to_le_bytes());
     h.extend_from_slice(&listen_port.to_le_bytes());
-    h.extend_from_slice(&auth_tag(secret, from));
+    h.push(u8::from(secured));
     h
 }
+
+/// What a dialer sends before the acceptor's reply: the hello and, with a secret, the first
+/// Noise message under it ([`secure`]). Public for diagnostics and fault-injection tests (a peer
+/// speaking an older version, or guessing the secret).
+pub fn hello(version: u16, from: NodeId, listen_port: u16, secret: Option<&[u8]>) -> Vec<u8> {
+    let mut h = plain_hello(version, from, listen_port, secret.is_some());
+    if let Some(Ok((_, first))) = secret.map(|k| secure::first_flight(&h, k)) {
+        h.extend_from_slice(&first);
+    }
+    h
+}
+
+/// The writing end of a dialled connection: the socket, or its encrypted records.
+type WireOut = Box<dyn AsyncWrite + Send + Unpin>;
+/// The reading end of an accepted connection.
+type WireIn = Box<dyn AsyncRead + Send + Unpin>;
 
 /// What a writer task sends.
 enum Outgoing {
@@ -578,45 +595,55 @@ impl Transport for TcpTransport {
     }
 }
 
-/// The handshake tag: a keyed hash of the dialer's id under the run's secret (zeros without one).
-fn auth_tag(secret: Option<&[u8]>, from: NodeId) -> [u8; 32] {
-    match secret {
-        None => [0; 32],
-        Some(s) => {
-            let key = blake3::derive_key("loco 2026 tcp handshake", s);
-            *blake3::keyed_hash(&key, &from.0.to_le_bytes()).as_bytes()
-        }
-    }
-}
-
 async fn dial(
     me: NodeId,
     listen_port: u16,
     to: NodeId,
     addr: SocketAddr,
     cfg: &TcpConfig,
-) -> Result<TcpStream, TransportError> {
+) -> Result<WireOut, TransportError> {
     let unreachable = |_| TransportError::Unreachable(to);
     let addr = cfg.dial_via.get(&to).copied().unwrap_or(addr);
     let mut s = TcpStream::connect(addr).await.map_err(unreachable)?;
     s.set_nodelay(true).map_err(unreachable)?;
     set_congestion(&s, cfg.congestion.as_deref());
     set_user_timeout(&s, cfg.user_timeout);
-    let hello = hello(PROTOCOL_VERSION, me, listen_port, cfg.secret.as_deref());
-    s.write_all(&hello).await.map_err(unreachable)?;
+    let hello = plain_hello(PROTOCOL_VERSION, me, listen_port, cfg.secret.is_some());
+    let corrupt = |reason: String| TransportError::Corrupt { from: to, reason };
+    let noise = match cfg.secret.as_deref() {
+        Some(k) => {
+            let (hs, first) = secure::first_flight(&hello, k).map_err(corrupt)?;
+            s.write_all(&[hello.as_slice(), &first].concat()).await.map_err(unreachable)?;
+            Some(hs)
+        }
+        None => {
+            s.write_all(&hello).await.map_err(unreachable)?;
+            None
+        }
+    };
     let mut reply = [0u8; HELLO_REPLY_LEN];
     s.read_exact(&mut reply).await.map_err(unreachable)?;
     let theirs = u16::from_le_bytes([reply[1], reply[2]]);
     let reason = match reply[0] {
-        x if x == HelloStatus::Ok as u8 => return Ok(s),
+        x if x == HelloStatus::Ok as u8 => {
+            let Some(hs) = noise else { return Ok(Box::new(s)) };
+            let transport = secure::dial_second(&mut s, hs).await.map_err(corrupt)?;
+            let mut w = secure::SecureWriter::new(s, transport);
+            // The confirmation: only the holder of this handshake's keys can write it.
+            w.write_all(&hello).await.map_err(unreachable)?;
+            w.flush().await.map_err(unreachable)?;
+            return Ok(Box::new(w));
+        }
         x if x == HelloStatus::BadVersion as u8 => {
             format!("refused: protocol version {PROTOCOL_VERSION}, peer speaks {theirs}")
         }
-        x if x == HelloStatus::BadSecret as u8 => "refused: wrong run secret".to_string(),
+        x if x == HelloStatus::BadSecret as u8 => {
+            "refused: wrong run secret (or one side runs without one)".to_string()
+        }
         _ => "refused the handshake".to_string(),
     };
     tracing::warn!(peer = %to, %addr, "{reason}");
-    Err(TransportError::Corrupt { from: to, reason })
+    Err(corrupt(reason))
 }
 
 #[derive(Clone)]
@@ -658,41 +685,69 @@ async fn accept_loop(listener: TcpListener, ctx: AcceptCtx, inbox: mpsc::Sender<
     }
 }
 
+/// The acceptor's handshake: the hello, and with a secret the Noise handshake and the dialer's
+/// confirmation ([`secure`]). Gives the dialer's id, its listening port, and the connection's
+/// reading end.
 async fn accept_handshake(
     mut s: TcpStream,
     cfg: &TcpConfig,
-) -> Result<(NodeId, u16, TcpStream), String> {
+) -> Result<(NodeId, u16, WireIn), String> {
     let mut hello = [0u8; HELLO_LEN];
     s.read_exact(&mut hello).await.map_err(|e| format!("reading the handshake: {e}"))?;
     let version = u16::from_le_bytes([hello[4], hello[5]]);
     let from = NodeId(u32::from_le_bytes([hello[6], hello[7], hello[8], hello[9]]));
     let port = u16::from_le_bytes([hello[10], hello[11]]);
+    let secured = hello[12] == 1;
+    let mut noise = None;
     let status = if hello[..4] != MAGIC {
         HelloStatus::BadMagic
     } else if version != PROTOCOL_VERSION {
         HelloStatus::BadVersion
-    } else if cfg.secret.is_some() && hello[12..] != auth_tag(cfg.secret.as_deref(), from) {
-        HelloStatus::BadSecret
     } else {
-        HelloStatus::Ok
+        match (cfg.secret.as_deref(), secured) {
+            (None, false) => HelloStatus::Ok,
+            (Some(k), true) => match secure::accept_first(&mut s, &hello, k).await? {
+                Ok(hs) => {
+                    noise = Some(hs);
+                    HelloStatus::Ok
+                }
+                Err(_) => HelloStatus::BadSecret,
+            },
+            _ => HelloStatus::BadSecret,
+        }
     };
     let mut reply = [status as u8, 0, 0];
     debug_assert_eq!(reply.len(), HELLO_REPLY_LEN);
     reply[1..].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
     s.write_all(&reply).await.map_err(|e| format!("answering the handshake: {e}"))?;
     match status {
-        HelloStatus::Ok => Ok((from, port, s)),
+        HelloStatus::Ok => {}
         HelloStatus::BadVersion => {
-            Err(format!("{from} speaks protocol version {version}, this node {PROTOCOL_VERSION}"))
+            return Err(format!(
+                "{from} speaks protocol version {version}, this node {PROTOCOL_VERSION}"
+            ));
         }
-        HelloStatus::BadSecret => Err(format!("{from} does not know the run secret")),
-        HelloStatus::BadMagic => Err("not a loco peer".into()),
+        HelloStatus::BadSecret if cfg.secret.is_none() => {
+            return Err(format!("{from} runs with a secret, this node without one"));
+        }
+        HelloStatus::BadSecret => return Err(format!("{from} does not know the run secret")),
+        HelloStatus::BadMagic => return Err("not a loco peer".into()),
+    }
+    let Some(hs) = noise else { return Ok((from, port, Box::new(s))) };
+    let transport = secure::accept_second(&mut s, hs).await?;
+    let mut r = secure::SecureReader::new(s, transport);
+    let mut confirm = [0u8; HELLO_LEN];
+    match r.read_exact(&mut confirm).await {
+        Ok(_) if confirm == hello => Ok((from, port, Box::new(r))),
+        _ => Err(format!(
+            "{from} did not confirm the handshake (a replayed or forged first message)"
+        )),
     }
 }
 
 async fn read_loop(
     from: NodeId,
-    mut s: TcpStream,
+    mut s: WireIn,
     ctx: &AcceptCtx,
     inbox: &mpsc::Sender<(NodeId, Frame)>,
 ) {
@@ -867,13 +922,18 @@ async fn write_msg<W: AsyncWrite + Unpin>(w: &mut W, msg: &Outgoing) -> Result<u
 
 async fn write_loop(
     to: NodeId,
-    mut s: TcpStream,
+    mut s: WireOut,
     mut rx: mpsc::UnboundedReceiver<Outgoing>,
     failed: Arc<AtomicBool>,
     stats: Arc<TcpStats>,
 ) {
     while let Some(msg) = rx.recv().await {
-        match write_msg(&mut s, &msg).await {
+        // A secured connection seals its last record of the message on the flush.
+        let written = match write_msg(&mut s, &msg).await {
+            Ok(n) => s.flush().await.map(|()| n).map_err(|e| e.to_string()),
+            Err(e) => Err(e),
+        };
+        match written {
             Ok(n) => {
                 stats.bytes_sent.fetch_add(n, Ordering::Relaxed);
             }
@@ -886,6 +946,8 @@ async fn write_loop(
     }
     let _ = s.shutdown().await;
 }
+
+mod secure;
 
 #[cfg(test)]
 mod tests;

@@ -298,7 +298,11 @@ pub(crate) fn run_rank(a: &crate::cli::AllreduceRank) -> Result<RankResult> {
     let input = rank_input(a.seed, a.rank, a.elements);
     let mut data = input.clone();
     rt.block_on(async {
-        let cfg = TcpConfig { streams: a.streams.max(1), ..TcpConfig::default() };
+        let cfg = TcpConfig {
+            streams: a.streams.max(1),
+            secret: a.secret.as_ref().map(|k| k.as_bytes().to_vec()),
+            ..TcpConfig::default()
+        };
         let me = NodeId(a.rank as u32);
         let mut t = TcpTransport::bind(me, addrs[a.rank], cfg).await?;
         let ring: Vec<NodeId> = (0..world as u32).map(NodeId).collect();
@@ -372,7 +376,11 @@ pub(crate) fn run_rank(a: &crate::cli::AllreduceRank) -> Result<RankResult> {
 }
 
 /// Runs the TCP benchmark: one child process per rank on loopback.
-pub(crate) fn run_tcp(args: &AllreduceBenchArgs, streams: usize) -> Result<AllreduceBenchReport> {
+pub(crate) fn run_tcp(
+    args: &AllreduceBenchArgs,
+    streams: usize,
+    secure: bool,
+) -> Result<AllreduceBenchReport> {
     if args.world == 0 {
         bail!("--world: expected at least 1 rank");
     }
@@ -385,10 +393,14 @@ pub(crate) fn run_tcp(args: &AllreduceBenchArgs, streams: usize) -> Result<Allre
     };
     let ports_arg = ports.iter().map(u16::to_string).collect::<Vec<_>>().join(",");
     let exe = std::env::current_exe()?;
+    // A secret made for this run only.
+    let secret: Option<String> =
+        secure.then(|| rand::random::<[u8; 16]>().iter().map(|b| format!("{b:02x}")).collect());
     let children: Vec<std::process::Child> = (0..args.world)
         .map(|r| {
             std::process::Command::new(&exe)
                 .args(["bench", "allreduce-rank", "--rank", &r.to_string(), "--ports", &ports_arg])
+                .args(secret.as_ref().map(|k| ["--secret", k.as_str()]).into_iter().flatten())
                 .args(["--elements", &args.elements.to_string(), "--codec", args.codec.name()])
                 .args(["--segment", &args.segment.to_string(), "--streams", &streams.to_string()])
                 .args(["--repeat", &args.repeat.max(1).to_string()])
@@ -424,7 +436,7 @@ pub(crate) fn run_tcp(args: &AllreduceBenchArgs, streams: usize) -> Result<Allre
     cpu.sort_by(f64::total_cmp);
     let per_value = args.codec.codec().encoded_len(1 << 20) as f64 / f64::from(1 << 20);
     Ok(AllreduceBenchReport {
-        backend: "tcp",
+        backend: if secure { "tcp+noise" } else { "tcp" },
         codec: args.codec.to_string(),
         world: args.world,
         elements: args.elements,

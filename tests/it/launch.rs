@@ -101,3 +101,46 @@ fn launch_refuses_a_model_that_does_not_fit_with_its_memory_plan() {
     }
     assert!(!out.exists(), "no output directory for a run that did not start");
 }
+
+/// A coordinator or worker that would listen beyond loopback without a run secret refuses to
+/// start (exit 2), and says how to give one; with the secret it gets past that check.
+#[test]
+fn a_process_listening_beyond_loopback_without_a_secret_refuses_to_start() {
+    // An address of the benchmarking range that nothing here assigns: binding it fails.
+    let listen = "198.19.255.254:0";
+    let command = |args: &[&str], secret: Option<&str>| {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_loco"));
+        c.args(args).current_dir(TestContext::repo()).env_remove("LOCO_LOG");
+        match secret {
+            Some(k) => c.env("LOCO_SECRET", k),
+            None => c.env_remove("LOCO_SECRET"),
+        };
+        c
+    };
+    let worker =
+        ["worker", "scenarios/small.toml", "--id", "0", "--coordinator", "127.0.0.1:9", "--listen"];
+    let coordinator = ["coordinator", "scenarios/small.toml", "--listen"];
+    for args in [&worker[..], &coordinator[..]] {
+        let args = [args, &[listen]].concat();
+        let o = command(&args, None).output().expect("run loco");
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        let err = stderr(&o);
+        for needle in ["scenarios/small.toml", listen, "without a run secret", "LOCO_SECRET"] {
+            assert!(err.contains(needle), "no {needle:?} in: {err}");
+        }
+    }
+    // With a secret the worker gets past the check (and fails to bind the address instead).
+    let mut child = command(&[&worker[..], &[listen]].concat(), Some("a run secret"))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run loco");
+    for _ in 0..200 {
+        if child.try_wait().expect("wait").is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let o = child.wait_with_output().expect("wait");
+    assert!(!stderr(&o).contains("without a run secret"), "{}", stderr(&o));
+}
