@@ -689,15 +689,15 @@ fn a_repeated_join_is_a_repeat_only_until_the_member_confirms_its_admission() {
     c.handle_message(at(0), n0, MeshMsg::Join { incarnation: 4 });
     c.handle_message(at(0), n1, MeshMsg::Join { incarnation: 9 });
     let a = drain(&mut c);
-    let view = |to| CoordinatorAction::Send {
+    let view = |to, incarnation| CoordinatorAction::Send {
         to,
-        msg: MeshMsg::View { epoch: Epoch(1), outer_step: 0, members: ids(&[0, 1]) },
+        msg: MeshMsg::View { epoch: Epoch(1), outer_step: 0, members: ids(&[0, 1]), incarnation },
     };
-    assert!(a.contains(&view(n0)), "{a:?}");
+    assert!(a.contains(&view(n0, 4)) && a.contains(&view(n1, 9)), "{a:?}");
     // The join repeated with the heartbeats crosses the view: a repeat, answered again.
     c.handle_message(at(1), n0, MeshMsg::Join { incarnation: 4 });
     let a = drain(&mut c);
-    assert!(a.contains(&view(n0)), "{a:?}");
+    assert!(a.contains(&view(n0, 4)), "{a:?}");
     assert_eq!(c.epoch(), Epoch(1));
     // n0's process shows that it knows it is a member.
     let beat = MeshMsg::Heartbeat {

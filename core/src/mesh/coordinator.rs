@@ -513,18 +513,24 @@ impl Coordinator {
                 // admitted at a boundary whose `Release` was lost (and whose step is over) gets
                 // nothing: it misses the barrier and is evicted at its deadline.
                 MemberPhase::Joining if info.synced => {
-                    self.send(from, MeshMsg::View { epoch: cur, outer_step: k, members });
+                    let incarnation = info.incarnation;
+                    let view = MeshMsg::View { epoch: cur, outer_step: k, members, incarnation };
+                    self.send(from, view);
                 }
                 MemberPhase::Joining => {}
                 _ if behind => {
-                    self.send(from, MeshMsg::View { epoch: cur, outer_step: k, members })
+                    let incarnation = info.incarnation;
+                    let view = MeshMsg::View { epoch: cur, outer_step: k, members, incarnation };
+                    self.send(from, view)
                 }
                 _ => {}
             },
             Phase::Sync { .. } => {
                 if behind || phase == MemberPhase::Joining {
                     let transfers = self.state.transfers.clone();
-                    let msg = MeshMsg::Sync { epoch: cur, outer_step: k, members, transfers };
+                    let incarnations = self.incarnations(&members);
+                    let (epoch, outer_step) = (cur, k);
+                    let msg = MeshMsg::Sync { epoch, outer_step, members, incarnations, transfers };
                     self.send(from, msg);
                 }
             }
@@ -557,9 +563,15 @@ impl Coordinator {
             attempt,
             ring: self.state.ring.clone(),
             weights: self.state.weights.clone(),
+            incarnations: self.incarnations(&self.state.ring),
             transfers: self.state.transfers.clone(),
         };
         self.send(to, msg);
+    }
+
+    /// The incarnations of `ids` as this coordinator knows them (0 for one it does not know).
+    fn incarnations(&self, ids: &[NodeId]) -> Vec<u64> {
+        ids.iter().map(|id| self.state.members.get(id).map_or(0, |m| m.incarnation)).collect()
     }
 
     fn is_current_round(&self, epoch: Epoch, outer_step: u64, attempt: u32) -> bool {
@@ -740,15 +752,17 @@ impl Coordinator {
                     self.state.phase = Phase::Compute { since: now, barrier_opened: None };
                 }
                 let epoch = p.epoch;
-                let view = MeshMsg::View { epoch, outer_step: step, members: members.clone() };
-                for id in members {
+                for id in members.iter().copied() {
                     // A member still waiting for its admission takes a `View` for the admission
                     // of a founding member, which starts from the initial state. So a joiner
                     // admitted at a boundary that has not confirmed it (its `Release` may have
                     // been lost) gets none: it would train from fresh weights and report itself
                     // synced. Once it confirms, the repair of its heartbeats sends the epoch.
-                    if self.state.members.get(&id).is_some_and(|m| m.synced || m.confirmed) {
-                        self.send(id, view.clone());
+                    let Some(m) = self.state.members.get(&id) else { continue };
+                    if m.synced || m.confirmed {
+                        let (outer_step, members) = (step, members.clone());
+                        let incarnation = m.incarnation;
+                        self.send(id, MeshMsg::View { epoch, outer_step, members, incarnation });
                     }
                 }
                 if forming {
@@ -758,7 +772,9 @@ impl Coordinator {
             Then::Sync { transfers } => {
                 self.state.phase = Phase::Sync { since: now };
                 self.state.transfers = transfers.clone();
-                let msg = MeshMsg::Sync { epoch: p.epoch, outer_step: step, members, transfers };
+                let incarnations = self.incarnations(&members);
+                let (epoch, outer_step) = (p.epoch, step);
+                let msg = MeshMsg::Sync { epoch, outer_step, members, incarnations, transfers };
                 self.broadcast(&msg);
             }
             Then::Reduce(round) => self.start_round(now, round),
@@ -788,6 +804,7 @@ impl Coordinator {
             attempt: r.attempt,
             ring: r.ring.clone(),
             weights: r.weights.clone(),
+            incarnations: self.incarnations(&r.ring),
             transfers: r.transfers,
         };
         self.broadcast(&msg);

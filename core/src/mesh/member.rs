@@ -668,6 +668,14 @@ impl Member {
         self.actions.push_back(MemberAction::Compute { epoch, outer_step });
     }
 
+    /// Whether a message naming `ids` with `incarnations` (aligned) is meant for this process:
+    /// it does not name this node, or names it with this incarnation.
+    fn addressed_to_me(&self, ids: &[NodeId], incarnations: &[u64]) -> bool {
+        ids.iter()
+            .position(|&x| x == self.id)
+            .is_none_or(|i| incarnations.get(i) == Some(&self.incarnation))
+    }
+
     /// A mesh message from `from` arrived at `now` (this node's clock).
     pub fn handle_message(&mut self, now: Time, from: NodeId, msg: MeshMsg) {
         if matches!(self.phase, MemberPhase::Idle | MemberPhase::Stopped) {
@@ -683,7 +691,10 @@ impl Member {
         match msg {
             MeshMsg::Queued { .. } => self.queued = true,
             MeshMsg::HeartbeatAck => {}
-            MeshMsg::View { epoch, outer_step, members } => {
+            MeshMsg::View { epoch, outer_step, members, incarnation } => {
+                if incarnation != self.incarnation {
+                    return; // meant for this node's previous process
+                }
                 let joining = self.phase == MemberPhase::Joining;
                 if joining && !members.contains(&self.id) {
                     return; // formed without us: we are still queued
@@ -697,7 +708,10 @@ impl Member {
                     self.compute(epoch, outer_step);
                 }
             }
-            MeshMsg::Sync { epoch, outer_step, members, transfers } => {
+            MeshMsg::Sync { epoch, outer_step, members, incarnations, transfers } => {
+                if !self.addressed_to_me(&members, &incarnations) {
+                    return; // meant for this node's previous process
+                }
                 let joining = self.phase == MemberPhase::Joining;
                 if joining && !members.contains(&self.id) {
                     return;
@@ -715,8 +729,19 @@ impl Member {
                 }
                 self.transfers(epoch, &transfers);
             }
-            MeshMsg::Release { epoch, outer_step, attempt, ring, weights, transfers } => {
+            MeshMsg::Release {
+                epoch,
+                outer_step,
+                attempt,
+                ring,
+                weights,
+                incarnations,
+                transfers,
+            } => {
                 let Some(pos) = ring.iter().position(|&x| x == self.id) else { return };
+                if incarnations.get(pos) != Some(&self.incarnation) {
+                    return; // meant for this node's previous process
+                }
                 if self.epoch.is_some_and(|cur| epoch < cur) {
                     return;
                 }

@@ -21,7 +21,12 @@ fn joined(id: u32) -> Member {
     m.handle_message(
         t(0),
         NodeId::COORDINATOR,
-        MeshMsg::View { epoch: Epoch(1), outer_step: 0, members: vec![NodeId(0), NodeId(id)] },
+        MeshMsg::View {
+            epoch: Epoch(1),
+            outer_step: 0,
+            members: vec![NodeId(0), NodeId(id)],
+            incarnation: 0,
+        },
     );
     drain(&mut m);
     m
@@ -34,8 +39,34 @@ fn release(epoch: u64, attempt: u32, ring: &[u32]) -> MeshMsg {
         attempt,
         ring: ring.iter().map(|&i| NodeId(i)).collect(),
         weights: vec![Weight::ONE; ring.len()],
+        incarnations: vec![0; ring.len()],
         transfers: vec![],
     }
+}
+
+/// A restarted process (incarnation 1) still joining gets the release and the sync its
+/// predecessor (incarnation 0) was sent: neither admits it (found by the chaos suite, seed 230:
+/// the new process reduced a step it never computed).
+#[test]
+fn a_release_or_sync_for_the_previous_incarnation_admits_nothing() {
+    let mut m = Member::new(NodeId(3), 1, MeshConfig::default(), 1);
+    m.join(t(0)).unwrap();
+    drain(&mut m);
+    let mut old = release(2, 0, &[0, 3]);
+    if let MeshMsg::Release { incarnations, .. } = &mut old {
+        *incarnations = vec![0, 0];
+    }
+    m.handle_message(t(1), NodeId::COORDINATOR, old);
+    let sync = MeshMsg::Sync {
+        epoch: Epoch(2),
+        outer_step: 0,
+        members: vec![NodeId(0), NodeId(3)],
+        incarnations: vec![0, 0],
+        transfers: vec![],
+    };
+    m.handle_message(t(1), NodeId::COORDINATOR, sync);
+    assert_eq!(drain(&mut m), vec![]);
+    assert_eq!((m.phase(), m.epoch()), (MemberPhase::Joining, None));
 }
 
 #[test]
@@ -50,8 +81,17 @@ fn join_then_view_admits_and_computes() {
             padding: 0
         }]
     );
-    let view = MeshMsg::View { epoch: Epoch(1), outer_step: 0, members: vec![NodeId(3)] };
-    m.handle_message(t(1), NodeId::COORDINATOR, view);
+    // A view meant for this node's previous process (another incarnation) admits nothing.
+    let view = |incarnation| MeshMsg::View {
+        epoch: Epoch(1),
+        outer_step: 0,
+        members: vec![NodeId(3)],
+        incarnation,
+    };
+    m.handle_message(t(1), NodeId::COORDINATOR, view(7));
+    assert_eq!(drain(&mut m), vec![]);
+    assert_eq!(m.phase(), MemberPhase::Joining);
+    m.handle_message(t(1), NodeId::COORDINATOR, view(0));
     let a = drain(&mut m);
     assert_eq!(a[0], MemberAction::Admitted { epoch: Epoch(1), outer_step: 0 });
     assert!(a.contains(&MemberAction::Compute { epoch: Epoch(1), outer_step: 0 }));

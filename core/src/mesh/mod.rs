@@ -299,6 +299,10 @@ pub enum MeshMsg {
         outer_step: u64,
         /// Members of the epoch, in id order.
         members: Vec<NodeId>,
+        /// The incarnation of the process it is meant for, as the coordinator knows it: a
+        /// restarted process, still joining, must not take its predecessor's view for its own
+        /// admission.
+        incarnation: u64,
     },
     /// Blocking mode: a new epoch with joiners that first receive the state from the named
     /// senders; the all-reduce waits for them.
@@ -309,6 +313,9 @@ pub enum MeshMsg {
         outer_step: u64,
         /// Members of the epoch, in id order.
         members: Vec<NodeId>,
+        /// Each member's incarnation as the coordinator knows it, aligned with `members` (a
+        /// restarted process must not take its predecessor's admission).
+        incarnations: Vec<u64>,
         /// Who sends the state to whom.
         transfers: Vec<Transfer>,
     },
@@ -324,6 +331,8 @@ pub enum MeshMsg {
         ring: Vec<NodeId>,
         /// Each ring member's weight, aligned with `ring`.
         weights: Vec<Weight>,
+        /// Each ring member's incarnation as the coordinator knows it, aligned with `ring`.
+        incarnations: Vec<u64>,
         /// Non-blocking mode: state transfers that run alongside.
         transfers: Vec<Transfer>,
     },
@@ -461,6 +470,7 @@ mod tests {
             attempt: 1,
             ring: vec![NodeId(2), NodeId(0)],
             weights: vec![Weight::ONE, Weight::ZERO],
+            incarnations: vec![3, 0],
             transfers: vec![Transfer { joiner: NodeId(2), senders: vec![NodeId(0)] }],
         };
         let s = serde_json::to_string(&m).unwrap();
