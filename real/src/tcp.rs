@@ -53,7 +53,8 @@ use tokio::task::JoinHandle;
 /// 2: state pieces carry the part they belong to (the state travels in two parts).
 /// 3: frames are checksummed with XXH3-64 instead of CRC-32 (twice as fast, and 64 bits).
 /// 4: a barrier arrival and heartbeats say whether the sender withholds a non-finite
-/// pseudo-gradient.
+/// pseudo-gradient; views, syncs and releases name the incarnations they are meant for; with a
+/// secret, a Noise handshake and encrypted records replace the keyed tag.
 pub const PROTOCOL_VERSION: u16 = 4;
 /// Bytes of the handshake's answer: a [`HelloStatus`], then the answering side's version (LE).
 pub const HELLO_REPLY_LEN: usize = 3;
