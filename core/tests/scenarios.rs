@@ -121,3 +121,113 @@ fn small_scenarios_are_small() {
     assert_eq!(load("small.toml").nodes().len(), 4);
     assert_eq!(load("tiny-real.toml").nodes().len(), 3);
 }
+
+// ----- untrusted files: no scenario text panics the parser -----
+
+/// Every number of a shipped scenario replaced by a hostile value, and arbitrary byte edits:
+/// the parser and the validation answer `Ok` or an error, never a panic. More cases:
+/// `PROPTEST_CASES=100000 cargo test -p loco-core --release --test scenarios hostile`.
+mod hostile {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn texts() -> Vec<String> {
+        files().iter().map(|p| std::fs::read_to_string(p).expect("readable")).collect()
+    }
+
+    /// The byte ranges of the numbers in `s`.
+    fn numbers(s: &str) -> Vec<std::ops::Range<usize>> {
+        let b = s.as_bytes();
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < b.len() {
+            let starts = b[i].is_ascii_digit() && (i == 0 || !b[i - 1].is_ascii_alphanumeric());
+            if starts {
+                let j = (i..b.len())
+                    .find(|&j| !(b[j].is_ascii_digit() || b"._eE+-".contains(&b[j])))
+                    .unwrap_or(b.len());
+                out.push(i..j);
+                i = j;
+            } else {
+                i += 1;
+            }
+        }
+        out
+    }
+
+    const HOSTILE: [&str; 14] = [
+        "0",
+        "-1",
+        "-0.0",
+        "1e308",
+        "-1e308",
+        "nan",
+        "inf",
+        "-inf",
+        "18446744073709551615",
+        "-9223372036854775808",
+        "9223372036854775807",
+        "1e-320",
+        "\"x\"",
+        "[]",
+    ];
+
+    /// Every number of every shipped scenario replaced, one at a time, by each hostile value
+    /// (deterministic: found a heartbeat timeout of 2^64 - 1 s and a step time times its
+    /// jitter that overflowed a Duration and panicked).
+    #[test]
+    fn each_number_replaced_by_each_hostile_value_is_refused_or_taken() {
+        let mut parsed = 0;
+        for text in texts() {
+            for r in numbers(&text) {
+                for v in HOSTILE {
+                    let mut t = text.clone();
+                    t.replace_range(r.clone(), v);
+                    let _ = Scenario::from_toml_str(&t, "hostile.toml");
+                    parsed += 1;
+                }
+            }
+        }
+        assert!(parsed > 1000, "{parsed}");
+    }
+
+    proptest! {
+        #[test]
+        fn hostile_numbers_never_panic(file in any::<prop::sample::Index>(),
+                                       picks in prop::collection::vec((any::<prop::sample::Index>(), 0..HOSTILE.len()), 1..4)) {
+            let texts = texts();
+            let mut text = file.get(&texts).clone();
+            for (at, v) in picks {
+                let nums = numbers(&text);
+                if nums.is_empty() {
+                    break;
+                }
+                let r = at.get(&nums).clone();
+                text.replace_range(r, HOSTILE[v]);
+            }
+            let _ = Scenario::from_toml_str(&text, "hostile.toml");
+        }
+
+        #[test]
+        fn byte_edits_never_panic(file in any::<prop::sample::Index>(),
+                                  edits in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>(), 0..3u8), 1..8)) {
+            let texts = texts();
+            let mut bytes = file.get(&texts).clone().into_bytes();
+            for (at, byte, op) in edits {
+                if bytes.is_empty() {
+                    break;
+                }
+                let i = at.index(bytes.len());
+                match op {
+                    0 => bytes[i] = byte,
+                    1 => bytes.insert(i, byte),
+                    _ => {
+                        bytes.remove(i);
+                    }
+                }
+            }
+            let text = String::from_utf8_lossy(&bytes);
+            let _ = Scenario::from_toml_str(&text, "hostile.toml");
+        }
+    }
+}

@@ -208,7 +208,7 @@ impl Links {
                 let i = draw_index(*resample, now, self.step_index);
                 let (x, y) = if a <= b { (a, b) } else { (b, a) };
                 let u = draw_u(self.seed, pair_subject(x.0, y.0), i, Purpose::LinkLatency);
-                low.mul_f64(1.0 - u) + high.mul_f64(u)
+                low.mul_f64(1.0 - u).saturating_add(high.mul_f64(u))
             }
         };
         Some((base, base + l.jitter))

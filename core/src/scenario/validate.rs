@@ -262,7 +262,12 @@ pub(crate) fn validate(raw: RawScenario) -> R<Scenario> {
         // Default: 4 h, or three times the slowest node's inner steps when that is longer.
         let slowest = nodes
             .iter()
-            .map(|n| n.step_time.mul_f64(1.0 + n.step_jitter))
+            .map(|n| {
+                // Saturating: a step time and jitter that pass their own checks may still
+                // multiply past what a Duration holds.
+                Duration::try_from_secs_f64(n.step_time.as_secs_f64() * (1.0 + n.step_jitter))
+                    .unwrap_or(Duration::MAX)
+            })
             .max()
             .unwrap_or(Duration::ZERO);
         let compute = slowest.saturating_mul(u32::try_from(diloco.inner_steps).unwrap_or(u32::MAX));
@@ -524,8 +529,11 @@ fn mesh(m: &RawMesh, regions: &[Region]) -> R<(MeshConfig, RegionId)> {
             got,
         ));
     }
-    let coordinator_timeout =
-        opt_pos("coordinator_timeout", &m.coordinator_timeout, heartbeat_timeout * 3)?;
+    let coordinator_timeout = opt_pos(
+        "coordinator_timeout",
+        &m.coordinator_timeout,
+        heartbeat_timeout.saturating_mul(3),
+    )?;
     if coordinator_timeout <= heartbeat_interval {
         let got = m
             .coordinator_timeout
