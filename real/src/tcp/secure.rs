@@ -142,6 +142,12 @@ impl<W: AsyncWrite + Unpin> SecureWriter<W> {
         }
     }
 
+    /// The stream beneath (tests: to write forged records after real ones).
+    #[cfg(test)]
+    pub(super) fn into_inner(self) -> W {
+        self.inner
+    }
+
     /// Writes out the sealed record under way, then seals and writes what is buffered.
     fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         loop {
