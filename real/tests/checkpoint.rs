@@ -499,3 +499,47 @@ fn latest_checks_the_node() {
     let err = latest(root.path(), "node-b").unwrap_err();
     assert!(err.to_string().contains("node is \"node-a\", expected \"node-b\""), "{err}");
 }
+
+/// Random byte edits of the tensor file and of the metadata: `load` answers a checkpoint or an
+/// error, never a panic. More cases: `PROPTEST_CASES=100000 cargo test -p loco-real --release
+/// --test checkpoint hostile`.
+#[test]
+fn hostile_edits_of_either_file_are_errors_not_panics() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+    let root = tempfile::tempdir().unwrap();
+    let dir = save_now(&mut Checkpointer::new(config(root.path(), 1, None)).unwrap(), snapshot(5));
+    let files = [dir.join(MODEL_FILE), dir.join(META_FILE)];
+    let pristine: Vec<Vec<u8>> = files.iter().map(|f| fs::read(f).unwrap()).collect();
+    let edits =
+        prop::collection::vec((0..2usize, any::<prop::sample::Index>(), any::<u8>(), 0..3u8), 1..6);
+    let mut runner = TestRunner::new(Config { failure_persistence: None, ..Config::default() });
+    runner
+        .run(&edits, |edits| {
+            let mut bytes = pristine.clone();
+            for (f, at, byte, op) in edits {
+                let b = &mut bytes[f];
+                if b.is_empty() {
+                    continue;
+                }
+                let i = at.index(b.len());
+                match op {
+                    0 => b[i] = byte,
+                    1 => b.insert(i, byte),
+                    _ => {
+                        b.remove(i);
+                    }
+                }
+            }
+            for (f, b) in files.iter().zip(&bytes) {
+                fs::write(f, b).unwrap();
+            }
+            let _ = load(&dir);
+            Ok(())
+        })
+        .unwrap();
+    for (f, b) in files.iter().zip(&pristine) {
+        fs::write(f, b).unwrap();
+    }
+    assert!(load(&dir).is_ok());
+}
