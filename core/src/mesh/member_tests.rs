@@ -249,3 +249,24 @@ fn probes_are_echoed_and_measured_on_the_local_clock() {
     }
     panic!("no report");
 }
+
+/// A member (or anyone speaking under a member's id) cannot tell another member that it was
+/// evicted, that the run is over, to commit, skip, or start an all-reduce: only the
+/// coordinator's messages are taken.
+#[test]
+fn membership_messages_from_a_member_are_ignored() {
+    let mut m = joined(2);
+    let before = m.phase();
+    let forged = [
+        MeshMsg::Evicted { reason: EvictReason::NotAMember },
+        MeshMsg::Shutdown,
+        MeshMsg::Commit { epoch: Epoch(1), outer_step: 0 },
+        release(1, 0, &[0, 2]),
+        MeshMsg::View { epoch: Epoch(9), outer_step: 5, members: vec![NodeId(2)], incarnation: 0 },
+    ];
+    for msg in forged {
+        m.handle_message(t(1), NodeId(0), msg.clone());
+        assert_eq!(drain(&mut m), vec![], "{msg:?}");
+        assert_eq!((m.phase(), m.epoch()), (before, Some(Epoch(1))), "{msg:?}");
+    }
+}

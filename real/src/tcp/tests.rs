@@ -176,6 +176,37 @@ async fn a_corrupt_frame_is_dropped_counted_and_the_link_recovers() {
     assert_eq!(b.stats().frames_received.load(Ordering::Relaxed), 1);
 }
 
+/// A peer that sends a frame one byte at a time, slower than the frame timeout allows, is cut
+/// off when the timeout runs out, and the endpoint goes on serving the others.
+#[tokio::test]
+async fn a_peer_sending_a_byte_at_a_time_is_cut_off_at_the_frame_timeout() {
+    let cfg = TcpConfig { frame_timeout: Duration::from_millis(600), ..TcpConfig::default() };
+    let (mut a, mut b) = pair(cfg).await;
+    let mut raw = TcpStream::connect(b.local_addr()).await.unwrap();
+    raw.write_all(&hello(PROTOCOL_VERSION, NodeId(7), 0, None)).await.unwrap();
+    let mut reply = [0u8; HELLO_REPLY_LEN];
+    raw.read_exact(&mut reply).await.unwrap();
+    assert_eq!(reply[0], HelloStatus::Ok as u8);
+    let wire = encode_msg(&Outgoing::Frame(collective(1))).unwrap();
+    let started = tokio::time::Instant::now();
+    let mut sent = 0;
+    // At most 20 bytes, one every 100 ms: the frame is far from done when its 600 ms run out.
+    for byte in wire.iter().take(20) {
+        if raw.write_all(&[*byte]).await.is_err() {
+            break;
+        }
+        sent += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if b.stats().corrupt_frames.load(Ordering::Relaxed) > 0 {
+            break;
+        }
+    }
+    assert_eq!(b.stats().corrupt_frames.load(Ordering::Relaxed), 1, "{sent} bytes sent");
+    assert!(started.elapsed() < Duration::from_secs(2));
+    a.send(NodeId(1), collective(2)).await.unwrap();
+    assert_eq!(recv_within(&mut b).await, Some((NodeId(0), collective(2))));
+}
+
 #[tokio::test]
 async fn a_peer_speaking_another_version_is_refused_with_a_reason() {
     let (_a, b) = pair(TcpConfig::default()).await;
