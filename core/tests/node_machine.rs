@@ -21,6 +21,7 @@
 //! slow nA nB BYTES_PER_SEC  the bandwidth of the link nA -> nB
 //! crash nX | hang nX | resume nX | leave nX | coordinator-crash
 //! cut nA nB | heal          frames between nA and nB are lost both ways; every cut heals
+//! cut-oneway nA nB          frames from nA to nB are lost
 //! diverge nX                nX's inner weights of the step under way come out NaN
 //! ```
 //!
@@ -190,6 +191,9 @@ fn script_net(script: &str) -> Result<Option<NodeNet>, String> {
                     ("leave", [n]) => net.leave(node(n).map_err(err)?),
                     ("coordinator-crash", []) => net.crash_coordinator(),
                     ("cut", [a, b]) => net.cut(node(a).map_err(err)?, node(b).map_err(err)?),
+                    ("cut-oneway", [a, b]) => {
+                        net.cut_oneway(node(a).map_err(err)?, node(b).map_err(err)?);
+                    }
                     ("heal", []) => net.recover(),
                     ("diverge", [n]) => {
                         let step = net.coordinator().map_or(0, |c| c.outer_step());
@@ -468,7 +472,8 @@ fn a_diverged_pseudo_gradient_is_withheld_and_the_others_average_is_taken() {
 // ----- chaos: seeded random faults, invariants checked at every commit -----
 
 /// A seeded script of `events` random faults among `nodes` nodes: crashes and restarts, graceful
-/// leaves and rejoins, hangs and resumes, cuts of single links and heals, diverged inner loops,
+/// leaves and rejoins, hangs and resumes, cuts of single links (both ways or one way) and heals,
+/// diverged inner loops,
 /// a few seconds apart; then everything heals, every node comes back, and the mesh runs on.
 /// At least `min_members + 2` nodes stay up, so the mesh may always go on.
 fn chaos_script(seed: u64, nodes: u32, events: usize) -> String {
@@ -509,7 +514,8 @@ fn chaos_script(seed: u64, nodes: u32, events: usize) -> String {
             (4, _) if cuts < 3 => {
                 cuts += 1;
                 let m = (n as u32 + rng.random_range(1..nodes)) % nodes;
-                format!("cut n{n} n{m}")
+                let how = if rng.random_bool(0.5) { "cut" } else { "cut-oneway" };
+                format!("{how} n{n} n{m}")
             }
             (5, _) if cuts > 0 => {
                 cuts = 0;

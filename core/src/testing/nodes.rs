@@ -318,6 +318,12 @@ impl NodeNet {
         self.note(a, Seen::Fault(format!("cut from {b}")));
     }
 
+    /// Frames from `a` to `b` are lost; the other way still works.
+    pub fn cut_oneway(&mut self, a: NodeId, b: NodeId) {
+        self.cut.insert((a, b));
+        self.note(a, Seen::Fault(format!("cut towards {b}")));
+    }
+
     /// Heals every cut.
     pub fn recover(&mut self) {
         self.cut.clear();
