@@ -453,6 +453,11 @@ impl Member {
         self.withheld = Some(outer_step);
     }
 
+    /// The outer step whose pseudo-gradient this member withholds, if any.
+    pub fn withheld(&self) -> Option<u64> {
+        self.withheld
+    }
+
     /// The inner steps of `outer_step` are done and the pseudo-gradient is kept.
     pub fn barrier_arrive(&mut self, _now: Time, outer_step: u64) -> Result<(), MeshError> {
         match self.phase {

@@ -62,12 +62,18 @@ pub(super) fn first_flight(
 ) -> Result<(snow::HandshakeState, Vec<u8>), String> {
     let key = psk(secret);
     let mut hs = builder(hello, &key)?.build_initiator().map_err(|e| e.to_string())?;
+    let out = write_handshake(&mut hs)?;
+    Ok((hs, out))
+}
+
+/// The next handshake message of `hs`, `u16` length first.
+fn write_handshake(hs: &mut snow::HandshakeState) -> Result<Vec<u8>, String> {
     let mut msg = vec![0u8; MAX_HANDSHAKE];
     let n = hs.write_message(&[], &mut msg).map_err(|e| e.to_string())?;
     let mut out = Vec::with_capacity(2 + n);
     out.extend_from_slice(&(n as u16).to_le_bytes());
     out.extend_from_slice(&msg[..n]);
-    Ok((hs, out))
+    Ok(out)
 }
 
 /// Reads one length-prefixed handshake message.
@@ -101,11 +107,7 @@ pub(super) async fn accept_second<W: AsyncWrite + Unpin>(
     s: &mut W,
     mut hs: snow::HandshakeState,
 ) -> Result<snow::TransportState, String> {
-    let mut msg = vec![0u8; MAX_HANDSHAKE];
-    let n = hs.write_message(&[], &mut msg).map_err(|e| e.to_string())?;
-    let mut out = Vec::with_capacity(2 + n);
-    out.extend_from_slice(&(n as u16).to_le_bytes());
-    out.extend_from_slice(&msg[..n]);
+    let out = write_handshake(&mut hs)?;
     s.write_all(&out).await.map_err(|e| format!("answering the noise handshake: {e}"))?;
     hs.into_transport_mode().map_err(|e| e.to_string())
 }

@@ -231,8 +231,6 @@ pub struct Node {
     report_sync: bool,
     just_admitted: bool,
     grad_step: Option<u64>,
-    /// The outer step whose pseudo-gradient was not finite (withheld: weight 0).
-    withheld: Option<u64>,
     fetch: Option<Fetch>,
     /// The executor's inner parameters are the outer weights (no [`Effect::SetParams`] is
     /// needed before the next compute).
@@ -272,7 +270,6 @@ impl Node {
             report_sync: false,
             just_admitted: false,
             grad_step: None,
-            withheld: None,
             fetch: None,
             params_current: true,
             ring_input: None,
@@ -570,7 +567,6 @@ impl Node {
                 if nonfinite > 0 {
                     // A diverged inner loop: averaging it would spread NaN (fp32, fp16) or hide
                     // it (uint8, int8-block). The node asks for weight 0 and takes the average.
-                    self.withheld = Some(outer_step);
                     self.member.withhold(outer_step);
                     let epoch = self.member.epoch();
                     let ev = NodeEvent::Withheld { epoch, outer_step, values: nonfinite, of };
@@ -989,7 +985,8 @@ impl Node {
     fn check_release(&mut self, s: &AllReduceStart) {
         let c = Check::View { epoch: s.epoch, members: s.ring.clone(), what: "release" };
         self.effects.push_back(Effect::Check(c));
-        let holds = self.grad_step == Some(s.outer_step) && self.withheld != Some(s.outer_step);
+        let holds =
+            self.grad_step == Some(s.outer_step) && self.member.withheld() != Some(s.outer_step);
         let w = s.weight.get();
         if (w == 1.0) != holds || (w != 0.0 && w != 1.0) {
             let v = Violation::WrongWeight {
