@@ -191,6 +191,17 @@ mod hostile {
         assert!(parsed > 1000, "{parsed}");
     }
 
+    /// Texts the fuzz target (`scripts/fuzz.sh`) found to panic the parser: the error locator
+    /// re-parsed them with toml_edit 0.23, which panicked on a dotted key after a stray `=`
+    /// ("all items have spans"); toml_edit 0.25 answers an error.
+    #[test]
+    fn texts_the_fuzzer_found_are_errors() {
+        for text in ["==\n.=", "[diloco]\n===:===0\n"] {
+            let err = Scenario::from_toml_str(text, "fuzzed.toml").unwrap_err();
+            assert!(err.to_string().starts_with("fuzzed.toml:"), "{err}");
+        }
+    }
+
     proptest! {
         #[test]
         fn hostile_numbers_never_panic(file in any::<prop::sample::Index>(),
