@@ -526,6 +526,28 @@ pub fn latest(dir: &Path, node: &str) -> Result<Option<LoadedCheckpoint>, Checkp
 /// outer step against a `step-<N>` directory name).
 pub fn load(path: &Path) -> Result<LoadedCheckpoint, CheckpointError> {
     let meta = read_meta(path)?;
+    let model_path = path.join(MODEL_FILE);
+    // The model file is read only once the metadata has been checked.
+    load_with(path, meta, || fs::read(&model_path).map_err(io_err(&model_path, "read")))
+}
+
+/// [`load`] from the bytes of a checkpoint's two files, `path` naming the directory in errors
+/// and giving the step its name must match: the entry point of the fuzz target.
+#[cfg(feature = "fuzzing")]
+pub fn load_bytes(
+    path: &Path,
+    meta: &[u8],
+    model: &[u8],
+) -> Result<LoadedCheckpoint, CheckpointError> {
+    let meta = parse_meta(path.join(META_FILE), meta)?;
+    load_with(path, meta, || Ok(model.to_vec()))
+}
+
+fn load_with(
+    path: &Path,
+    meta: Meta,
+    model: impl FnOnce() -> Result<Vec<u8>, CheckpointError>,
+) -> Result<LoadedCheckpoint, CheckpointError> {
     let meta_path = path.join(META_FILE);
     let bad_meta = |what: String| CheckpointError::Meta { path: meta_path.clone(), what };
     if meta.format != FORMAT {
@@ -564,7 +586,7 @@ pub fn load(path: &Path) -> Result<LoadedCheckpoint, CheckpointError> {
     }
 
     let model_path = path.join(MODEL_FILE);
-    let bytes = fs::read(&model_path).map_err(io_err(&model_path, "read"))?;
+    let bytes = model()?;
     let st = SafeTensors::deserialize(&bytes)
         .map_err(|source| CheckpointError::SafeTensors { path: model_path.clone(), source })?;
     let tensor_err = |tensor: &str, what: String| CheckpointError::Tensor {
@@ -624,7 +646,11 @@ pub fn load(path: &Path) -> Result<LoadedCheckpoint, CheckpointError> {
 fn read_meta(dir: &Path) -> Result<Meta, CheckpointError> {
     let path = dir.join(META_FILE);
     let text = fs::read(&path).map_err(io_err(&path, "read"))?;
-    serde_json::from_slice(&text).map_err(|source| CheckpointError::MetaJson { path, source })
+    parse_meta(path, &text)
+}
+
+fn parse_meta(path: PathBuf, text: &[u8]) -> Result<Meta, CheckpointError> {
+    serde_json::from_slice(text).map_err(|source| CheckpointError::MetaJson { path, source })
 }
 
 /// One parameter of one buffer, as a safetensors view (bytes made on demand, one at a time).

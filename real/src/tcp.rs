@@ -605,10 +605,27 @@ async fn dial(
 ) -> Result<WireOut, TransportError> {
     let unreachable = |_| TransportError::Unreachable(to);
     let addr = cfg.dial_via.get(&to).copied().unwrap_or(addr);
-    let mut s = TcpStream::connect(addr).await.map_err(unreachable)?;
+    let s = TcpStream::connect(addr).await.map_err(unreachable)?;
     s.set_nodelay(true).map_err(unreachable)?;
     set_congestion(&s, cfg.congestion.as_deref());
     set_user_timeout(&s, cfg.user_timeout);
+    let out = dial_handshake(s, me, listen_port, to, cfg).await;
+    if let Err(TransportError::Corrupt { reason, .. }) = &out {
+        tracing::warn!(peer = %to, %addr, "{reason}");
+    }
+    out
+}
+
+/// The dialer's handshake on a connected stream: the hello, and with a secret the Noise
+/// handshake and the confirmation record ([`secure`]). Gives the connection's writing end.
+async fn dial_handshake<S: AsyncRead + AsyncWrite + Send + Unpin + 'static>(
+    mut s: S,
+    me: NodeId,
+    listen_port: u16,
+    to: NodeId,
+    cfg: &TcpConfig,
+) -> Result<WireOut, TransportError> {
+    let unreachable = |_| TransportError::Unreachable(to);
     let hello = plain_hello(PROTOCOL_VERSION, me, listen_port, cfg.secret.is_some());
     let corrupt = |reason: String| TransportError::Corrupt { from: to, reason };
     let noise = match cfg.secret.as_deref() {
@@ -643,7 +660,6 @@ async fn dial(
         }
         _ => "refused the handshake".to_string(),
     };
-    tracing::warn!(peer = %to, %addr, "{reason}");
     Err(corrupt(reason))
 }
 
@@ -689,8 +705,8 @@ async fn accept_loop(listener: TcpListener, ctx: AcceptCtx, inbox: mpsc::Sender<
 /// The acceptor's handshake: the hello, and with a secret the Noise handshake and the dialer's
 /// confirmation ([`secure`]). Gives the dialer's id, its listening port, and the connection's
 /// reading end.
-async fn accept_handshake(
-    mut s: TcpStream,
+async fn accept_handshake<S: AsyncRead + AsyncWrite + Send + Unpin + 'static>(
+    mut s: S,
     cfg: &TcpConfig,
 ) -> Result<(NodeId, u16, WireIn), String> {
     let mut hello = [0u8; HELLO_LEN];
@@ -949,6 +965,9 @@ async fn write_loop(
 }
 
 mod secure;
+
+#[cfg(feature = "fuzzing")]
+pub mod fuzz;
 
 #[cfg(test)]
 mod tests;

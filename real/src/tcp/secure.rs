@@ -144,8 +144,8 @@ impl<W: AsyncWrite + Unpin> SecureWriter<W> {
         }
     }
 
-    /// The stream beneath (tests: to write forged records after real ones).
-    #[cfg(test)]
+    /// The stream beneath (tests and fuzzing: to write forged records after real ones).
+    #[cfg(any(test, feature = "fuzzing"))]
     pub(super) fn into_inner(self) -> W {
         self.inner
     }
