@@ -8,9 +8,10 @@ use crate::metrics::{EventKind, OuterStepRow};
 use crate::node::digest::weights_digest;
 use crate::node::events::admission_kind;
 use crate::node::state::{
-    PART_OWN, PART_SHARED, PieceRule, Received, Refused, Share, SharedState, Verified,
-    VerifyFailed, state_digest,
+    PART_OWN, PART_SHARED, PieceRule, Received, Refused, Segments, Share, SharedState, Verified,
+    VerifyFailed,
 };
+use crate::transport::{Body, Frame, Header, StateHeader};
 use bytes::Bytes;
 use std::fmt;
 
@@ -229,6 +230,20 @@ pub struct StateJob {
 }
 
 impl StateJob {
+    /// A sender's job of real bytes outside a node machine (benchmarks: `loco bench recovery`):
+    /// `share` of `shared` (and of an own part, if the share says so) for joiner `to` under the
+    /// assignment of `epoch`, cut by `rule`.
+    pub fn real(
+        epoch: Epoch,
+        to: NodeId,
+        share: Share,
+        rule: PieceRule,
+        shared: SharedState,
+    ) -> StateJob {
+        let outer_step = shared.outer_steps();
+        StateJob { epoch, to, share, rule, outer_step, shared: Some(shared), virtual_lens: (0, 0) }
+    }
+
     /// The joiner.
     pub fn to(&self) -> NodeId {
         self.to
@@ -242,17 +257,18 @@ impl StateJob {
 
     /// Encodes and digests the parts (O(state)). `own`: the inner optimiser's state, or `None`
     /// for an empty own part (a model without one).
-    pub fn prepare(self, own: Option<Vec<u8>>) -> PreparedState {
-        let parts = match &self.shared {
+    pub fn prepare(mut self, own: Option<Vec<u8>>) -> PreparedState {
+        let parts = match self.shared.take() {
             Some(s) => {
-                let shared = Bytes::from(s.encode());
-                let own = Bytes::from(own.unwrap_or_default());
+                // The snapshot's buffers are sent as they are, not copied into one encoding.
+                let shared = s.into_segments();
+                let own = Segments::new([Bytes::from(own.unwrap_or_default())]);
                 vec![(PART_SHARED, shared), (PART_OWN, own)]
                     .into_iter()
                     .map(|(part, b)| PreparedPart {
                         part,
-                        total: b.len() as u64,
-                        digest: state_digest(&b),
+                        total: b.len(),
+                        digest: b.digest(),
                         bytes: Some(b),
                     })
                     .collect()
@@ -277,7 +293,7 @@ pub(super) struct PreparedPart {
     pub(super) part: u32,
     pub(super) total: u64,
     pub(super) digest: String,
-    pub(super) bytes: Option<Bytes>,
+    pub(super) bytes: Option<Segments>,
 }
 
 /// A state encoded for a joiner: give it to [`Node::state_prepared`](super::Node::state_prepared).
@@ -285,6 +301,36 @@ pub(super) struct PreparedPart {
 pub struct PreparedState {
     pub(super) job: StateJob,
     pub(super) parts: Vec<PreparedPart>,
+}
+
+impl PreparedState {
+    /// The joiner.
+    pub fn to(&self) -> NodeId {
+        self.job.to
+    }
+
+    /// The state frames of this sender's share, in sending order (each part's pieces in turn;
+    /// bodies are slices of the encoded parts, not copies).
+    pub fn frames(&self) -> impl Iterator<Item = Frame> + '_ {
+        let job = &self.job;
+        self.parts.iter().flat_map(move |part| {
+            job.share.pieces(part.part, part.total, job.rule).map(move |r| {
+                let body = match &part.bytes {
+                    Some(b) => Body::Bytes(b.slice(r.clone())),
+                    None => Body::Virtual(r.end - r.start),
+                };
+                let header = Header::State(StateHeader {
+                    epoch: job.epoch,
+                    outer_step: job.outer_step,
+                    offset: r.start,
+                    total: part.total,
+                    digest: part.digest.clone(),
+                    part: part.part,
+                });
+                Frame { header, body }
+            })
+        })
+    }
 }
 
 /// An event of this node, for `events.csv`.

@@ -615,25 +615,8 @@ impl Node {
 
     /// A state prepared by [`StateJob::prepare`] comes back: its pieces are queued.
     pub fn state_prepared(&mut self, _now: Time, p: PreparedState) {
-        let PreparedState { job, parts } = p;
-        for part in parts {
-            for r in job.share.pieces(part.part, part.total, job.rule) {
-                let body = match &part.bytes {
-                    // The ranges lie within the part, whose length fits memory.
-                    Some(b) => Body::Bytes(b.slice(r.start as usize..r.end as usize)),
-                    None => Body::Virtual(r.end - r.start),
-                };
-                let header = Header::State(StateHeader {
-                    epoch: job.epoch,
-                    outer_step: job.outer_step,
-                    offset: r.start,
-                    total: part.total,
-                    digest: part.digest.clone(),
-                    part: part.part,
-                });
-                self.transmits.push_back((job.to, Frame { header, body }));
-            }
-        }
+        let to = p.to();
+        self.transmits.extend(p.frames().map(|f| (to, f)));
     }
 
     /// The verification asked by [`Effect::VerifyState`] is done.

@@ -51,8 +51,8 @@ pub use plan::{
 pub use replay::{DEFAULT_REPLAY_STEPS, ReplayLog};
 pub use verify::{PartFault, Received, ReceivedPart, Rejected, Verified, VerifyFailed};
 pub use wire::{
-    SHARED_HEADER_LEN, SHARED_MAGIC, SharedState, StateError, encode_outer_state, encoded_len,
-    state_digest,
+    SHARED_HEADER_LEN, SHARED_MAGIC, Segments, SharedState, StateError, encode_outer_state,
+    encoded_len, segments_digest, state_digest,
 };
 
 #[cfg(doc)]

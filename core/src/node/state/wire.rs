@@ -14,6 +14,7 @@
 //! straight from its buffers, without a serialisation pass.
 
 use crate::diloco::{Bucket, DilocoError, OuterConfig, OuterState};
+use bytes::Bytes;
 
 /// The first 8 bytes of an encoded [`SharedState`]: the format and its version.
 pub const SHARED_MAGIC: [u8; 8] = *b"locoSS01";
@@ -85,9 +86,110 @@ pub const fn encoded_len(n: u64) -> u64 {
     n.saturating_mul(8).saturating_add(SHARED_HEADER_LEN)
 }
 
+/// Parts this long or longer are hashed on every core (BLAKE3 is a tree: the digest is the same
+/// however it is computed).
+const PARALLEL_DIGEST_BYTES: usize = 1 << 20;
+
 /// The one digest of a state part: hex BLAKE3, full length (64 characters).
 pub fn state_digest(bytes: &[u8]) -> String {
-    blake3::hash(bytes).to_hex().to_string()
+    segments_digest([bytes])
+}
+
+/// [`state_digest`] of the concatenation of `segments`, without concatenating them.
+pub fn segments_digest<'a>(segments: impl IntoIterator<Item = &'a [u8]>) -> String {
+    let mut h = blake3::Hasher::new();
+    for s in segments {
+        if s.len() >= PARALLEL_DIGEST_BYTES {
+            h.update_rayon(s);
+        } else {
+            h.update(s);
+        }
+    }
+    h.finalize().to_hex().to_string()
+}
+
+/// A part's bytes as consecutive buffers, as they lie in memory (an encoded header, then the
+/// values' own buffers): sent piece by piece without first copying them into one.
+#[derive(Clone, Debug, Default)]
+pub struct Segments {
+    /// Each buffer with its offset in the part.
+    bufs: Vec<(u64, Bytes)>,
+    len: u64,
+}
+
+impl Segments {
+    /// The concatenation of `bufs`.
+    pub fn new(bufs: impl IntoIterator<Item = Bytes>) -> Segments {
+        let mut out = Segments::default();
+        for b in bufs {
+            let n = b.len() as u64;
+            out.bufs.push((out.len, b));
+            out.len = out.len.saturating_add(n);
+        }
+        out
+    }
+
+    /// Total bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// True when there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The digest of the whole ([`state_digest`] of the concatenation).
+    pub fn digest(&self) -> String {
+        segments_digest(self.bufs.iter().map(|(_, b)| b.as_ref()))
+    }
+
+    /// The bytes of `range` (clamped to the whole): a slice of one buffer when it lies within
+    /// one (no copy), else a copy of the pieces of the buffers it spans.
+    pub fn slice(&self, range: std::ops::Range<u64>) -> Bytes {
+        let (lo, hi) = (range.start.min(self.len), range.end.min(self.len));
+        if lo >= hi {
+            return Bytes::new();
+        }
+        // The last buffer starting at or before `lo`.
+        let first = self.bufs.partition_point(|(start, _)| *start <= lo).saturating_sub(1);
+        let mut out = Vec::new();
+        for (start, b) in &self.bufs[first..] {
+            let end = start + b.len() as u64;
+            if *start >= hi {
+                break;
+            }
+            let (a, z) = (lo.max(*start) - start, hi.min(end) - start);
+            if a >= z {
+                continue;
+            }
+            let piece = b.slice(a as usize..z as usize);
+            if out.is_empty() && lo >= *start && hi <= end {
+                return piece; // within one buffer
+            }
+            out.extend_from_slice(&piece);
+        }
+        Bytes::from(out)
+    }
+}
+
+/// The bytes of `v` in the encoding's order (little-endian): on a little-endian machine the
+/// vector's own memory, moved, not copied.
+fn le_bytes(v: Vec<f32>) -> Bytes {
+    #[cfg(target_endian = "little")]
+    {
+        struct Floats(Vec<f32>);
+        impl AsRef<[u8]> for Floats {
+            fn as_ref(&self) -> &[u8] {
+                bytemuck::cast_slice(&self.0)
+            }
+        }
+        Bytes::from_owner(Floats(v))
+    }
+    #[cfg(not(target_endian = "little"))]
+    {
+        Bytes::from(v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())
+    }
 }
 
 /// The replicated part of the training state: the same on every member (their outer states are
@@ -160,6 +262,16 @@ impl SharedState {
         (self.outer_steps, self.outer, self.momentum)
     }
 
+    /// The encoding as [`Segments`]: its header, then the outer weights' and the momentum's own
+    /// buffers, moved (no copy of the values on a little-endian machine).
+    pub fn into_segments(self) -> Segments {
+        let mut header = Vec::with_capacity(SHARED_HEADER_LEN as usize);
+        header.extend_from_slice(&SHARED_MAGIC);
+        header.extend_from_slice(&self.outer_steps.to_le_bytes());
+        header.extend_from_slice(&(self.outer.len() as u64).to_le_bytes());
+        Segments::new([Bytes::from(header), le_bytes(self.outer), le_bytes(self.momentum)])
+    }
+
     /// The encoding ([`encoded_len`]`(n)` bytes).
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::new();
@@ -222,19 +334,26 @@ fn write(outer_steps: u64, outer: &[f32], momentum: &[f32], out: &mut Vec<u8>) {
     out.extend_from_slice(&SHARED_MAGIC);
     out.extend_from_slice(&outer_steps.to_le_bytes());
     out.extend_from_slice(&n.to_le_bytes());
+    #[cfg(target_endian = "little")]
+    for v in [outer, momentum] {
+        out.extend_from_slice(bytemuck::cast_slice(v));
+    }
+    #[cfg(not(target_endian = "little"))]
     for x in outer.iter().chain(momentum) {
         out.extend_from_slice(&x.to_le_bytes());
     }
 }
 
 fn read_f32s(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4)
-        .map(|c| {
-            let mut a = [0u8; 4];
-            a.copy_from_slice(c); // chunks_exact: always 4 bytes
-            f32::from_le_bytes(a)
-        })
-        .collect()
+    let n = b.len() / 4;
+    let mut v = vec![0f32; n];
+    #[cfg(target_endian = "little")]
+    bytemuck::cast_slice_mut::<f32, u8>(&mut v).copy_from_slice(&b[..n * 4]);
+    #[cfg(not(target_endian = "little"))]
+    for (x, c) in v.iter_mut().zip(b.chunks_exact(4)) {
+        *x = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+    }
+    v
 }
 
 #[cfg(test)]
@@ -268,6 +387,40 @@ mod tests {
         assert_eq!(bits(d.momentum()), bits(s.momentum()));
         let empty = SharedState::new(0, vec![], vec![]).unwrap();
         assert_eq!(SharedState::decode(&empty.encode(), 0).unwrap(), empty);
+    }
+
+    #[test]
+    fn segments_are_the_encoding_without_the_copy() {
+        let s = sample();
+        let seg = s.clone().into_segments();
+        assert_eq!(seg.len(), encoded_len(4));
+        assert_eq!(seg.slice(0..seg.len()).as_ref(), s.encode().as_slice());
+        assert_eq!(seg.digest(), state_digest(&s.encode()));
+        // A long part: the parallel digest is the serial one.
+        let n = 300_000;
+        let big = SharedState::new(1, vec![0.25; n], (0..n).map(|i| i as f32).collect()).unwrap();
+        let enc = big.encode();
+        assert!(enc.len() >= PARALLEL_DIGEST_BYTES);
+        assert_eq!(big.into_segments().digest(), blake3::hash(&enc).to_hex().to_string());
+    }
+
+    proptest! {
+        /// Any range of segments is the same range of their concatenation, whichever buffers
+        /// it spans.
+        #[test]
+        fn a_slice_of_segments_is_the_slice_of_their_concatenation(
+            bufs in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..40), 0..6),
+            a in 0u64..200, b in 0u64..200,
+        ) {
+            let whole: Vec<u8> = bufs.concat();
+            let seg = Segments::new(bufs.into_iter().map(Bytes::from));
+            prop_assert_eq!(seg.len(), whole.len() as u64);
+            let (lo, hi) = (a.min(b), a.max(b));
+            let want = &whole[(lo as usize).min(whole.len())..(hi as usize).min(whole.len())];
+            let got = seg.slice(lo..hi);
+            prop_assert_eq!(got.as_ref(), want);
+            prop_assert_eq!(seg.digest(), state_digest(&whole));
+        }
     }
 
     #[test]
