@@ -294,6 +294,15 @@ pub(crate) enum BenchCommand {
     /// One rank of the TCP all-reduce benchmark.
     #[command(hide = true)]
     AllreduceRank(AllreduceRank),
+    /// Live recovery on the real transport: K sender processes and a joiner on loopback; the
+    /// senders prepare and send their shares of a state as a worker does, the joiner assembles
+    /// and verifies it. Prints the time from the joiner's signal to its verified state, the
+    /// throughput against this machine's memcpy, and each process's CPU time and peak memory
+    /// against the state's size.
+    Recovery(RecoveryBench),
+    /// One process of the recovery benchmark.
+    #[command(hide = true)]
+    RecoveryNode(RecoveryNode),
     /// DiLoCo's quality on the tiny model, in one process (needs `--features torch`): 1 worker,
     /// DiLoCo with W workers and the fp32 and uint8 codecs, and data-parallel training with the
     /// same compute, all with H x outer-steps inner steps per worker from one pretrained start;
@@ -485,6 +494,46 @@ pub(crate) struct QualityBench {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub(crate) json: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct RecoveryBench {
+    /// Bytes of state to move: the replicated part (outer weights and momentum, 8 bytes per
+    /// parameter), e.g. 200MB, 2GB (decimal) or 1GiB.
+    #[arg(long, default_value = "200MB", value_parser = parse_bytes)]
+    pub(crate) bytes: u64,
+    /// Sender processes sharing the transfer out (blocking mode: each sends its share of the
+    /// pieces).
+    #[arg(long, default_value_t = 1)]
+    pub(crate) senders: usize,
+    /// Encrypt and authenticate the connections, as a run with a secret does.
+    #[arg(long)]
+    pub(crate) secure: bool,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// One process of `bench recovery` (started by it): index 0 is the joiner, 1..=K the senders.
+#[derive(Debug, Args)]
+pub(crate) struct RecoveryNode {
+    #[arg(long)]
+    pub(crate) index: usize,
+    #[arg(long)]
+    pub(crate) senders: usize,
+    /// The joiner's listen port on 127.0.0.1, then each sender's.
+    #[arg(long, value_delimiter = ',', value_name = "PORT,PORT,...")]
+    pub(crate) ports: Vec<u16>,
+    #[arg(long)]
+    pub(crate) params: usize,
+    /// The processes' shared secret: connections are encrypted and authenticated with it.
+    #[arg(long)]
+    pub(crate) secret: Option<String>,
+}
+
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    loco_core::scenario::units::parse_size(s)
+        .map_err(|e| format!("expected a size such as 200MB, 2GB or 1GiB ({e})"))
 }
 
 /// One rank of `bench allreduce --backend tcp` (started by it), or of a multi-host run such as

@@ -229,6 +229,24 @@ fn run(cli: Cli) -> Result<Outcome> {
             let r = bench::allreduce::run_rank(&a)?;
             println!("{}", serde_json::to_string(&r)?);
         }
+        Command::Bench(BenchCommand::Recovery(a)) => {
+            let args = bench::recovery::RecoveryBenchArgs {
+                bytes: a.bytes,
+                senders: a.senders,
+                secure: a.secure,
+            };
+            if a.senders == 0 || a.bytes < 8 {
+                let flag = if a.senders == 0 { "--senders" } else { "--bytes" };
+                let what = if a.senders == 0 { "at least 1" } else { "at least 8 bytes" };
+                return Err(InputError(anyhow::anyhow!("{flag}: expected {what}")).into());
+            }
+            let report = bench::recovery::run(&args)?;
+            print_report(a.json, &report, |out| report.print_table(out))?;
+        }
+        Command::Bench(BenchCommand::RecoveryNode(a)) => {
+            let r = bench::recovery::run_node(&a)?;
+            println!("{}", serde_json::to_string(&r)?);
+        }
         Command::Bench(BenchCommand::Train(a)) => {
             let report = bench::train::run(&a)?;
             print_report(a.json, &report, |out| report.print_table(out))?;

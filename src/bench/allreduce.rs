@@ -255,7 +255,7 @@ fn rank_input(seed: u64, rank: usize, n: usize) -> Vec<f32> {
 }
 
 /// This process's CPU time so far (user and system, every thread), in seconds.
-fn cpu_seconds() -> f64 {
+pub(crate) fn cpu_seconds() -> f64 {
     use nix::sys::resource::{UsageWho, getrusage};
     getrusage(UsageWho::RUSAGE_SELF).map_or(0.0, |u| {
         let t = |v: nix::sys::time::TimeVal| v.tv_sec() as f64 + v.tv_usec() as f64 * 1e-6;

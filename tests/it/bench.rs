@@ -1,4 +1,4 @@
-//! `loco bench codec`, `allreduce`, `outer`, `quality` and `train`.
+//! `loco bench codec`, `allreduce`, `recovery`, `outer`, `quality` and `train`.
 
 use crate::common::{TestContext, stderr, stdout};
 
@@ -64,6 +64,38 @@ fn bench_allreduce_over_tcp_repeats_and_reports_the_best_and_the_cpu() {
     assert!(cpu > 0.0, "CPU per rank {cpu}");
     let err = v["rel_rms_error"].as_f64().unwrap();
     assert!(err > 0.0 && err < 0.03, "uint8 W=3 error {err}");
+}
+
+/// Live recovery on real processes: two senders share a state out, the joiner verifies it (the
+/// process checks the values too); the senders send their snapshots' buffers as they are, so
+/// neither allocates anything near the state's size.
+#[test]
+fn bench_recovery_moves_a_verified_state_and_reports_each_process() {
+    let ctx = TestContext::new();
+    let out =
+        ctx.loco(&["bench", "recovery", "--bytes", "24MB", "--senders", "2", "--secure", "--json"]);
+    assert!(out.status.success(), "stderr: {}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("JSON");
+    // 3M parameters: outer weights and momentum, and the 24-byte header.
+    let total = v["state_bytes"].as_u64().unwrap();
+    assert_eq!(total, 24_000_024);
+    assert_eq!(v["senders"], 2);
+    assert_eq!(v["secure"], true);
+    assert!(v["gbps"].as_f64().unwrap() > 0.0 && v["memcpy_gbps"].as_f64().unwrap() > 0.0);
+    let nodes = v["nodes"].as_array().unwrap();
+    assert_eq!(nodes.len(), 3);
+    assert_eq!(nodes[0]["role"], "joiner");
+    let sent: u64 = nodes[1..].iter().map(|n| n["state_bytes"].as_u64().unwrap()).sum();
+    assert_eq!(sent, total, "the senders' shares make the state once");
+    for n in &nodes[1..] {
+        assert!(n["state_bytes"].as_u64().unwrap() > 0, "each sender sends a share");
+        let beyond = n["peak_rss_bytes"].as_u64().unwrap() - n["base_rss_bytes"].as_u64().unwrap();
+        assert!(beyond < total / 2, "a sender allocated {beyond} bytes beyond its state");
+        assert!(n["cpu_seconds"].as_f64().unwrap() > 0.0);
+    }
+    let bad = ctx.loco(&["bench", "recovery", "--senders", "0"]);
+    assert_eq!(bad.status.code(), Some(2), "stderr: {}", stderr(&bad));
+    assert!(stderr(&bad).contains("--senders"), "{}", stderr(&bad));
 }
 
 #[test]

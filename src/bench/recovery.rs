@@ -1,0 +1,340 @@
+//! `loco bench recovery`: what live recovery costs on the real transport. K sender processes and
+//! one joiner on loopback; each sender holds the same replicated state (outer weights and
+//! momentum, 8 bytes per parameter) and, at the joiner's signal, prepares and sends its share as
+//! a worker does (`StateJob::prepare`, `PreparedState::frames`, the TCP transport); the joiner
+//! assembles the pieces and verifies the state (`StateAssembly`, `Received::verify`) as a worker
+//! does. Reported: the time from the signal to the verified state, throughput, each process's
+//! CPU time and peak memory against the state's size, and this machine's memcpy rate.
+
+use anyhow::{Context, Result, bail};
+use bytes::Bytes;
+use loco_core::mesh::MeshMsg;
+use loco_core::node::machine::StateJob;
+use loco_core::node::state::{Expect, PieceRule, SharedState, StateAssembly, share_of};
+use loco_core::transport::{Body, Frame, Header, Transport};
+use loco_core::{Epoch, NodeId};
+use serde::{Deserialize, Serialize};
+use std::io::Write;
+use std::time::Duration;
+
+/// The joiner's id; the senders are 1..=K.
+const JOINER: NodeId = NodeId(100);
+
+/// The benchmark's settings.
+#[derive(Clone, Debug)]
+pub(crate) struct RecoveryBenchArgs {
+    /// Bytes of state (rounded down to whole parameters of 8 bytes).
+    pub(crate) bytes: u64,
+    /// Sender processes.
+    pub(crate) senders: usize,
+    /// Encrypt and authenticate the connections.
+    pub(crate) secure: bool,
+}
+
+/// What one process of the benchmark prints (one JSON line on stdout).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct NodeResult {
+    /// "joiner" or "sender".
+    pub(crate) role: String,
+    /// Sender: encoding and digesting its state; joiner: 0.
+    pub(crate) prepare_seconds: f64,
+    /// Sender: from the signal to its last piece queued; joiner: to its last piece received.
+    pub(crate) transfer_seconds: f64,
+    /// Joiner: from the signal to the verified state; sender: to the joiner's word that it
+    /// holds it.
+    pub(crate) total_seconds: f64,
+    /// CPU time (user and system, every thread) from the signal on.
+    pub(crate) cpu_seconds: f64,
+    /// Peak resident memory of the process.
+    pub(crate) peak_rss_bytes: Option<u64>,
+    /// Resident memory before the signal (the state it holds anyway, the runtime).
+    pub(crate) base_rss_bytes: Option<u64>,
+    /// State bytes this process sent or received.
+    pub(crate) state_bytes: u64,
+}
+
+/// The benchmark's report.
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct RecoveryBenchReport {
+    /// State bytes (both parts).
+    pub(crate) state_bytes: u64,
+    /// Sender processes.
+    pub(crate) senders: usize,
+    /// Whether the connections were encrypted.
+    pub(crate) secure: bool,
+    /// From the joiner's signal to its verified state.
+    pub(crate) seconds: f64,
+    /// `state_bytes / seconds`, GB/s (decimal).
+    pub(crate) gbps: f64,
+    /// A single-core memcpy of the same bytes (up to 512 MB) in this run, GB/s.
+    pub(crate) memcpy_gbps: f64,
+    /// `gbps / memcpy_gbps`.
+    pub(crate) vs_memcpy: f64,
+    /// The joiner, then the senders.
+    pub(crate) nodes: Vec<NodeResult>,
+}
+
+impl RecoveryBenchReport {
+    /// The table `loco bench recovery` prints.
+    pub(crate) fn print_table(&self, out: &mut impl Write) -> std::io::Result<()> {
+        let mb = |b: u64| b as f64 / 1e6;
+        writeln!(
+            out,
+            "live recovery of {:.0} MB from {} sender(s) on loopback{}: {:.3} s, {:.2} GB/s end \
+             to end, verified ({:.2}x this machine's single-core memcpy, {:.2} GB/s)",
+            mb(self.state_bytes),
+            self.senders,
+            if self.secure { ", encrypted" } else { "" },
+            self.seconds,
+            self.gbps,
+            self.vs_memcpy,
+            self.memcpy_gbps,
+        )?;
+        writeln!(
+            out,
+            "{:<8} {:>10} {:>10} {:>10} {:>9} {:>12} {:>14}",
+            "process", "prepare s", "transfer s", "total s", "cpu s", "peak MB", "beyond base MB"
+        )?;
+        for n in &self.nodes {
+            let beyond = match (n.peak_rss_bytes, n.base_rss_bytes) {
+                (Some(p), Some(b)) => format!("{:.0}", mb(p.saturating_sub(b))),
+                _ => "-".into(),
+            };
+            writeln!(
+                out,
+                "{:<8} {:>10.3} {:>10.3} {:>10.3} {:>9.3} {:>12} {:>14}",
+                n.role,
+                n.prepare_seconds,
+                n.transfer_seconds,
+                n.total_seconds,
+                n.cpu_seconds,
+                n.peak_rss_bytes.map_or("-".into(), |p| format!("{:.0}", mb(p))),
+                beyond,
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// The state every sender holds: deterministic, so that the joiner can check what it verified.
+fn state(params: usize) -> Result<SharedState> {
+    let outer = (0..params).map(|i| (i % 1000) as f32 * 1e-3 - 0.5).collect();
+    let momentum = (0..params).map(|i| -((i % 777) as f32) * 1e-4).collect();
+    SharedState::new(7, outer, momentum).context("the benchmark's state")
+}
+
+fn signal(msg: MeshMsg) -> Frame {
+    Frame { header: Header::Mesh(msg), body: Body::Bytes(Bytes::new()) }
+}
+
+fn cpu_seconds() -> f64 {
+    super::allreduce::cpu_seconds()
+}
+
+fn tcp_config(secret: Option<&str>) -> loco_real::tcp::TcpConfig {
+    loco_real::tcp::TcpConfig {
+        secret: secret.map(|k| k.as_bytes().to_vec()),
+        ..loco_real::tcp::TcpConfig::default()
+    }
+}
+
+/// One process of the benchmark (`loco bench recovery-node`, started by [`run`]).
+pub(crate) fn run_node(a: &crate::cli::RecoveryNode) -> Result<NodeResult> {
+    use loco_real::tcp::TcpTransport;
+    let senders: Vec<NodeId> = (1..=a.senders as u32).map(NodeId).collect();
+    if a.ports.len() != senders.len() + 1 {
+        bail!("--ports: expected the joiner's port and {} senders'", senders.len());
+    }
+    let addr = |i: usize| std::net::SocketAddr::from(([127, 0, 0, 1], a.ports[i]));
+    let rt = crate::real_cmd::runtime()?;
+    let cfg = tcp_config(a.secret.as_deref());
+    if a.index == 0 {
+        // The joiner.
+        let expected = state(a.params)?;
+        let base = loco_real::node::peak_rss_bytes();
+        rt.block_on(async {
+            let mut t = TcpTransport::bind(JOINER, addr(0), cfg).await?;
+            for (i, &s) in senders.iter().enumerate() {
+                t.set_peer_addr(s, addr(i + 1));
+                t.connect_within(s, Duration::from_secs(60)).await?;
+            }
+            let mut assembly =
+                StateAssembly::new(Epoch(1), senders.clone(), true, Expect::real(a.params, 0));
+            let (start, cpu0) = (crate::clock::now(), cpu_seconds());
+            for &s in &senders {
+                t.send(s, signal(MeshMsg::Join { incarnation: 0 })).await?;
+            }
+            let mut bytes = 0u64;
+            let received = loop {
+                let (from, f) = tokio::time::timeout(Duration::from_secs(600), t.recv())
+                    .await
+                    .context("no state piece for 10 minutes")??;
+                let Header::State(h) = &f.header else { continue };
+                bytes += f.body.len();
+                let p = assembly
+                    .put(from, h, &f.body)
+                    .map_err(|r| anyhow::anyhow!("a piece from {from} was refused: {r}"))?;
+                if p.is_complete() {
+                    break assembly.take_complete().context("complete, yet nothing to take")?;
+                }
+            };
+            let transfer = start.elapsed().as_secs_f64();
+            let params = a.params;
+            let verified = tokio::task::spawn_blocking(move || received.verify(params))
+                .await?
+                .map_err(|e| anyhow::anyhow!("the state did not verify: {e:?}"))?;
+            let total = start.elapsed().as_secs_f64();
+            let cpu = cpu_seconds() - cpu0;
+            if verified.shared.as_ref() != Some(&expected) {
+                bail!("the verified state is not the senders'");
+            }
+            for &s in &senders {
+                t.send(s, signal(MeshMsg::Shutdown)).await?;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            Ok(NodeResult {
+                role: "joiner".into(),
+                prepare_seconds: 0.0,
+                transfer_seconds: transfer,
+                total_seconds: total,
+                cpu_seconds: cpu,
+                peak_rss_bytes: loco_real::node::peak_rss_bytes(),
+                base_rss_bytes: base,
+                state_bytes: bytes,
+            })
+        })
+    } else {
+        let me = senders.get(a.index - 1).copied().context("--index beyond the senders")?;
+        let shared = state(a.params)?;
+        let base = loco_real::node::peak_rss_bytes();
+        rt.block_on(async {
+            let mut t = TcpTransport::bind(me, addr(a.index), cfg).await?;
+            t.set_peer_addr(JOINER, addr(0));
+            let go = |f: &Frame, want: fn(&MeshMsg) -> bool| {
+                matches!(&f.header, Header::Mesh(m) if want(m))
+            };
+            loop {
+                let (_, f) = tokio::time::timeout(Duration::from_secs(120), t.recv())
+                    .await
+                    .context("no signal from the joiner")??;
+                if go(&f, |m| matches!(m, MeshMsg::Join { .. })) {
+                    break;
+                }
+            }
+            let (start, cpu0) = (crate::clock::now(), cpu_seconds());
+            let share = share_of(&senders, me, true).context("a sender without a share")?;
+            let job = StateJob::real(Epoch(1), JOINER, share, PieceRule::Clamped, shared);
+            let prepared = tokio::task::spawn_blocking(move || job.prepare(None)).await?;
+            let prepare = start.elapsed().as_secs_f64();
+            let mut bytes = 0u64;
+            for f in prepared.frames() {
+                bytes += f.body.len();
+                t.send(JOINER, f).await?;
+            }
+            let transfer = start.elapsed().as_secs_f64();
+            drop(prepared);
+            loop {
+                let (_, f) = tokio::time::timeout(Duration::from_secs(600), t.recv())
+                    .await
+                    .context("the joiner never said it holds the state")??;
+                if go(&f, |m| matches!(m, MeshMsg::Shutdown)) {
+                    break;
+                }
+            }
+            Ok(NodeResult {
+                role: "sender".into(),
+                prepare_seconds: prepare,
+                transfer_seconds: transfer,
+                total_seconds: start.elapsed().as_secs_f64(),
+                cpu_seconds: cpu_seconds() - cpu0,
+                peak_rss_bytes: loco_real::node::peak_rss_bytes(),
+                base_rss_bytes: base,
+                state_bytes: bytes,
+            })
+        })
+    }
+}
+
+/// A single-core memcpy of `bytes` (up to 512 MB), best of three, GB/s.
+fn memcpy_gbps(bytes: u64) -> f64 {
+    let n = (bytes.min(512 << 20) / 4).max(1) as usize;
+    let src = vec![1.0f32; n];
+    let mut dst = vec![0.0f32; n];
+    dst.copy_from_slice(&src);
+    let mut best = f64::INFINITY;
+    for _ in 0..3 {
+        let t = crate::clock::now();
+        dst.copy_from_slice(&src);
+        std::hint::black_box(&mut dst);
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    (4 * n) as f64 / best.max(1e-9) / 1e9
+}
+
+/// Runs the benchmark: the senders and the joiner as child processes on loopback.
+pub(crate) fn run(args: &RecoveryBenchArgs) -> Result<RecoveryBenchReport> {
+    if args.senders == 0 {
+        bail!("--senders: expected at least 1");
+    }
+    let params = usize::try_from(args.bytes / 8).context("--bytes: too large for this machine")?;
+    if params == 0 {
+        bail!("--bytes: expected at least 8 (one parameter's outer weight and momentum)");
+    }
+    let memcpy = memcpy_gbps(args.bytes);
+    let ports: Vec<u16> = {
+        let ls: Vec<std::net::TcpListener> = (0..=args.senders)
+            .map(|_| std::net::TcpListener::bind(("127.0.0.1", 0)))
+            .collect::<Result<_, _>>()?;
+        ls.iter().map(|l| l.local_addr().map(|a| a.port())).collect::<Result<_, _>>()?
+    };
+    let ports_arg = ports.iter().map(u16::to_string).collect::<Vec<_>>().join(",");
+    let secret: Option<String> = args
+        .secure
+        .then(|| rand::random::<[u8; 16]>().iter().map(|b| format!("{b:02x}")).collect());
+    let exe = std::env::current_exe()?;
+    let spawn = |index: usize| {
+        std::process::Command::new(&exe)
+            .args(["bench", "recovery-node", "--index", &index.to_string()])
+            .args(["--senders", &args.senders.to_string(), "--ports", &ports_arg])
+            .args(["--params", &params.to_string()])
+            .args(secret.as_ref().map(|k| ["--secret", k.as_str()]).into_iter().flatten())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+    };
+    // Senders first: the joiner dials them.
+    let mut children = Vec::new();
+    for i in 1..=args.senders {
+        children.push(spawn(i)?);
+    }
+    children.insert(0, spawn(0)?);
+    let mut nodes = Vec::new();
+    let mut failed = None;
+    for (i, c) in children.into_iter().enumerate() {
+        let out = c.wait_with_output()?;
+        let line = String::from_utf8_lossy(&out.stdout);
+        match serde_json::from_str::<NodeResult>(line.trim()) {
+            Ok(r) if out.status.success() => nodes.push(r),
+            _ => {
+                let who = if i == 0 { "the joiner".to_string() } else { format!("sender {i}") };
+                failed.get_or_insert(format!("{who} failed ({})", out.status));
+            }
+        }
+    }
+    if let Some(f) = failed {
+        bail!("{f}");
+    }
+    let joiner = &nodes[0];
+    let seconds = joiner.total_seconds;
+    let state_bytes = joiner.state_bytes;
+    let gbps = state_bytes as f64 / seconds.max(1e-9) / 1e9;
+    Ok(RecoveryBenchReport {
+        state_bytes,
+        senders: args.senders,
+        secure: args.secure,
+        seconds,
+        gbps,
+        memcpy_gbps: memcpy,
+        vs_memcpy: gbps / memcpy,
+        nodes,
+    })
+}
