@@ -93,6 +93,11 @@ pub struct TcpConfig {
     pub max_body: u64,
     /// Capacity of the receive queue, in frames (default 4096).
     pub inbox_frames: usize,
+    /// Bytes of frame bodies the receive queue may hold (default 256 MiB): a connection's reader
+    /// that would go beyond waits until the node takes frames, and TCP's window then holds the
+    /// sender back, so that a peer sending faster than this node consumes (a state transfer of
+    /// gigabytes) cannot fill its memory. A body larger than the bound waits for an empty queue.
+    pub inbox_bytes: u64,
     /// The TCP congestion control of every connection (`[sim] tcp`: "cubic" or "bbr"); `None`
     /// keeps the host's default. Set per socket, which a process with `CAP_NET_ADMIN` may do
     /// for any algorithm the kernel has, and others for those the host allows.
@@ -172,6 +177,7 @@ impl Default for TcpConfig {
             secret: None,
             max_body: 4 << 30,
             inbox_frames: 4096,
+            inbox_bytes: 256 << 20,
             congestion: None,
             user_timeout: None,
             dial_via: BTreeMap::new(),
@@ -290,7 +296,7 @@ pub struct TcpTransport {
     known: BTreeMap<NodeId, Duration>,
     /// Background dials to peers whose connection failed.
     redials: BTreeMap<NodeId, JoinHandle<Result<Peer, TransportError>>>,
-    inbox: mpsc::Receiver<(NodeId, Frame)>,
+    inbox: mpsc::Receiver<Inbound>,
     stats: Arc<TcpStats>,
     accept_task: JoinHandle<()>,
 }
@@ -314,8 +320,14 @@ impl TcpTransport {
         let stats = Arc::new(TcpStats::default());
         let (tx, inbox) = mpsc::channel(cfg.inbox_frames.max(1));
         let addrs = Directory::default();
-        let ctx =
-            AcceptCtx { me: id, cfg: cfg.clone(), stats: stats.clone(), addrs: addrs.clone() };
+        let budget = Arc::new(tokio::sync::Semaphore::new(inbox_permits(cfg.inbox_bytes)));
+        let ctx = AcceptCtx {
+            me: id,
+            cfg: cfg.clone(),
+            stats: stats.clone(),
+            addrs: addrs.clone(),
+            budget,
+        };
         let accept_task = tokio::spawn(accept_loop(listener, ctx, tx));
         Ok(TcpTransport {
             id,
@@ -592,7 +604,9 @@ impl Transport for TcpTransport {
     }
 
     async fn recv(&mut self) -> Result<(NodeId, Frame), TransportError> {
-        self.inbox.recv().await.ok_or(TransportError::Closed)
+        // The frame's share of the queue's byte budget is given back as it leaves the queue.
+        let (from, frame, _budget) = self.inbox.recv().await.ok_or(TransportError::Closed)?;
+        Ok((from, frame))
     }
 }
 
@@ -669,9 +683,21 @@ struct AcceptCtx {
     cfg: Arc<TcpConfig>,
     stats: Arc<TcpStats>,
     addrs: Directory,
+    /// The receive queue's byte budget, in permits of [`INBOX_UNIT`] bytes.
+    budget: Arc<tokio::sync::Semaphore>,
 }
 
-async fn accept_loop(listener: TcpListener, ctx: AcceptCtx, inbox: mpsc::Sender<(NodeId, Frame)>) {
+/// A frame in the receive queue, with its share of the queue's byte budget.
+type Inbound = (NodeId, Frame, Option<tokio::sync::OwnedSemaphorePermit>);
+
+/// Bytes per permit of the receive queue's budget.
+const INBOX_UNIT: u64 = 1 << 10;
+
+fn inbox_permits(bytes: u64) -> usize {
+    usize::try_from(bytes.div_ceil(INBOX_UNIT).clamp(1, u64::from(u32::MAX >> 4))).unwrap_or(1)
+}
+
+async fn accept_loop(listener: TcpListener, ctx: AcceptCtx, inbox: mpsc::Sender<Inbound>) {
     loop {
         let Ok((stream, addr)) = listener.accept().await else { continue };
         let (ctx, inbox) = (ctx.clone(), inbox.clone());
@@ -762,17 +788,20 @@ async fn accept_handshake<S: AsyncRead + AsyncWrite + Send + Unpin + 'static>(
     }
 }
 
-async fn read_loop(
-    from: NodeId,
-    mut s: WireIn,
-    ctx: &AcceptCtx,
-    inbox: &mpsc::Sender<(NodeId, Frame)>,
-) {
+async fn read_loop(from: NodeId, mut s: WireIn, ctx: &AcceptCtx, inbox: &mpsc::Sender<Inbound>) {
     loop {
         match read_frame(&mut s, &ctx.cfg).await {
             Ok(Some(Incoming::Frame(frame))) => {
                 ctx.stats.frames_received.fetch_add(1, Ordering::Relaxed);
-                if inbox.send((from, frame)).await.is_err() {
+                // Its share of the byte budget (all of it for a body beyond the whole budget).
+                let want = inbox_permits(frame.body.len()).min(inbox_permits(ctx.cfg.inbox_bytes));
+                let permit = if frame.body.is_empty() {
+                    None
+                } else {
+                    let n = u32::try_from(want).unwrap_or(u32::MAX);
+                    ctx.budget.clone().acquire_many_owned(n).await.ok()
+                };
+                if inbox.send((from, frame, permit)).await.is_err() {
                     return; // this endpoint is gone
                 }
             }

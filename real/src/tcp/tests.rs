@@ -54,6 +54,27 @@ async fn frames_arrive_intact_and_in_order_on_one_stream() {
     assert_eq!(b.stats().corrupt_frames.load(Ordering::Relaxed), 0);
 }
 
+/// A peer sending faster than this node takes frames fills the receive queue only up to its
+/// byte budget: the reader waits (and TCP's window holds the sender back) until frames are
+/// taken, and then every frame arrives, in order.
+#[tokio::test]
+async fn the_receive_queue_holds_no_more_body_bytes_than_its_budget() {
+    let cfg = TcpConfig { inbox_bytes: 1 << 20, ..TcpConfig::default() };
+    let (mut a, mut b) = pair(cfg).await;
+    let big = |i: u8| Frame { body: Body::Bytes(Bytes::from(vec![i; 400 << 10])), ..collective(0) };
+    for i in 0..10 {
+        a.send(NodeId(1), big(i)).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Two bodies of 400 KiB fit the 1 MiB budget; the reader holds a third while it waits.
+    let read = b.stats().frames_received.load(Ordering::Relaxed);
+    assert!((2..=3).contains(&read), "{read} frames read past a full queue");
+    for i in 0..10 {
+        let (_, f) = recv_within(&mut b).await.expect("frame");
+        assert_eq!(f, big(i));
+    }
+}
+
 #[tokio::test]
 async fn ring_allreduce_over_tcp_with_several_streams_gives_identical_replicas() {
     ring_over_tcp(TcpConfig { streams: 3, ..TcpConfig::default() }).await;

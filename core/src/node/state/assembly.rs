@@ -3,9 +3,10 @@
 //!
 //! See [`StateAssembly`] for the rules a piece must pass.
 
+use super::part::{PART_CHUNK, PartBytes};
 use super::plan::virtual_part_lens;
 use super::verify::{Received, ReceivedPart, VerifyFailed};
-use super::wire::encoded_len;
+use super::wire::{SHARED_HEADER_LEN, encoded_len};
 use super::{PART_OWN, PART_SHARED};
 use crate::ids::{Epoch, NodeId};
 use crate::transport::{Body, StateHeader};
@@ -291,7 +292,7 @@ impl EarlyPieces {
 }
 
 enum Data {
-    Bytes(Vec<u8>),
+    Bytes(PartBytes),
     Virtual,
     /// Handed out for verification.
     Taken,
@@ -306,6 +307,12 @@ struct PartCopy {
     /// Pieces held, `offset -> end`, disjoint.
     ranges: BTreeMap<u64, u64>,
     held: u64,
+    /// The digest of the bytes held so far, fed as the held prefix grows (so that verification
+    /// ends with the last piece instead of reading the whole part again), and up to where.
+    hasher: blake3::Hasher,
+    hashed_to: u64,
+    /// The digest of the bytes, once complete.
+    hashed: Option<String>,
 }
 
 impl PartCopy {
@@ -334,7 +341,31 @@ impl PartCopy {
             outer_step: self.outer_step,
             digest: self.digest.clone(),
             total: self.total,
+            hashed: bytes.as_ref().and(self.hashed.clone()),
             bytes,
+        }
+    }
+
+    /// Feeds the digest with the pieces that now extend the held prefix.
+    fn hash_prefix(&mut self) {
+        let Data::Bytes(buf) = &self.data else { return };
+        while let Some(&end) = self.ranges.get(&self.hashed_to) {
+            if end <= self.hashed_to {
+                break; // the one empty piece of an empty part
+            }
+            let (Ok(a), Ok(z)) = (usize::try_from(self.hashed_to), usize::try_from(end)) else {
+                return;
+            };
+            // One thread: the transfer itself keeps the other cores busy (the connections'
+            // readers, the sender), and pool threads spinning beside them slowed it down.
+            let hasher = &mut self.hasher;
+            buf.for_each(a..z, |s| {
+                hasher.update(s);
+            });
+            self.hashed_to = end;
+        }
+        if self.hashed_to == self.total && self.hashed.is_none() {
+            self.hashed = Some(self.hasher.finalize().to_hex().to_string());
         }
     }
 
@@ -348,6 +379,7 @@ impl PartCopy {
             None if virtual_bodies => Data::Virtual,
             _ => return false,
         };
+        self.hashed = p.hashed;
         true
     }
 }
@@ -430,7 +462,19 @@ fn put_into(
                     Data::Bytes(v) if v.len() == total => Some(v),
                     _ => None,
                 });
-                Data::Bytes(old.unwrap_or_else(|| vec![0u8; total]))
+                // The replicated part in the vectors it decodes to (the pieces land in their
+                // final buffers); the own part in one vector (the inner loop takes it so).
+                let fresh = || {
+                    let n = (h.total.checked_sub(SHARED_HEADER_LEN))
+                        .filter(|b| b % 8 == 0)
+                        .and_then(|b| usize::try_from(b / 8).ok());
+                    match n {
+                        Some(n) if part == PART_SHARED => PartBytes::shared(n),
+                        _ if part == PART_SHARED => PartBytes::zeroed(total, PART_CHUNK),
+                        _ => PartBytes::zeroed(total, total),
+                    }
+                };
+                Data::Bytes(old.unwrap_or_else(fresh))
             }
         };
         *slot = Some(PartCopy {
@@ -440,17 +484,18 @@ fn put_into(
             data,
             ranges: BTreeMap::new(),
             held: 0,
+            hasher: blake3::Hasher::new(),
+            hashed_to: 0,
+            hashed: None,
         });
     }
     let Some(c) = slot.as_mut() else { return Ok(None) };
     match (&mut c.data, body) {
         (Data::Bytes(buf), Body::Bytes(b)) => {
-            let dst = usize::try_from(lo)
-                .ok()
-                .zip(usize::try_from(hi).ok())
-                .and_then(|(lo, hi)| buf.get_mut(lo..hi))
-                .ok_or(Refused::OutOfRange { part, offset: lo, len, total: c.total })?;
-            dst.copy_from_slice(b);
+            let at = usize::try_from(lo).ok();
+            if !at.is_some_and(|at| buf.write(at, b)) {
+                return Err(Refused::OutOfRange { part, offset: lo, len, total: c.total });
+            }
         }
         (Data::Virtual, Body::Virtual(_)) => {}
         // A complete copy (handed out) overlaps every piece; kinds were checked before.
@@ -460,6 +505,7 @@ fn put_into(
     }
     c.ranges.insert(lo, hi);
     c.held = c.held.saturating_add(len);
+    c.hash_prefix();
     Ok(Some(restarted))
 }
 

@@ -36,6 +36,7 @@
 //! right. A non-blocking joiner then replays the steps committed meanwhile ([`ReplayLog`]).
 
 mod assembly;
+mod part;
 mod plan;
 mod replay;
 mod verify;
@@ -44,6 +45,7 @@ mod wire;
 pub use assembly::{
     DEFAULT_EARLY_BYTES, EarlyPieces, Expect, Fed, Progress, Reassigned, Refused, StateAssembly,
 };
+pub use part::{PART_CHUNK, PartBytes};
 pub use plan::{
     PIECE_MAX, PIECE_MIN, PieceRule, Pieces, Share, VIRTUAL_BYTES_PER_PARAM, pieces, share_of,
     virtual_part_lens,

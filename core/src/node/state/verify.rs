@@ -1,7 +1,8 @@
 //! A complete state, its verification (O(state): executors run it off their event loop), and
 //! what a failure keeps.
 
-use super::wire::{SharedState, StateError, state_digest};
+use super::part::PartBytes;
+use super::wire::{SharedState, StateError};
 use crate::ids::NodeId;
 use std::fmt;
 
@@ -15,13 +16,16 @@ pub struct ReceivedPart {
     /// Its length (real or virtual).
     pub total: u64,
     /// Its bytes; `None` for virtual numerics.
-    pub bytes: Option<Vec<u8>>,
+    pub bytes: Option<PartBytes>,
+    /// The digest of `bytes`, when the assembly computed it as the pieces arrived (verification
+    /// then does not read the bytes again); `None`: verification computes it.
+    pub hashed: Option<String>,
 }
 
 impl ReceivedPart {
     fn check(&self) -> Result<(), PartFault> {
         let Some(b) = &self.bytes else { return Ok(()) };
-        let actual = state_digest(b);
+        let actual = self.hashed.clone().unwrap_or_else(|| b.digest());
         if actual == self.digest {
             Ok(())
         } else {
@@ -138,25 +142,26 @@ impl Received {
     /// parameters. Virtual parts (no bytes) pass without checks. On failure the part that was
     /// right is kept in the [`VerifyFailed`] (boxed: it is large).
     pub fn verify(self, expect_n: usize) -> Result<Verified, Box<VerifyFailed>> {
-        let Received { shared, own, own_from } = self;
-        let decoded = shared.check().and_then(|()| match &shared.bytes {
-            None => Ok(None),
+        let Received { mut shared, own, own_from } = self;
+        // Everything is checked before the replicated part's bytes are moved into the state.
+        let checked = shared.check().and_then(|()| match &shared.bytes {
+            None => Ok(()),
             Some(b) => {
-                let s = SharedState::decode(b, expect_n).map_err(PartFault::Decode)?;
-                if s.outer_steps() == shared.outer_step {
-                    Ok(Some(s))
+                let inside = SharedState::check_part(b, expect_n).map_err(PartFault::Decode)?;
+                if inside == shared.outer_step {
+                    Ok(())
                 } else {
-                    Err(PartFault::Step { header: shared.outer_step, inside: s.outer_steps() })
+                    Err(PartFault::Step { header: shared.outer_step, inside })
                 }
             }
         });
         let own_ok = own.check();
-        match (decoded, own_ok) {
-            (Ok(state), Ok(())) => Ok(Verified {
+        match (checked, own_ok) {
+            (Ok(()), Ok(())) => Ok(Verified {
                 outer_step: shared.outer_step,
-                shared: state,
+                shared: shared.bytes.take().and_then(|b| SharedState::from_part(b, expect_n)),
                 bytes: shared.total.saturating_add(own.total),
-                own: own.bytes,
+                own: own.bytes.map(PartBytes::into_vec),
                 own_from,
                 shared_digest: shared.digest,
                 own_digest: own.digest,

@@ -13,6 +13,7 @@
 //! Every field sits at an offset known from `n` alone, so a sender can later produce any piece
 //! straight from its buffers, without a serialisation pass.
 
+use super::part::PartBytes;
 use crate::diloco::{Bucket, DilocoError, OuterConfig, OuterState};
 use bytes::Bytes;
 
@@ -88,7 +89,7 @@ pub const fn encoded_len(n: u64) -> u64 {
 
 /// Parts this long or longer are hashed on every core (BLAKE3 is a tree: the digest is the same
 /// however it is computed).
-const PARALLEL_DIGEST_BYTES: usize = 1 << 20;
+pub(crate) const PARALLEL_DIGEST_BYTES: usize = 1 << 20;
 
 /// The one digest of a state part: hex BLAKE3, full length (64 characters).
 pub fn state_digest(bytes: &[u8]) -> String {
@@ -320,6 +321,83 @@ impl SharedState {
     }
 }
 
+impl SharedState {
+    /// Checks the encoding held in `bytes` for a model of `expect_n` parameters (magic, count,
+    /// exact length) and gives its outer step count, without reading the values.
+    pub fn check_part(bytes: &PartBytes, expect_n: usize) -> Result<u64, StateError> {
+        let mut head = Vec::with_capacity(SHARED_HEADER_LEN as usize);
+        bytes.for_each(0..SHARED_HEADER_LEN as usize, |s| head.extend_from_slice(s));
+        let got = bytes.len() as u64;
+        let (Some(magic), Some(steps), Some(n)) = (
+            head.get(0..8).and_then(|b| <[u8; 8]>::try_from(b).ok()),
+            head.get(8..16).and_then(|b| <[u8; 8]>::try_from(b).ok()),
+            head.get(16..24).and_then(|b| <[u8; 8]>::try_from(b).ok()),
+        ) else {
+            return Err(StateError::Truncated { need: SHARED_HEADER_LEN, got });
+        };
+        if magic != SHARED_MAGIC {
+            return Err(StateError::BadMagic { got: magic });
+        }
+        let n = u64::from_le_bytes(n);
+        if n != expect_n as u64 {
+            return Err(StateError::WrongParams { expected: expect_n as u64, got: n });
+        }
+        let need = encoded_len(n);
+        if got < need {
+            return Err(StateError::Truncated { need, got });
+        }
+        if got > need {
+            return Err(StateError::Trailing { extra: got - need });
+        }
+        Ok(u64::from_le_bytes(steps))
+    }
+
+    /// The state in `bytes`, which [`check_part`](Self::check_part) accepted: the values are
+    /// copied into their own buffers chunk by chunk, each chunk freed once read, so that at no
+    /// time are two whole copies held. `None` when the check would fail.
+    pub fn from_part(bytes: PartBytes, expect_n: usize) -> Option<SharedState> {
+        let outer_steps = SharedState::check_part(&bytes, expect_n).ok()?;
+        // Held as the vectors it decodes to: moved.
+        let bytes = match bytes.into_floats() {
+            Ok([outer, momentum]) => return Some(SharedState { outer_steps, outer, momentum }),
+            Err(bytes) => bytes,
+        };
+        let n = expect_n;
+        let (mut outer, mut momentum) = (vec![0f32; n], vec![0f32; n]);
+        let head = SHARED_HEADER_LEN as usize;
+        let mut at = 0usize; // the part's offset of the chunk's first byte
+        for chunk in bytes.into_chunks() {
+            let end = at + chunk.len();
+            for (dst, start) in [(&mut outer, head), (&mut momentum, head + 4 * n)] {
+                // The bytes of this vector that lie in this chunk: whole floats (the chunks'
+                // lengths and the vectors' offsets are multiples of 4).
+                let (lo, hi) = (at.max(start), end.min(start + 4 * n));
+                if lo < hi {
+                    fill_f32s(
+                        &mut dst[(lo - start) / 4..(hi - start) / 4],
+                        &chunk[lo - at..hi - at],
+                    );
+                }
+            }
+            at = end;
+        }
+        Some(SharedState { outer_steps, outer, momentum })
+    }
+}
+
+/// Copies little-endian floats from `src` (4 bytes each) into `dst`.
+fn fill_f32s(dst: &mut [f32], src: &[u8]) {
+    #[cfg(target_endian = "little")]
+    {
+        let n = dst.len() * 4;
+        bytemuck::cast_slice_mut::<f32, u8>(dst).copy_from_slice(&src[..n]);
+    }
+    #[cfg(not(target_endian = "little"))]
+    for (x, c) in dst.iter_mut().zip(src.chunks_exact(4)) {
+        *x = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+    }
+}
+
 /// The encoding of `o`'s replicated part, without an intermediate [`SharedState`].
 pub fn encode_outer_state(o: &OuterState) -> Vec<u8> {
     let mut out = Vec::new();
@@ -345,14 +423,8 @@ fn write(outer_steps: u64, outer: &[f32], momentum: &[f32], out: &mut Vec<u8>) {
 }
 
 fn read_f32s(b: &[u8]) -> Vec<f32> {
-    let n = b.len() / 4;
-    let mut v = vec![0f32; n];
-    #[cfg(target_endian = "little")]
-    bytemuck::cast_slice_mut::<f32, u8>(&mut v).copy_from_slice(&b[..n * 4]);
-    #[cfg(not(target_endian = "little"))]
-    for (x, c) in v.iter_mut().zip(b.chunks_exact(4)) {
-        *x = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-    }
+    let mut v = vec![0f32; b.len() / 4];
+    fill_f32s(&mut v, b);
     v
 }
 
@@ -402,6 +474,33 @@ mod tests {
         let enc = big.encode();
         assert!(enc.len() >= PARALLEL_DIGEST_BYTES);
         assert_eq!(big.into_segments().digest(), blake3::hash(&enc).to_hex().to_string());
+    }
+
+    /// Decoding from chunks (any chunk length, a multiple of 4 as the assembly's) gives what
+    /// decoding the whole gives; checks refuse what `decode` refuses.
+    #[test]
+    fn a_part_in_chunks_decodes_as_the_whole_does() {
+        let s =
+            SharedState::new(9, (0..37).map(|i| i as f32 - 3.5).collect(), vec![-0.5; 37]).unwrap();
+        let enc = s.encode();
+        for chunk in [4, 8, 12, 24, 28, 100, 4096] {
+            let mut p = PartBytes::zeroed(enc.len(), chunk);
+            assert!(p.write(0, &enc));
+            assert_eq!(SharedState::check_part(&p, 37), Ok(9));
+            assert!(matches!(
+                SharedState::check_part(&p, 36),
+                Err(StateError::WrongParams { expected: 36, got: 37 })
+            ));
+            assert_eq!(SharedState::from_part(p, 37), Some(s.clone()));
+        }
+        let mut bad = PartBytes::from(enc.clone());
+        assert!(bad.write(0, b"notloco!"));
+        assert!(matches!(SharedState::check_part(&bad, 37), Err(StateError::BadMagic { .. })));
+        assert_eq!(SharedState::from_part(bad, 37), None);
+        let short = PartBytes::from(enc[..enc.len() - 4].to_vec());
+        assert!(matches!(SharedState::check_part(&short, 37), Err(StateError::Truncated { .. })));
+        let tiny = PartBytes::from(enc[..10].to_vec());
+        assert!(matches!(SharedState::check_part(&tiny, 37), Err(StateError::Truncated { .. })));
     }
 
     proptest! {

@@ -1,0 +1,238 @@
+//! The joiner's buffer of one state part: its bytes in chunks, each allocated once at its
+//! checked length. Pieces are written into it where they belong; decoding the replicated part
+//! moves the values chunk by chunk into their final buffers and frees each chunk as it goes, so
+//! that a joiner never holds two whole copies of the state.
+
+use super::wire::{SHARED_HEADER_LEN, segments_digest};
+use std::ops::Range;
+
+/// Bytes per chunk of a replicated part's buffer.
+pub const PART_CHUNK: usize = 64 << 20;
+
+/// One part's bytes: in chunks of a fixed length (the last one shorter), or, for the replicated
+/// part on a little-endian machine, in the encoding's own three pieces (the header, and the
+/// outer weights and the momentum as the float vectors they decode to: pieces are written into
+/// their final buffers and decoding moves them).
+#[derive(Clone, Debug)]
+pub struct PartBytes {
+    repr: Repr,
+    len: usize,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+enum Repr {
+    Chunks { chunks: Vec<Vec<u8>>, chunk: usize },
+    Floats { header: Vec<u8>, outer: Vec<f32>, momentum: Vec<f32> },
+}
+
+/// Equal when the bytes are (whatever buffers hold them).
+impl PartialEq for PartBytes {
+    fn eq(&self, other: &PartBytes) -> bool {
+        self.len == other.len && self.segments().concat() == other.segments().concat()
+    }
+}
+
+impl Eq for PartBytes {}
+
+impl Default for PartBytes {
+    fn default() -> Self {
+        PartBytes::zeroed(0, 1)
+    }
+}
+
+impl PartBytes {
+    /// `len` zero bytes in chunks of `chunk` bytes (0 counts as 1).
+    pub fn zeroed(len: usize, chunk: usize) -> PartBytes {
+        let chunk = chunk.max(1);
+        let chunks =
+            (0..len.div_ceil(chunk)).map(|i| vec![0u8; chunk.min(len - i * chunk)]).collect();
+        PartBytes { repr: Repr::Chunks { chunks, chunk }, len }
+    }
+
+    /// Zero bytes for an encoded replicated part of `n` parameters ([`encoded_len`]), held as
+    /// the header and two float vectors on a little-endian machine (else in chunks).
+    ///
+    /// [`encoded_len`]: super::encoded_len
+    pub fn shared(n: usize) -> PartBytes {
+        let head = SHARED_HEADER_LEN as usize;
+        let len = n.saturating_mul(8).saturating_add(head);
+        if cfg!(target_endian = "little") {
+            let repr = Repr::Floats {
+                header: vec![0u8; head],
+                outer: vec![0.0; n],
+                momentum: vec![0.0; n],
+            };
+            PartBytes { repr, len }
+        } else {
+            PartBytes::zeroed(len, PART_CHUNK)
+        }
+    }
+
+    /// Its length.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when it has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Its buffers in order, as bytes.
+    fn segments(&self) -> Vec<&[u8]> {
+        match &self.repr {
+            Repr::Chunks { chunks, .. } => chunks.iter().map(Vec::as_slice).collect(),
+            Repr::Floats { header, outer, momentum } => {
+                vec![header, bytemuck::cast_slice(outer), bytemuck::cast_slice(momentum)]
+            }
+        }
+    }
+
+    fn segments_mut(&mut self) -> Vec<&mut [u8]> {
+        match &mut self.repr {
+            Repr::Chunks { chunks, .. } => chunks.iter_mut().map(Vec::as_mut_slice).collect(),
+            Repr::Floats { header, outer, momentum } => vec![
+                header.as_mut_slice(),
+                bytemuck::cast_slice_mut(outer.as_mut_slice()),
+                bytemuck::cast_slice_mut(momentum.as_mut_slice()),
+            ],
+        }
+    }
+
+    /// Writes `src` at `at`; false (and nothing written) when it does not lie within.
+    pub fn write(&mut self, at: usize, src: &[u8]) -> bool {
+        let Some(end) = at.checked_add(src.len()).filter(|&e| e <= self.len) else {
+            return false;
+        };
+        let mut start = 0;
+        for seg in self.segments_mut() {
+            let seg_end = start + seg.len();
+            let (lo, hi) = (at.max(start), end.min(seg_end));
+            if lo < hi {
+                seg[lo - start..hi - start].copy_from_slice(&src[lo - at..hi - at]);
+            }
+            start = seg_end;
+        }
+        true
+    }
+
+    /// Calls `f` on the bytes of `range` (clamped to the part), buffer by buffer, in order.
+    pub fn for_each(&self, range: Range<usize>, mut f: impl FnMut(&[u8])) {
+        let (at, end) = (range.start.min(self.len), range.end.min(self.len));
+        let mut start = 0;
+        for seg in self.segments() {
+            let seg_end = start + seg.len();
+            let (lo, hi) = (at.max(start), end.min(seg_end));
+            if lo < hi {
+                f(&seg[lo - start..hi - start]);
+            }
+            start = seg_end;
+            if start >= end {
+                break;
+            }
+        }
+    }
+
+    /// The digest of its bytes ([`super::state_digest`] of their concatenation).
+    pub fn digest(&self) -> String {
+        segments_digest(self.segments())
+    }
+
+    /// Its bytes in one vector: moved when it is one chunk, else concatenated.
+    pub fn into_vec(self) -> Vec<u8> {
+        match self.repr {
+            Repr::Chunks { mut chunks, .. } if chunks.len() == 1 => {
+                chunks.pop().unwrap_or_default()
+            }
+            Repr::Chunks { chunks, .. } => chunks.concat(),
+            Repr::Floats { .. } => self.segments().concat(),
+        }
+    }
+
+    /// The replicated part's outer weights and momentum, when it is held as them.
+    pub(crate) fn into_floats(self) -> Result<[Vec<f32>; 2], PartBytes> {
+        match self.repr {
+            Repr::Floats { outer, momentum, .. } => Ok([outer, momentum]),
+            repr => Err(PartBytes { repr, len: self.len }),
+        }
+    }
+
+    /// Its buffers, in order, as byte vectors.
+    pub fn into_chunks(self) -> impl Iterator<Item = Vec<u8>> {
+        let chunks = match self.repr {
+            Repr::Chunks { chunks, .. } => chunks,
+            floats @ Repr::Floats { .. } => PartBytes { repr: floats, len: self.len }
+                .segments()
+                .iter()
+                .map(|s| s.to_vec())
+                .collect(),
+        };
+        chunks.into_iter()
+    }
+}
+
+impl From<Vec<u8>> for PartBytes {
+    /// One chunk.
+    fn from(v: Vec<u8>) -> PartBytes {
+        let len = v.len();
+        let chunks = if len == 0 { Vec::new() } else { vec![v] };
+        PartBytes { repr: Repr::Chunks { chunks, chunk: len.max(1) }, len }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Writes at any offsets and chunk lengths read back as the same writes into one vector
+        /// do; the digest is the vector's.
+        #[test]
+        fn chunks_behave_as_one_vector(len in 0usize..300, chunk in 1usize..64,
+                                       writes in prop::collection::vec((0usize..320, prop::collection::vec(any::<u8>(), 0..80)), 0..12),
+                                       a in 0usize..320, b in 0usize..320) {
+            let mut p = PartBytes::zeroed(len, chunk);
+            let mut v = vec![0u8; len];
+            for (at, src) in &writes {
+                let fits = at + src.len() <= len;
+                prop_assert_eq!(p.write(*at, src), fits);
+                if fits {
+                    v[*at..at + src.len()].copy_from_slice(src);
+                }
+            }
+            let (lo, hi) = (a.min(b), a.max(b));
+            let mut got = Vec::new();
+            p.for_each(lo..hi, |s| got.extend_from_slice(s));
+            prop_assert_eq!(&got[..], &v[lo.min(len)..hi.min(len)]);
+            prop_assert_eq!(p.digest(), super::super::state_digest(&v));
+            prop_assert_eq!(p.clone().into_chunks().flatten().collect::<Vec<u8>>(), v.clone());
+            prop_assert_eq!(p.into_vec(), v);
+        }
+
+        /// The replicated part held as floats behaves as the same bytes in one vector.
+        #[test]
+        fn floats_behave_as_one_vector(n in 0usize..20,
+                                       writes in prop::collection::vec((0usize..200, prop::collection::vec(any::<u8>(), 0..50)), 0..12),
+                                       a in 0usize..200, b in 0usize..200) {
+            let mut p = PartBytes::shared(n);
+            let len = 24 + 8 * n;
+            prop_assert_eq!(p.len(), len);
+            let mut v = vec![0u8; len];
+            for (at, src) in &writes {
+                let fits = at + src.len() <= len;
+                prop_assert_eq!(p.write(*at, src), fits);
+                if fits {
+                    v[*at..at + src.len()].copy_from_slice(src);
+                }
+            }
+            let (lo, hi) = (a.min(b), a.max(b));
+            let mut got = Vec::new();
+            p.for_each(lo..hi, |s| got.extend_from_slice(s));
+            prop_assert_eq!(&got[..], &v[lo.min(len)..hi.min(len)]);
+            prop_assert_eq!(p.digest(), super::super::state_digest(&v));
+            prop_assert_eq!(p.clone().into_chunks().flatten().collect::<Vec<u8>>(), v.clone());
+            prop_assert_eq!(p.into_vec(), v);
+        }
+    }
+}
