@@ -49,6 +49,8 @@ pub(crate) struct NodeResult {
     pub(crate) peak_rss_bytes: Option<u64>,
     /// Resident memory before the signal (the state it holds anyway, the runtime).
     pub(crate) base_rss_bytes: Option<u64>,
+    /// Joiner: peak resident memory when the last piece had arrived, before verification.
+    pub(crate) transfer_peak_rss_bytes: Option<u64>,
     /// State bytes this process sent or received.
     pub(crate) state_bytes: u64,
 }
@@ -179,6 +181,7 @@ pub(crate) fn run_node(a: &crate::cli::RecoveryNode) -> Result<NodeResult> {
                 }
             };
             let transfer = start.elapsed().as_secs_f64();
+            let transfer_peak = loco_real::node::peak_rss_bytes();
             let params = a.params;
             let verified = tokio::task::spawn_blocking(move || received.verify(params))
                 .await?
@@ -200,6 +203,7 @@ pub(crate) fn run_node(a: &crate::cli::RecoveryNode) -> Result<NodeResult> {
                 cpu_seconds: cpu,
                 peak_rss_bytes: loco_real::node::peak_rss_bytes(),
                 base_rss_bytes: base,
+                transfer_peak_rss_bytes: transfer_peak,
                 state_bytes: bytes,
             })
         })
@@ -249,6 +253,7 @@ pub(crate) fn run_node(a: &crate::cli::RecoveryNode) -> Result<NodeResult> {
                 cpu_seconds: cpu_seconds() - cpu0,
                 peak_rss_bytes: loco_real::node::peak_rss_bytes(),
                 base_rss_bytes: base,
+                transfer_peak_rss_bytes: None,
                 state_bytes: bytes,
             })
         })
