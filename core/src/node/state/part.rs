@@ -185,54 +185,52 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    proptest! {
-        /// Writes at any offsets and chunk lengths read back as the same writes into one vector
-        /// do; the digest is the vector's.
-        #[test]
-        fn chunks_behave_as_one_vector(len in 0usize..300, chunk in 1usize..64,
-                                       writes in prop::collection::vec((0usize..320, prop::collection::vec(any::<u8>(), 0..80)), 0..12),
-                                       a in 0usize..320, b in 0usize..320) {
-            let mut p = PartBytes::zeroed(len, chunk);
-            let mut v = vec![0u8; len];
-            for (at, src) in &writes {
-                let fits = at + src.len() <= len;
-                prop_assert_eq!(p.write(*at, src), fits);
-                if fits {
-                    v[*at..at + src.len()].copy_from_slice(src);
-                }
+    type Writes = Vec<(usize, Vec<u8>)>;
+
+    /// `writes` into `p` read back as the same writes into one vector do; the digest is the
+    /// vector's.
+    fn behaves_as_one_vector(
+        mut p: PartBytes,
+        writes: &Writes,
+        a: usize,
+        b: usize,
+    ) -> Result<(), TestCaseError> {
+        let len = p.len();
+        let mut v = vec![0u8; len];
+        for (at, src) in writes {
+            let fits = at + src.len() <= len;
+            prop_assert_eq!(p.write(*at, src), fits);
+            if fits {
+                v[*at..at + src.len()].copy_from_slice(src);
             }
-            let (lo, hi) = (a.min(b), a.max(b));
-            let mut got = Vec::new();
-            p.for_each(lo..hi, |s| got.extend_from_slice(s));
-            prop_assert_eq!(&got[..], &v[lo.min(len)..hi.min(len)]);
-            prop_assert_eq!(p.digest(), super::super::state_digest(&v));
-            prop_assert_eq!(p.clone().into_chunks().flatten().collect::<Vec<u8>>(), v.clone());
-            prop_assert_eq!(p.into_vec(), v);
+        }
+        let (lo, hi) = (a.min(b), a.max(b));
+        let mut got = Vec::new();
+        p.for_each(lo..hi, |s| got.extend_from_slice(s));
+        prop_assert_eq!(&got[..], &v[lo.min(len)..hi.min(len)]);
+        prop_assert_eq!(p.digest(), super::super::state_digest(&v));
+        prop_assert_eq!(p.clone().into_chunks().flatten().collect::<Vec<u8>>(), v.clone());
+        prop_assert_eq!(p.into_vec(), v);
+        Ok(())
+    }
+
+    fn writes() -> impl Strategy<Value = Writes> {
+        prop::collection::vec((0usize..320, prop::collection::vec(any::<u8>(), 0..80)), 0..12)
+    }
+
+    proptest! {
+        #[test]
+        fn chunks_behave_as_one_vector(len in 0usize..300, chunk in 1usize..64, w in writes(),
+                                       a in 0usize..320, b in 0usize..320) {
+            behaves_as_one_vector(PartBytes::zeroed(len, chunk), &w, a, b)?;
         }
 
-        /// The replicated part held as floats behaves as the same bytes in one vector.
+        /// The replicated part held as floats too.
         #[test]
-        fn floats_behave_as_one_vector(n in 0usize..20,
-                                       writes in prop::collection::vec((0usize..200, prop::collection::vec(any::<u8>(), 0..50)), 0..12),
-                                       a in 0usize..200, b in 0usize..200) {
-            let mut p = PartBytes::shared(n);
-            let len = 24 + 8 * n;
-            prop_assert_eq!(p.len(), len);
-            let mut v = vec![0u8; len];
-            for (at, src) in &writes {
-                let fits = at + src.len() <= len;
-                prop_assert_eq!(p.write(*at, src), fits);
-                if fits {
-                    v[*at..at + src.len()].copy_from_slice(src);
-                }
-            }
-            let (lo, hi) = (a.min(b), a.max(b));
-            let mut got = Vec::new();
-            p.for_each(lo..hi, |s| got.extend_from_slice(s));
-            prop_assert_eq!(&got[..], &v[lo.min(len)..hi.min(len)]);
-            prop_assert_eq!(p.digest(), super::super::state_digest(&v));
-            prop_assert_eq!(p.clone().into_chunks().flatten().collect::<Vec<u8>>(), v.clone());
-            prop_assert_eq!(p.into_vec(), v);
+        fn floats_behave_as_one_vector(n in 0usize..20, w in writes(), a in 0usize..320, b in 0usize..320) {
+            let p = PartBytes::shared(n);
+            prop_assert_eq!(p.len(), 24 + 8 * n);
+            behaves_as_one_vector(p, &w, a, b)?;
         }
     }
 }

@@ -288,33 +288,12 @@ impl SharedState {
     /// Reads an encoding of exactly `expect_n` parameters. Every length is checked before
     /// anything is allocated; malformed bytes give an error, never a panic.
     pub fn decode(bytes: &[u8], expect_n: usize) -> Result<SharedState, StateError> {
-        let got = bytes.len() as u64;
-        let (Some(magic), Some(steps), Some(n)) = (
-            bytes.get(0..8).and_then(|b| <[u8; 8]>::try_from(b).ok()),
-            bytes.get(8..16).and_then(|b| <[u8; 8]>::try_from(b).ok()),
-            bytes.get(16..24).and_then(|b| <[u8; 8]>::try_from(b).ok()),
-        ) else {
-            return Err(StateError::Truncated { need: SHARED_HEADER_LEN, got });
-        };
-        if magic != SHARED_MAGIC {
-            return Err(StateError::BadMagic { got: magic });
-        }
-        let n = u64::from_le_bytes(n);
-        if n != expect_n as u64 {
-            return Err(StateError::WrongParams { expected: expect_n as u64, got: n });
-        }
-        let need = encoded_len(n);
-        if got < need {
-            return Err(StateError::Truncated { need, got });
-        }
-        if got > need {
-            return Err(StateError::Trailing { extra: got - need });
-        }
+        let steps = check_header(bytes, bytes.len() as u64, expect_n)?;
         // From here `bytes` is exactly 24 + 8n long, n == expect_n.
         let floats = bytes.get(SHARED_HEADER_LEN as usize..).unwrap_or_default();
         let (outer, momentum) = floats.split_at(floats.len() / 2);
         Ok(SharedState {
-            outer_steps: u64::from_le_bytes(steps),
+            outer_steps: steps,
             outer: read_f32s(outer),
             momentum: read_f32s(momentum),
         })
@@ -327,29 +306,7 @@ impl SharedState {
     pub fn check_part(bytes: &PartBytes, expect_n: usize) -> Result<u64, StateError> {
         let mut head = Vec::with_capacity(SHARED_HEADER_LEN as usize);
         bytes.for_each(0..SHARED_HEADER_LEN as usize, |s| head.extend_from_slice(s));
-        let got = bytes.len() as u64;
-        let (Some(magic), Some(steps), Some(n)) = (
-            head.get(0..8).and_then(|b| <[u8; 8]>::try_from(b).ok()),
-            head.get(8..16).and_then(|b| <[u8; 8]>::try_from(b).ok()),
-            head.get(16..24).and_then(|b| <[u8; 8]>::try_from(b).ok()),
-        ) else {
-            return Err(StateError::Truncated { need: SHARED_HEADER_LEN, got });
-        };
-        if magic != SHARED_MAGIC {
-            return Err(StateError::BadMagic { got: magic });
-        }
-        let n = u64::from_le_bytes(n);
-        if n != expect_n as u64 {
-            return Err(StateError::WrongParams { expected: expect_n as u64, got: n });
-        }
-        let need = encoded_len(n);
-        if got < need {
-            return Err(StateError::Truncated { need, got });
-        }
-        if got > need {
-            return Err(StateError::Trailing { extra: got - need });
-        }
-        Ok(u64::from_le_bytes(steps))
+        check_header(&head, bytes.len() as u64, expect_n)
     }
 
     /// The state in `bytes`, which [`check_part`](Self::check_part) accepted: the values are
@@ -383,6 +340,33 @@ impl SharedState {
         }
         Some(SharedState { outer_steps, outer, momentum })
     }
+}
+
+/// Checks an encoding's header (`head`: its first bytes) and its length `got` for a model of
+/// `expect_n` parameters; gives its outer step count.
+fn check_header(head: &[u8], got: u64, expect_n: usize) -> Result<u64, StateError> {
+    let (Some(magic), Some(steps), Some(n)) = (
+        head.get(0..8).and_then(|b| <[u8; 8]>::try_from(b).ok()),
+        head.get(8..16).and_then(|b| <[u8; 8]>::try_from(b).ok()),
+        head.get(16..24).and_then(|b| <[u8; 8]>::try_from(b).ok()),
+    ) else {
+        return Err(StateError::Truncated { need: SHARED_HEADER_LEN, got });
+    };
+    if magic != SHARED_MAGIC {
+        return Err(StateError::BadMagic { got: magic });
+    }
+    let n = u64::from_le_bytes(n);
+    if n != expect_n as u64 {
+        return Err(StateError::WrongParams { expected: expect_n as u64, got: n });
+    }
+    let need = encoded_len(n);
+    if got < need {
+        return Err(StateError::Truncated { need, got });
+    }
+    if got > need {
+        return Err(StateError::Trailing { extra: got - need });
+    }
+    Ok(u64::from_le_bytes(steps))
 }
 
 /// Copies little-endian floats from `src` (4 bytes each) into `dst`.
