@@ -384,18 +384,10 @@ pub(crate) fn run_tcp(
     if args.world == 0 {
         bail!("--world: expected at least 1 rank");
     }
-    // Reserve free loopback ports, then release them for the children to bind.
-    let ports: Vec<u16> = {
-        let ls: Vec<std::net::TcpListener> = (0..args.world)
-            .map(|_| std::net::TcpListener::bind(("127.0.0.1", 0)))
-            .collect::<Result<_, _>>()?;
-        ls.iter().map(|l| l.local_addr().map(|a| a.port())).collect::<Result<_, _>>()?
-    };
+    let ports = super::free_loopback_ports(args.world)?;
     let ports_arg = ports.iter().map(u16::to_string).collect::<Vec<_>>().join(",");
     let exe = std::env::current_exe()?;
-    // A secret made for this run only.
-    let secret: Option<String> =
-        secure.then(|| rand::random::<[u8; 16]>().iter().map(|b| format!("{b:02x}")).collect());
+    let secret = secure.then(super::fresh_secret);
     let children: Vec<std::process::Child> = (0..args.world)
         .map(|r| {
             std::process::Command::new(&exe)

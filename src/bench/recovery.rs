@@ -6,6 +6,7 @@
 //! does. Reported: the time from the signal to the verified state, throughput, each process's
 //! CPU time and peak memory against the state's size, and this machine's memcpy rate.
 
+use super::allreduce::cpu_seconds;
 use anyhow::{Context, Result, bail};
 use bytes::Bytes;
 use loco_core::mesh::MeshMsg;
@@ -127,10 +128,6 @@ fn state(params: usize) -> Result<SharedState> {
 
 fn signal(msg: MeshMsg) -> Frame {
     Frame { header: Header::Mesh(msg), body: Body::Bytes(Bytes::new()) }
-}
-
-fn cpu_seconds() -> f64 {
-    super::allreduce::cpu_seconds()
 }
 
 fn tcp_config(secret: Option<&str>) -> loco_real::tcp::TcpConfig {
@@ -286,16 +283,9 @@ pub(crate) fn run(args: &RecoveryBenchArgs) -> Result<RecoveryBenchReport> {
         bail!("--bytes: expected at least 8 (one parameter's outer weight and momentum)");
     }
     let memcpy = memcpy_gbps(args.bytes);
-    let ports: Vec<u16> = {
-        let ls: Vec<std::net::TcpListener> = (0..=args.senders)
-            .map(|_| std::net::TcpListener::bind(("127.0.0.1", 0)))
-            .collect::<Result<_, _>>()?;
-        ls.iter().map(|l| l.local_addr().map(|a| a.port())).collect::<Result<_, _>>()?
-    };
+    let ports = super::free_loopback_ports(args.senders + 1)?;
     let ports_arg = ports.iter().map(u16::to_string).collect::<Vec<_>>().join(",");
-    let secret: Option<String> = args
-        .secure
-        .then(|| rand::random::<[u8; 16]>().iter().map(|b| format!("{b:02x}")).collect());
+    let secret = args.secure.then(super::fresh_secret);
     let exe = std::env::current_exe()?;
     let spawn = |index: usize| {
         std::process::Command::new(&exe)

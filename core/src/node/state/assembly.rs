@@ -3,7 +3,7 @@
 //!
 //! See [`StateAssembly`] for the rules a piece must pass.
 
-use super::part::{PART_CHUNK, PartBytes};
+use super::part::PartBytes;
 use super::plan::virtual_part_lens;
 use super::verify::{Received, ReceivedPart, VerifyFailed};
 use super::wire::{SHARED_HEADER_LEN, encoded_len};
@@ -470,8 +470,7 @@ fn put_into(
                         .and_then(|b| usize::try_from(b / 8).ok());
                     match n {
                         Some(n) if part == PART_SHARED => PartBytes::shared(n),
-                        _ if part == PART_SHARED => PartBytes::zeroed(total, PART_CHUNK),
-                        _ => PartBytes::zeroed(total, total),
+                        _ => PartBytes::zeroed(total),
                     }
                 };
                 Data::Bytes(old.unwrap_or_else(fresh))

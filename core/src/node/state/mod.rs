@@ -45,7 +45,7 @@ mod wire;
 pub use assembly::{
     DEFAULT_EARLY_BYTES, EarlyPieces, Expect, Fed, Progress, Reassigned, Refused, StateAssembly,
 };
-pub use part::{PART_CHUNK, PartBytes};
+pub use part::PartBytes;
 pub use plan::{
     PIECE_MAX, PIECE_MIN, PieceRule, Pieces, Share, VIRTUAL_BYTES_PER_PARAM, pieces, share_of,
     virtual_part_lens,

@@ -1,34 +1,27 @@
-//! The joiner's buffer of one state part: its bytes in chunks, each allocated once at its
-//! checked length. Pieces are written into it where they belong; decoding the replicated part
-//! moves the values chunk by chunk into their final buffers and frees each chunk as it goes, so
-//! that a joiner never holds two whole copies of the state.
+//! The joiner's buffer of one state part, allocated once at its checked length. Pieces are
+//! written into it where they belong; the replicated part is held as the vectors it decodes to,
+//! so that decoding moves them and a joiner never holds two whole copies of the state.
 
 use super::wire::{SHARED_HEADER_LEN, segments_digest};
 use std::ops::Range;
 
-/// Bytes per chunk of a replicated part's buffer.
-pub const PART_CHUNK: usize = 64 << 20;
-
-/// One part's bytes: in chunks of a fixed length (the last one shorter), or, for the replicated
-/// part on a little-endian machine, in the encoding's own three pieces (the header, and the
-/// outer weights and the momentum as the float vectors they decode to: pieces are written into
-/// their final buffers and decoding moves them).
+/// One part's bytes: in one vector, or, for the replicated part on a little-endian machine, in
+/// the encoding's own three pieces (the header, and the outer weights and the momentum as the
+/// float vectors they decode to: pieces are written into their final buffers and decoding moves
+/// them).
 #[derive(Clone, Debug)]
-pub struct PartBytes {
-    repr: Repr,
-    len: usize,
-}
+pub struct PartBytes(Repr);
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 enum Repr {
-    Chunks { chunks: Vec<Vec<u8>>, chunk: usize },
+    Flat(Vec<u8>),
     Floats { header: Vec<u8>, outer: Vec<f32>, momentum: Vec<f32> },
 }
 
 /// Equal when the bytes are (whatever buffers hold them).
 impl PartialEq for PartBytes {
     fn eq(&self, other: &PartBytes) -> bool {
-        self.len == other.len && self.segments().concat() == other.segments().concat()
+        self.len() == other.len() && self.segments().concat() == other.segments().concat()
     }
 }
 
@@ -36,52 +29,47 @@ impl Eq for PartBytes {}
 
 impl Default for PartBytes {
     fn default() -> Self {
-        PartBytes::zeroed(0, 1)
+        PartBytes::zeroed(0)
     }
 }
 
 impl PartBytes {
-    /// `len` zero bytes in chunks of `chunk` bytes (0 counts as 1).
-    pub fn zeroed(len: usize, chunk: usize) -> PartBytes {
-        let chunk = chunk.max(1);
-        let chunks =
-            (0..len.div_ceil(chunk)).map(|i| vec![0u8; chunk.min(len - i * chunk)]).collect();
-        PartBytes { repr: Repr::Chunks { chunks, chunk }, len }
+    /// `len` zero bytes in one vector.
+    pub fn zeroed(len: usize) -> PartBytes {
+        PartBytes(Repr::Flat(vec![0u8; len]))
     }
 
     /// Zero bytes for an encoded replicated part of `n` parameters ([`encoded_len`]), held as
-    /// the header and two float vectors on a little-endian machine (else in chunks).
+    /// the header and two float vectors on a little-endian machine (else in one vector).
     ///
     /// [`encoded_len`]: super::encoded_len
     pub fn shared(n: usize) -> PartBytes {
         let head = SHARED_HEADER_LEN as usize;
-        let len = n.saturating_mul(8).saturating_add(head);
         if cfg!(target_endian = "little") {
-            let repr = Repr::Floats {
+            PartBytes(Repr::Floats {
                 header: vec![0u8; head],
                 outer: vec![0.0; n],
                 momentum: vec![0.0; n],
-            };
-            PartBytes { repr, len }
+            })
         } else {
-            PartBytes::zeroed(len, PART_CHUNK)
+            PartBytes::zeroed(n.saturating_mul(8).saturating_add(head))
         }
     }
 
     /// Its length.
     pub fn len(&self) -> usize {
-        self.len
+        self.segments().iter().map(|s| s.len()).sum()
     }
 
     /// True when it has no bytes.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len() == 0
     }
 
     /// Its buffers in order, as bytes.
     fn segments(&self) -> Vec<&[u8]> {
-        match &self.repr {
-            Repr::Chunks { chunks, .. } => chunks.iter().map(Vec::as_slice).collect(),
+        match &self.0 {
+            Repr::Flat(v) => vec![v.as_slice()],
             Repr::Floats { header, outer, momentum } => {
                 vec![header, bytemuck::cast_slice(outer), bytemuck::cast_slice(momentum)]
             }
@@ -89,8 +77,8 @@ impl PartBytes {
     }
 
     fn segments_mut(&mut self) -> Vec<&mut [u8]> {
-        match &mut self.repr {
-            Repr::Chunks { chunks, .. } => chunks.iter_mut().map(Vec::as_mut_slice).collect(),
+        match &mut self.0 {
+            Repr::Flat(v) => vec![v.as_mut_slice()],
             Repr::Floats { header, outer, momentum } => vec![
                 header.as_mut_slice(),
                 bytemuck::cast_slice_mut(outer.as_mut_slice()),
@@ -101,7 +89,7 @@ impl PartBytes {
 
     /// Writes `src` at `at`; false (and nothing written) when it does not lie within.
     pub fn write(&mut self, at: usize, src: &[u8]) -> bool {
-        let Some(end) = at.checked_add(src.len()).filter(|&e| e <= self.len) else {
+        let Some(end) = at.checked_add(src.len()).filter(|&e| e <= self.len()) else {
             return false;
         };
         let mut start = 0;
@@ -118,18 +106,14 @@ impl PartBytes {
 
     /// Calls `f` on the bytes of `range` (clamped to the part), buffer by buffer, in order.
     pub fn for_each(&self, range: Range<usize>, mut f: impl FnMut(&[u8])) {
-        let (at, end) = (range.start.min(self.len), range.end.min(self.len));
         let mut start = 0;
         for seg in self.segments() {
             let seg_end = start + seg.len();
-            let (lo, hi) = (at.max(start), end.min(seg_end));
+            let (lo, hi) = (range.start.max(start), range.end.min(seg_end));
             if lo < hi {
                 f(&seg[lo - start..hi - start]);
             }
             start = seg_end;
-            if start >= end {
-                break;
-            }
         }
     }
 
@@ -138,45 +122,26 @@ impl PartBytes {
         segments_digest(self.segments())
     }
 
-    /// Its bytes in one vector: moved when it is one chunk, else concatenated.
+    /// Its bytes in one vector: moved when they are one, else concatenated.
     pub fn into_vec(self) -> Vec<u8> {
-        match self.repr {
-            Repr::Chunks { mut chunks, .. } if chunks.len() == 1 => {
-                chunks.pop().unwrap_or_default()
-            }
-            Repr::Chunks { chunks, .. } => chunks.concat(),
+        match self.0 {
+            Repr::Flat(v) => v,
             Repr::Floats { .. } => self.segments().concat(),
         }
     }
 
     /// The replicated part's outer weights and momentum, when it is held as them.
     pub(crate) fn into_floats(self) -> Result<[Vec<f32>; 2], PartBytes> {
-        match self.repr {
+        match self.0 {
             Repr::Floats { outer, momentum, .. } => Ok([outer, momentum]),
-            repr => Err(PartBytes { repr, len: self.len }),
+            repr => Err(PartBytes(repr)),
         }
-    }
-
-    /// Its buffers, in order, as byte vectors.
-    pub fn into_chunks(self) -> impl Iterator<Item = Vec<u8>> {
-        let chunks = match self.repr {
-            Repr::Chunks { chunks, .. } => chunks,
-            floats @ Repr::Floats { .. } => PartBytes { repr: floats, len: self.len }
-                .segments()
-                .iter()
-                .map(|s| s.to_vec())
-                .collect(),
-        };
-        chunks.into_iter()
     }
 }
 
 impl From<Vec<u8>> for PartBytes {
-    /// One chunk.
     fn from(v: Vec<u8>) -> PartBytes {
-        let len = v.len();
-        let chunks = if len == 0 { Vec::new() } else { vec![v] };
-        PartBytes { repr: Repr::Chunks { chunks, chunk: len.max(1) }, len }
+        PartBytes(Repr::Flat(v))
     }
 }
 
@@ -209,7 +174,6 @@ mod tests {
         p.for_each(lo..hi, |s| got.extend_from_slice(s));
         prop_assert_eq!(&got[..], &v[lo.min(len)..hi.min(len)]);
         prop_assert_eq!(p.digest(), super::super::state_digest(&v));
-        prop_assert_eq!(p.clone().into_chunks().flatten().collect::<Vec<u8>>(), v.clone());
         prop_assert_eq!(p.into_vec(), v);
         Ok(())
     }
@@ -220,9 +184,9 @@ mod tests {
 
     proptest! {
         #[test]
-        fn chunks_behave_as_one_vector(len in 0usize..300, chunk in 1usize..64, w in writes(),
-                                       a in 0usize..320, b in 0usize..320) {
-            behaves_as_one_vector(PartBytes::zeroed(len, chunk), &w, a, b)?;
+        fn a_flat_part_behaves_as_one_vector(len in 0usize..300, w in writes(),
+                                             a in 0usize..320, b in 0usize..320) {
+            behaves_as_one_vector(PartBytes::zeroed(len), &w, a, b)?;
         }
 
         /// The replicated part held as floats too.

@@ -309,36 +309,14 @@ impl SharedState {
         check_header(&head, bytes.len() as u64, expect_n)
     }
 
-    /// The state in `bytes`, which [`check_part`](Self::check_part) accepted: the values are
-    /// copied into their own buffers chunk by chunk, each chunk freed once read, so that at no
-    /// time are two whole copies held. `None` when the check would fail.
+    /// The state in `bytes`: held as the vectors it decodes to, they are moved; else decoded.
+    /// `None` when [`check_part`](Self::check_part) would fail.
     pub fn from_part(bytes: PartBytes, expect_n: usize) -> Option<SharedState> {
         let outer_steps = SharedState::check_part(&bytes, expect_n).ok()?;
-        // Held as the vectors it decodes to: moved.
-        let bytes = match bytes.into_floats() {
-            Ok([outer, momentum]) => return Some(SharedState { outer_steps, outer, momentum }),
-            Err(bytes) => bytes,
-        };
-        let n = expect_n;
-        let (mut outer, mut momentum) = (vec![0f32; n], vec![0f32; n]);
-        let head = SHARED_HEADER_LEN as usize;
-        let mut at = 0usize; // the part's offset of the chunk's first byte
-        for chunk in bytes.into_chunks() {
-            let end = at + chunk.len();
-            for (dst, start) in [(&mut outer, head), (&mut momentum, head + 4 * n)] {
-                // The bytes of this vector that lie in this chunk: whole floats (the chunks'
-                // lengths and the vectors' offsets are multiples of 4).
-                let (lo, hi) = (at.max(start), end.min(start + 4 * n));
-                if lo < hi {
-                    fill_f32s(
-                        &mut dst[(lo - start) / 4..(hi - start) / 4],
-                        &chunk[lo - at..hi - at],
-                    );
-                }
-            }
-            at = end;
+        match bytes.into_floats() {
+            Ok([outer, momentum]) => Some(SharedState { outer_steps, outer, momentum }),
+            Err(bytes) => SharedState::decode(&bytes.into_vec(), expect_n).ok(),
         }
-        Some(SharedState { outer_steps, outer, momentum })
     }
 }
 
@@ -460,15 +438,14 @@ mod tests {
         assert_eq!(big.into_segments().digest(), blake3::hash(&enc).to_hex().to_string());
     }
 
-    /// Decoding from chunks (any chunk length, a multiple of 4 as the assembly's) gives what
-    /// decoding the whole gives; checks refuse what `decode` refuses.
+    /// Decoding a part held in one vector or as floats gives what decoding the whole gives;
+    /// checks refuse what `decode` refuses.
     #[test]
-    fn a_part_in_chunks_decodes_as_the_whole_does() {
+    fn a_part_decodes_as_the_whole_does() {
         let s =
             SharedState::new(9, (0..37).map(|i| i as f32 - 3.5).collect(), vec![-0.5; 37]).unwrap();
         let enc = s.encode();
-        for chunk in [4, 8, 12, 24, 28, 100, 4096] {
-            let mut p = PartBytes::zeroed(enc.len(), chunk);
+        for mut p in [PartBytes::zeroed(enc.len()), PartBytes::shared(37)] {
             assert!(p.write(0, &enc));
             assert_eq!(SharedState::check_part(&p, 37), Ok(9));
             assert!(matches!(
