@@ -14,6 +14,7 @@
 
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
+use std::sync::Arc;
 
 /// Settings of the outer optimiser. `Default` gives DiLoCo's: lr 0.7, momentum 0.9, Nesterov.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -82,12 +83,16 @@ pub enum DilocoError {
 }
 
 /// The outer state of one node.
+///
+/// The outer weights and momentum are shared buffers, copied on write: a snapshot
+/// ([`shared_buffers`](Self::shared_buffers), what a live-recovery sender sends from) costs no
+/// copy, and the outer step that follows copies a buffer only while a snapshot still holds it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct OuterState {
     cfg: OuterConfig,
-    outer: Vec<f32>,
+    outer: Arc<Vec<f32>>,
     pseudo_gradient: Vec<f32>,
-    momentum: Vec<f32>,
+    momentum: Arc<Vec<f32>>,
     buckets: Vec<Bucket>,
     steps: u64,
 }
@@ -97,9 +102,10 @@ impl OuterState {
     /// `buckets` (which must tile the weights; empty means one bucket for everything).
     pub fn new(
         cfg: OuterConfig,
-        weights: Vec<f32>,
+        weights: impl Into<Arc<Vec<f32>>>,
         buckets: Vec<Bucket>,
     ) -> Result<OuterState, DilocoError> {
+        let weights = weights.into();
         let n = weights.len();
         let buckets = if buckets.is_empty() {
             vec![Bucket { name: "all".into(), range: 0..n }]
@@ -124,7 +130,7 @@ impl OuterState {
         Ok(OuterState {
             cfg,
             pseudo_gradient: vec![0.0; n],
-            momentum: vec![0.0; n],
+            momentum: Arc::new(vec![0.0; n]),
             outer: weights,
             buckets,
             steps: 0,
@@ -134,11 +140,12 @@ impl OuterState {
     /// Restores a state (live recovery, checkpoints): weights and momentum as they were.
     pub fn restore(
         cfg: OuterConfig,
-        weights: Vec<f32>,
-        momentum: Vec<f32>,
+        weights: impl Into<Arc<Vec<f32>>>,
+        momentum: impl Into<Arc<Vec<f32>>>,
         buckets: Vec<Bucket>,
         steps: u64,
     ) -> Result<OuterState, DilocoError> {
+        let (weights, momentum) = (weights.into(), momentum.into());
         if momentum.len() != weights.len() {
             return Err(DilocoError::Length {
                 what: "momentum",
@@ -175,6 +182,12 @@ impl OuterState {
     /// The Nesterov momentum buffer.
     pub fn momentum(&self) -> &[f32] {
         &self.momentum
+    }
+
+    /// The outer weights' and momentum's buffers, shared (no copy): a snapshot that stays as it
+    /// is, since the next outer step copies a buffer still shared before it writes.
+    pub fn shared_buffers(&self) -> [Arc<Vec<f32>>; 2] {
+        [Arc::clone(&self.outer), Arc::clone(&self.momentum)]
     }
 
     /// The pseudo-gradient buffer (before the all-reduce: this node's; after: the average).
@@ -217,7 +230,7 @@ impl OuterState {
     pub fn compute_pseudo_gradient(&mut self, inner: &[f32]) -> Result<usize, DilocoError> {
         self.check("inner weights", inner.len())?;
         let mut bad = 0usize;
-        for ((g, o), i) in self.pseudo_gradient.iter_mut().zip(&self.outer).zip(inner) {
+        for ((g, o), i) in self.pseudo_gradient.iter_mut().zip(self.outer.iter()).zip(inner) {
             *g = o - i;
             bad += usize::from(!g.is_finite());
         }
@@ -232,7 +245,7 @@ impl OuterState {
         fill: impl FnOnce(&mut [f32]) -> Result<(), E>,
     ) -> Result<(), E> {
         fill(&mut self.pseudo_gradient)?;
-        for (g, o) in self.pseudo_gradient.iter_mut().zip(&self.outer) {
+        for (g, o) in self.pseudo_gradient.iter_mut().zip(self.outer.iter()) {
             *g = o - *g;
         }
         Ok(())
@@ -243,9 +256,9 @@ impl OuterState {
     /// Afterwards the backend copies [`outer`](Self::outer) into the inner model.
     pub fn apply_outer_step(&mut self) {
         let OuterConfig { lr, momentum: m, nesterov } = self.cfg;
-        for ((w, buf), &g) in
-            self.outer.iter_mut().zip(&mut self.momentum).zip(&self.pseudo_gradient)
-        {
+        // Copies a buffer only while a snapshot still holds it.
+        let (outer, momentum) = (Arc::make_mut(&mut self.outer), Arc::make_mut(&mut self.momentum));
+        for ((w, buf), &g) in outer.iter_mut().zip(momentum).zip(&self.pseudo_gradient) {
             *buf = m * *buf + g;
             let d = if nesterov { g + m * *buf } else { *buf };
             *w -= lr * d;

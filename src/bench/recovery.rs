@@ -1,7 +1,8 @@
 //! `loco bench recovery`: what live recovery costs on the real transport. K sender processes and
 //! one joiner on loopback; each sender holds the same replicated state (outer weights and
 //! momentum, 8 bytes per parameter) and, at the joiner's signal, prepares and sends its share as
-//! a worker does (`StateJob::prepare`, `PreparedState::frames`, the TCP transport); the joiner
+//! a worker does (a snapshot of its outer state, `StateJob::prepare`, `PreparedState::frames`, the
+//! TCP transport); the joiner
 //! assembles the pieces and verifies the state (`StateAssembly`, `Received::verify`) as a worker
 //! does. Reported: the time from the signal to the verified state, throughput, each process's
 //! CPU time and peak memory against the state's size, and this machine's memcpy rate.
@@ -9,6 +10,7 @@
 use super::allreduce::cpu_seconds;
 use anyhow::{Context, Result, bail};
 use bytes::Bytes;
+use loco_core::diloco::{OuterConfig, OuterState};
 use loco_core::mesh::MeshMsg;
 use loco_core::node::machine::StateJob;
 use loco_core::node::state::{Expect, PieceRule, SharedState, StateAssembly, share_of};
@@ -206,7 +208,11 @@ pub(crate) fn run_node(a: &crate::cli::RecoveryNode) -> Result<NodeResult> {
         })
     } else {
         let me = senders.get(a.index - 1).copied().context("--index beyond the senders")?;
-        let shared = state(a.params)?;
+        // The outer state a worker holds; it sends a snapshot of it, taken as the node machine
+        // takes one (shared buffers, no copy).
+        let (steps, outer, momentum) = state(a.params)?.into_parts();
+        let held = OuterState::restore(OuterConfig::default(), outer, momentum, vec![], steps)
+            .context("the benchmark's outer state")?;
         let base = loco_real::node::peak_rss_bytes();
         rt.block_on(async {
             let mut t = TcpTransport::bind(me, addr(a.index), cfg).await?;
@@ -224,6 +230,7 @@ pub(crate) fn run_node(a: &crate::cli::RecoveryNode) -> Result<NodeResult> {
             }
             let (start, cpu0) = (crate::clock::now(), cpu_seconds());
             let share = share_of(&senders, me, true).context("a sender without a share")?;
+            let shared = SharedState::from_outer(&held);
             let job = StateJob::real(Epoch(1), JOINER, share, PieceRule::Clamped, shared);
             let prepared = tokio::task::spawn_blocking(move || job.prepare(None)).await?;
             let prepare = start.elapsed().as_secs_f64();
@@ -242,6 +249,7 @@ pub(crate) fn run_node(a: &crate::cli::RecoveryNode) -> Result<NodeResult> {
                     break;
                 }
             }
+            drop(held);
             Ok(NodeResult {
                 role: "sender".into(),
                 prepare_seconds: prepare,

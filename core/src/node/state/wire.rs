@@ -16,6 +16,7 @@
 use super::part::PartBytes;
 use crate::diloco::{Bucket, DilocoError, OuterConfig, OuterState};
 use bytes::Bytes;
+use std::sync::Arc;
 
 /// The first 8 bytes of an encoded [`SharedState`]: the format and its version.
 pub const SHARED_MAGIC: [u8; 8] = *b"locoSS01";
@@ -175,11 +176,11 @@ impl Segments {
 }
 
 /// The bytes of `v` in the encoding's order (little-endian): on a little-endian machine the
-/// vector's own memory, moved, not copied.
-fn le_bytes(v: Vec<f32>) -> Bytes {
+/// vector's own memory, shared, not copied.
+fn le_bytes(v: Arc<Vec<f32>>) -> Bytes {
     #[cfg(target_endian = "little")]
     {
-        struct Floats(Vec<f32>);
+        struct Floats(Arc<Vec<f32>>);
         impl AsRef<[u8]> for Floats {
             fn as_ref(&self) -> &[u8] {
                 bytemuck::cast_slice(&self.0)
@@ -194,12 +195,13 @@ fn le_bytes(v: Vec<f32>) -> Bytes {
 }
 
 /// The replicated part of the training state: the same on every member (their outer states are
-/// bit-identical), so several senders can each send a share of its bytes.
+/// bit-identical), so several senders can each send a share of its bytes. Its buffers are
+/// shared with the [`OuterState`] it was taken from, which copies them before it changes them.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SharedState {
     outer_steps: u64,
-    outer: Vec<f32>,
-    momentum: Vec<f32>,
+    outer: Arc<Vec<f32>>,
+    momentum: Arc<Vec<f32>>,
 }
 
 impl SharedState {
@@ -212,16 +214,14 @@ impl SharedState {
         if outer.len() != momentum.len() {
             return Err(StateError::Mismatched { outer: outer.len(), momentum: momentum.len() });
         }
-        Ok(SharedState { outer_steps, outer, momentum })
+        Ok(SharedState { outer_steps, outer: Arc::new(outer), momentum: Arc::new(momentum) })
     }
 
-    /// A copy of the replicated part of `o`.
+    /// A snapshot of the replicated part of `o`, without copying it: the buffers are shared,
+    /// and `o`'s next outer step copies those still shared before it writes.
     pub fn from_outer(o: &OuterState) -> SharedState {
-        SharedState {
-            outer_steps: o.steps(),
-            outer: o.outer().to_vec(),
-            momentum: o.momentum().to_vec(),
-        }
+        let [outer, momentum] = o.shared_buffers();
+        SharedState { outer_steps: o.steps(), outer, momentum }
     }
 
     /// The outer state this restores (zero pseudo-gradient), moving the buffers.
@@ -258,13 +258,13 @@ impl SharedState {
         self.outer.is_empty()
     }
 
-    /// `(outer_steps, outer, momentum)`, moved out.
+    /// `(outer_steps, outer, momentum)`, moved out (copied only where still shared).
     pub fn into_parts(self) -> (u64, Vec<f32>, Vec<f32>) {
-        (self.outer_steps, self.outer, self.momentum)
+        (self.outer_steps, Arc::unwrap_or_clone(self.outer), Arc::unwrap_or_clone(self.momentum))
     }
 
     /// The encoding as [`Segments`]: its header, then the outer weights' and the momentum's own
-    /// buffers, moved (no copy of the values on a little-endian machine).
+    /// buffers, shared (no copy of the values on a little-endian machine).
     pub fn into_segments(self) -> Segments {
         let mut header = Vec::with_capacity(SHARED_HEADER_LEN as usize);
         header.extend_from_slice(&SHARED_MAGIC);
@@ -294,8 +294,8 @@ impl SharedState {
         let (outer, momentum) = floats.split_at(floats.len() / 2);
         Ok(SharedState {
             outer_steps: steps,
-            outer: read_f32s(outer),
-            momentum: read_f32s(momentum),
+            outer: Arc::new(read_f32s(outer)),
+            momentum: Arc::new(read_f32s(momentum)),
         })
     }
 }
@@ -314,7 +314,11 @@ impl SharedState {
     pub fn from_part(bytes: PartBytes, expect_n: usize) -> Option<SharedState> {
         let outer_steps = SharedState::check_part(&bytes, expect_n).ok()?;
         match bytes.into_floats() {
-            Ok([outer, momentum]) => Some(SharedState { outer_steps, outer, momentum }),
+            Ok([outer, momentum]) => Some(SharedState {
+                outer_steps,
+                outer: Arc::new(outer),
+                momentum: Arc::new(momentum),
+            }),
             Err(bytes) => SharedState::decode(&bytes.into_vec(), expect_n).ok(),
         }
     }
@@ -494,6 +498,31 @@ mod tests {
         assert_eq!(back.outer(), o.outer());
         assert_eq!(back.momentum(), o.momentum());
         assert_eq!(back.steps(), 1);
+    }
+
+    /// A sender's snapshot copies nothing, and stays what it was when the outer step that
+    /// follows changes the node's state (that step copies the shared buffers, and only those).
+    #[test]
+    fn a_snapshot_is_free_and_the_next_outer_step_copies_on_write() {
+        let mut o = OuterState::new(OuterConfig::default(), vec![1.0, 2.0, 3.0], vec![]).unwrap();
+        o.pseudo_gradient_mut().copy_from_slice(&[0.1, 0.2, 0.3]);
+        o.apply_outer_step();
+        let (w0, m0) = (o.outer().as_ptr(), o.momentum().as_ptr());
+        let snap = SharedState::from_outer(&o);
+        assert_eq!((snap.outer().as_ptr(), snap.momentum().as_ptr()), (w0, m0));
+        let before = snap.encode();
+        let segments = snap.clone().into_segments();
+        o.pseudo_gradient_mut().copy_from_slice(&[1.0, 1.0, 1.0]);
+        o.apply_outer_step();
+        assert_ne!(o.outer().as_ptr(), w0, "the step wrote into the snapshot's buffer");
+        assert_eq!(snap.encode(), before);
+        assert_eq!(segments.slice(0..segments.len()).as_ref(), before.as_slice());
+        assert_ne!(encode_outer_state(&o), before);
+        // With no snapshot left, a step writes in place.
+        drop((snap, segments));
+        let w1 = o.outer().as_ptr();
+        o.apply_outer_step();
+        assert_eq!(o.outer().as_ptr(), w1);
     }
 
     #[test]
