@@ -294,11 +294,13 @@ pub(crate) enum BenchCommand {
     /// One rank of the TCP all-reduce benchmark.
     #[command(hide = true)]
     AllreduceRank(AllreduceRank),
-    /// Live recovery on the real transport: K sender processes and a joiner on loopback; the
-    /// senders prepare and send their shares of a state as a worker does, the joiner assembles
-    /// and verifies it. Prints the time from the joiner's signal to its verified state, the
-    /// throughput against this machine's memcpy, and each process's CPU time and peak memory
-    /// against the state's size.
+    /// Live recovery on the real transport: K sender processes and a joiner on loopback (or in
+    /// a scenario's emulated network, `--scenario`); the senders snapshot, prepare and send
+    /// their shares of a state as a worker does, the joiner assembles and verifies it. Prints
+    /// the time from the joiner's signal to its verified state, the throughput against this
+    /// machine's memcpy and first-touch rates (or against the links' rate), each process's CPU
+    /// time and peak memory against the state's size, and on loopback the per-byte terms for
+    /// `[sim] state_prepare_cost` and `state_receive_cost`.
     Recovery(RecoveryBench),
     /// One process of the recovery benchmark.
     #[command(hide = true)]
@@ -509,6 +511,11 @@ pub(crate) struct RecoveryBench {
     /// Encrypt and authenticate the connections, as a run with a secret does.
     #[arg(long)]
     pub(crate) secure: bool,
+    /// Run the processes in this scenario's emulated network instead of on loopback (root; as
+    /// `loco launch` does): the scenario's first K nodes send, the next one joins, and the
+    /// throughput is compared with the rate the links give one connection from each sender.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) scenario: Option<PathBuf>,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub(crate) json: bool,
@@ -521,9 +528,12 @@ pub(crate) struct RecoveryNode {
     pub(crate) index: usize,
     #[arg(long)]
     pub(crate) senders: usize,
-    /// The joiner's listen port on 127.0.0.1, then each sender's.
-    #[arg(long, value_delimiter = ',', value_name = "PORT,PORT,...")]
-    pub(crate) ports: Vec<u16>,
+    /// The joiner's listen address, then each sender's.
+    #[arg(long, value_delimiter = ',', value_name = "ADDR,ADDR,...")]
+    pub(crate) addrs: Vec<std::net::SocketAddr>,
+    /// The connections' TCP congestion control (default: the host's).
+    #[arg(long)]
+    pub(crate) congestion: Option<String>,
     #[arg(long)]
     pub(crate) params: usize,
     /// The processes' shared secret: connections are encrypted and authenticated with it.

@@ -234,11 +234,15 @@ fn run(cli: Cli) -> Result<Outcome> {
                 bytes: a.bytes,
                 senders: a.senders,
                 secure: a.secure,
+                scenario: a.scenario.as_deref().map(real_cmd::load).transpose()?,
             };
             if a.senders == 0 || a.bytes < 8 {
                 let flag = if a.senders == 0 { "--senders" } else { "--bytes" };
                 let what = if a.senders == 0 { "at least 1" } else { "at least 8 bytes" };
                 return Err(InputError(anyhow::anyhow!("{flag}: expected {what}")).into());
+            }
+            if let Some(s) = &args.scenario {
+                bench::recovery::check_emulated(s, a.senders).map_err(InputError)?;
             }
             let report = bench::recovery::run(&args)?;
             print_report(a.json, &report, |out| report.print_table(out))?;

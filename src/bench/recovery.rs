@@ -32,6 +32,8 @@ pub(crate) struct RecoveryBenchArgs {
     pub(crate) senders: usize,
     /// Encrypt and authenticate the connections.
     pub(crate) secure: bool,
+    /// Run in this scenario's emulated network (else on loopback).
+    pub(crate) scenario: Option<loco_core::scenario::Scenario>,
 }
 
 /// What one process of the benchmark prints (one JSON line on stdout).
@@ -67,6 +69,8 @@ pub(crate) struct RecoveryBenchReport {
     pub(crate) senders: usize,
     /// Whether the connections were encrypted.
     pub(crate) secure: bool,
+    /// "loopback", or the scenario whose emulated network the processes ran in.
+    pub(crate) network: String,
     /// From the joiner's signal to its verified state.
     pub(crate) seconds: f64,
     /// `state_bytes / seconds`, GB/s (decimal).
@@ -75,6 +79,21 @@ pub(crate) struct RecoveryBenchReport {
     pub(crate) memcpy_gbps: f64,
     /// `gbps / memcpy_gbps`.
     pub(crate) vs_memcpy: f64,
+    /// Writing the same bytes (up to 512 MB) into memory freshly allocated, GB/s: the rate at
+    /// which this machine hands a process new pages, which bounds a joiner writing the state
+    /// into buffers it did not hold before.
+    pub(crate) first_touch_gbps: f64,
+    /// Emulated network: what the links give one connection from each sender to the joiner,
+    /// summed, in payload GB/s (the wire's rate less TCP/IP headers).
+    pub(crate) link_gbps: Option<f64>,
+    /// `gbps / link_gbps`.
+    pub(crate) vs_link: Option<f64>,
+    /// On loopback, the terms for the simulator (`[sim] state_prepare_cost`): the slowest
+    /// sender's preparation, seconds per byte of the state.
+    pub(crate) sim_prepare_cost: Option<f64>,
+    /// On loopback, `[sim] state_receive_cost`: the joiner's time from the signal to the
+    /// verified state, seconds per byte.
+    pub(crate) sim_receive_cost: Option<f64>,
     /// The joiner, then the senders.
     pub(crate) nodes: Vec<NodeResult>,
 }
@@ -85,16 +104,31 @@ impl RecoveryBenchReport {
         let mb = |b: u64| b as f64 / 1e6;
         writeln!(
             out,
-            "live recovery of {:.0} MB from {} sender(s) on loopback{}: {:.3} s, {:.2} GB/s end \
-             to end, verified ({:.2}x this machine's single-core memcpy, {:.2} GB/s)",
+            "live recovery of {:.0} MB from {} sender(s) on {}{}: {:.3} s, {:.3} GB/s end to \
+             end, verified",
             mb(self.state_bytes),
             self.senders,
+            self.network,
             if self.secure { ", encrypted" } else { "" },
             self.seconds,
             self.gbps,
-            self.vs_memcpy,
-            self.memcpy_gbps,
         )?;
+        if let (Some(link), Some(vs)) = (self.link_gbps, self.vs_link) {
+            writeln!(out, "the links give {link:.3} GB/s of payload: {:.1}% of it", vs * 100.0)?;
+        }
+        writeln!(
+            out,
+            "this machine: single-core memcpy {:.2} GB/s ({:.2}x), first touch of new memory \
+             {:.2} GB/s",
+            self.memcpy_gbps, self.vs_memcpy, self.first_touch_gbps,
+        )?;
+        if let (Some(p), Some(r)) = (self.sim_prepare_cost, self.sim_receive_cost) {
+            writeln!(
+                out,
+                "for the simulator: [sim] state_prepare_cost = {p:.3e}, state_receive_cost = \
+                 {r:.3e} (seconds per byte)"
+            )?;
+        }
         writeln!(
             out,
             "{:<8} {:>10} {:>10} {:>10} {:>9} {:>12} {:>14}",
@@ -143,12 +177,15 @@ fn tcp_config(secret: Option<&str>) -> loco_real::tcp::TcpConfig {
 pub(crate) fn run_node(a: &crate::cli::RecoveryNode) -> Result<NodeResult> {
     use loco_real::tcp::TcpTransport;
     let senders: Vec<NodeId> = (1..=a.senders as u32).map(NodeId).collect();
-    if a.ports.len() != senders.len() + 1 {
-        bail!("--ports: expected the joiner's port and {} senders'", senders.len());
+    if a.addrs.len() != senders.len() + 1 {
+        bail!("--addrs: expected the joiner's address and {} senders'", senders.len());
     }
-    let addr = |i: usize| std::net::SocketAddr::from(([127, 0, 0, 1], a.ports[i]));
+    let addr = |i: usize| a.addrs[i];
     let rt = crate::real_cmd::runtime()?;
-    let cfg = tcp_config(a.secret.as_deref());
+    let cfg = loco_real::tcp::TcpConfig {
+        congestion: a.congestion.clone(),
+        ..tcp_config(a.secret.as_deref())
+    };
     if a.index == 0 {
         // The joiner.
         let expected = state(a.params)?;
@@ -290,19 +327,37 @@ pub(crate) fn run(args: &RecoveryBenchArgs) -> Result<RecoveryBenchReport> {
     if params == 0 {
         bail!("--bytes: expected at least 8 (one parameter's outer weight and momentum)");
     }
+    let first_touch = first_touch_gbps(args.bytes);
     let memcpy = memcpy_gbps(args.bytes);
-    let ports = super::free_loopback_ports(args.senders + 1)?;
-    let ports_arg = ports.iter().map(u16::to_string).collect::<Vec<_>>().join(",");
+    let net = args.scenario.as_ref().map(|s| Emulated::start(s, args.senders)).transpose()?;
+    let addrs: Vec<std::net::SocketAddr> = match &net {
+        Some(n) => n.addrs.clone(),
+        None => super::free_loopback_ports(args.senders + 1)?
+            .into_iter()
+            .map(|p| std::net::SocketAddr::from(([127, 0, 0, 1], p)))
+            .collect(),
+    };
+    let addrs_arg = addrs.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(",");
     let secret = args.secure.then(super::fresh_secret);
     let exe = std::env::current_exe()?;
     let spawn = |index: usize| {
-        std::process::Command::new(&exe)
-            .args(["bench", "recovery-node", "--index", &index.to_string()])
-            .args(["--senders", &args.senders.to_string(), "--ports", &ports_arg])
+        let mut cmd = match &net {
+            Some(n) => n.command(index, &exe)?,
+            None => std::process::Command::new(&exe),
+        };
+        cmd.args(["bench", "recovery-node", "--index", &index.to_string()])
+            .args(["--senders", &args.senders.to_string(), "--addrs", &addrs_arg])
             .args(["--params", &params.to_string()])
             .args(secret.as_ref().map(|k| ["--secret", k.as_str()]).into_iter().flatten())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
+            .args(
+                net.as_ref()
+                    .and_then(|n| n.congestion)
+                    .map(|c| ["--congestion", c])
+                    .into_iter()
+                    .flatten(),
+            )
+            .stdout(std::process::Stdio::piped());
+        cmd.spawn().context("starting a benchmark process")
     };
     // Senders first: the joiner dials them.
     let mut children = Vec::new();
@@ -330,14 +385,115 @@ pub(crate) fn run(args: &RecoveryBenchArgs) -> Result<RecoveryBenchReport> {
     let seconds = joiner.total_seconds;
     let state_bytes = joiner.state_bytes;
     let gbps = state_bytes as f64 / seconds.max(1e-9) / 1e9;
+    let link_gbps = net.as_ref().map(|n| n.link_gbps);
+    let per_byte =
+        |secs: f64| (net.is_none() && state_bytes > 0).then(|| secs / state_bytes as f64);
+    let prepare = nodes[1..].iter().map(|n| n.prepare_seconds).fold(0.0, f64::max);
     Ok(RecoveryBenchReport {
         state_bytes,
         senders: args.senders,
         secure: args.secure,
+        network: args
+            .scenario
+            .as_ref()
+            .map_or_else(|| "loopback".into(), |s| format!("the emulated network of {}", s.name())),
         seconds,
         gbps,
         memcpy_gbps: memcpy,
         vs_memcpy: gbps / memcpy,
+        first_touch_gbps: first_touch,
+        link_gbps,
+        vs_link: link_gbps.map(|l| gbps / l),
+        sim_prepare_cost: per_byte(prepare),
+        sim_receive_cost: per_byte(seconds),
         nodes,
     })
+}
+
+/// Writing `bytes` (up to 512 MB) into freshly allocated memory, once, GB/s: the first
+/// allocation of the run (memory freed and taken again comes faster on some machines, a
+/// virtual one's host having backed it already).
+fn first_touch_gbps(bytes: u64) -> f64 {
+    let n = bytes.min(512 << 20).max(1) as usize;
+    let t = crate::clock::now();
+    let mut v = vec![0u8; n]; // zeroed pages the kernel hands out on first write
+    v.fill(1);
+    std::hint::black_box(&mut v);
+    n as f64 / t.elapsed().as_secs_f64().max(1e-9) / 1e9
+}
+
+/// The port every process listens on in the emulated network (each has an address of its own).
+const EMULATED_PORT: u16 = 7100;
+
+/// TCP/IP headers on the emulated links: 40 bytes of IPv4 and TCP plus 12 of timestamps per
+/// segment of the MTU.
+fn payload_share() -> f64 {
+    let mtu = f64::from(loco_real::wan::MTU);
+    (mtu - 52.0) / mtu
+}
+
+/// The scenario's emulated network, its first K nodes the senders and the next the joiner.
+struct Emulated {
+    net: loco_real::wan::Network,
+    /// The hosts in the benchmark's process order: the joiner, then the senders.
+    hosts: Vec<NodeId>,
+    addrs: Vec<std::net::SocketAddr>,
+    link_gbps: f64,
+    congestion: Option<&'static str>,
+}
+
+/// Why the benchmark cannot run in `s`'s emulated network with `senders` senders, if it
+/// cannot: the emulation unavailable here, too few nodes.
+pub(crate) fn check_emulated(s: &loco_core::scenario::Scenario, senders: usize) -> Result<()> {
+    if let Some(why) = loco_real::wan::netns::unavailable() {
+        bail!("--scenario: the emulated network is unavailable: {why}");
+    }
+    let nodes = s.nodes().len();
+    if nodes <= senders {
+        bail!(
+            "--scenario: {} has {nodes} node(s); {senders} sender(s) and a joiner need {}",
+            s.name(),
+            senders + 1
+        );
+    }
+    Ok(())
+}
+
+impl Emulated {
+    fn start(s: &loco_core::scenario::Scenario, senders: usize) -> Result<Emulated> {
+        check_emulated(s, senders)?;
+        let nodes: Vec<NodeId> = s.nodes().iter().map(|n| n.id).collect();
+        let joiner = nodes[senders];
+        let hosts: Vec<NodeId> =
+            std::iter::once(joiner).chain(nodes[..senders].iter().copied()).collect();
+        let mut shaper = loco_real::wan::Shaper::new(s, s.seed());
+        let mut wire = 0.0;
+        for &h in &nodes[..senders] {
+            wire += shaper
+                .one_connection_rate(loco_core::Time::ZERO, h, joiner)
+                .with_context(|| format!("--scenario: no link from node {h} to node {joiner}"))?;
+        }
+        let addrs = hosts
+            .iter()
+            .map(|&h| {
+                loco_real::wan::addr::host_addr(h)
+                    .map(|ip| std::net::SocketAddr::from((ip, EMULATED_PORT)))
+                    .with_context(|| format!("node {h} has no emulated address"))
+            })
+            .collect::<Result<_>>()?;
+        let net = loco_real::wan::Network::start(s, s.seed())?;
+        Ok(Emulated {
+            net,
+            hosts,
+            addrs,
+            link_gbps: wire * payload_share() / 1e9,
+            congestion: s.sim().tcp.linux_name(),
+        })
+    }
+
+    /// A command running `exe` as the benchmark's process `index` in its host's namespace.
+    fn command(&self, index: usize, exe: &std::path::Path) -> Result<std::process::Command> {
+        let host = self.hosts.get(index).copied().context("a process beyond the hosts")?;
+        self.net.hosts().command(host, exe).context("a host without a namespace")
+    }
 }

@@ -191,3 +191,43 @@ fn launch_says_which_network_it_ran_in() {
     assert!(err.contains("bad.toml") && err.contains("real.network"), "{err}");
     assert!(err.contains("\"emulated\""), "{err}");
 }
+
+/// Live recovery across the emulated links reaches at least 90% of the rate they give one
+/// connection (issue: "on emulated links, recovery reaches at least 90% of the link rate"):
+/// steady.toml's first node sends 50 MB over its 200 Mbit/s, 10 ms link to the second.
+#[test]
+fn bench_recovery_on_emulated_links_fills_the_link() {
+    let _one = one_real_run_at_a_time();
+    let ctx = TestContext::new();
+    let o = ctx.loco(&[
+        "bench",
+        "recovery",
+        "--bytes",
+        "50MB",
+        "--scenario",
+        "scenarios/fidelity/steady.toml",
+        "--json",
+    ]);
+    if !root() {
+        return assert_refused(&o);
+    }
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v = json(&stdout(&o));
+    assert_eq!(v["state_bytes"], 50_000_024, "{v:#}");
+    let link = v["link_gbps"].as_f64().expect("the link's rate");
+    // 200 Mbit/s on the wire, less the TCP/IP headers.
+    assert!((0.023..0.025).contains(&link), "{v:#}");
+    let share = v["vs_link"].as_f64().expect("the share of the link");
+    assert!((0.9..1.02).contains(&share), "recovery got {share:.3} of the link: {v:#}");
+    // Five nodes would need the scenario to have them.
+    let few = ctx.loco(&[
+        "bench",
+        "recovery",
+        "--senders",
+        "4",
+        "--scenario",
+        "scenarios/fidelity/steady.toml",
+    ]);
+    assert_eq!(few.status.code(), Some(2), "{}", stderr(&few));
+    assert!(stderr(&few).contains("4 node(s)"), "{}", stderr(&few));
+}
