@@ -184,6 +184,27 @@ impl OuterState {
         &self.momentum
     }
 
+    /// Hands out the outer weights' and momentum's buffers when nothing else shares them,
+    /// leaving this state without parameters until [`put_buffers`](Self::put_buffers): a
+    /// joiner writes the state it receives into the buffers it holds anyway.
+    pub fn take_buffers(&mut self) -> Option<[Vec<f32>; 2]> {
+        if Arc::strong_count(&self.outer) > 1 || Arc::strong_count(&self.momentum) > 1 {
+            return None;
+        }
+        let outer = std::mem::take(Arc::make_mut(&mut self.outer));
+        let momentum = std::mem::take(Arc::make_mut(&mut self.momentum));
+        Some([outer, momentum])
+    }
+
+    /// Gives back buffers handed out by [`take_buffers`](Self::take_buffers) (their values are
+    /// whatever was written meanwhile); ignored unless both have the pseudo-gradient's length.
+    pub fn put_buffers(&mut self, [outer, momentum]: [Vec<f32>; 2]) {
+        let n = self.pseudo_gradient.len();
+        if outer.len() == n && momentum.len() == n {
+            (self.outer, self.momentum) = (Arc::new(outer), Arc::new(momentum));
+        }
+    }
+
     /// The outer weights' and momentum's buffers, shared (no copy): a snapshot that stays as it
     /// is, since the next outer step copies a buffer still shared before it writes.
     pub fn shared_buffers(&self) -> [Arc<Vec<f32>>; 2] {

@@ -630,7 +630,7 @@ impl<D: Driver> Network<D> {
         let Some(member) = n.member.as_mut() else { return };
         match env.frame.header {
             Header::Mesh(msg) => member.handle_message(local, env.from, msg),
-            Header::State(_) => {}
+            Header::State(_) | Header::StateAsk(_) => {}
             Header::Collective(_) => {
                 if n.hung {
                     return;

@@ -100,6 +100,22 @@ pub struct StateHeader {
     pub part: u32,
 }
 
+/// A joiner's request to a sender of its state: send again the pieces of these byte ranges
+/// (pieces lost with a dropped connection, or a copy that failed verification). Empty body.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateAsk {
+    /// Epoch of the assignment the joiner fetches under.
+    pub epoch: Epoch,
+    /// `(part, start, end)`: the bytes wanted, at most [`StateAsk::MAX_RANGES`] ranges; the
+    /// sender sends the pieces of its share that overlap them.
+    pub ranges: Vec<(u32, u64, u64)>,
+}
+
+impl StateAsk {
+    /// The most ranges one ask may name (a sender ignores an ask with more).
+    pub const MAX_RANGES: usize = 1024;
+}
+
 /// The typed header of a frame.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Header {
@@ -109,6 +125,8 @@ pub enum Header {
     Collective(CollectiveHeader),
     /// One piece of the training state sent to a joiner.
     State(StateHeader),
+    /// A joiner asks a sender for pieces again.
+    StateAsk(StateAsk),
 }
 
 /// A message between two nodes.

@@ -31,7 +31,7 @@
 use loco_core::NodeId;
 use loco_core::mesh::{JoinMode, MeshConfig, MeshEvent};
 use loco_core::node::machine::NodeEvent;
-use loco_core::testing::nodes::{NodeNet, Seen};
+use loco_core::testing::nodes::{NodeNet, PieceFault, Seen};
 use loco_core::time::Time;
 use std::fmt::Write as _;
 mod common;
@@ -382,6 +382,60 @@ fn a_sender_dying_mid_transfer_leaves_the_joiner_with_the_pieces_it_holds() {
     assert!(kept.is_some_and(|k| k > 0), "{ev:?}");
     assert!(ev.iter().any(|e| matches!(e, NodeEvent::RecoveryDone { .. })), "{ev:?}");
     assert_clean(&net);
+}
+
+/// A joiner whose state meets `fault` on its way (the senders' links slow enough for the
+/// transfer to take several pieces' time), run until it should hold the state.
+fn faulted_join(fault: PieceFault) -> NodeNet {
+    let cfg = MeshConfig { state_senders: 2, ..MeshConfig::default() };
+    let mut net = formed(cfg, 3);
+    net.run_for(secs(30)).unwrap();
+    for s in 0..3 {
+        net.set_bandwidth(NodeId(s), NodeId(3), 300.0);
+    }
+    net.fault_next_piece(fault);
+    net.add(NodeId(3));
+    net.run_for(secs(900)).unwrap();
+    net
+}
+
+/// Bytes of state pieces node `to` received, by the record of what the joiner held: the
+/// `bytes` of its `RecoveryDone`.
+fn recovered(net: &NodeNet, id: NodeId) -> Option<u64> {
+    node_events(net, id).into_iter().find_map(|e| match e {
+        NodeEvent::RecoveryDone { bytes, .. } => Some(bytes),
+        _ => None,
+    })
+}
+
+/// A piece damaged on its way (its bytes changed, the header intact) is found when the
+/// copy is verified; the joiner asks its senders again at once, receives it, and holds the
+/// same weights as the others (the one violation is the rejected copy).
+#[test]
+fn a_damaged_piece_is_detected_and_fetched_again() {
+    let net = faulted_join(PieceFault::Damaged);
+    assert!(recovered(&net, NodeId(3)).is_some(), "{:?}", node_events(&net, NodeId(3)));
+    let v = net.violations();
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert!(v[0].contains("digest"), "{v:?}");
+    assert!(net.disagreements().is_empty(), "{:?}", net.hashes());
+    let last = *net.hashes().keys().last().unwrap();
+    assert_eq!(net.hashes()[&last].len(), 4, "the joiner takes part");
+}
+
+/// A piece lost on its way (a frame dropped with its connection): the joiner, with pieces
+/// and then none for `state_resend_after`, asks its senders for what it lacks and completes
+/// within the wait and one more transfer of the piece, long before `sync_timeout`.
+#[test]
+fn a_lost_piece_is_asked_for_again_after_the_quiet_wait() {
+    let net = faulted_join(PieceFault::Lost);
+    assert!(recovered(&net, NodeId(3)).is_some(), "{:?}", node_events(&net, NodeId(3)));
+    assert_clean(&net);
+    let last = *net.hashes().keys().last().unwrap();
+    assert_eq!(net.hashes()[&last].len(), 4, "the joiner takes part");
+    // Without the ask the fetch would wait for sync_timeout (an hour): the run is 15 minutes.
+    let rec: f64 = net.rows().iter().filter(|r| r.node_id == 3).map(|r| r.recovery_s).sum();
+    assert!(rec > 60.0, "the ask waits for state_resend_after: recovery_s {rec}");
 }
 
 #[test]

@@ -590,7 +590,7 @@ impl Transport for TcpTransport {
                 &peer.streams[peer.next]
             }
             Header::State(_) => peer.bulk.as_ref().expect("opened above"),
-            Header::Mesh(_) => &peer.streams[0],
+            Header::Mesh(_) | Header::StateAsk(_) => &peer.streams[0],
         };
         if queue.send(Outgoing::Frame(frame)).is_err() || peer.failed.load(Ordering::Relaxed) {
             self.peers.remove(&to);

@@ -202,7 +202,8 @@ impl SimTransport {
             return;
         }
         let lane = match &frame.header {
-            Header::Mesh(_) if frame.body.is_empty() => Lane::Control,
+            Header::Mesh(_) | Header::StateAsk(_) if frame.body.is_empty() => Lane::Control,
+            Header::StateAsk(_) => Lane::Bulk(u16::MAX),
             Header::Mesh(_) => Lane::Bulk(u16::MAX),
             Header::Collective(h) => Lane::Bulk(h.shard),
             Header::State(h) => Lane::State(h.part, h.offset),

@@ -46,6 +46,7 @@ pub enum RingOrder {
 /// | `allreduce_timeout` | 3600 s | global all-reduces took up to ~1400 s |
 /// | `retry_backoff` | 8 s | heartbeat timeout + one interval |
 /// | `state_senders` | 1 | loco |
+/// | `state_resend_after` | 60 s | loco |
 /// | `ring_order` | measured | PRIME |
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct MeshConfig {
@@ -93,6 +94,12 @@ pub struct MeshConfig {
     /// How many peers send the state to one joiner (default 1).
     #[serde(default = "defaults::state_senders")]
     pub state_senders: usize,
+    /// A joiner that has received pieces of its state and then none for this long asks its
+    /// senders for the pieces it lacks (lost with a dropped connection, e.g. after a corrupt
+    /// frame), again after twice as long, up to 8 times; a copy that fails verification is
+    /// asked for at once (default 60 s: well above the time one piece takes on a slow link).
+    #[serde(default = "defaults::state_resend_after")]
+    pub state_resend_after: Duration,
     /// Deadline of the barrier while no member has reached it: if nobody arrives this long after
     /// the outer step began (on the coordinator's clock: the commit or skip of the step before,
     /// or the formation of the mesh), every member is evicted as having missed the barrier, even
@@ -114,6 +121,10 @@ mod defaults {
     pub(super) fn join_window() -> Duration {
         Duration::from_secs(5)
     }
+    pub(super) fn state_resend_after() -> Duration {
+        Duration::from_secs(60)
+    }
+
     pub(super) fn sync_timeout() -> Duration {
         Duration::from_secs(3600)
     }
@@ -144,6 +155,7 @@ impl Default for MeshConfig {
             min_members: defaults::min_members(),
             join_window: defaults::join_window(),
             sync_timeout: defaults::sync_timeout(),
+            state_resend_after: defaults::state_resend_after(),
             allreduce_timeout: defaults::allreduce_timeout(),
             retry_backoff: defaults::retry_backoff(),
             state_senders: defaults::state_senders(),
@@ -206,6 +218,7 @@ impl MeshConfig {
             ("probe_duration", self.probe_duration),
             ("coordinator_timeout", self.coordinator_timeout),
             ("sync_timeout", self.sync_timeout),
+            ("state_resend_after", self.state_resend_after),
             ("allreduce_timeout", self.allreduce_timeout),
             ("compute_timeout", self.compute_timeout),
         ];
@@ -285,6 +298,7 @@ mod tests {
             "allreduce_timeout",
             "retry_backoff",
             "state_senders",
+            "state_resend_after",
             "compute_timeout",
         ] {
             o.remove(k);

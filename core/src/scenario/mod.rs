@@ -85,6 +85,9 @@
 //! min_members = 1              # default 1; the first epoch waits for this many joiners
 //! join_window = "5s"           # default 5s; the first epoch forms this long after the first join
 //! sync_timeout = "3600s"       # default 3600s; a blocking joiner not synced by then is evicted
+//! state_resend_after = "60s"   # default 60s (> 0); a joiner that got pieces and then none for this
+//!                              # long asks its senders for those it lacks (again after 2x, up to
+//!                              # 8 times); a copy that fails verification is asked for at once
 //! compute_timeout = "4h"       # default 4h or 3 x the slowest node's H inner steps, if longer;
 //!                              # a barrier nobody reaches by then evicts every member
 //! allreduce_timeout = "3600s"  # default 3600s; an all-reduce not done by then is retried
@@ -151,6 +154,16 @@
 //!                              # into the model, weights digest) takes params x this of the
 //!                              # node's time, heartbeats going on meanwhile; `loco bench outer`
 //!                              # measures it (the default: on a 2-core AMD EPYC VM)
+//! state_prepare_cost = 1.7e-10 # default 1.7e-10 (seconds per byte; >= 0, 0 for none): a
+//!                              # sender's preparation of its share of a joiner's state
+//!                              # (snapshot and digest) takes the parts' bytes x this before
+//!                              # its first piece leaves
+//! state_receive_cost = 1.2e-9  # default 1.2e-9 (seconds per byte; >= 0, 0 for none): a
+//!                              # joiner holds a verified state no sooner than its fetch's
+//!                              # start + the state's bytes x this (pieces are taken in and
+//!                              # hashed as they arrive: a slow link hides it). Both measured
+//!                              # by `loco bench recovery` (the defaults: `--bytes 2GB` on a
+//!                              # 2-core AMD EPYC VM)
 //! tcp = "cubic"                # default "cubic" (Linux's), or "bbr", or "none": the nodes'
 //!                              # TCP congestion control. New connections start from 10
 //!                              # segments doubling each round trip; with cubic, so does one
@@ -743,6 +756,16 @@ pub struct SimSpec {
     /// the copy into the model, the weights digest): every commit takes the model's parameter
     /// count times this of the node's time, spent in its row's `outer_s`. 0 charges nothing.
     pub outer_cost: f64,
+    /// Seconds per byte of a sender's preparation of its share of a joiner's state (the
+    /// snapshot and the digest of the replicated part, and the own part if it sends it): the
+    /// parts' length times this of the sender's time passes before its first piece leaves.
+    /// 0 charges nothing.
+    pub state_prepare_cost: f64,
+    /// Seconds per byte of a joiner's taking in and verifying a state (its pieces are written
+    /// and hashed as they arrive): it holds a verified state no sooner than its fetch's start
+    /// plus the state's total length (both parts) times this, so a slow link hides the cost and
+    /// a fast one is bounded by it. 0 charges nothing.
+    pub state_receive_cost: f64,
     /// The TCP congestion control the nodes run: the simulator charges its start-up, and
     /// `loco launch`'s emulated network sets it in every namespace.
     pub tcp: TcpKind,
@@ -796,11 +819,40 @@ impl SimSpec {
     /// parameters, 4.0 s at 1B, 33 s at 10B).
     pub const DEFAULT_OUTER_COST: f64 = 3.2e-9;
 
+    /// The default [`state_prepare_cost`](SimSpec::state_prepare_cost): what
+    /// `loco bench recovery --bytes 2GB` measured on a 2-core AMD EPYC VM, where a sender's
+    /// snapshot and digest of a 2 GB state took about 0.35 s before its first piece left.
+    pub const DEFAULT_STATE_PREPARE_COST: f64 = 1.7e-10;
+
+    /// The default [`state_receive_cost`](SimSpec::state_receive_cost): what
+    /// `loco bench recovery --bytes 2GB` measured on a 2-core AMD EPYC VM, where a 2 GB state
+    /// took 2.2-4.0 s on loopback (0.5-0.9 GB/s) from the joiner's signal to its verified state:
+    /// 1.2 ns per byte (0.83 GB/s) is 2.4 s for 2 GB, which with the sender's 0.35 s makes the
+    /// faster runs' end-to-end time (loopback was no limit there).
+    pub const DEFAULT_STATE_RECEIVE_COST: f64 = 1.2e-9;
+
     /// The time a commit's O(model) work takes for `params` parameters (saturating at
     /// [`Duration::MAX`]).
     pub fn outer_time(&self, params: u64) -> Duration {
-        Duration::try_from_secs_f64(params as f64 * self.outer_cost).unwrap_or(Duration::MAX)
+        per_unit(params, self.outer_cost)
     }
+
+    /// The time a sender takes to prepare `bytes` of a joiner's state
+    /// ([`state_prepare_cost`](SimSpec::state_prepare_cost); saturating at [`Duration::MAX`]).
+    pub fn state_prepare_time(&self, bytes: u64) -> Duration {
+        per_unit(bytes, self.state_prepare_cost)
+    }
+
+    /// The least time from a fetch's start to a verified state of `bytes` in all
+    /// ([`state_receive_cost`](SimSpec::state_receive_cost); saturating at [`Duration::MAX`]).
+    pub fn state_receive_time(&self, bytes: u64) -> Duration {
+        per_unit(bytes, self.state_receive_cost)
+    }
+}
+
+/// `n` units at `cost` seconds each, saturating at [`Duration::MAX`].
+fn per_unit(n: u64, cost: f64) -> Duration {
+    Duration::try_from_secs_f64(n as f64 * cost).unwrap_or(Duration::MAX)
 }
 
 impl Default for SimSpec {
@@ -811,6 +863,8 @@ impl Default for SimSpec {
             elements: 4096,
             duration_limit: None,
             outer_cost: SimSpec::DEFAULT_OUTER_COST,
+            state_prepare_cost: SimSpec::DEFAULT_STATE_PREPARE_COST,
+            state_receive_cost: SimSpec::DEFAULT_STATE_RECEIVE_COST,
             tcp: TcpKind::Cubic,
         }
     }

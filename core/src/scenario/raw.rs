@@ -178,6 +178,7 @@ pub(crate) struct RawMesh {
     pub(crate) min_members: Option<u32>,
     pub(crate) join_window: Option<RawScalar>,
     pub(crate) sync_timeout: Option<RawScalar>,
+    pub(crate) state_resend_after: Option<RawScalar>,
     pub(crate) compute_timeout: Option<RawScalar>,
     pub(crate) allreduce_timeout: Option<RawScalar>,
     pub(crate) retry_backoff: Option<RawScalar>,
@@ -251,6 +252,8 @@ pub(crate) struct RawSim {
     pub(crate) elements: Option<u64>,
     pub(crate) duration_limit: Option<RawScalar>,
     pub(crate) outer_cost: Option<f64>,
+    pub(crate) state_prepare_cost: Option<f64>,
+    pub(crate) state_receive_cost: Option<f64>,
     pub(crate) tcp: Option<String>,
 }
 

@@ -205,6 +205,8 @@ numerics = "real"
 elements = 100
 duration_limit = "2d"
 outer_cost = 2.5e-9
+state_prepare_cost = 3e-10
+state_receive_cost = 2e-9
 tcp = "bbr"
 
 [real]
@@ -260,6 +262,8 @@ network = "emulated"
             elements: 100,
             duration_limit: Some(Duration::from_secs(172_800)),
             outer_cost: 2.5e-9,
+            state_prepare_cost: 3e-10,
+            state_receive_cost: 2e-9,
             tcp: TcpKind::Bbr,
         }
     );
@@ -895,6 +899,54 @@ fn backend_section_constraints() {
     assert_eq!(s.real().precision, Precision::Bf16);
     let src = format!("{BASE}[real]\nprecision = \"fp16\"\n");
     assert_msg(&src, "\"fp16\"", r#"real.precision: expected "f32" or "bf16", got "fp16""#);
+}
+
+#[test]
+fn live_recovery_costs() {
+    // The defaults: what `loco bench recovery` measured.
+    let s = ok(BASE);
+    assert_eq!(s.sim().state_prepare_cost, 1.7e-10);
+    assert_eq!(s.sim().state_receive_cost, 1.2e-9);
+    assert_eq!(SimSpec::DEFAULT_STATE_PREPARE_COST, 1.7e-10);
+    assert_eq!(SimSpec::DEFAULT_STATE_RECEIVE_COST, 1.2e-9);
+    // 2 GB: about 0.35 s to prepare, 2.4 s to take in.
+    assert_eq!(s.sim().state_prepare_time(2_000_000_000), Duration::from_millis(340));
+    assert_eq!(s.sim().state_receive_time(2_000_000_000), Duration::from_millis(2400));
+    let s = ok(&format!("{BASE}[sim]\nstate_prepare_cost = 2e-10\nstate_receive_cost = 1e-9\n"));
+    assert_eq!((s.sim().state_prepare_cost, s.sim().state_receive_cost), (2e-10, 1e-9));
+    assert_eq!(s.sim().state_prepare_time(5_000_000_000), Duration::from_secs(1));
+    assert_eq!(s.sim().state_receive_time(3_000_000_000), Duration::from_secs(3));
+    // The other keeps its default; 0 (an integer is a number too) charges nothing.
+    let s = ok(&format!("{BASE}[sim]\nstate_receive_cost = 0\n"));
+    assert_eq!(s.sim().state_receive_time(u64::MAX), Duration::ZERO);
+    assert_eq!(s.sim().state_prepare_cost, SimSpec::DEFAULT_STATE_PREPARE_COST);
+    let s = ok(&format!("{BASE}[sim]\nstate_prepare_cost = 0\n"));
+    assert_eq!(s.sim().state_prepare_time(u64::MAX), Duration::ZERO);
+    assert_eq!(s.sim().state_receive_cost, SimSpec::DEFAULT_STATE_RECEIVE_COST);
+    let huge =
+        SimSpec { state_prepare_cost: 1e300, state_receive_cost: 1e300, ..SimSpec::default() };
+    assert_eq!(huge.state_prepare_time(2), Duration::MAX);
+    assert_eq!(huge.state_receive_time(2), Duration::MAX);
+    // Refused: a negative number, with the field named and the value shown.
+    let src = format!("{BASE}[sim]\nstate_prepare_cost = -1e-10\n");
+    assert_msg(
+        &src,
+        "-1e-10",
+        "sim.state_prepare_cost: expected seconds per byte, a number >= 0 like 1.7e-10, got -1e-10",
+    );
+    let src = format!("{BASE}[sim]\nstate_receive_cost = -2.5\n");
+    assert_msg(
+        &src,
+        "-2.5",
+        "sim.state_receive_cost: expected seconds per byte, a number >= 0 like 1.2e-9, got -2.5e0",
+    );
+    // Not numbers, or not finite.
+    for key in ["state_prepare_cost", "state_receive_cost"] {
+        for bad in ["\"1ns\"", "true", "inf", "nan"] {
+            let e = err(&format!("{BASE}[sim]\n{key} = {bad}\n"));
+            assert_eq!(e.path.to_string(), format!("sim.{key}"), "{key} = {bad}: {e}");
+        }
+    }
 }
 
 #[test]

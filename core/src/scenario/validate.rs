@@ -592,6 +592,11 @@ fn mesh(m: &RawMesh, regions: &[Region]) -> R<(MeshConfig, RegionId)> {
             .as_ref()
             .map_or(Ok(def.join_window), |r| duration(&p.key("join_window"), r))?,
         sync_timeout: opt_pos("sync_timeout", &m.sync_timeout, def.sync_timeout)?,
+        state_resend_after: opt_pos(
+            "state_resend_after",
+            &m.state_resend_after,
+            def.state_resend_after,
+        )?,
         allreduce_timeout: opt_pos(
             "allreduce_timeout",
             &m.allreduce_timeout,
@@ -842,18 +847,34 @@ fn sim(s: &RawSim, stop: &Stop) -> R<SimSpec> {
         numerics,
         elements: at_least_one(&p.key("elements"), s.elements.unwrap_or(def.elements))?,
         duration_limit,
-        outer_cost: match s.outer_cost {
-            None => def.outer_cost,
-            Some(v) if v.is_finite() && v >= 0.0 => v,
-            Some(v) => {
-                return Err(expected(
-                    &p.key("outer_cost"),
-                    "seconds per parameter, a number >= 0 like 3.2e-9",
-                    format!("{v:e}"),
-                ));
-            }
-        },
+        outer_cost: cost(
+            &p.key("outer_cost"),
+            s.outer_cost,
+            def.outer_cost,
+            "seconds per parameter, a number >= 0 like 3.2e-9",
+        )?,
+        state_prepare_cost: cost(
+            &p.key("state_prepare_cost"),
+            s.state_prepare_cost,
+            def.state_prepare_cost,
+            "seconds per byte, a number >= 0 like 1.7e-10",
+        )?,
+        state_receive_cost: cost(
+            &p.key("state_receive_cost"),
+            s.state_receive_cost,
+            def.state_receive_cost,
+            "seconds per byte, a number >= 0 like 1.2e-9",
+        )?,
     })
+}
+
+/// A `[sim]` cost: a finite number >= 0 (`what` says its unit), `def` when absent.
+fn cost(path: &FieldPath, v: Option<f64>, def: f64, what: &str) -> R<f64> {
+    match v {
+        None => Ok(def),
+        Some(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        Some(v) => Err(expected(path, what, format!("{v:e}"))),
+    }
 }
 
 fn real(r: &RawReal) -> R<RealSpec> {

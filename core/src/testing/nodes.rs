@@ -96,6 +96,8 @@ pub struct NodeNet {
     busy: BTreeMap<(NodeId, NodeId), Time>,
     cut: BTreeSet<(NodeId, NodeId)>,
     drop_rate: f64,
+    /// What befalls the next state pieces (real bytes) sent: lost, or one byte changed.
+    piece_faults: std::collections::VecDeque<PieceFault>,
     rng: ChaCha8Rng,
     record: Vec<Record>,
     rows: Vec<OuterStepRow>,
@@ -103,6 +105,15 @@ pub struct NodeNet {
     checkpoint_every: Option<u64>,
     snapshots: Vec<(NodeId, u64, Option<String>)>,
     max_steps: u64,
+}
+
+/// A fault of one state piece on its way ([`NodeNet::fault_next_piece`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PieceFault {
+    /// Lost (as a frame that failed its checksum is dropped with its connection).
+    Lost,
+    /// One byte of the body changed, the header intact (damage no frame checksum saw).
+    Damaged,
 }
 
 fn target(id: NodeId, n: usize) -> Vec<f32> {
@@ -128,6 +139,7 @@ impl NodeNet {
             busy: BTreeMap::new(),
             cut: BTreeSet::new(),
             drop_rate: 0.0,
+            piece_faults: std::collections::VecDeque::new(),
             rng: ChaCha8Rng::seed_from_u64(seed),
             record: Vec::new(),
             rows: Vec::new(),
@@ -193,6 +205,13 @@ impl NodeNet {
     /// Bandwidth (bytes per second) of the directed link `from -> to`.
     pub fn set_bandwidth(&mut self, from: NodeId, to: NodeId, bytes_per_sec: f64) {
         self.bandwidth.insert((from, to), bytes_per_sec);
+    }
+
+    /// The next state piece with a body of real bytes, on any link, meets `fault` (faults
+    /// given in turn strike the pieces that follow, one each).
+    pub fn fault_next_piece(&mut self, fault: PieceFault) {
+        self.piece_faults.push_back(fault);
+        self.note(NodeId::COORDINATOR, Seen::Fault(format!("the next state piece: {fault:?}")));
     }
 
     /// Probability that a frame is lost.
@@ -329,9 +348,22 @@ impl NodeNet {
         self.cut.clear();
     }
 
-    fn enqueue(&mut self, from: NodeId, to: NodeId, frame: Frame) {
+    fn enqueue(&mut self, from: NodeId, to: NodeId, mut frame: Frame) {
         if self.cut.contains(&(from, to)) {
             return;
+        }
+        if let (Header::State(_), crate::transport::Body::Bytes(b)) = (&frame.header, &frame.body) {
+            if !b.is_empty() {
+                match self.piece_faults.pop_front() {
+                    Some(PieceFault::Lost) => return,
+                    Some(PieceFault::Damaged) => {
+                        let mut v = b.to_vec();
+                        v[b.len() / 2] ^= 0x40;
+                        frame.body = crate::transport::Body::Bytes(v.into());
+                    }
+                    None => {}
+                }
+            }
         }
         if self.drop_rate > 0.0 && self.rng.random::<f64>() < self.drop_rate {
             return;

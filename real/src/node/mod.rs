@@ -606,7 +606,7 @@ impl<L: InnerLoop> Worker<L> {
             Header::Collective(h) if h.phase == Phase::AllGather => Some(FaultPhase::AllGather),
             Header::Collective(_) => Some(FaultPhase::ReduceScatter),
             Header::State(_) => Some(FaultPhase::StateSend),
-            Header::Mesh(_) => None,
+            Header::Mesh(_) | Header::StateAsk(_) => None,
         };
         match self.t.send(to, frame).await {
             Ok(()) => {

@@ -23,7 +23,7 @@ use loco_core::metrics::EventKind;
 use loco_core::node::acct::RowIdentity;
 use loco_core::node::machine::{
     Check, Effect, Node as MachineNode, NodeConfig, NodeEvent, Numerics, OuterJob, OuterKind,
-    StatePieces,
+    PreparedState, StatePieces, VerifyResult,
 };
 use loco_core::scenario::FaultPhase;
 use loco_core::transport::{Frame, Header, Phase, TransportError};
@@ -37,12 +37,26 @@ enum Event {
     Control,
 }
 
-/// The inner steps under way.
+/// Work of the node's under way: the inner steps, or an O(model) or O(state) job whose time is
+/// charged (the outer step's, a state's preparation or verification).
 struct Computing {
+    /// The outer step it belongs to (for recovery work: the node's when it began).
     step: u64,
     remaining: Duration,
     /// When the current stint of computing began (None while hung).
     since: Option<Time>,
+}
+
+impl Computing {
+    /// When it is done, unless paused (hung).
+    fn due(&self) -> Option<Time> {
+        self.since.map(|t| t + self.remaining)
+    }
+
+    /// Whether it is done at `now`.
+    fn done(&self, now: Time) -> bool {
+        self.due().is_some_and(|t| now >= t)
+    }
 }
 
 /// One node's host software. See the module documentation.
@@ -57,6 +71,14 @@ pub(crate) struct Node {
     /// A commit's O(model) work under way (`[sim] outer_cost` per parameter): the job, already
     /// run, goes back to the machine when its time is up.
     outer: Option<(OuterJob, Computing)>,
+    /// States prepared for joiners (`[sim] state_prepare_cost` per byte), in order: each goes
+    /// back to the machine, which sends its pieces, when its time is up.
+    preparing: Vec<(PreparedState, Computing)>,
+    /// A state verified (`[sim] state_receive_cost` per byte from the fetch's start): the result
+    /// goes back to the machine when its time is up.
+    verifying: Option<(VerifyResult, Computing)>,
+    /// When this node's fetch of a state began (its `RecoveryStart`; a reassignment keeps it).
+    fetch_start: Option<Time>,
     /// The synthetic model, with real numerics.
     model: Option<Synthetic>,
 }
@@ -81,7 +103,44 @@ impl Node {
                 (m, None)
             }
         };
-        Ok(Node { run, id, inc, session: 0, net, machine, computing: None, outer: None, model })
+        Ok(Node {
+            run,
+            id,
+            inc,
+            session: 0,
+            net,
+            machine,
+            computing: None,
+            outer: None,
+            preparing: Vec::new(),
+            verifying: None,
+            fetch_start: None,
+            model,
+        })
+    }
+
+    /// Everything under way whose time is charged: a hang pauses it all.
+    fn busy(&mut self) -> impl Iterator<Item = &mut Computing> {
+        self.computing
+            .iter_mut()
+            .chain(self.outer.iter_mut().map(|(_, c)| c))
+            .chain(self.preparing.iter_mut().map(|(_, c)| c))
+            .chain(self.verifying.iter_mut().map(|(_, c)| c))
+    }
+
+    /// Drops the work under way (the member stopped).
+    fn drop_work(&mut self) {
+        self.computing = None;
+        self.outer = None;
+        self.preparing.clear();
+        self.verifying = None;
+        self.fetch_start = None;
+    }
+
+    /// Deferred work of `cost` begun at `now`: running unless the node is hung.
+    fn deferred(&self, now: Time, cost: Duration) -> Computing {
+        let step = self.machine.outer_step().unwrap_or(0);
+        Computing { step, remaining: cost, since: (!self.hung()).then_some(now) }
     }
 
     fn now() -> Time {
@@ -102,10 +161,7 @@ impl Node {
         }
         ctl.struck.set(true);
         ctl.hung.set(true);
-        if let Some(c) = &mut self.computing {
-            c.since = None;
-        }
-        if let Some((_, c)) = &mut self.outer {
+        for c in self.busy() {
             c.since = None;
         }
         self.machine.suspend(Self::now());
@@ -129,8 +185,7 @@ impl Node {
             }
             tokio::time::sleep(self.run.mesh.heartbeat_interval).await;
             self.session += 1;
-            self.computing = None;
-            self.outer = None;
+            self.drop_work();
             self.machine.restart((self.inc << 16) | self.session);
         }
         // Let the writer tasks put the last frames (the deathrattle) on the wire.
@@ -165,20 +220,27 @@ impl Node {
                 }
                 Event::Net(Err(_)) => continue,
             };
-            let done = match &self.computing {
-                Some(Computing { remaining, since: Some(since), .. }) => now >= *since + *remaining,
-                _ => false,
-            };
-            if done {
+            if self.computing.as_ref().is_some_and(|c| c.done(now)) {
                 self.finish_compute(now);
             }
-            if self
-                .outer
-                .as_ref()
-                .is_some_and(|(_, c)| c.since.is_some_and(|t| now >= t + c.remaining))
-            {
+            if self.outer.as_ref().is_some_and(|(_, c)| c.done(now)) {
                 if let Some((job, _)) = self.outer.take() {
                     self.machine.outer_done(now, job);
+                }
+            }
+            // Prepared states in the order they were asked for (the same seed, the same bytes).
+            let mut i = 0;
+            while i < self.preparing.len() {
+                if self.preparing[i].1.done(now) {
+                    let (p, _) = self.preparing.remove(i);
+                    self.machine.state_prepared(now, p);
+                } else {
+                    i += 1;
+                }
+            }
+            if self.verifying.as_ref().is_some_and(|(_, c)| c.done(now)) {
+                if let Some((r, _)) = self.verifying.take() {
+                    self.machine.state_verified(now, r);
                 }
             }
         }
@@ -211,7 +273,7 @@ impl Node {
             Header::Collective(h) if h.phase == Phase::AllGather => Some(FaultPhase::AllGather),
             Header::Collective(_) => Some(FaultPhase::ReduceScatter),
             Header::State(_) => Some(FaultPhase::StateSend),
-            Header::Mesh(_) => None,
+            Header::Mesh(_) | Header::StateAsk(_) => None,
         };
         self.run.frames.set(self.run.frames.get() + 1);
         self.net.enqueue(to, frame);
@@ -258,13 +320,32 @@ impl Node {
                 }
             }
             Effect::PrepareState(job) => {
-                // The synthetic model has no inner optimiser state: the own part is empty.
+                // The synthetic model has no inner optimiser state: the own part is empty. The
+                // snapshot and digest take `[sim] state_prepare_cost` per byte of the parts
+                // prepared before the first piece leaves (a hang pauses it, as the outer work).
                 let p = job.prepare(None);
-                self.machine.state_prepared(now, p);
+                let cost = self.run.scenario.sim().state_prepare_time(p.bytes());
+                if cost.is_zero() {
+                    self.machine.state_prepared(now, p);
+                } else {
+                    let c = self.deferred(now, cost);
+                    self.preparing.push((p, c));
+                }
             }
             Effect::VerifyState { received, params } => {
+                // The joiner writes and hashes the pieces as they arrive, at
+                // `[sim] state_receive_cost` per byte of the state: it holds a verified state no
+                // sooner than the fetch's start plus that, a slow link hiding the cost.
+                let bytes = received.bytes();
                 let r = received.verify(params);
-                self.machine.state_verified(now, r);
+                let start = self.fetch_start.unwrap_or(now);
+                let wait = (start + self.run.scenario.sim().state_receive_time(bytes)) - now;
+                if wait.is_zero() {
+                    self.machine.state_verified(now, r);
+                } else {
+                    let c = self.deferred(now, wait);
+                    self.verifying = Some((r, c));
+                }
             }
             Effect::Checkpoint { outer_step, .. } => {
                 // Where the real backend hands a due checkpoint to its writer (the simulator
@@ -281,8 +362,7 @@ impl Node {
                     let epoch = self.machine.member().epoch();
                     self.run.event(now, EventKind::Evict, Some(self.id), epoch, reason.to_string());
                 }
-                self.computing = None;
-                self.outer = None;
+                self.drop_work();
                 return Some(rejoin);
             }
         }
@@ -301,9 +381,11 @@ impl Node {
                     return;
                 }
             }
-            NodeEvent::RecoveryStart { .. }
-            | NodeEvent::RecoveryDone { .. }
-            | NodeEvent::Withheld { .. } => {}
+            // The start of a fetch (not a reassignment of its senders) starts the joiner's
+            // clock for `[sim] state_receive_cost`.
+            NodeEvent::RecoveryStart { kept_bytes: None, .. } => self.fetch_start = Some(now),
+            NodeEvent::RecoveryDone { .. } => self.fetch_start = None,
+            NodeEvent::RecoveryStart { .. } | NodeEvent::Withheld { .. } => {}
         }
         let detail = {
             let rec = self.run.rec.borrow();
@@ -332,10 +414,9 @@ impl Node {
 
     async fn next_event(&mut self) -> Event {
         let mut wake = self.machine.poll_timeout().unwrap_or(Time::MAX);
-        let busy = self.computing.iter().chain(self.outer.iter().map(|(_, c)| c));
-        for c in busy {
-            if let Computing { remaining, since: Some(since), .. } = c {
-                wake = wake.min(*since + *remaining);
+        for c in self.busy() {
+            if let Some(due) = c.due() {
+                wake = wake.min(due);
             }
         }
         let ctl = self.run.clone();
@@ -356,7 +437,7 @@ impl Node {
             self.machine.leave(now, LeaveReason::Graceful);
         }
         let hung = ctl.hung.get();
-        for c in self.computing.iter_mut().chain(self.outer.iter_mut().map(|(_, c)| c)) {
+        for c in self.busy() {
             match (hung, c.since) {
                 (true, Some(since)) => {
                     c.remaining = c.remaining.saturating_sub(now - since);

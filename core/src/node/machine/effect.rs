@@ -227,6 +227,9 @@ pub struct StateJob {
     /// A snapshot of the replicated part (real numerics); `None`: virtual lengths.
     pub(super) shared: Option<SharedState>,
     pub(super) virtual_lens: (u64, u64),
+    /// Only the pieces overlapping these `(part, start, end)` ranges (a joiner's
+    /// [`StateAsk`](crate::transport::StateAsk)); `None`: the whole share.
+    pub(super) only: Option<Vec<(u32, u64, u64)>>,
 }
 
 impl StateJob {
@@ -241,7 +244,16 @@ impl StateJob {
         shared: SharedState,
     ) -> StateJob {
         let outer_step = shared.outer_steps();
-        StateJob { epoch, to, share, rule, outer_step, shared: Some(shared), virtual_lens: (0, 0) }
+        StateJob {
+            epoch,
+            to,
+            share,
+            rule,
+            outer_step,
+            shared: Some(shared),
+            virtual_lens: (0, 0),
+            only: None,
+        }
     }
 
     /// The joiner.
@@ -309,12 +321,33 @@ impl PreparedState {
         self.job.to
     }
 
-    /// The state frames of this sender's share, in sending order (each part's pieces in turn;
-    /// bodies are slices of the encoded parts, not copies).
+    /// The bytes this sender prepared (what a simulator charges its preparation for): the whole
+    /// replicated part's length (snapshotted and digested whole, whichever of its pieces this
+    /// sender sends), plus the own part's if this sender sends it. Virtual numerics count their
+    /// virtual lengths ([`virtual_part_lens`](crate::node::state::virtual_part_lens)).
+    pub fn bytes(&self) -> u64 {
+        self.parts
+            .iter()
+            .filter(|p| p.part == PART_SHARED || (p.part == PART_OWN && self.job.share.sends_own))
+            .fold(0u64, |n, p| n.saturating_add(p.total))
+    }
+
+    /// The state frames of this sender's share (of the pieces asked for, for a resend), in
+    /// sending order (each part's pieces in turn; bodies are slices of the encoded parts, not
+    /// copies).
     pub fn frames(&self) -> impl Iterator<Item = Frame> + '_ {
         let job = &self.job;
         self.parts.iter().flat_map(move |part| {
-            job.share.pieces(part.part, part.total, job.rule).map(move |r| {
+            let asked = move |r: &std::ops::Range<u64>| {
+                job.only.as_ref().is_none_or(|only| {
+                    only.iter().any(|&(p, lo, hi)| {
+                        p == part.part
+                            && ((r.start < hi && lo < r.end)
+                                || (r.is_empty() && lo <= r.start && r.start <= hi))
+                    })
+                })
+            };
+            job.share.pieces(part.part, part.total, job.rule).filter(asked).map(move |r| {
                 let body = match &part.bytes {
                     Some(b) => Body::Bytes(b.slice(r.clone())),
                     None => Body::Virtual(r.end - r.start),
@@ -569,3 +602,33 @@ impl fmt::Display for Violation {
 
 /// What [`Node::state_verified`](super::Node::state_verified) takes.
 pub type VerifyResult = Result<Verified, Box<VerifyFailed>>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::state::{encoded_len, virtual_part_lens};
+
+    fn share(sends_own: bool) -> Share {
+        Share { index: u64::from(!sends_own), of: 2, sends_own }
+    }
+
+    #[test]
+    fn prepared_bytes_count_the_whole_replicated_part_and_the_own_part_if_sent() {
+        let shared = || SharedState::new(3, vec![1.0; 100], vec![0.5; 100]).unwrap();
+        let job =
+            |own| StateJob::real(Epoch(1), NodeId(9), share(own), PieceRule::Clamped, shared());
+        // Real bytes: the encoded replicated part, whichever of its pieces go, and the own part's.
+        assert_eq!(job(true).prepare(Some(vec![7; 50])).bytes(), encoded_len(100) + 50);
+        assert_eq!(job(false).prepare(None).bytes(), encoded_len(100));
+        assert_eq!(job(false).prepare(Some(vec![7; 50])).bytes(), encoded_len(100));
+        // Virtual numerics: the virtual lengths.
+        let (s, o) = virtual_part_lens(1000);
+        let virt = |sends_own| {
+            let mut j = job(sends_own);
+            (j.shared, j.virtual_lens) = (None, (s, o));
+            j
+        };
+        assert_eq!(virt(true).prepare(None).bytes(), 16_000);
+        assert_eq!(virt(false).prepare(None).bytes(), s);
+    }
+}

@@ -58,12 +58,14 @@ use crate::mesh::{
 };
 use crate::node::acct::{RowIdentity, Span, StepAcct};
 use crate::node::rings::{Admission, Inbox, RingCounters, ShardRings, Values};
+use crate::node::state::Progress;
 use crate::node::state::{
     EarlyPieces, Expect, PieceRule, Refused, ReplayLog, SharedState, StateAssembly, Verified,
     share_of, virtual_part_lens,
 };
 use crate::time::Time;
-use crate::transport::{Body, Frame, Header, StateHeader};
+use crate::transport::{Body, Frame, Header, StateAsk, StateHeader};
+use bytes::Bytes;
 use std::collections::{BTreeMap, VecDeque};
 
 /// The values the node trains.
@@ -211,6 +213,22 @@ struct Fetch {
     log: ReplayLog,
     /// A complete copy is with the executor for verification.
     verifying: bool,
+    /// When to ask the senders for the pieces still missing: set by each piece stored (no
+    /// piece for `state_resend_after`), cleared while nothing is missing.
+    ask_at: Option<Time>,
+    /// Asks sent so far (at most [`MAX_ASKS`]).
+    asks: u32,
+}
+
+/// The most times a joiner asks its senders for missing pieces in one fetch, and a sender
+/// answers one joiner's asks in one assignment; past it `sync_timeout` decides.
+const MAX_ASKS: u32 = 8;
+
+/// A transfer this node sends (its joiner may ask for pieces again).
+struct Serving {
+    epoch: Epoch,
+    senders: Vec<NodeId>,
+    asks: u32,
 }
 
 /// One node's machine. See the module documentation.
@@ -232,6 +250,10 @@ pub struct Node {
     just_admitted: bool,
     grad_step: Option<u64>,
     fetch: Option<Fetch>,
+    /// The transfers this node sends, by joiner (the latest assignment of each).
+    serving: BTreeMap<NodeId, Serving>,
+    /// Asks for pieces that came while the outer state was lent: answered on its return.
+    asked: VecDeque<(NodeId, StateAsk)>,
     /// The executor's inner parameters are the outer weights (no [`Effect::SetParams`] is
     /// needed before the next compute).
     params_current: bool,
@@ -271,6 +293,8 @@ impl Node {
             just_admitted: false,
             grad_step: None,
             fetch: None,
+            serving: BTreeMap::new(),
+            asked: VecDeque::new(),
             params_current: true,
             ring_input: None,
             verified: None,
@@ -299,7 +323,13 @@ impl Node {
         self.report_sync = false;
         self.just_admitted = false;
         self.grad_step = None;
-        self.fetch = None;
+        if let Some(mut f) = self.fetch.take() {
+            if let (Some(b), Some(o)) = (f.assembly.reclaim(), self.outer.as_mut()) {
+                o.put_buffers(b);
+            }
+        }
+        self.serving.clear();
+        self.asked.clear();
         self.params_current = false;
         self.ring_input = None;
         self.verified = None;
@@ -409,12 +439,19 @@ impl Node {
     /// When [`handle_timeout`](Self::handle_timeout) must be called next, if ever.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Time> {
-        self.member.poll_timeout()
+        let ask = self.fetch.as_ref().and_then(|f| f.ask_at);
+        match (self.member.poll_timeout(), ask) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// The member's deadlines passed (early calls are no-ops).
     pub fn handle_timeout(&mut self, now: Time) {
         self.member.handle_timeout(now);
+        if self.fetch.as_ref().and_then(|f| f.ask_at).is_some_and(|t| t <= now) {
+            self.ask_missing(now);
+        }
         self.pump(now);
     }
 
@@ -424,6 +461,10 @@ impl Node {
         match frame.header {
             Header::Mesh(msg) => self.member.handle_message(now, from, msg),
             Header::State(h) => self.on_state_part(now, from, h, frame.body),
+            Header::StateAsk(ask) => {
+                self.asked.push_back((from, ask));
+                self.answer_asks();
+            }
             Header::Collective(_) => {
                 if self.suspended {
                     self.held.push_back((from, frame));
@@ -630,6 +671,9 @@ impl Node {
                 if let Some(f) = &mut self.fetch {
                     if f.assembly.retry(*failed) {
                         self.take_state(now);
+                    } else {
+                        // The copies that were wrong are dropped: asked for again at once.
+                        self.ask_missing(now);
                     }
                 }
             }
@@ -733,6 +777,7 @@ impl Node {
                 }
                 return;
             }
+            self.answer_asks();
             let Some(a) = self.deferred.pop_front().or_else(|| self.member.poll_action()) else {
                 return;
             };
@@ -998,6 +1043,41 @@ impl Node {
     /// senders share out the replicated part's pieces; in non-blocking mode each sends a whole
     /// copy of its latest state. The first sender also sends the own part.
     fn send_state(&mut self, epoch: Epoch, to: NodeId, senders: &[NodeId]) {
+        self.serving.insert(to, Serving { epoch, senders: senders.to_vec(), asks: 0 });
+        self.prepare_state(epoch, to, senders, None);
+    }
+
+    /// Answers the joiners' asks for pieces (once the outer state is here to snapshot): a
+    /// joiner this node sends to, under the assignment it sends under, within [`MAX_ASKS`]
+    /// and [`StateAsk::MAX_RANGES`]; other asks are dropped.
+    fn answer_asks(&mut self) {
+        while self.outer.is_some() {
+            let Some((from, ask)) = self.asked.pop_front() else { return };
+            let me = self.cfg.id;
+            let Some(s) = self.serving.get_mut(&from) else {
+                tracing::debug!(target: "loco_core", "{me}: dropped an ask from {from}, which it does not send to");
+                continue;
+            };
+            let (n, bad) = (ask.ranges.len(), ask.epoch != s.epoch);
+            if bad || n == 0 || n > StateAsk::MAX_RANGES || s.asks >= MAX_ASKS {
+                tracing::debug!(target: "loco_core", "{me}: dropped an ask from {from} ({n} ranges, epoch {}, asks {})", ask.epoch, s.asks);
+                continue;
+            }
+            s.asks += 1;
+            let senders = s.senders.clone();
+            tracing::info!(target: "loco_core", "{me}: {from} asks again for {n} range(s) of its state");
+            self.prepare_state(ask.epoch, from, &senders, Some(ask.ranges));
+        }
+    }
+
+    /// Prepares this node's share of its state for `to` (only the pieces overlapping `only`).
+    fn prepare_state(
+        &mut self,
+        epoch: Epoch,
+        to: NodeId,
+        senders: &[NodeId],
+        only: Option<Vec<(u32, u64, u64)>>,
+    ) {
         let Some(share) = share_of(senders, self.cfg.id, self.blocking()) else {
             tracing::debug!(target: "loco_core", "{}: not among the senders to {to}", self.cfg.id);
             return;
@@ -1011,6 +1091,7 @@ impl Node {
             outer_step: outer.steps(),
             shared: self.real.then(|| SharedState::from_outer(outer)),
             virtual_lens: virtual_part_lens(self.params()),
+            only,
         };
         self.effects.push_back(Effect::PrepareState(job));
     }
@@ -1026,15 +1107,29 @@ impl Node {
             None => {
                 let expect = match self.real {
                     true => Expect::real(
-                        self.outer.as_ref().map_or(0, OuterState::len),
+                        usize::try_from(self.params()).unwrap_or(usize::MAX),
                         self.cfg.own_max,
                     ),
                     false => Expect::virtual_params(self.params()),
                 };
                 let mut assembly =
                     StateAssembly::new(epoch, senders.clone(), self.blocking(), expect);
+                // A blocking joiner computes nothing until the state is here, which replaces
+                // its outer state: the state is written into that state's buffers, not into
+                // memory allocated for it (given back should the fetch end without it).
+                if self.real && self.blocking() && !self.synced {
+                    if let Some([o, m]) = self.outer.as_mut().and_then(OuterState::take_buffers) {
+                        assembly.lend(o, m);
+                    }
+                }
                 let fed = assembly.feed(&mut self.early);
-                self.fetch = Some(Fetch { assembly, log: ReplayLog::default(), verifying: false });
+                self.fetch = Some(Fetch {
+                    assembly,
+                    log: ReplayLog::default(),
+                    verifying: false,
+                    ask_at: None,
+                    asks: 0,
+                });
                 (None, fed.refused)
             }
         };
@@ -1063,9 +1158,40 @@ impl Node {
             return;
         };
         match f.assembly.put(from, &h, &body) {
-            Ok(p) if p.is_complete() => self.take_state(now),
-            Ok(_) => {}
+            Ok(p) => {
+                if matches!(p, Progress::Stored { .. }) {
+                    f.ask_at = Some(now + self.cfg.mesh.state_resend_after);
+                }
+                if p.is_complete() {
+                    f.ask_at = None;
+                    self.take_state(now);
+                }
+            }
             Err(r) => self.refused(Some(from), r),
+        }
+    }
+
+    /// Asks the current senders for the pieces the fetch lacks (each sends those of its
+    /// share), and again after twice the wait, up to [`MAX_ASKS`] times.
+    fn ask_missing(&mut self, now: Time) {
+        let Some(f) = &mut self.fetch else { return };
+        f.ask_at = None;
+        if f.verifying || f.asks >= MAX_ASKS {
+            return;
+        }
+        let ranges = f.assembly.missing();
+        if ranges.is_empty() {
+            return;
+        }
+        f.asks += 1;
+        let wait = self.cfg.mesh.state_resend_after.saturating_mul(1 << f.asks.min(16));
+        f.ask_at = Some(now + wait);
+        let (epoch, senders) = (f.assembly.epoch(), f.assembly.senders().to_vec());
+        tracing::info!(target: "loco_core", "{}: asks {senders:?} again for {} range(s) of its state", self.cfg.id, ranges.len());
+        for s in senders {
+            let ask = StateAsk { epoch, ranges: ranges.clone() };
+            let frame = Frame { header: Header::StateAsk(ask), body: Body::Bytes(Bytes::new()) };
+            self.transmits.push_back((s, frame));
         }
     }
 
@@ -1083,7 +1209,8 @@ impl Node {
         if self.outer.is_none() {
             return; // taken when the outer state is back
         }
-        let params = self.outer.as_ref().map_or(0, OuterState::len);
+        // The model's count: the outer state's buffers may be lent to the fetch.
+        let params = usize::try_from(self.params()).unwrap_or(usize::MAX);
         let Some(f) = &mut self.fetch else { return };
         if f.verifying {
             return;

@@ -9,7 +9,7 @@ use super::verify::{Received, ReceivedPart, VerifyFailed};
 use super::wire::{SHARED_HEADER_LEN, encoded_len};
 use super::{PART_OWN, PART_SHARED};
 use crate::ids::{Epoch, NodeId};
-use crate::transport::{Body, StateHeader};
+use crate::transport::{Body, StateAsk, StateHeader};
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
 
@@ -369,6 +369,24 @@ impl PartCopy {
         }
     }
 
+    /// Appends the ranges of `[0, total)` not held (an empty part not yet received: its one
+    /// empty piece).
+    fn gaps(&self, part: u32, out: &mut Vec<(u32, u64, u64)>) {
+        if self.complete() {
+            return;
+        }
+        let mut at = 0;
+        for (&s, &e) in &self.ranges {
+            if s > at {
+                out.push((part, at, s));
+            }
+            at = at.max(e);
+        }
+        if at < self.total || self.total == 0 {
+            out.push((part, at, self.total));
+        }
+    }
+
     /// Puts back a part handed out; false when it is not the one handed out.
     fn restore(&mut self, p: ReceivedPart, virtual_bodies: bool) -> bool {
         if !self.taken() || !self.is(p.outer_step, &p.digest) || p.total != self.total {
@@ -413,6 +431,7 @@ fn put_into(
     same_step_restarts: bool,
     h: &StateHeader,
     body: &Body,
+    spare: &mut Option<PartBytes>,
 ) -> Result<Option<bool>, Refused> {
     let part = h.part;
     let len = body.len();
@@ -458,10 +477,13 @@ fn put_into(
                     len,
                     total: h.total,
                 })?;
-                let old = slot.take().and_then(|c| match c.data {
-                    Data::Bytes(v) if v.len() == total => Some(v),
-                    _ => None,
-                });
+                let old = slot
+                    .take()
+                    .and_then(|c| match c.data {
+                        Data::Bytes(v) if v.len() == total => Some(v),
+                        _ => None,
+                    })
+                    .or_else(|| spare.take_if(|s| s.len() == total));
                 // The replicated part in the vectors it decodes to (the pieces land in their
                 // final buffers); the own part in one vector (the inner loop takes it so).
                 let fresh = || {
@@ -552,6 +574,8 @@ pub struct StateAssembly {
     own: BTreeMap<NodeId, PartCopy>,
     /// Pieces from senders of a newer assignment than `epoch`.
     pending: EarlyPieces,
+    /// Buffers lent for the replicated part ([`StateAssembly::lend`]).
+    spare: Option<PartBytes>,
 }
 
 impl std::fmt::Debug for StateAssembly {
@@ -585,6 +609,33 @@ impl StateAssembly {
             own: BTreeMap::new(),
             pending: EarlyPieces::new(expect.hold_bytes),
             expect,
+            spare: None,
+        }
+    }
+
+    /// Lends the replicated part's buffers: outer weights and momentum the joiner holds anyway
+    /// (its own outer state, which the one received replaces). The first replicated copy is
+    /// written into them instead of memory allocated (and first touched) for it. Ignored
+    /// unless they have the expected parameter count.
+    pub fn lend(&mut self, outer: Vec<f32>, momentum: Vec<f32>) {
+        let n = outer.len() as u64;
+        if self.expect.virtual_bodies || encoded_len(n) != self.expect.shared_len {
+            return;
+        }
+        self.spare = PartBytes::shared_from(outer, momentum);
+    }
+
+    /// Takes back the buffers lent, from wherever they are (unused, or holding a replicated
+    /// copy not handed out): for a fetch that ends without its state. Their values are
+    /// whatever was written into them.
+    pub fn reclaim(&mut self) -> Option<[Vec<f32>; 2]> {
+        if let Some(s) = self.spare.take() {
+            return s.into_floats().ok();
+        }
+        let c = self.shared.take_if(|c| matches!(c.data, Data::Bytes(_)))?;
+        match c.data {
+            Data::Bytes(b) => b.into_floats().ok(),
+            Data::Virtual | Data::Taken => None,
         }
     }
 
@@ -621,6 +672,37 @@ impl StateAssembly {
     /// Pieces held for an assignment not known yet.
     pub fn pending(&self) -> usize {
         self.pending.len()
+    }
+
+    /// The byte ranges not held, `(part, start, end)`, at most [`StateAsk::MAX_RANGES`]: what
+    /// to ask the senders for again. The replicated copy's gaps (all of it when none is held);
+    /// the own part's gaps in the current first sender's copy (all of it when none is held),
+    /// unless a complete own copy is held. Nothing of a copy handed out for verification.
+    pub fn missing(&self) -> Vec<(u32, u64, u64)> {
+        let mut out = Vec::new();
+        match &self.shared {
+            None => out.push((PART_SHARED, 0, self.expect.shared_len)),
+            Some(c) if !c.taken() => c.gaps(PART_SHARED, &mut out),
+            Some(_) => {}
+        }
+        if self.pick_own().is_none() && !self.own.values().any(PartCopy::taken) {
+            match self.senders.first().and_then(|f| self.own.get(f)) {
+                Some(c) => c.gaps(PART_OWN, &mut out),
+                None => out.push((PART_OWN, 0, u64::MAX)),
+            }
+        }
+        if out.len() > StateAsk::MAX_RANGES {
+            // Too many gaps to name: one range per part, from its first gap to its last.
+            let mut merged: Vec<(u32, u64, u64)> = Vec::new();
+            for (part, lo, hi) in out {
+                match merged.iter_mut().find(|m| m.0 == part) {
+                    Some(m) => (m.1, m.2) = (m.1.min(lo), m.2.max(hi)),
+                    None => merged.push((part, lo, hi)),
+                }
+            }
+            out = merged;
+        }
+        out
     }
 
     /// True when a replicated copy and an own copy are complete and not handed out.
@@ -719,10 +801,10 @@ impl StateAssembly {
             return Err(Refused::NotAssigned { from, part: h.part });
         }
         let stored = if h.part == PART_SHARED {
-            put_into(&mut self.shared, self.shared_floor, false, h, body)?
+            put_into(&mut self.shared, self.shared_floor, false, h, body, &mut self.spare)?
         } else {
             let mut slot = self.own.remove(&from);
-            let r = put_into(&mut slot, 0, true, h, body);
+            let r = put_into(&mut slot, 0, true, h, body, &mut None);
             if let Some(c) = slot {
                 self.own.insert(from, c);
             }

@@ -56,6 +56,15 @@ impl PartBytes {
         }
     }
 
+    /// Buffers of an encoded replicated part of `outer.len()` parameters made of two float
+    /// vectors held already (their values are overwritten by the pieces); `None` unless they
+    /// have one length, or on a big-endian machine.
+    pub fn shared_from(outer: Vec<f32>, momentum: Vec<f32>) -> Option<PartBytes> {
+        let head = SHARED_HEADER_LEN as usize;
+        (cfg!(target_endian = "little") && outer.len() == momentum.len())
+            .then(|| PartBytes(Repr::Floats { header: vec![0u8; head], outer, momentum }))
+    }
+
     /// Its length.
     pub fn len(&self) -> usize {
         self.segments().iter().map(|s| s.len()).sum()

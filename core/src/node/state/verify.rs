@@ -138,6 +138,11 @@ pub struct Verified {
 }
 
 impl Received {
+    /// The state's total length: both parts' (virtual lengths for virtual numerics).
+    pub fn bytes(&self) -> u64 {
+        self.shared.total.saturating_add(self.own.total)
+    }
+
     /// Checks both digests and decodes the replicated part for a model of `expect_n`
     /// parameters. Virtual parts (no bytes) pass without checks. On failure the part that was
     /// right is kept in the [`VerifyFailed`] (boxed: it is large).
@@ -178,5 +183,27 @@ impl Received {
                 own_from,
             })),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_received_states_bytes_are_both_parts() {
+        let part = |total| ReceivedPart {
+            outer_step: 2,
+            digest: String::new(),
+            total,
+            bytes: None,
+            hashed: None,
+        };
+        let r = Received { shared: part(824), own: part(1600), own_from: NodeId(1) };
+        assert_eq!(r.bytes(), 2424);
+        let v = r.verify(100).expect("virtual parts pass");
+        assert_eq!(v.bytes, 2424);
+        let r = Received { shared: part(u64::MAX), own: part(1), own_from: NodeId(1) };
+        assert_eq!(r.bytes(), u64::MAX);
     }
 }

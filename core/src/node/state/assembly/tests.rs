@@ -587,3 +587,71 @@ proptest! {
         prop_assert!(r.verify(N).is_ok());
     }
 }
+
+/// What the assembly lacks is what a joiner asks for again: all of both parts before any
+/// piece, the gaps between the pieces held, and nothing once the state is complete; the
+/// pieces a sender sends for those ranges complete it.
+#[test]
+fn missing_names_the_gaps_and_the_pieces_sent_for_them_complete_the_state() {
+    let s = src(7, 3);
+    let mut a = StateAssembly::new(Epoch(5), vec![A], true, expect());
+    let total = s.shared.len() as u64;
+    assert_eq!(a.missing(), vec![(PART_SHARED, 0, total), (PART_OWN, 0, u64::MAX)]);
+    let f = frames(&s, 5, share(&[A], A, true));
+    // Every piece but the second and the last of the replicated part, and the own part.
+    let shared: Vec<_> = f.iter().filter(|(h, _)| h.part == PART_SHARED).cloned().collect();
+    let n = shared.len();
+    let lost = [1, n - 1];
+    for (i, (h, b)) in f.iter().enumerate() {
+        if !(h.part == PART_SHARED && lost.contains(&i)) {
+            assert!(a.put(A, h, b).is_ok());
+        }
+    }
+    let gap = |i: usize| {
+        let (h, b) = &shared[i];
+        (PART_SHARED, h.offset, h.offset + b.len())
+    };
+    assert_eq!(a.missing(), vec![gap(1), gap(n - 1)]);
+    // The sender's pieces overlapping those ranges are exactly the two lost.
+    let again: Vec<_> = shared
+        .iter()
+        .filter(|(h, b)| {
+            a.missing()
+                .iter()
+                .any(|&(p, lo, hi)| p == h.part && h.offset < hi && lo < h.offset + b.len())
+        })
+        .cloned()
+        .collect();
+    assert_eq!(again.len(), 2);
+    assert!(all_ok(&put_all(&mut a, A, &again)));
+    assert!(a.missing().is_empty());
+    assert!(a.is_complete());
+    assert_eq!(verified(&mut a).shared.unwrap().encode(), s.shared.to_vec());
+}
+
+/// Buffers lent by the joiner receive the replicated part: the verified state is made of them
+/// (no memory allocated for it); buffers of another size are not taken, and a fetch that ends
+/// without its state gives them back.
+#[test]
+fn lent_buffers_receive_the_replicated_part() {
+    let s = src(7, 3);
+    let mut a = StateAssembly::new(Epoch(5), vec![A], true, expect());
+    let (outer, momentum) = (vec![9.0f32; N], vec![8.0f32; N]);
+    let (po, pm) = (outer.as_ptr(), momentum.as_ptr());
+    a.lend(outer, momentum);
+    assert!(all_ok(&put_all(&mut a, A, &frames(&s, 5, share(&[A], A, true)))));
+    let v = verified(&mut a).shared.unwrap();
+    assert_eq!(v.encode(), s.shared.to_vec());
+    assert_eq!((v.outer().as_ptr(), v.momentum().as_ptr()), (po, pm));
+
+    let mut b = StateAssembly::new(Epoch(5), vec![A], true, expect());
+    b.lend(vec![0.0; N + 1], vec![0.0; N + 1]);
+    assert!(b.reclaim().is_none(), "buffers of another model are not taken");
+    let (outer, momentum) = (vec![9.0f32; N], vec![8.0f32; N]);
+    let po = outer.as_ptr();
+    b.lend(outer, momentum);
+    let f = frames(&s, 5, share(&[A], A, true));
+    assert!(b.put(A, &f[0].0, &f[0].1).is_ok());
+    let [back, _] = b.reclaim().expect("the buffers, holding the copy begun");
+    assert_eq!((back.as_ptr(), back.len()), (po, N));
+}

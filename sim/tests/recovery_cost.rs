@@ -1,0 +1,132 @@
+//! `[sim] state_prepare_cost` and `state_receive_cost`: live recovery's CPU time. A sender's
+//! preparation delays its first piece by the bytes it prepares x the first; a joiner holds a
+//! verified state no sooner than its fetch's start + the state's bytes x the second, so on a fast
+//! link the recovery lasts that long, and with both 0 it is the network's time alone.
+
+use loco_core::metrics::EventKind;
+use loco_core::scenario::Scenario;
+use loco_sim::{ReplayOptions, RunOutput, replay};
+
+/// Three one-GPU nodes, the tiny model (virtual numerics: 16 bytes of state per parameter), 5
+/// inner steps of 1 s, on 1 Gbit/s links; `j` starts at 9 s and joins (blocking mode).
+fn scenario(prepare: f64, receive: f64) -> Scenario {
+    let toml = format!(
+        r#"
+name = "recovery-cost"
+seed = 11
+[model]
+preset = "tiny"
+[diloco]
+inner_steps = 5
+[mesh]
+join_window = "1s"
+[[regions]]
+name = "r"
+[[links]]
+from = "r"
+to = "r"
+bandwidth = "1Gbit/s"
+latency = "5ms"
+[[nodes]]
+name = "n"
+count = 3
+step_time = "1s"
+[[nodes]]
+name = "j"
+count = 1
+step_time = "1s"
+start = "9s"
+[stop]
+outer_steps = 5
+[sim]
+tick = "1ms"
+outer_cost = 0
+state_prepare_cost = {prepare:e}
+state_receive_cost = {receive:e}
+"#
+    );
+    Scenario::from_toml_str(&toml, "inline.toml").unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn run(s: &Scenario) -> RunOutput {
+    let out = replay(s, ReplayOptions::default()).expect("replay");
+    assert!(out.summary.invariants.ok, "{:?}", out.summary.invariants.violations);
+    out
+}
+
+/// The joiner's recovery: (start, done, bytes received), from its events.
+fn recovery(out: &RunOutput) -> (f64, f64, u64) {
+    let of = |kind| {
+        let e: Vec<_> = out
+            .events
+            .iter()
+            .filter(|e| e.kind == kind && e.node.as_deref() == Some("j"))
+            .collect();
+        assert_eq!(e.len(), 1, "{kind:?}: {e:?}");
+        e[0].clone()
+    };
+    let (start, done) = (of(EventKind::RecoveryStart), of(EventKind::RecoveryDone));
+    // "received {bytes} bytes of state from ..."
+    let bytes = done
+        .detail
+        .strip_prefix("received ")
+        .and_then(|d| d.split(' ').next())
+        .and_then(|b| b.parse().ok())
+        .unwrap_or_else(|| panic!("{done:?}"));
+    (start.time_s, done.time_s, bytes)
+}
+
+/// The joiner's recovery with both costs 0 (start, done): the network's time alone (its 2.1 MB
+/// over a new cubic connection: the start-up dominates), exactly as the simulator gave it before
+/// it charged either cost.
+const FREE_RECOVERY: (f64, f64) = (11.081, 11.306);
+
+#[test]
+fn a_joiners_receive_cost_bounds_its_recovery_and_zero_costs_change_nothing() {
+    let free = run(&scenario(0.0, 0.0));
+    let (s0, d0, bytes) = recovery(&free);
+    let network = d0 - s0;
+    assert!((s0 - FREE_RECOVERY.0).abs() < 1e-6, "free recovery {s0} to {d0}");
+    assert!((d0 - FREE_RECOVERY.1).abs() < 1e-6, "free recovery {s0} to {d0}");
+    assert_eq!(bytes, 2_102_272);
+    // 30 s of intake on a link that carries the state in well under a second.
+    let charged = 30.0;
+    let slow = run(&scenario(0.0, charged / bytes as f64));
+    let (s1, d1, bytes1) = recovery(&slow);
+    assert_eq!(bytes1, bytes);
+    // The fetch starts when it did; the state is held when the intake is done, not before.
+    assert!((s1 - s0).abs() < 1e-9, "{s1} vs {s0}");
+    assert!(d1 - s1 >= charged - 1e-3, "{s1} to {d1}");
+    assert!(d1 - s1 <= charged + 0.05, "{s1} to {d1}");
+    assert!((d1 - s1) - network >= charged - network - 1e-3);
+    // The others waited for it at the boundary (blocking mode): the run ends that much later.
+    assert_eq!((free.summary.outer_steps, slow.summary.outer_steps), (5, 5));
+    let end = |o: &RunOutput| o.rows.iter().map(|r| r.end_s).fold(0.0, f64::max);
+    assert!(end(&slow) - end(&free) >= charged - network - 0.1, "{} {}", end(&slow), end(&free));
+    // The joiner's row of that step books the wait as recovery.
+    let rec = |o: &RunOutput| {
+        o.rows.iter().filter(|r| r.node == "j").map(|r| r.recovery_s).fold(0.0, f64::max)
+    };
+    assert!(rec(&slow) >= charged - 1e-3, "{}", rec(&slow));
+    assert!(rec(&free) < 1.0, "{}", rec(&free));
+}
+
+#[test]
+fn a_senders_prepare_cost_delays_the_first_piece() {
+    let (s0, d0, bytes) = recovery(&run(&scenario(0.0, 0.0)));
+    // The first sender prepares the whole state (the replicated part and its own part): 10 s.
+    let prepare = 10.0;
+    let out = run(&scenario(prepare / bytes as f64, 0.0));
+    let (s1, d1, _) = recovery(&out);
+    assert!((s1 - s0).abs() < 1e-9, "{s1} vs {s0}");
+    assert!((d1 - s1) - (d0 - s0) >= prepare - 0.05, "{s1} to {d1}, free {s0} to {d0}");
+    assert!(d1 - s1 <= prepare + (d0 - s0) + 0.1, "{s1} to {d1}");
+}
+
+#[test]
+fn the_charged_replay_is_deterministic() {
+    let s = scenario(1e-6, 5e-6);
+    let (a, b) = (run(&s), run(&s));
+    assert_eq!(a.events, b.events);
+    assert_eq!(a.rows, b.rows);
+}
