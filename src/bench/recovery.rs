@@ -187,8 +187,12 @@ pub(crate) fn run_node(a: &crate::cli::RecoveryNode) -> Result<NodeResult> {
         ..tcp_config(a.secret.as_deref())
     };
     if a.index == 0 {
-        // The joiner.
+        // The joiner. It holds an outer state as a fresh worker does (its model's initial
+        // weights, a momentum of zeros), whose buffers receive the state, as the node machine
+        // lends them; and the senders' state, to check what it verified.
         let expected = state(a.params)?;
+        let mut held = OuterState::new(OuterConfig::default(), vec![0.01f32; a.params], vec![])
+            .context("the joiner's outer state")?;
         let base = loco_real::node::peak_rss_bytes();
         rt.block_on(async {
             let mut t = TcpTransport::bind(JOINER, addr(0), cfg).await?;
@@ -198,6 +202,8 @@ pub(crate) fn run_node(a: &crate::cli::RecoveryNode) -> Result<NodeResult> {
             }
             let mut assembly =
                 StateAssembly::new(Epoch(1), senders.clone(), true, Expect::real(a.params, 0));
+            let [outer, momentum] = held.take_buffers().context("the joiner's buffers")?;
+            assembly.lend(outer, momentum);
             let (start, cpu0) = (crate::clock::now(), cpu_seconds());
             for &s in &senders {
                 t.send(s, signal(MeshMsg::Join { incarnation: 0 })).await?;
@@ -414,7 +420,7 @@ pub(crate) fn run(args: &RecoveryBenchArgs) -> Result<RecoveryBenchReport> {
 /// allocation of the run (memory freed and taken again comes faster on some machines, a
 /// virtual one's host having backed it already).
 fn first_touch_gbps(bytes: u64) -> f64 {
-    let n = bytes.min(512 << 20).max(1) as usize;
+    let n = bytes.clamp(1, 512 << 20) as usize;
     let t = crate::clock::now();
     let mut v = vec![0u8; n]; // zeroed pages the kernel hands out on first write
     v.fill(1);
