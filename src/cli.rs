@@ -508,6 +508,9 @@ pub(crate) struct RecoveryBench {
     /// pieces).
     #[arg(long, default_value_t = 1)]
     pub(crate) senders: usize,
+    /// Connections each sender opens to the joiner for the state (the pieces go round them).
+    #[arg(long, default_value_t = 1)]
+    pub(crate) streams: usize,
     /// Encrypt and authenticate the connections, as a run with a secret does.
     #[arg(long)]
     pub(crate) secure: bool,
@@ -534,6 +537,9 @@ pub(crate) struct RecoveryNode {
     /// The connections' TCP congestion control (default: the host's).
     #[arg(long)]
     pub(crate) congestion: Option<String>,
+    /// Connections per sender for the state.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) streams: usize,
     #[arg(long)]
     pub(crate) params: usize,
     /// The processes' shared secret: connections are encrypted and authenticated with it.

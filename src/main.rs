@@ -233,12 +233,16 @@ fn run(cli: Cli) -> Result<Outcome> {
             let args = bench::recovery::RecoveryBenchArgs {
                 bytes: a.bytes,
                 senders: a.senders,
+                streams: a.streams,
                 secure: a.secure,
                 scenario: a.scenario.as_deref().map(real_cmd::load).transpose()?,
             };
-            if a.senders == 0 || a.bytes < 8 {
-                let flag = if a.senders == 0 { "--senders" } else { "--bytes" };
-                let what = if a.senders == 0 { "at least 1" } else { "at least 8 bytes" };
+            if a.senders == 0 || a.streams == 0 || a.bytes < 8 {
+                let (flag, what) = match (a.senders, a.streams) {
+                    (0, _) => ("--senders", "at least 1"),
+                    (_, 0) => ("--streams", "at least 1"),
+                    _ => ("--bytes", "at least 8 bytes"),
+                };
                 return Err(InputError(anyhow::anyhow!("{flag}: expected {what}")).into());
             }
             if let Some(s) = &args.scenario {

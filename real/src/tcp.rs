@@ -83,6 +83,10 @@ pub struct TcpConfig {
     /// Connections per peer for collective frames (default 1). More connections help on links
     /// where one TCP stream cannot fill the pipe (PRIME opened one per GPU ring).
     pub streams: usize,
+    /// Connections per peer for live-recovery state frames, opened at the first one (default
+    /// 1): the pieces go round them, so that a link capped per connection carries the state at
+    /// this many times the cap.
+    pub state_streams: usize,
     /// Limit for establishing a connection and its handshake (default 10 s).
     pub connect_timeout: Duration,
     /// Limit for the rest of a frame once its first byte arrived (default 120 s).
@@ -172,6 +176,7 @@ impl Default for TcpConfig {
     fn default() -> Self {
         TcpConfig {
             streams: 1,
+            state_streams: 1,
             connect_timeout: Duration::from_secs(10),
             frame_timeout: Duration::from_secs(120),
             secret: None,
@@ -277,8 +282,10 @@ struct Peer {
     /// The connection for live-recovery state, opened when the first state frame goes to this
     /// peer: a state of gigabytes must not hold up the collective and mesh frames queued
     /// behind it (a non-blocking joiner's ring would wait for its whole state otherwise).
-    bulk: Option<mpsc::UnboundedSender<Outgoing>>,
+    bulk: Vec<mpsc::UnboundedSender<Outgoing>>,
     next: usize,
+    /// The bulk connection of the next state frame.
+    next_bulk: usize,
     failed: Arc<AtomicBool>,
     /// How long dialling this peer took (its round trips): sets a redial's attempts.
     dial_time: Duration,
@@ -513,7 +520,7 @@ impl Dialer {
             streams.push(self.stream(to, addr, &failed).await?);
         }
         let dial_time = started.elapsed() / u32::try_from(n).unwrap_or(u32::MAX);
-        Ok(Peer { addr, streams, bulk: None, next: 0, failed, dial_time })
+        Ok(Peer { addr, streams, bulk: Vec::new(), next: 0, next_bulk: 0, failed, dial_time })
     }
 
     /// Dials `to` again after its connection failed, in attempts of three times what the last
@@ -572,16 +579,19 @@ impl Transport for TcpTransport {
         }
         let stats = self.stats.clone();
         let peer = self.connect(to).await?;
-        if matches!(frame.header, Header::State(_)) && peer.bulk.is_none() {
+        if matches!(frame.header, Header::State(_)) && peer.bulk.is_empty() {
             let (addr, failed) = (peer.addr, peer.failed.clone());
-            let tx = match self.open_stream(to, addr, &failed).await {
-                Ok(tx) => tx,
-                Err(e) => {
-                    self.peers.remove(&to);
-                    return Err(e);
+            let mut bulk = Vec::new();
+            for _ in 0..self.cfg.state_streams.max(1) {
+                match self.open_stream(to, addr, &failed).await {
+                    Ok(tx) => bulk.push(tx),
+                    Err(e) => {
+                        self.peers.remove(&to);
+                        return Err(e);
+                    }
                 }
-            };
-            self.peers.get_mut(&to).ok_or(TransportError::Unreachable(to))?.bulk = Some(tx);
+            }
+            self.peers.get_mut(&to).ok_or(TransportError::Unreachable(to))?.bulk = bulk;
         }
         let peer = self.peers.get_mut(&to).ok_or(TransportError::Unreachable(to))?;
         let queue = match &frame.header {
@@ -589,7 +599,10 @@ impl Transport for TcpTransport {
                 peer.next = (peer.next + 1) % peer.streams.len();
                 &peer.streams[peer.next]
             }
-            Header::State(_) => peer.bulk.as_ref().expect("opened above"),
+            Header::State(_) => {
+                peer.next_bulk = (peer.next_bulk + 1) % peer.bulk.len().max(1);
+                peer.bulk.get(peer.next_bulk).ok_or(TransportError::Unreachable(to))?
+            }
             Header::Mesh(_) | Header::StateAsk(_) => &peer.streams[0],
         };
         if queue.send(Outgoing::Frame(frame)).is_err() || peer.failed.load(Ordering::Relaxed) {

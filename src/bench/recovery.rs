@@ -30,6 +30,8 @@ pub(crate) struct RecoveryBenchArgs {
     pub(crate) bytes: u64,
     /// Sender processes.
     pub(crate) senders: usize,
+    /// Connections per sender for the state.
+    pub(crate) streams: usize,
     /// Encrypt and authenticate the connections.
     pub(crate) secure: bool,
     /// Run in this scenario's emulated network (else on loopback).
@@ -67,6 +69,8 @@ pub(crate) struct RecoveryBenchReport {
     pub(crate) state_bytes: u64,
     /// Sender processes.
     pub(crate) senders: usize,
+    /// Connections per sender.
+    pub(crate) streams: usize,
     /// Whether the connections were encrypted.
     pub(crate) secure: bool,
     /// "loopback", or the scenario whose emulated network the processes ran in.
@@ -83,7 +87,7 @@ pub(crate) struct RecoveryBenchReport {
     /// which this machine hands a process new pages, which bounds a joiner writing the state
     /// into buffers it did not hold before.
     pub(crate) first_touch_gbps: f64,
-    /// Emulated network: what the links give one connection from each sender to the joiner,
+    /// Emulated network: what the links give the connections from each sender to the joiner,
     /// summed, in payload GB/s (the wire's rate less TCP/IP headers).
     pub(crate) link_gbps: Option<f64>,
     /// `gbps / link_gbps`.
@@ -104,10 +108,11 @@ impl RecoveryBenchReport {
         let mb = |b: u64| b as f64 / 1e6;
         writeln!(
             out,
-            "live recovery of {:.0} MB from {} sender(s) on {}{}: {:.3} s, {:.3} GB/s end to \
-             end, verified",
+            "live recovery of {:.0} MB from {} sender(s) x {} connection(s) on {}{}: {:.3} s, \
+             {:.3} GB/s end to end, verified",
             mb(self.state_bytes),
             self.senders,
+            self.streams,
             self.network,
             if self.secure { ", encrypted" } else { "" },
             self.seconds,
@@ -184,6 +189,7 @@ pub(crate) fn run_node(a: &crate::cli::RecoveryNode) -> Result<NodeResult> {
     let rt = crate::real_cmd::runtime()?;
     let cfg = loco_real::tcp::TcpConfig {
         congestion: a.congestion.clone(),
+        state_streams: a.streams,
         ..tcp_config(a.secret.as_deref())
     };
     if a.index == 0 {
@@ -335,7 +341,9 @@ pub(crate) fn run(args: &RecoveryBenchArgs) -> Result<RecoveryBenchReport> {
     }
     let first_touch = first_touch_gbps(args.bytes);
     let memcpy = memcpy_gbps(args.bytes);
-    let net = args.scenario.as_ref().map(|s| Emulated::start(s, args.senders)).transpose()?;
+    let net = (args.scenario.as_ref())
+        .map(|s| Emulated::start(s, args.senders, args.streams))
+        .transpose()?;
     let addrs: Vec<std::net::SocketAddr> = match &net {
         Some(n) => n.addrs.clone(),
         None => super::free_loopback_ports(args.senders + 1)?
@@ -353,7 +361,7 @@ pub(crate) fn run(args: &RecoveryBenchArgs) -> Result<RecoveryBenchReport> {
         };
         cmd.args(["bench", "recovery-node", "--index", &index.to_string()])
             .args(["--senders", &args.senders.to_string(), "--addrs", &addrs_arg])
-            .args(["--params", &params.to_string()])
+            .args(["--params", &params.to_string(), "--streams", &args.streams.to_string()])
             .args(secret.as_ref().map(|k| ["--secret", k.as_str()]).into_iter().flatten())
             .args(
                 net.as_ref()
@@ -398,6 +406,7 @@ pub(crate) fn run(args: &RecoveryBenchArgs) -> Result<RecoveryBenchReport> {
     Ok(RecoveryBenchReport {
         state_bytes,
         senders: args.senders,
+        streams: args.streams,
         secure: args.secure,
         network: args
             .scenario
@@ -466,7 +475,11 @@ pub(crate) fn check_emulated(s: &loco_core::scenario::Scenario, senders: usize) 
 }
 
 impl Emulated {
-    fn start(s: &loco_core::scenario::Scenario, senders: usize) -> Result<Emulated> {
+    fn start(
+        s: &loco_core::scenario::Scenario,
+        senders: usize,
+        streams: usize,
+    ) -> Result<Emulated> {
         check_emulated(s, senders)?;
         let nodes: Vec<NodeId> = s.nodes().iter().map(|n| n.id).collect();
         let joiner = nodes[senders];
@@ -475,8 +488,9 @@ impl Emulated {
         let mut shaper = loco_real::wan::Shaper::new(s, s.seed());
         let mut wire = 0.0;
         for &h in &nodes[..senders] {
+            let k = u32::try_from(streams).unwrap_or(u32::MAX);
             wire += shaper
-                .one_connection_rate(loco_core::Time::ZERO, h, joiner)
+                .connections_rate(loco_core::Time::ZERO, h, joiner, k)
                 .with_context(|| format!("--scenario: no link from node {h} to node {joiner}"))?;
         }
         let addrs = hosts

@@ -198,9 +198,15 @@ impl Shaper {
     /// The rate one connection from `a` to `b` can reach at `now` (bytes per second): the
     /// link's, capped by the pair's `streams` share and the two NICs.
     pub fn one_connection_rate(&mut self, now: Time, a: NodeId, b: NodeId) -> Option<f64> {
+        self.connections_rate(now, a, b, 1)
+    }
+
+    /// The rate `k` connections from `a` to `b` can reach together at `now` (bytes per
+    /// second): `k` times the link's, capped by the pair's total and the two NICs.
+    pub fn connections_rate(&mut self, now: Time, a: NodeId, b: NodeId, k: u32) -> Option<f64> {
         self.refresh(now);
         let caps = self.links.pair_caps(a, b)?;
-        let mut r = caps.per_stream.min(caps.total());
+        let mut r = (caps.per_stream * f64::from(k.max(1))).min(caps.total());
         for n in [a, b] {
             if let Some(&nic) = self.nic.get(&n) {
                 r = r.min(nic);
