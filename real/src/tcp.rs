@@ -203,6 +203,8 @@ pub struct TcpStats {
     pub corrupt_frames: AtomicU64,
     /// Incoming connections refused at the handshake (version, secret, garbage).
     pub rejected_handshakes: AtomicU64,
+    /// Incoming connections accepted (their handshake passed).
+    pub accepted_connections: AtomicU64,
     /// Messages refused for their sender: a directory from anyone but the coordinator.
     pub unauthorised: AtomicU64,
 }
@@ -722,6 +724,7 @@ async fn accept_loop(listener: TcpListener, ctx: AcceptCtx, inbox: mpsc::Sender<
                 tokio::time::timeout(ctx.cfg.connect_timeout, accept_handshake(stream, &ctx.cfg));
             match hs.await {
                 Ok(Ok((from, port, stream))) => {
+                    ctx.stats.accepted_connections.fetch_add(1, Ordering::Relaxed);
                     if port != 0 {
                         let learned = SocketAddr::new(addr.ip(), port);
                         ctx.addrs.lock().expect("poisoned").insert(from, learned);

@@ -606,3 +606,37 @@ mod hostile {
         });
     }
 }
+
+/// With `state_streams` connections for the state, the pieces go round them (each opened once,
+/// at the first state frame) and every piece arrives intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_frames_go_round_the_state_connections() {
+    let (mut a, mut b) = pair(TcpConfig { state_streams: 3, ..TcpConfig::default() }).await;
+    a.send(NodeId(1), collective(0)).await.unwrap();
+    assert_eq!(recv_within(&mut b).await.expect("first frame").1, collective(0));
+    let piece = |i: u64| Frame {
+        header: Header::State(StateHeader {
+            epoch: Epoch(1),
+            outer_step: 3,
+            offset: i * 1000,
+            total: 9000,
+            digest: String::new(),
+            part: 0,
+        }),
+        body: Body::Bytes(Bytes::from(vec![i as u8; 1000])),
+    };
+    for i in 0..9 {
+        a.send(NodeId(1), piece(i)).await.unwrap();
+    }
+    let mut got = Vec::new();
+    for _ in 0..9 {
+        got.push(recv_within(&mut b).await.expect("a piece").1);
+    }
+    got.sort_by_key(|f| match &f.header {
+        Header::State(h) => h.offset,
+        _ => u64::MAX,
+    });
+    assert_eq!(got, (0..9).map(piece).collect::<Vec<_>>());
+    // The ordinary connection and three for the state.
+    assert_eq!(b.stats().accepted_connections.load(Ordering::Relaxed), 4);
+}
