@@ -82,6 +82,18 @@ pub enum DilocoError {
     },
 }
 
+/// `n` zeros whose pages are resident: written once now, so that the first writes into them
+/// later (a joiner's momentum, received by live recovery while the mesh waits) do not stop for
+/// the kernel to hand out and clear fresh pages.
+fn resident_zeros(n: usize) -> Vec<f32> {
+    let mut v = vec![0.0f32; n];
+    // One write per 4 KiB page (freshly allocated zeros are only mapped, not yet backed).
+    for i in (0..n).step_by(1024) {
+        v[i] = std::hint::black_box(0.0);
+    }
+    v
+}
+
 /// The outer state of one node.
 ///
 /// The outer weights and momentum are shared buffers, copied on write: a snapshot
@@ -105,7 +117,16 @@ impl OuterState {
         weights: impl Into<Arc<Vec<f32>>>,
         buckets: Vec<Bucket>,
     ) -> Result<OuterState, DilocoError> {
-        let weights = weights.into();
+        OuterState::build(cfg, weights.into(), None, buckets)
+    }
+
+    /// [`new`](Self::new), with `momentum` (of the weights' length) or zeros.
+    fn build(
+        cfg: OuterConfig,
+        weights: Arc<Vec<f32>>,
+        momentum: Option<Arc<Vec<f32>>>,
+        buckets: Vec<Bucket>,
+    ) -> Result<OuterState, DilocoError> {
         let n = weights.len();
         let buckets = if buckets.is_empty() {
             vec![Bucket { name: "all".into(), range: 0..n }]
@@ -130,7 +151,7 @@ impl OuterState {
         Ok(OuterState {
             cfg,
             pseudo_gradient: vec![0.0; n],
-            momentum: Arc::new(vec![0.0; n]),
+            momentum: momentum.unwrap_or_else(|| Arc::new(resident_zeros(n))),
             outer: weights,
             buckets,
             steps: 0,
@@ -153,8 +174,7 @@ impl OuterState {
                 got: momentum.len(),
             });
         }
-        let mut s = OuterState::new(cfg, weights, buckets)?;
-        s.momentum = momentum;
+        let mut s = OuterState::build(cfg, weights, Some(momentum), buckets)?;
         s.steps = steps;
         Ok(s)
     }
