@@ -158,7 +158,7 @@
 //!                              # sender's preparation of its share of a joiner's state
 //!                              # (snapshot and digest) takes the parts' bytes x this before
 //!                              # its first piece leaves
-//! state_receive_cost = 1.2e-9  # default 1.2e-9 (seconds per byte; >= 0, 0 for none): a
+//! state_receive_cost = 6.6e-10 # default 6.6e-10 (seconds per byte; >= 0, 0 for none): a
 //!                              # joiner holds a verified state no sooner than its fetch's
 //!                              # start + the state's bytes x this (pieces are taken in and
 //!                              # hashed as they arrive: a slow link hides it). Both measured
@@ -826,10 +826,9 @@ impl SimSpec {
 
     /// The default [`state_receive_cost`](SimSpec::state_receive_cost): what
     /// `loco bench recovery --bytes 2GB` measured on a 2-core AMD EPYC VM, where a 2 GB state
-    /// took 2.2-4.0 s on loopback (0.5-0.9 GB/s) from the joiner's signal to its verified state:
-    /// 1.2 ns per byte (0.83 GB/s) is 2.4 s for 2 GB, which with the sender's 0.35 s makes the
-    /// faster runs' end-to-end time (loopback was no limit there).
-    pub const DEFAULT_STATE_RECEIVE_COST: f64 = 1.2e-9;
+    /// took 1.29-1.33 s on loopback from the joiner's signal to its verified state, the
+    /// sender's preparation included (loopback was no limit there): 0.66 ns per byte.
+    pub const DEFAULT_STATE_RECEIVE_COST: f64 = 6.6e-10;
 
     /// The time a commit's O(model) work takes for `params` parameters (saturating at
     /// [`Duration::MAX`]).

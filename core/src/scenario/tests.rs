@@ -906,12 +906,12 @@ fn live_recovery_costs() {
     // The defaults: what `loco bench recovery` measured.
     let s = ok(BASE);
     assert_eq!(s.sim().state_prepare_cost, 1.7e-10);
-    assert_eq!(s.sim().state_receive_cost, 1.2e-9);
+    assert_eq!(s.sim().state_receive_cost, 6.6e-10);
     assert_eq!(SimSpec::DEFAULT_STATE_PREPARE_COST, 1.7e-10);
-    assert_eq!(SimSpec::DEFAULT_STATE_RECEIVE_COST, 1.2e-9);
-    // 2 GB: about 0.35 s to prepare, 2.4 s to take in.
+    assert_eq!(SimSpec::DEFAULT_STATE_RECEIVE_COST, 6.6e-10);
+    // 2 GB: about 0.34 s to prepare, 1.32 s to take in.
     assert_eq!(s.sim().state_prepare_time(2_000_000_000), Duration::from_millis(340));
-    assert_eq!(s.sim().state_receive_time(2_000_000_000), Duration::from_millis(2400));
+    assert_eq!(s.sim().state_receive_time(2_000_000_000), Duration::from_millis(1320));
     let s = ok(&format!("{BASE}[sim]\nstate_prepare_cost = 2e-10\nstate_receive_cost = 1e-9\n"));
     assert_eq!((s.sim().state_prepare_cost, s.sim().state_receive_cost), (2e-10, 1e-9));
     assert_eq!(s.sim().state_prepare_time(5_000_000_000), Duration::from_secs(1));
@@ -938,7 +938,7 @@ fn live_recovery_costs() {
     assert_msg(
         &src,
         "-2.5",
-        "sim.state_receive_cost: expected seconds per byte, a number >= 0 like 1.2e-9, got -2.5e0",
+        "sim.state_receive_cost: expected seconds per byte, a number >= 0 like 6.6e-10, got -2.5e0",
     );
     // Not numbers, or not finite.
     for key in ["state_prepare_cost", "state_receive_cost"] {

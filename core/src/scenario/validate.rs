@@ -863,7 +863,7 @@ fn sim(s: &RawSim, stop: &Stop) -> R<SimSpec> {
             &p.key("state_receive_cost"),
             s.state_receive_cost,
             def.state_receive_cost,
-            "seconds per byte, a number >= 0 like 1.2e-9",
+            "seconds per byte, a number >= 0 like 6.6e-10",
         )?,
     })
 }
