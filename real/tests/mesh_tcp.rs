@@ -285,3 +285,86 @@ async fn two_shards_per_worker_keep_the_replicas_identical() {
         assert!(hashes.iter().all(|h| *h == hashes[0] && !h.is_empty()), "step {step}: {hashes:?}");
     }
 }
+
+/// Relays connections from `listen` to `to`, changing one byte of the first connection that
+/// carries more than `at` bytes towards `to` (once): a frame damaged on the path, which the
+/// receiver drops with its connection. Sets `struck` when it did.
+async fn damaging_proxy(
+    listen: tokio::net::TcpListener,
+    to: std::net::SocketAddr,
+    at: u64,
+    struck: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) {
+    use std::sync::atomic::Ordering;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // Bounded: a test's few connections.
+    for _ in 0..64 {
+        let Ok((inbound, _)) = listen.accept().await else { return };
+        let Ok(outbound) = tokio::net::TcpStream::connect(to).await else { return };
+        let struck = struck.clone();
+        tokio::spawn(async move {
+            let (mut ir, mut iw) = inbound.into_split();
+            let (mut or, mut ow) = outbound.into_split();
+            let back = tokio::spawn(async move { tokio::io::copy(&mut or, &mut iw).await });
+            let mut buf = vec![0u8; 64 << 10];
+            let mut seen = 0u64;
+            loop {
+                let n = match ir.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                let end = seen + n as u64;
+                if seen <= at && at < end && !struck.swap(true, Ordering::SeqCst) {
+                    buf[(at - seen) as usize] ^= 0x5a;
+                }
+                seen = end;
+                if ow.write_all(&buf[..n]).await.is_err() {
+                    break;
+                }
+            }
+            back.abort();
+        });
+    }
+}
+
+/// A state frame damaged on the path: the joiner's transport drops it with its connection, the
+/// pieces queued behind it are lost with it, and the joiner, hearing nothing more for
+/// `state_resend_after`, asks its sender for what it lacks and completes (before, it waited
+/// for `sync_timeout`, an hour); the replicas end identical.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_frame_damaged_on_the_path_is_fetched_again() {
+    const PAD: usize = 24 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let m = MeshConfig { state_resend_after: Duration::from_secs(1), ..mesh() };
+    let (addr, coord) = start_coordinator(dir.path(), m.clone(), 8).await;
+    // The joiner listens on a port known in advance; its senders reach it through the proxy.
+    let joiner_addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let proxy = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let via = proxy.local_addr().unwrap();
+    let struck = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    tokio::spawn(damaging_proxy(proxy, joiner_addr, 5 << 20, struck.clone()));
+    let start = |id: u32| {
+        let mut o = worker(id, addr, dir.path());
+        o.mesh = m.clone();
+        if id == 1 {
+            o.listen = joiner_addr;
+        } else {
+            o.tcp.dial_via.insert(NodeId(1), via);
+        }
+        let inner = Slow(Quadratic::new(2_000, 1, id), Duration::from_millis(5), PAD);
+        tokio::spawn(run_worker(o, inner, std::future::pending()))
+    };
+    let mut ws: Vec<_> = [0, 2, 3].into_iter().map(start).collect();
+    first_step_of(&dir.path().join("w0.jsonl")).await;
+    ws.push(start(1));
+    let reports = reports_of(ws, 120).await;
+    coord.await.unwrap().unwrap();
+    assert!(struck.load(std::sync::atomic::Ordering::SeqCst), "the proxy changed a byte");
+    for r in &reports {
+        assert_eq!(r.weights_hash, reports[0].weights_hash, "replicas agree at the end");
+    }
+    let joiner = rows(&dir.path().join("w1.jsonl"));
+    assert!(joiner.iter().any(|r| !r.weights_hash.is_empty()), "the joiner synced: {joiner:?}");
+    let waited: f64 = joiner.iter().map(|r| r.recovery_s).sum();
+    assert!(waited >= 1.0, "the pieces came again after the quiet wait: recovery_s {waited}");
+}
