@@ -1,18 +1,19 @@
 //! A joiner's state assembly under a sequence of pieces from assigned senders, unassigned ones
 //! and forgers (any header: part, offset, total, epoch, digest; any body, bytes or virtual),
-//! corrupted genuine pieces, reassignments and pieces held early. Never a panic; and a state
-//! that verifies is the genuine one whenever no forger wrote a digest of its own (the fuzzer
-//! cannot make bytes match a digest it did not compute).
+//! corrupted genuine pieces, reassignments, pieces held early, and buffers lent by the joiner
+//! (holding other values) and taken back. Never a panic; what the assembly says it lacks lies
+//! within the parts, in order; and a state that verifies is the genuine one whenever no forger
+//! wrote a digest of its own (the fuzzer cannot make bytes match a digest it did not compute).
 #![no_main]
 
 use arbitrary::Arbitrary;
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
 use loco_core::node::state::{
-    EarlyPieces, Expect, PART_OWN, PART_SHARED, PieceRule, SharedState, StateAssembly, pieces,
-    state_digest,
+    EarlyPieces, Expect, PART_OWN, PART_SHARED, PieceRule, SharedState, StateAssembly,
+    encoded_len, pieces, state_digest,
 };
-use loco_core::transport::{Body, StateHeader};
+use loco_core::transport::{Body, StateAsk, StateHeader};
 use loco_core::{Epoch, NodeId};
 
 const N: usize = 40;
@@ -58,6 +59,11 @@ enum Op {
     Reassign { epoch: u8, senders: Vec<u8> },
     /// The pieces held early, fed.
     Feed,
+    /// The joiner lends buffers of its own outer state (of this model's size, or one more
+    /// parameter), holding values the state does not have.
+    Lend { right_size: bool },
+    /// The joiner takes its buffers back (a fetch ending without the state).
+    Reclaim,
 }
 
 #[derive(Arbitrary, Debug)]
@@ -139,6 +145,17 @@ fuzz_target!(|input: Input| {
                 check(&mut a, forged_digest);
                 continue;
             }
+            Op::Lend { right_size } => {
+                let n = if right_size { N } else { N + 1 };
+                a.lend(vec![7.5; n], vec![-7.5; n]);
+                continue;
+            }
+            Op::Reclaim => {
+                if let Some([o, m]) = a.reclaim() {
+                    assert!(o.len() == N && m.len() == N, "buffers of another size were taken");
+                }
+                continue;
+            }
         };
         match a.put(from, &h, &body) {
             Ok(p) if p.is_complete() => check(&mut a, forged_digest),
@@ -148,8 +165,28 @@ fuzz_target!(|input: Input| {
             }
         }
         assert!(early.bytes() <= 64 << 10, "early pieces beyond their bound");
+        check_missing(&a);
     }
 });
+
+/// What the assembly says it lacks (what a joiner asks for again): at most the bound, each
+/// range within its part, in order and disjoint within a part.
+fn check_missing(a: &StateAssembly) {
+    let m = a.missing();
+    assert!(m.len() <= StateAsk::MAX_RANGES, "{} ranges", m.len());
+    let mut last: Option<(u32, u64)> = None;
+    for &(part, lo, hi) in &m {
+        assert!(part == PART_SHARED || part == PART_OWN, "part {part}");
+        assert!(lo <= hi, "{lo}..{hi}");
+        if part == PART_SHARED {
+            assert!(hi <= encoded_len(N as u64), "beyond the replicated part: {hi}");
+        }
+        if let Some((p, end)) = last {
+            assert!(p != part || lo >= end, "out of order: {m:?}");
+        }
+        last = Some((part, hi));
+    }
+}
 
 /// Verifies a complete state: what verifies is genuine unless a forger chose a digest.
 fn check(a: &mut StateAssembly, forged_digest: bool) {
