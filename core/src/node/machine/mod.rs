@@ -1297,6 +1297,7 @@ pub fn is_fault(r: &Refused) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::node::state::PART_SHARED;
 
     #[test]
     fn only_faults_of_a_sender_or_the_grid_are_violations() {
@@ -1305,5 +1306,60 @@ mod tests {
         assert!(!is_fault(&Refused::OldEpoch { got: Epoch(1), first: Epoch(2) }));
         assert!(is_fault(&Refused::Overlap { part: 0, offset: 0, len: 1 }));
         assert!(is_fault(&Refused::UnexpectedBytes));
+    }
+
+    fn node(id: u32) -> Node {
+        let cfg = NodeConfig {
+            id: NodeId(id),
+            mesh: MeshConfig::default(),
+            shards: 1,
+            codec: CodecKind::Fp32,
+            segment: None,
+            outer: OuterConfig::default(),
+            numerics: Numerics::Real { initial: vec![0.5; 1000] },
+            inner_steps: 10,
+            batch_tokens: 100,
+            checkpoint_every: None,
+            state_pieces: StatePieces::Clamped,
+            own_max: 0,
+            row: RowIdentity { node: format!("n{id}"), node_id: id, offset_s: 0.0 },
+            virtual_padding: false,
+        };
+        Node::new(cfg, 1).unwrap()
+    }
+
+    fn ask(n: &mut Node, from: u32, epoch: u64, ranges: Vec<(u32, u64, u64)>) -> Vec<StateJob> {
+        let header = Header::StateAsk(StateAsk { epoch: Epoch(epoch), ranges });
+        n.handle_frame(Time::ZERO, NodeId(from), Frame { header, body: Body::Bytes(Bytes::new()) });
+        std::iter::from_fn(|| n.poll_effect())
+            .filter_map(|e| match e {
+                Effect::PrepareState(job) => Some(job),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A joiner's ask is answered only by a node that sends to it, under that assignment,
+    /// within the bounds on ranges and asks, and only with the pieces asked for.
+    #[test]
+    fn asks_are_answered_only_for_a_joiner_served_and_within_bounds() {
+        let mut n = node(1);
+        let whole = vec![(PART_SHARED, 0, u64::MAX)];
+        assert!(ask(&mut n, 7, 3, whole.clone()).is_empty(), "it sends to nobody");
+        n.send_state(Epoch(3), NodeId(7), &[NodeId(1), NodeId(2)]);
+        assert!(matches!(n.poll_effect(), Some(Effect::PrepareState(j)) if j.only.is_none()));
+        assert!(ask(&mut n, 8, 3, whole.clone()).is_empty(), "another joiner");
+        assert!(ask(&mut n, 7, 4, whole.clone()).is_empty(), "another assignment");
+        assert!(ask(&mut n, 7, 3, Vec::new()).is_empty(), "no range");
+        let many = vec![(PART_SHARED, 0, 1); StateAsk::MAX_RANGES + 1];
+        assert!(ask(&mut n, 7, 3, many).is_empty(), "too many ranges");
+        let some = vec![(PART_SHARED, 100, 200)];
+        for _ in 0..MAX_ASKS {
+            let jobs = ask(&mut n, 7, 3, some.clone());
+            assert_eq!(jobs.len(), 1);
+            assert_eq!(jobs[0].only.as_deref(), Some(some.as_slice()));
+            assert_eq!((jobs[0].to(), jobs[0].epoch), (NodeId(7), Epoch(3)));
+        }
+        assert!(ask(&mut n, 7, 3, some).is_empty(), "beyond the asks an assignment allows");
     }
 }
