@@ -402,7 +402,12 @@ pub(crate) fn replay(scenario: &Scenario, mut opts: ReplayOptions) -> Result<Run
         frames: Cell::new(0),
         mesh_stopped: RefCell::new(None),
     });
+    // turmoil panics when more connections wait on a listener than its TCP capacity (64 by
+    // default): every node dials the coordinator at the start. Room for all of them, twice
+    // (the default below 32 nodes, so that smaller runs are as they were).
+    let tcp_capacity = s.nodes().len().saturating_add(1).saturating_mul(2).max(64);
     let sim = turmoil::Builder::new()
+        .tcp_capacity(tcp_capacity)
         .tick_duration(plan.tick)
         .simulation_duration(Duration::from_secs(u64::from(u32::MAX)))
         .min_message_latency(Duration::ZERO)

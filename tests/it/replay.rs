@@ -96,3 +96,25 @@ fn bench_sim_prints_speed_and_peak_memory() {
     assert!(v["peak_rss_bytes"].as_u64().unwrap() > 0);
     assert_eq!(v["invariants_ok"], true);
 }
+
+/// 256 nodes dialling the coordinator at once: the simulator makes room for every pending
+/// connection instead of panicking inside turmoil ("server socket buffer full", its default
+/// backlog of 64). One simulated second: the start is where it failed.
+#[test]
+fn a_scenario_of_256_nodes_starts_without_a_panic() {
+    let ctx = TestContext::new();
+    let text = std::fs::read_to_string(TestContext::repo().join("scenarios/small.toml"))
+        .unwrap()
+        .replace("count = 4", "count = 256");
+    let mut text = text[..text.find("[[churn]]").expect("small.toml's churn")].to_string();
+    text.push_str("[stop]\ntime = \"1s\"\n");
+    let big = ctx.path().join("big.toml");
+    std::fs::write(&big, text).unwrap();
+    let out = ctx.path().join("out");
+    let o = replay(&ctx, big.to_str().unwrap(), &out, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(s["simulated_seconds"], 1.0, "{s:#}");
+    assert_eq!(s["invariants"]["ok"], true, "{s:#}");
+}
