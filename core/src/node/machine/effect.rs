@@ -230,7 +230,15 @@ pub struct StateJob {
     /// Only the pieces overlapping these `(part, start, end)` ranges (a joiner's
     /// [`StateAsk`](crate::transport::StateAsk)); `None`: the whole share.
     pub(super) only: Option<Vec<(u32, u64, u64)>>,
+    /// Which snapshot the replicated part is, and its digest when an earlier job of the same
+    /// snapshot computed it (a resend, a second joiner): not computed again.
+    pub(super) key: Option<SnapshotKey>,
+    pub(super) known: Option<String>,
 }
+
+/// A snapshot of the replicated part: its outer step and its two buffers' addresses (a buffer
+/// changes in place only in an outer step, which counts a step).
+pub(super) type SnapshotKey = (u64, usize, usize);
 
 impl StateJob {
     /// A sender's job of real bytes outside a node machine (benchmarks: `loco bench recovery`):
@@ -253,6 +261,8 @@ impl StateJob {
             shared: Some(shared),
             virtual_lens: (0, 0),
             only: None,
+            key: None,
+            known: None,
         }
     }
 
@@ -270,6 +280,7 @@ impl StateJob {
     /// Encodes and digests the parts (O(state)). `own`: the inner optimiser's state, or `None`
     /// for an empty own part (a model without one).
     pub fn prepare(mut self, own: Option<Vec<u8>>) -> PreparedState {
+        let known = self.known.take();
         let parts = match self.shared.take() {
             Some(s) => {
                 // The snapshot's buffers are sent as they are, not copied into one encoding.
@@ -280,7 +291,10 @@ impl StateJob {
                     .map(|(part, b)| PreparedPart {
                         part,
                         total: b.len(),
-                        digest: b.digest(),
+                        digest: match (part, &known) {
+                            (PART_SHARED, Some(d)) => d.clone(),
+                            _ => b.digest(),
+                        },
                         bytes: Some(b),
                     })
                     .collect()
@@ -319,6 +333,13 @@ impl PreparedState {
     /// The joiner.
     pub fn to(&self) -> NodeId {
         self.job.to
+    }
+
+    /// The replicated part's snapshot and digest (real bytes), for the next job of the same
+    /// snapshot.
+    pub(super) fn shared_digest(&self) -> Option<(SnapshotKey, String)> {
+        let p = self.parts.iter().find(|p| p.part == PART_SHARED && p.bytes.is_some())?;
+        Some((self.job.key?, p.digest.clone()))
     }
 
     /// The bytes this sender prepared (what a simulator charges its preparation for): the whole

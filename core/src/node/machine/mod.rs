@@ -254,6 +254,8 @@ pub struct Node {
     serving: BTreeMap<NodeId, Serving>,
     /// Asks for pieces that came while the outer state was lent: answered on its return.
     asked: VecDeque<(NodeId, StateAsk)>,
+    /// The digest of the last snapshot of the replicated part prepared, by snapshot.
+    digest_cache: Option<(effect::SnapshotKey, String)>,
     /// The executor's inner parameters are the outer weights (no [`Effect::SetParams`] is
     /// needed before the next compute).
     params_current: bool,
@@ -295,6 +297,7 @@ impl Node {
             fetch: None,
             serving: BTreeMap::new(),
             asked: VecDeque::new(),
+            digest_cache: None,
             params_current: true,
             ring_input: None,
             verified: None,
@@ -330,6 +333,7 @@ impl Node {
         }
         self.serving.clear();
         self.asked.clear();
+        self.digest_cache = None;
         self.params_current = false;
         self.ring_input = None;
         self.verified = None;
@@ -656,6 +660,9 @@ impl Node {
 
     /// A state prepared by [`StateJob::prepare`] comes back: its pieces are queued.
     pub fn state_prepared(&mut self, _now: Time, p: PreparedState) {
+        if let Some(d) = p.shared_digest() {
+            self.digest_cache = Some(d);
+        }
         let to = p.to();
         self.transmits.extend(p.frames().map(|f| (to, f)));
     }
@@ -1083,6 +1090,9 @@ impl Node {
             return;
         };
         let Some(outer) = &self.outer else { return };
+        let key =
+            (outer.steps(), outer.outer().as_ptr() as usize, outer.momentum().as_ptr() as usize);
+        let known = self.digest_cache.as_ref().filter(|(k, _)| *k == key).map(|(_, d)| d.clone());
         let job = StateJob {
             epoch,
             to,
@@ -1092,6 +1102,8 @@ impl Node {
             shared: self.real.then(|| SharedState::from_outer(outer)),
             virtual_lens: virtual_part_lens(self.params()),
             only,
+            key: self.real.then_some(key),
+            known,
         };
         self.effects.push_back(Effect::PrepareState(job));
     }
@@ -1230,6 +1242,7 @@ impl Node {
             return;
         };
         self.early.clear();
+        self.digest_cache = None;
         let cfg = current.config();
         let restored = match (v.shared, self.real) {
             (Some(s), true) => s.into_outer(cfg, Vec::new()).map_err(|e| e.to_string()),
@@ -1361,5 +1374,32 @@ mod tests {
             assert_eq!((jobs[0].to(), jobs[0].epoch), (NodeId(7), Epoch(3)));
         }
         assert!(ask(&mut n, 7, 3, some).is_empty(), "beyond the asks an assignment allows");
+    }
+
+    /// A resend of the same snapshot reuses the digest the first preparation computed (the
+    /// whole part is not hashed again for a few pieces); an outer step makes a new snapshot.
+    #[test]
+    fn a_resend_of_the_same_snapshot_reuses_its_digest() {
+        let mut n = node(1);
+        n.send_state(Epoch(3), NodeId(7), &[NodeId(1)]);
+        let Some(Effect::PrepareState(first)) = n.poll_effect() else { panic!("a job") };
+        assert!(first.known.is_none());
+        let p = first.prepare(None);
+        let digest = p.shared_digest().expect("real bytes").1;
+        n.state_prepared(Time::ZERO, p);
+        let again = ask(&mut n, 7, 3, vec![(PART_SHARED, 0, 10)]);
+        assert_eq!(again[0].known.as_deref(), Some(digest.as_str()));
+        let frames: Vec<_> = again.into_iter().next().unwrap().prepare(None).frames().collect();
+        assert!(!frames.is_empty());
+        for f in &frames {
+            let Header::State(h) = &f.header else { panic!("a state frame") };
+            assert!(h.part != PART_SHARED || h.digest == digest);
+        }
+        // After an outer step the snapshot is another: its digest is computed afresh.
+        if let Some(o) = n.outer.as_mut() {
+            o.apply_outer_step();
+        }
+        let fresh = ask(&mut n, 7, 3, vec![(PART_SHARED, 0, 10)]);
+        assert!(fresh[0].known.is_none());
     }
 }
