@@ -208,12 +208,12 @@ impl OuterState {
     /// leaving this state without parameters until [`put_buffers`](Self::put_buffers): a
     /// joiner writes the state it receives into the buffers it holds anyway.
     pub fn take_buffers(&mut self) -> Option<[Vec<f32>; 2]> {
-        if Arc::strong_count(&self.outer) > 1 || Arc::strong_count(&self.momentum) > 1 {
+        let (Some(outer), Some(momentum)) =
+            (Arc::get_mut(&mut self.outer), Arc::get_mut(&mut self.momentum))
+        else {
             return None;
-        }
-        let outer = std::mem::take(Arc::make_mut(&mut self.outer));
-        let momentum = std::mem::take(Arc::make_mut(&mut self.momentum));
-        Some([outer, momentum])
+        };
+        Some([std::mem::take(outer), std::mem::take(momentum)])
     }
 
     /// Gives back buffers handed out by [`take_buffers`](Self::take_buffers) (their values are

@@ -4,49 +4,20 @@
 
 use loco_core::metrics::{EventKind, OuterStepRow, outer_steps_csv};
 use loco_core::scenario::{Preset, Scenario};
-use loco_sim::{ReplayOptions, RunOutput, replay};
+mod common;
+
+use common::{run, three_tiny_nodes};
+use loco_sim::RunOutput;
 
 /// Three one-GPU nodes, the tiny model, 5 inner steps of 1 s, real numerics; each commit's outer
 /// work takes `outer_s` seconds.
 fn scenario(outer_s: f64, churn: &str) -> Scenario {
     let cost = outer_s / Preset::Tiny.spec().param_count() as f64;
-    let toml = format!(
-        r#"
-name = "outer-cost"
-seed = 5
-[model]
-preset = "tiny"
-[diloco]
-inner_steps = 5
-[mesh]
-join_window = "1s"
-[[regions]]
-name = "r"
-[[links]]
-from = "r"
-to = "r"
-bandwidth = "1Gbit/s"
-latency = "5ms"
-[[nodes]]
-name = "n"
-count = 3
-step_time = "1s"
-{churn}
-[stop]
-outer_steps = 3
-[sim]
-numerics = "real"
-elements = 1024
-outer_cost = {cost:e}
-"#
+    let rest = format!(
+        "{churn}\n[stop]\nouter_steps = 3\n[sim]\nnumerics = \"real\"\nelements = 1024\n\
+         outer_cost = {cost:e}\n"
     );
-    Scenario::from_toml_str(&toml, "inline.toml").unwrap_or_else(|e| panic!("{e}"))
-}
-
-fn run(s: &Scenario) -> RunOutput {
-    let out = replay(s, ReplayOptions::default()).expect("replay");
-    assert!(out.summary.invariants.ok, "{:?}", out.summary.invariants.violations);
-    out
+    three_tiny_nodes("outer-cost", 5, &rest)
 }
 
 fn rows_of<'a>(out: &'a RunOutput, node: &str) -> Vec<&'a OuterStepRow> {

@@ -5,53 +5,20 @@
 
 use loco_core::metrics::EventKind;
 use loco_core::scenario::Scenario;
-use loco_sim::{ReplayOptions, RunOutput, replay};
+mod common;
+
+use common::{run, three_tiny_nodes};
+use loco_sim::RunOutput;
 
 /// Three one-GPU nodes, the tiny model (virtual numerics: 16 bytes of state per parameter), 5
 /// inner steps of 1 s, on 1 Gbit/s links; `j` starts at 9 s and joins (blocking mode).
 fn scenario(prepare: f64, receive: f64) -> Scenario {
-    let toml = format!(
-        r#"
-name = "recovery-cost"
-seed = 11
-[model]
-preset = "tiny"
-[diloco]
-inner_steps = 5
-[mesh]
-join_window = "1s"
-[[regions]]
-name = "r"
-[[links]]
-from = "r"
-to = "r"
-bandwidth = "1Gbit/s"
-latency = "5ms"
-[[nodes]]
-name = "n"
-count = 3
-step_time = "1s"
-[[nodes]]
-name = "j"
-count = 1
-step_time = "1s"
-start = "9s"
-[stop]
-outer_steps = 5
-[sim]
-tick = "1ms"
-outer_cost = 0
-state_prepare_cost = {prepare:e}
-state_receive_cost = {receive:e}
-"#
+    let rest = format!(
+        "[[nodes]]\nname = \"j\"\ncount = 1\nstep_time = \"1s\"\nstart = \"9s\"\n\
+         [stop]\nouter_steps = 5\n[sim]\ntick = \"1ms\"\nouter_cost = 0\n\
+         state_prepare_cost = {prepare:e}\nstate_receive_cost = {receive:e}\n"
     );
-    Scenario::from_toml_str(&toml, "inline.toml").unwrap_or_else(|e| panic!("{e}"))
-}
-
-fn run(s: &Scenario) -> RunOutput {
-    let out = replay(s, ReplayOptions::default()).expect("replay");
-    assert!(out.summary.invariants.ok, "{:?}", out.summary.invariants.violations);
-    out
+    three_tiny_nodes("recovery-cost", 11, &rest)
 }
 
 /// The joiner's recovery: (start, done, bytes received), from its events.

@@ -58,10 +58,9 @@ use crate::mesh::{
 };
 use crate::node::acct::{RowIdentity, Span, StepAcct};
 use crate::node::rings::{Admission, Inbox, RingCounters, ShardRings, Values};
-use crate::node::state::Progress;
 use crate::node::state::{
-    EarlyPieces, Expect, PieceRule, Refused, ReplayLog, SharedState, StateAssembly, Verified,
-    share_of, virtual_part_lens,
+    EarlyPieces, Expect, PieceRule, Progress, Refused, ReplayLog, SharedState, StateAssembly,
+    Verified, share_of, virtual_part_lens,
 };
 use crate::time::Time;
 use crate::transport::{Body, Frame, Header, StateAsk, StateHeader};
@@ -345,7 +344,7 @@ impl Node {
     /// Starts from `outer` instead of the initial weights (a process resumed from a
     /// checkpoint): call before the first [`join`](Self::join). Its length must be the model's.
     pub fn resume_from(&mut self, outer: OuterState) -> Result<(), crate::diloco::DilocoError> {
-        let expected = usize::try_from(self.params()).unwrap_or(usize::MAX);
+        let expected = self.params_len();
         if self.real && outer.len() != expected {
             return Err(crate::diloco::DilocoError::Length {
                 what: "resumed outer state",
@@ -697,6 +696,11 @@ impl Node {
         }
     }
 
+    /// [`params`](Self::params) as a length (saturating).
+    fn params_len(&self) -> usize {
+        usize::try_from(self.params()).unwrap_or(usize::MAX)
+    }
+
     fn blocking(&self) -> bool {
         self.cfg.mesh.join_mode == JoinMode::Blocking
     }
@@ -928,7 +932,7 @@ impl Node {
                 Some(g) if g.len() == o.len() => Values::Real(g),
                 _ => Values::Real(o.pseudo_gradient().to_vec()),
             },
-            _ => Values::Virtual(usize::try_from(self.params()).unwrap_or(usize::MAX)),
+            _ => Values::Virtual(self.params_len()),
         };
         let (epoch, op) = (start.epoch, start.op);
         let rings = match ShardRings::new(
@@ -1118,10 +1122,7 @@ impl Node {
             }
             None => {
                 let expect = match self.real {
-                    true => Expect::real(
-                        usize::try_from(self.params()).unwrap_or(usize::MAX),
-                        self.cfg.own_max,
-                    ),
+                    true => Expect::real(self.params_len(), self.cfg.own_max),
                     false => Expect::virtual_params(self.params()),
                 };
                 let mut assembly =
@@ -1222,7 +1223,7 @@ impl Node {
             return; // taken when the outer state is back
         }
         // The model's count: the outer state's buffers may be lent to the fetch.
-        let params = usize::try_from(self.params()).unwrap_or(usize::MAX);
+        let params = self.params_len();
         let Some(f) = &mut self.fetch else { return };
         if f.verifying {
             return;
