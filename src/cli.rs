@@ -130,6 +130,15 @@ pub(crate) struct ReplayArgs {
     /// Stop after at most this many outer steps (shortens long scenarios).
     #[arg(long)]
     pub(crate) max_outer_steps: Option<u64>,
+    /// Run DiLoCo in this mode instead of the scenario's (`[diloco] mode`), on the same links:
+    /// sync (INTELLECT-1's), overlap (each all-reduce runs during the next outer step's inner
+    /// steps), streaming (fragments synchronised at staggered times, each overlapped).
+    #[arg(long, value_name = "MODE")]
+    pub(crate) mode: Option<loco_core::diloco::Mode>,
+    /// Streaming DiLoCo's fragments (with --mode streaming; a divisor of inner_steps; default
+    /// the scenario's, else 4).
+    #[arg(long, value_name = "P")]
+    pub(crate) fragments: Option<u32>,
 }
 
 #[derive(Debug, Args)]
@@ -489,10 +498,21 @@ pub(crate) struct QualityBench {
     /// Seed of the initial weights and of the data order.
     #[arg(long, default_value_t = 0)]
     pub(crate) seed: u64,
-    /// One more DiLoCo run with this codec (fp16, bf16, int8-block; repeatable), shown beside
+    /// One more DiLoCo run with this codec (fp16, bf16, int8-block, int4-block; repeatable), shown beside
     /// fp32 and uint8 with its loss relative to fp32's; no claim is checked for it
     #[arg(long = "also-codec", value_name = "CODEC", value_parser = parse_codec)]
     pub(crate) also_codec: Vec<CodecKind>,
+    /// One more DiLoCo run in this mode (overlap, streaming; repeatable): each all-reduce lands
+    /// one round late, beside the next round's inner steps, with --mode-codec; its final eval
+    /// loss must end within 1% of sync DiLoCo fp32's at equal tokens (a claim checked).
+    #[arg(long = "mode", value_name = "MODE")]
+    pub(crate) modes: Vec<loco_core::diloco::Mode>,
+    /// The codec of the --mode runs.
+    #[arg(long, value_name = "CODEC", value_parser = parse_codec, default_value = "int4-block")]
+    pub(crate) mode_codec: CodecKind,
+    /// Streaming DiLoCo's fragments (a divisor of --inner-steps).
+    #[arg(long, value_name = "P", default_value_t = 5)]
+    pub(crate) fragments: u32,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub(crate) json: bool,

@@ -278,7 +278,27 @@ pub(crate) fn print_summary(s: &loco_core::metrics::Summary, dir: &std::path::Pa
         "scenario            {} ({} backend, seed {})",
         s.scenario, s.backend, s.seed
     );
-    let _ = writeln!(out, "outer steps         {}", s.outer_steps);
+    let mode = s.extra.get("diloco_mode").and_then(|m| m.as_str()).unwrap_or("sync");
+    let fragments = s.extra.get("fragments").and_then(serde_json::Value::as_u64).unwrap_or(1);
+    match mode {
+        "streaming" => {
+            let _ = writeln!(
+                out,
+                "outer steps         {} rounds of streaming DiLoCo ({fragments} fragments, {fragments} rounds per outer step)",
+                s.outer_steps
+            );
+        }
+        "overlap" => {
+            let _ = writeln!(
+                out,
+                "outer steps         {} (overlap: each all-reduce beside the next step's compute)",
+                s.outer_steps
+            );
+        }
+        _ => {
+            let _ = writeln!(out, "outer steps         {}", s.outer_steps);
+        }
+    }
     if s.wall_seconds > 0.0 {
         let _ = writeln!(
             out,

@@ -95,7 +95,10 @@ pub(crate) fn coordinator(a: &crate::cli::CoordinatorArgs) -> Result<()> {
             dial_via: a.dial_via.iter().map(|&(n, addr)| (NodeId(n), addr)).collect(),
             ..tcp_config(&s, None)
         },
-        stop_outer_steps: a.max_outer_steps.or(s.stop().outer_steps),
+        stop_outer_steps: a
+            .max_outer_steps
+            .or(s.stop().outer_steps)
+            .map(|n| n.saturating_mul(s.diloco().rounds_per_step())),
         stop_time: s.stop().time,
         names,
         metrics: a.metrics.clone(),
@@ -306,7 +309,10 @@ pub(crate) fn worker(a: &crate::cli::WorkerArgs) -> Result<()> {
         coordinator: a.coordinator,
         listen: a.listen,
         mesh: s.mesh().clone(),
-        inner_steps: u32::try_from(s.diloco().inner_steps).unwrap_or(u32::MAX),
+        inner_steps: u32::try_from(s.diloco().round_steps()).unwrap_or(u32::MAX),
+        mode: s.diloco().mode,
+        fragments: s.diloco().fragments,
+        mix: s.diloco().mix as f32,
         codec: s.diloco().codec,
         outer: loco_core::diloco::OuterConfig {
             lr: s.diloco().outer_lr as f32,

@@ -12,6 +12,7 @@
 //!                           sync_timeout, max_retries,
 //!                           state_senders, join_mode=blocking|non-blocking (durations: 30s, 500ms)
 //! params N                  parameters of the model (default 4096)
+//! mode sync|overlap|streaming [P]   the DiLoCo mode (P fragments in streaming mode)
 //! compute DURATION          time of one outer step's inner steps (default 60s)
 //! start n0 n1 ...           nodes that join now (the first command that is not config/params/compute
 //!                           builds the network)
@@ -29,6 +30,7 @@
 //! stops, the faults, any violation, and at the end which nodes agree on each step's weights.
 
 use loco_core::NodeId;
+use loco_core::diloco::Mode;
 use loco_core::mesh::{JoinMode, MeshConfig, MeshEvent};
 use loco_core::node::machine::NodeEvent;
 use loco_core::testing::nodes::{NodeNet, PieceFault, Seen};
@@ -122,6 +124,7 @@ fn script_net(script: &str) -> Result<Option<NodeNet>, String> {
     let mut cfg = MeshConfig { join_window: Duration::ZERO, ..MeshConfig::default() };
     let mut params = 4096usize;
     let mut compute = Duration::from_secs(60);
+    let mut mode = (Mode::Sync, 1u32);
     let mut net: Option<NodeNet> = None;
     for (i, raw) in script.lines().enumerate() {
         let line = raw.split('#').next().unwrap_or("").trim();
@@ -130,8 +133,10 @@ fn script_net(script: &str) -> Result<Option<NodeNet>, String> {
         }
         let err = |e: String| format!("line {}: {e}", i + 1);
         let words: Vec<&str> = line.split_whitespace().collect();
-        if net.is_none() && !matches!(words[0], "config" | "params" | "compute") {
-            net = Some(NodeNet::new(cfg.clone(), params, compute, 1));
+        if net.is_none() && !matches!(words[0], "config" | "params" | "compute" | "mode") {
+            let mut n = NodeNet::new(cfg.clone(), params, compute, 1);
+            n.set_mode(mode.0, mode.1, 0.0);
+            net = Some(n);
         }
         let count = |v: &str| v.parse::<usize>().map_err(|_| err(format!("{v}: expected a count")));
         match (words[0], &words[1..]) {
@@ -167,6 +172,14 @@ fn script_net(script: &str) -> Result<Option<NodeNet>, String> {
                 cfg.validate().map_err(|e| err(e.to_string()))?;
             }
             ("params", [n]) => params = count(n)?,
+            ("mode", [m, rest @ ..]) => {
+                let m: Mode = m.parse().map_err(err)?;
+                let p = match rest {
+                    [p] => count(p)? as u32,
+                    _ => 1,
+                };
+                mode = (m, p);
+            }
             ("compute", [d]) => compute = duration(d).map_err(err)?,
             (cmd, args) => {
                 let net = net.as_mut().ok_or_else(|| err("no network".into()))?;
@@ -530,12 +543,12 @@ fn a_diverged_pseudo_gradient_is_withheld_and_the_others_average_is_taken() {
 /// diverged inner loops,
 /// a few seconds apart; then everything heals, every node comes back, and the mesh runs on.
 /// At least `min_members + 2` nodes stay up, so the mesh may always go on.
-fn chaos_script(seed: u64, nodes: u32, events: usize) -> String {
+fn chaos_script(seed: u64, nodes: u32, events: usize, mode: &str) -> String {
     use rand::{Rng, SeedableRng};
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let min_members = 4;
     let mut s = format!(
-        "# chaos seed {seed}: {nodes} nodes, {events} events\n\
+        "# chaos seed {seed}: {nodes} nodes, {events} events\nmode {mode}\n\
          config min_members={min_members} heartbeat_timeout=6s barrier_timeout=120s \
          allreduce_timeout=120s sync_timeout=120s\n\
          params 1024\ncompute 20s\nstart"
@@ -606,8 +619,14 @@ fn chaos_script(seed: u64, nodes: u32, events: usize) -> String {
 /// every step (no split brain: the harness has one), and the mesh commits again after the last
 /// fault: at least `min_progress` steps in those 20 minutes. `Err` holds the script that
 /// reproduces a failure (save it to testdata/node/ to keep it).
-fn chaos_run(seed: u64, nodes: u32, events: usize, min_progress: u64) -> Result<Chaos, String> {
-    let script = chaos_script(seed, nodes, events);
+fn chaos_run(
+    seed: u64,
+    nodes: u32,
+    events: usize,
+    min_progress: u64,
+    mode: &str,
+) -> Result<Chaos, String> {
+    let script = chaos_script(seed, nodes, events, mode);
     let fail = |why: String| format!("{why}\nreproduce with this script:\n{script}");
     let mut net = script_net(&script).map_err(fail)?.ok_or_else(|| fail("no network".into()))?;
     let before = net.coordinator().map_or(0, |c| c.outer_step());
@@ -651,7 +670,7 @@ fn chaos_seeds_keep_every_invariant() {
         std::env::var("LOCO_CHAOS_SEEDS").ok().and_then(|v| v.parse().ok()).unwrap_or(50);
     let (mut went, mut steps, mut lost) = (0u64, 0u64, Vec::new());
     for seed in 0..seeds {
-        match chaos_run(seed, 16, 200, 5) {
+        match chaos_run(seed, 16, 200, 5, "sync") {
             Ok(Chaos::Went { steps: s }) => {
                 went += 1;
                 steps += s;
@@ -668,4 +687,146 @@ fn chaos_seeds_keep_every_invariant() {
     // Losing every state holder takes crashes of all of them while the joiners wait: rare.
     assert!(went * 10 >= seeds * 9, "{} of {seeds} seeds lost the state", lost.len());
     assert!(steps > went * 10, "{steps} steps committed over {went} seeds");
+}
+
+// ----- overlapped and streaming DiLoCo -----
+
+fn formed_in(mode: Mode, fragments: u32, cfg: MeshConfig, n: u32) -> NodeNet {
+    let cfg = MeshConfig { min_members: n as usize, join_window: Duration::ZERO, ..cfg };
+    let mut net = NodeNet::new(cfg, 4096, secs(60), 7);
+    net.set_mode(mode, fragments, 0.0);
+    for i in 0..n {
+        net.add(NodeId(i));
+    }
+    net
+}
+
+/// Rows of one node in step order.
+fn rows_of(net: &NodeNet, id: u32) -> Vec<loco_core::metrics::OuterStepRow> {
+    let mut rows: Vec<_> = net.rows().iter().filter(|r| r.node_id == id).cloned().collect();
+    rows.sort_by_key(|r| r.outer_step);
+    rows
+}
+
+/// Three nodes in `mode` whose links carry 1,000 bytes/s: an all-reduce of the 4096-value
+/// model (fp32) takes about 20 s, a third of a round's compute. Run for `run` seconds.
+fn slow_links(mode: Mode, fragments: u32, run: u64) -> NodeNet {
+    let mut net = formed_in(mode, fragments, MeshConfig::default(), 3);
+    for a in 0..3 {
+        for b in 0..3 {
+            net.set_bandwidth(NodeId(a), NodeId(b), 1_000.0);
+        }
+    }
+    net.run_for(secs(run)).unwrap();
+    net
+}
+
+/// In overlap and streaming modes the inner steps do not wait for an all-reduce shorter than
+/// them: the rows of a node tile its time (each ends where the next starts), hold the compute
+/// of their round and little else, and the all-reduce's time is not a wait.
+/// Sync mode on the same links waits for every all-reduce.
+#[test]
+fn overlapped_rounds_compute_back_to_back_with_identical_weights() {
+    let sync = slow_links(Mode::Sync, 1, 600);
+    assert_clean(&sync);
+    let waited = rows_of(&sync, 0);
+    assert!(waited[1..].iter().all(|r| r.compute_s / r.wall_s() < 0.85), "{waited:?}");
+    for (mode, p) in [(Mode::Overlap, 1), (Mode::Streaming, 4)] {
+        let net = slow_links(mode, p, 600);
+        assert_clean(&net);
+        for id in 0..3 {
+            let rows = rows_of(&net, id);
+            assert!(rows.len() >= 8, "{mode}: {rows:?}");
+            for w in rows.windows(2) {
+                assert!((w[0].end_s - w[1].start_s).abs() < 1e-9, "{mode}: {w:?}");
+            }
+            for r in &rows {
+                assert!((r.compute_s - 60.0).abs() < 1e-9, "{mode}: {r:?}");
+                assert!(r.compute_s / r.wall_s() > 0.99, "{mode}: {r:?}");
+            }
+            // Each row carries its step's all-reduce, which ran beside the next round, and the
+            // weights after it (the same on every node: `assert_clean`).
+            assert!(
+                rows.iter()
+                    .all(|r| r.allreduce_wall_s > 1.0 && r.allreduce_s < 0.5 && r.world == 3),
+                "{mode}: {rows:?}"
+            );
+            for r in &rows {
+                assert_eq!(r.weights_hash, net.hashes()[&r.outer_step][&NodeId(id)], "{mode}");
+            }
+        }
+        if mode == Mode::Streaming {
+            // A quarter of the model per round.
+            let (part, full) = (rows_of(&net, 0)[3].bytes_sent, waited[3].bytes_sent);
+            assert!(part * 3 < full, "streaming {part} bytes a round, sync {full}");
+        }
+    }
+}
+
+/// A crash while an all-reduce runs beside the next round's compute: the all-reduce is
+/// retried without the dead node from the pseudo-gradients kept, the compute goes on, and the
+/// survivors' weights agree.
+#[test]
+fn a_crash_in_an_overlapped_all_reduce_is_retried_and_compute_goes_on() {
+    for (mode, p) in [(Mode::Overlap, 1), (Mode::Streaming, 2)] {
+        let mut net = formed_in(mode, p, MeshConfig::default(), 3);
+        for a in 0..3 {
+            for b in 0..3 {
+                net.set_bandwidth(NodeId(a), NodeId(b), 3_000.0);
+            }
+        }
+        let released = |n: &NodeNet, attempt: u32| {
+            n.record().iter().any(|r| {
+                matches!(&r.what, Seen::Mesh(MeshEvent::Released { outer_step: 0, attempt: a, .. }) if *a == attempt)
+            })
+        };
+        assert!(net.run_until_cond(Time::from_secs_f64(600.0), |n| released(n, 0)).unwrap());
+        net.run_for(Duration::from_millis(500)).unwrap();
+        net.crash(NodeId(2));
+        assert!(net.run_until_cond(Time::from_secs_f64(900.0), |n| released(n, 1)).unwrap());
+        net.run_for(secs(300)).unwrap();
+        assert_clean(&net);
+        assert_eq!(net.hashes()[&0].keys().copied().collect::<Vec<_>>(), [NodeId(0), NodeId(1)]);
+        assert!(net.coordinator().unwrap().outer_step() >= 3, "{mode}");
+    }
+}
+
+/// Joiners in both join modes while fragments are in flight: the joiner takes part in the
+/// all-reduce under way with weight 0, ends with the others' weights, and nothing is lost.
+#[test]
+fn joiners_in_overlap_modes_end_with_the_others_weights() {
+    for (mode, p) in [(Mode::Overlap, 1), (Mode::Streaming, 4)] {
+        for join in [JoinMode::Blocking, JoinMode::NonBlocking] {
+            let cfg = MeshConfig { join_mode: join, ..MeshConfig::default() };
+            let mut net = formed_in(mode, p, cfg, 3);
+            net.run_for(secs(90)).unwrap();
+            for s in 0..3 {
+                net.set_bandwidth(NodeId(s), NodeId(3), 300.0);
+            }
+            net.add(NodeId(3));
+            net.run_for(secs(900)).unwrap();
+            assert_clean(&net);
+            let ev = node_events(&net, NodeId(3));
+            assert!(ev.iter().any(|e| matches!(e, NodeEvent::RecoveryDone { .. })), "{ev:?}");
+            let last = *net.hashes().keys().last().unwrap();
+            assert_eq!(net.hashes()[&last].len(), 4, "{mode} {join:?}: {:?}", net.hashes());
+        }
+    }
+}
+
+/// The chaos of `chaos_seeds_keep_every_invariant` in overlap and streaming modes: crashes,
+/// leaves, hangs, cuts and joins while all-reduces run beside the compute.
+#[test]
+fn chaos_seeds_keep_every_invariant_in_overlap_modes() {
+    for mode in ["overlap", "streaming 4"] {
+        let mut went = 0;
+        for seed in 0..20 {
+            match chaos_run(seed, 12, 120, 5, mode) {
+                Ok(Chaos::Went { .. }) => went += 1,
+                Ok(Chaos::StateLost { .. }) => {}
+                Err(e) => panic!("{mode}: chaos seed {seed} failed: {e}"),
+            }
+        }
+        assert!(went >= 18, "{mode}: {went} of 20 seeds went on");
+    }
 }

@@ -118,6 +118,7 @@ fn row(node: &str, t: f64) -> OuterStepRow {
         loss: None,
         weights_hash: "ab".into(),
         weight: 1.0,
+        allreduce_wall_s: 0.0,
     }
 }
 

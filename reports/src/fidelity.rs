@@ -440,6 +440,7 @@ mod tests {
             loss: None,
             weights_hash: String::new(),
             weight: 1.0,
+            allreduce_wall_s: 0.0,
         }
     }
 

@@ -79,6 +79,7 @@ fn synthetic() -> (Vec<OuterStepRow>, Vec<EventRow>) {
                 loss: (!recovering).then(|| 4.0 - 0.25 * step as f64 + 0.01 * f64::from(n)),
                 weights_hash: format!("{:016x}", step * 7919),
                 weight: if recovering { 0.0 } else { 1.0 },
+                allreduce_wall_s: 0.0,
             });
         }
         if step == 4 {

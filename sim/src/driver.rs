@@ -45,7 +45,8 @@ impl Plan {
                 match (stop.outer_steps, opts.max_outer_steps) {
                     (Some(a), Some(b)) => Some(a.min(b)),
                     (a, b) => a.or(b),
-                },
+                }
+                .map(|n| n.saturating_mul(s.diloco().rounds_per_step())),
                 match (stop.time, opts.max_time) {
                     (Some(a), Some(b)) => Some(a.min(b)),
                     (a, b) => a.or(b),
@@ -60,7 +61,7 @@ impl Plan {
             .map(|n| n.step_time.mul_f64(1.0 + n.step_jitter))
             .max()
             .unwrap_or(Duration::ZERO);
-        let compute = slowest.saturating_mul(u32::try_from(d.inner_steps).unwrap_or(u32::MAX));
+        let compute = slowest.saturating_mul(u32::try_from(d.round_steps()).unwrap_or(u32::MAX));
         let retries = m.max_retries.saturating_add(1);
         // The longest an outer step can take while the mesh keeps its promises: compute, the
         // barrier deadline, a blocking state transfer, every attempt of the all-reduce with its
@@ -583,6 +584,8 @@ pub(crate) fn replay(scenario: &Scenario, mut opts: ReplayOptions) -> Result<Run
         serde_json::json!(if run.real.is_some() { "real" } else { "virtual" }),
     );
     extra.insert("ticks".to_owned(), serde_json::json!(ticks));
+    extra.insert("diloco_mode".to_owned(), serde_json::json!(s.diloco().mode.as_str()));
+    extra.insert("fragments".to_owned(), serde_json::json!(s.diloco().fragments));
     extra.insert("frames_sent".to_owned(), serde_json::json!(run.frames.get()));
     extra.insert("bandwidth_recomputes".to_owned(), serde_json::json!(bw.recomputes()));
     extra.insert("stale_frames_rejected".to_owned(), serde_json::json!(stale));
@@ -596,7 +599,7 @@ pub(crate) fn replay(scenario: &Scenario, mut opts: ReplayOptions) -> Result<Run
         backend: "sim".to_owned(),
         wall_seconds: 0.0,
         published: s.published().map(|p| p.name().to_owned()),
-        inner_steps_per_outer: Some(s.diloco().inner_steps),
+        inner_steps_per_outer: Some(s.diloco().round_steps()),
         mfu_basis,
         violations,
         extra,

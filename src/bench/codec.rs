@@ -377,6 +377,7 @@ mod tests {
                 CodecKind::Bf16 => (5e-4, 5e-3),
                 CodecKind::Uint8 => (0.01, 0.03),
                 CodecKind::Int8Block => (0.002, 0.015),
+                CodecKind::Int4Block => (0.07, 0.18),
             };
             assert!((lo..=hi).contains(&r.rel_rms_error), "{}: {}", r.codec, r.rel_rms_error);
         }
@@ -391,6 +392,7 @@ mod tests {
 
         let json = serde_json::to_value(&report).unwrap();
         assert_eq!(json["codecs"][4]["codec"], "int8-block");
+        assert_eq!(json["codecs"][5]["codec"], "int4-block");
         assert!(json["codecs"][0]["threaded"]["encode_gbps"].as_f64().unwrap() > 0.0);
     }
 

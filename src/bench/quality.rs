@@ -70,6 +70,9 @@ const EVAL_ROWS: usize = 32;
 /// Claim (b): uint8's final eval loss within this relative distance of fp32's.
 #[cfg(feature = "torch")]
 const UINT8_TOLERANCE: f64 = 0.01;
+/// Claim (c): a `--mode` run's final eval loss within this relative distance of sync fp32's.
+#[cfg(feature = "torch")]
+const MODE_TOLERANCE: f64 = 0.01;
 /// Largest `--workers` accepted.
 #[cfg(feature = "torch")]
 const MAX_WORKERS: usize = 64;
@@ -120,6 +123,8 @@ pub(crate) struct QualityReport {
     pub(crate) runs: Vec<RunReport>,
     /// Each `--also-codec` run's final eval loss relative to DiLoCo fp32's, minus 1 (no claim).
     pub(crate) also_vs_fp32: Vec<AlsoCodec>,
+    /// Each `--mode` run against sync DiLoCo fp32 (claim (c)).
+    pub(crate) modes: Vec<ModeClaim>,
     /// The claims of issue 6.
     pub(crate) claims: Claims,
     /// Wall time of the whole benchmark.
@@ -134,6 +139,20 @@ pub(crate) struct AlsoCodec {
     pub(crate) codec: String,
     /// Its final eval loss relative to fp32's, minus 1.
     pub(crate) vs_fp32: f64,
+}
+
+/// A `--mode` run (overlapped or streaming DiLoCo), compared with sync DiLoCo fp32.
+#[derive(Clone, Debug, Serialize)]
+#[cfg_attr(not(feature = "torch"), allow(dead_code))]
+pub(crate) struct ModeClaim {
+    /// The run's name.
+    pub(crate) run: String,
+    /// Its final eval loss relative to sync fp32's, minus 1.
+    pub(crate) vs_sync_fp32: f64,
+    /// Within the tolerance.
+    pub(crate) holds: bool,
+    /// The tolerance.
+    pub(crate) tolerance: f64,
 }
 
 /// One training run.
@@ -201,7 +220,10 @@ impl QualityReport {
     /// True when (a), (b) and replica identity all hold.
     pub(crate) fn claims_hold(&self) -> bool {
         let c = &self.claims;
-        c.diloco_beats_single && c.uint8_within_tolerance && c.replicas_identical
+        c.diloco_beats_single
+            && c.uint8_within_tolerance
+            && c.replicas_identical
+            && self.modes.iter().all(|m| m.holds)
     }
 
     /// Prints the results table, the eval curves and the claims.
@@ -303,6 +325,16 @@ impl QualityReport {
         for a in &self.also_vs_fp32 {
             writeln!(out, "    {} against fp32 (no claim): {:+.3}%", a.codec, 100.0 * a.vs_fp32)?;
         }
+        for m in &self.modes {
+            writeln!(
+                out,
+                "(c) {} within {:.0}% of sync fp32 at equal tokens: {:+.3}%: {}",
+                m.run,
+                100.0 * m.tolerance,
+                100.0 * m.vs_sync_fp32,
+                verdict(m.holds)
+            )?;
+        }
         writeln!(
             out,
             "    DiLoCo replicas bit-identical after every outer step: {}",
@@ -341,6 +373,12 @@ pub(crate) fn run(args: &QualityBench) -> Result<QualityReport> {
     }
     if args.inner_steps.checked_mul(args.outer_steps).is_none_or(|t| t > MAX_STEPS) {
         return Err(bad("--inner-steps x --outer-steps", &format!("at most {MAX_STEPS} steps")));
+    }
+    let streams = args.modes.contains(&loco_core::diloco::Mode::Streaming);
+    if streams
+        && (args.fragments == 0 || !args.inner_steps.is_multiple_of(u64::from(args.fragments)))
+    {
+        return Err(bad("--fragments", "a divisor of --inner-steps, at least 1"));
     }
     if args.pretrain_steps > MAX_STEPS {
         return Err(bad("--pretrain-steps", &format!("at most {MAX_STEPS}")));
@@ -418,6 +456,16 @@ pub(crate) fn run(args: &QualityBench) -> Result<QualityReport> {
         }
     }
     let also = also_codecs.iter().map(|&c| plan.diloco(c)).collect::<Result<Vec<_>>>()?;
+    let mut modes: Vec<loco_core::diloco::Mode> = Vec::new();
+    for &m in &args.modes {
+        if m != loco_core::diloco::Mode::Sync && !modes.contains(&m) {
+            modes.push(m);
+        }
+    }
+    let mode_runs = modes
+        .iter()
+        .map(|&m| plan.diloco_mode(m, args.mode_codec, args.fragments))
+        .collect::<Result<Vec<_>>>()?;
     let dp = plan.data_parallel()?;
     let diloco_vs_single = fp32.final_eval_loss / single.final_eval_loss - 1.0;
     let uint8_vs_fp32 = uint8.final_eval_loss / fp32.final_eval_loss - 1.0;
@@ -429,8 +477,21 @@ pub(crate) fn run(args: &QualityBench) -> Result<QualityReport> {
         uint8_tolerance: UINT8_TOLERANCE,
         replicas_identical: fp32.replicas_identical
             && uint8.replicas_identical
-            && also.iter().all(|r| r.replicas_identical),
+            && also.iter().all(|r| r.replicas_identical)
+            && mode_runs.iter().all(|r| r.replicas_identical),
     };
+    let mode_claims = mode_runs
+        .iter()
+        .map(|r| {
+            let vs = r.final_eval_loss / fp32.final_eval_loss - 1.0;
+            ModeClaim {
+                run: r.name.clone(),
+                vs_sync_fp32: vs,
+                holds: vs.abs() <= MODE_TOLERANCE,
+                tolerance: MODE_TOLERANCE,
+            }
+        })
+        .collect();
     let also_vs_fp32 = also_codecs
         .iter()
         .zip(&also)
@@ -441,6 +502,7 @@ pub(crate) fn run(args: &QualityBench) -> Result<QualityReport> {
         .collect();
     let mut runs = vec![single, fp32, uint8];
     runs.extend(also);
+    runs.extend(mode_runs);
     runs.push(dp);
     Ok(QualityReport {
         model: Preset::Tiny.name(),
@@ -461,6 +523,7 @@ pub(crate) fn run(args: &QualityBench) -> Result<QualityReport> {
         seed: args.seed,
         runs,
         also_vs_fp32,
+        modes: mode_claims,
         claims,
         seconds: crate::clock::now().duration_since(started).as_secs_f64(),
     })
@@ -702,6 +765,7 @@ impl Plan<'_> {
             CodecKind::Fp16 => "diloco-fp16",
             CodecKind::Bf16 => "diloco-bf16",
             CodecKind::Int8Block => "diloco-int8-block",
+            CodecKind::Int4Block => "diloco-int4-block",
         };
         let mut rec = Recorder::new(name);
         let w = self.workers;
@@ -750,6 +814,101 @@ impl Plan<'_> {
             compute_batches: total * w as u64,
             tokens: total * w as u64 * (self.cfg.batch_rows * self.cfg.seq_len) as u64,
             sync_rounds: self.outer_steps,
+            bytes_per_worker: bytes,
+            bytes_estimated: false,
+            final_eval_loss: rec.curve.last().map_or(f64::NAN, |p| p.eval_loss),
+            final_train_loss: last_train,
+            curve: rec.curve.clone(),
+            replicas_identical: identical,
+            seconds: rec.seconds(),
+        })
+    }
+
+    /// A `--mode` run: DiLoCo in overlap or streaming `mode` with `codec`, on the node
+    /// machine's arithmetic ([`OuterState::overlap_round`](loco_core::diloco::OuterState::overlap_round),
+    /// [`apply_outer_step_to`](loco_core::diloco::OuterState::apply_outer_step_to)): rounds of
+    /// `H / P` inner steps (`H` in overlap mode); the all-reduce of round `r`'s fragment lands
+    /// during round `r + 1` and is merged at its end. The curve evaluates the global weights;
+    /// the final point, after a flush (`P` rounds of no inner steps, which synchronise the
+    /// progress every fragment still holds: communication, no compute), so that the run is
+    /// compared at equal tokens with every step of it counted.
+    fn diloco_mode(
+        &self,
+        mode: loco_core::diloco::Mode,
+        codec: loco_core::codec::CodecKind,
+        fragments: u32,
+    ) -> Result<RunReport> {
+        use loco_core::diloco::{Mode, OuterState, Schedule, buckets_from_sizes};
+        let name = format!("{mode}-{codec}");
+        let mut rec = Recorder::new("mode");
+        let w = self.workers;
+        let mut trainers =
+            (0..w).map(|_| self.trainer(self.cfg.clone())).collect::<Result<Vec<_>>>()?;
+        let mut data = (0..w)
+            .map(|i| TrainLoader::new(self, Shard::new(i as u32, w as u32)?))
+            .collect::<Result<Vec<_>>>()?;
+        let init = trainers[0].flat_params()?;
+        let layout = trainers[0].param_layout();
+        let layers: Vec<usize> = layout.iter().map(|(_, n)| *n).collect();
+        let schedule = Schedule::new(mode, init.len(), &layers, fragments, 0.0);
+        let p = if mode == Mode::Streaming { u64::from(fragments.max(1)) } else { 1 };
+        let round_steps = self.inner_steps / p;
+        let buckets = buckets_from_sizes(layout);
+        let mut outers = (0..w)
+            .map(|_| OuterState::new(self.outer, init.clone(), buckets.clone()))
+            .collect::<Result<Vec<_>, _>>()?;
+        outers.iter_mut().for_each(OuterState::anchor_here);
+        let total = self.total_steps();
+        rec.checkpoint(0, self.eval_loss(&trainers[0])?, total);
+        let mut batch = Vec::new();
+        let mut inner = vec![0.0f32; init.len()];
+        let (mut bytes, mut identical, mut last_train) = (0u64, true, f64::NAN);
+        let mut in_flight: Option<(std::ops::Range<usize>, Vec<Vec<f32>>)> = None;
+        let rounds = self.outer_steps * p;
+        // The rounds that train, then `p` that only synchronise (the flush).
+        for round in 0..rounds + p {
+            let steps = if round < rounds { round_steps } else { 0 };
+            let mut sent = Vec::with_capacity(w);
+            // The all-reduce of the round before, which ran beside this round's inner steps.
+            if let Some((f, mut vals)) = in_flight.take() {
+                bytes += average_values(&mut vals, codec, round)?;
+                for o in &mut outers {
+                    o.apply_outer_step_to(f.clone(), &vals[0])?;
+                }
+                identical &= outers.iter().all(|o| {
+                    o.outer().iter().zip(outers[0].outer()).all(|(a, b)| a.to_bits() == b.to_bits())
+                });
+            }
+            let fragment = schedule.fragment(round);
+            for ((t, d), o) in trainers.iter_mut().zip(&mut data).zip(&mut outers) {
+                for _ in 0..steps {
+                    batch.clear();
+                    d.next_into(self.cfg.batch_rows, &mut batch)?;
+                    rec.train_loss(t.inner_step(&batch)?.loss);
+                }
+                t.flat_params_into(&mut inner)?;
+                o.overlap_round(&mut inner, schedule.merged(round), fragment.clone(), 0.0, true)?;
+                t.set_flat_params(&inner)?;
+                sent.push(o.pseudo_gradient()[fragment.clone()].to_vec());
+            }
+            in_flight = Some((fragment, sent));
+            // The global weights after every H inner steps (the last point after the flush).
+            let done = (round + 1) * round_steps;
+            let end_of_step = round < rounds && (round + 1) % p == 0;
+            if (end_of_step && round + 1 < rounds) || round + 1 == rounds + p {
+                let step = done.min(total);
+                let mut eval = self.trainer(self.cfg.clone())?;
+                eval.set_flat_params(outers[0].outer())?;
+                last_train = rec.checkpoint(step, self.eval_loss(&eval)?, total);
+            }
+        }
+        Ok(RunReport {
+            name,
+            workers: w,
+            steps_per_worker: total,
+            compute_batches: total * w as u64,
+            tokens: total * w as u64 * (self.cfg.batch_rows * self.cfg.seq_len) as u64,
+            sync_rounds: rounds + p,
             bytes_per_worker: bytes,
             bytes_estimated: false,
             final_eval_loss: rec.curve.last().map_or(f64::NAN, |p| p.eval_loss),
@@ -813,15 +972,36 @@ fn average(
     codec: loco_core::codec::CodecKind,
     op: u64,
 ) -> Result<u64> {
+    ring_average(outers.iter_mut().map(|o| o.pseudo_gradient_mut()).collect(), codec, op)
+}
+
+/// [`average`] of plain vectors (a fragment's pseudo-gradients).
+#[cfg(feature = "torch")]
+fn average_values(
+    values: &mut [Vec<f32>],
+    codec: loco_core::codec::CodecKind,
+    op: u64,
+) -> Result<u64> {
+    ring_average(values.iter_mut().map(Vec::as_mut_slice).collect(), codec, op)
+}
+
+/// One ring all-reduce of `values` (one slice per node, of one length) over the in-memory
+/// transport, averaging in place; returns the largest body bytes any node sent.
+#[cfg(feature = "torch")]
+fn ring_average(
+    values: Vec<&mut [f32]>,
+    codec: loco_core::codec::CodecKind,
+    op: u64,
+) -> Result<u64> {
     use loco_core::allreduce::{RingConfig, run_ring};
     use loco_core::ids::{Epoch, NodeId, Weight};
-    let ring: Vec<NodeId> = (0..outers.len() as u32).map(NodeId).collect();
+    let ring: Vec<NodeId> = (0..values.len() as u32).map(NodeId).collect();
     let mut endpoints = loco_core::transport::memory::network(&ring);
     let stats = futures::executor::block_on(async {
-        let runs = endpoints.iter_mut().zip(outers.iter_mut()).zip(&ring).map(|((t, o), &me)| {
+        let runs = endpoints.iter_mut().zip(values).zip(&ring).map(|((t, v), &me)| {
             let cfg = RingConfig::new(Epoch(1), op, ring.clone(), me, codec);
-            let len = o.len();
-            run_ring(t, cfg, Some(o.pseudo_gradient_mut()), len, Weight::ONE)
+            let len = v.len();
+            run_ring(t, cfg, Some(v), len, Weight::ONE)
         });
         futures::future::join_all(runs).await
     });

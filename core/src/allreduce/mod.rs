@@ -26,4 +26,4 @@ pub use driver::{run_ring, run_ring_stashed};
 pub use ring::{DEFAULT_SEGMENT_ELEMS, Payload, RingAllReduce, RingConfig, RingError, RingStats};
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -151,6 +151,16 @@ fn uint8_ring_is_within_three_percent_and_replicas_agree() {
     }
 }
 
+/// The largest relative RMS error of a ring all-reduce of Gaussian inputs with `codec`: every
+/// reduce-scatter hop encodes a partial sum again, so a codec's own error (int4-block: 0.13)
+/// grows with the ring.
+pub(crate) fn ring_error_bound(codec: CodecKind) -> f64 {
+    match codec {
+        CodecKind::Int4Block => 0.35,
+        _ => 0.05,
+    }
+}
+
 #[test]
 fn every_codec_gives_identical_replicas() {
     for codec in CodecKind::ALL {
@@ -159,7 +169,7 @@ fn every_codec_gives_identical_replicas() {
         let (out, _) = reduce(&inputs, &weights, codec, 999);
         assert_identical(&out);
         let err = rel_rms(&out[2], &exact_average(&inputs, &weights));
-        assert!(err < 0.05, "{codec}: error {err}");
+        assert!(err < ring_error_bound(codec), "{codec}: error {err}");
     }
 }
 

@@ -7,8 +7,8 @@
 //! `6.1e-5 ..= 65504`) and 2^-8 for bf16 (the whole f32 range). Special values behave as IEEE
 //! conversions do: NaN stays NaN, `+-inf` stays `+-inf`, fp16 turns finite values beyond 65504
 //! (beyond 65520 after rounding) into `+-inf` and values below its subnormal range into `+-0`. These
-//! codecs are for data known to be in range; `uint8` and `int8-block` map every input to finite
-//! values.
+//! codecs are for data known to be in range; `uint8`, `int8-block` and `int4-block` map every
+//! input to finite values.
 //!
 //! # Layout (little endian)
 //!

@@ -11,6 +11,7 @@
 //! | `fp16` / `bf16` | 2 | 2.1e-4 / 1.7e-3 | round to nearest even; NaN/inf pass through |
 //! | `uint8` | 1 + 1 KiB per call | 1.6e-2 | PRIME's codebook scheme (reference.md) |
 //! | `int8-block` | 1 + 4 per 256 values (1.016) | 7.0e-3 | blockwise absmax, beats `uint8` |
+//! | `int4-block` | 0.5 + 4 per 256 values (0.516) | 1.3e-1 | the same with 4-bit codes -7..7 |
 //!
 //! `loco bench codec` measures their throughput and prints these errors.
 
@@ -20,6 +21,7 @@ use std::str::FromStr;
 
 mod fp32;
 mod half16;
+mod int4block;
 mod int8block;
 #[cfg(target_arch = "x86_64")]
 mod stream;
@@ -29,6 +31,7 @@ mod uint8;
 
 pub use fp32::Fp32;
 pub use half16::{Bf16, Fp16};
+pub use int4block::Int4Block;
 pub use int8block::Int8Block;
 pub use uint8::Uint8;
 
@@ -46,12 +49,20 @@ pub enum CodecKind {
     Uint8,
     /// Blockwise absmax int8: one f32 scale per block of values.
     Int8Block,
+    /// Blockwise absmax int4: one f32 scale per block of values, two values per byte.
+    Int4Block,
 }
 
 impl CodecKind {
     /// Every codec, in a fixed order.
-    pub const ALL: [CodecKind; 5] =
-        [CodecKind::Fp32, CodecKind::Fp16, CodecKind::Bf16, CodecKind::Uint8, CodecKind::Int8Block];
+    pub const ALL: [CodecKind; 6] = [
+        CodecKind::Fp32,
+        CodecKind::Fp16,
+        CodecKind::Bf16,
+        CodecKind::Uint8,
+        CodecKind::Int8Block,
+        CodecKind::Int4Block,
+    ];
 
     /// The name used in files and on the command line.
     pub fn name(self) -> &'static str {
@@ -61,6 +72,7 @@ impl CodecKind {
             CodecKind::Bf16 => "bf16",
             CodecKind::Uint8 => "uint8",
             CodecKind::Int8Block => "int8-block",
+            CodecKind::Int4Block => "int4-block",
         }
     }
 
@@ -72,6 +84,7 @@ impl CodecKind {
             CodecKind::Bf16 => &Bf16,
             CodecKind::Uint8 => &Uint8,
             CodecKind::Int8Block => &Int8Block,
+            CodecKind::Int4Block => &Int4Block,
         }
     }
 }

@@ -60,6 +60,11 @@ fn kinds_and_lengths_agree() {
     assert_eq!(Int8Block.encoded_len(1000), 1000 + 4 * 4);
     assert_eq!(Int8Block.encoded_len(1024), 1024 + 4 * 4);
     assert_eq!(Int8Block.encoded_len(0), 0);
+    // int4-block: ceil(n / 2) bytes of codes plus one 4-byte scale per started block of 256.
+    for (n, len) in [(0, 0), (1, 5), (255, 132), (256, 132), (257, 137), (513, 269)] {
+        assert_eq!(Int4Block.encoded_len(n), len, "n {n}");
+    }
+    assert_eq!(Int4Block.encoded_len(1024), 512 + 4 * 4);
 }
 
 #[test]
@@ -90,19 +95,21 @@ fn fp32_round_trip_is_bit_exact() {
     assert!(x.iter().zip(&d).all(|(a, b)| a.to_bits() == b.to_bits()));
 }
 
-/// The codecs rank as documented on N(0,1) data: fp32 exact, then bf16 < fp16 in bits kept, and
-/// int8-block more accurate than PRIME's uint8 for about the same bytes.
+/// The codecs rank as documented on N(0,1) data: fp32 exact, then bf16 < fp16 in bits kept,
+/// int8-block more accurate than PRIME's uint8 for about the same bytes, and int4-block's 15
+/// levels about 18 times less accurate than int8-block's 255 for about half the bytes.
 #[test]
 fn accuracy_ranks_as_documented() {
     let n = 300_000;
     let x = normal(n, 5);
     let err = |k: CodecKind| rel_rms(&x, &decode(k.codec(), &encode_over(k.codec(), &x, 0), n));
-    let (fp32, fp16, bf16, uint8, int8) = (
+    let (fp32, fp16, bf16, uint8, int8, int4) = (
         err(CodecKind::Fp32),
         err(CodecKind::Fp16),
         err(CodecKind::Bf16),
         err(CodecKind::Uint8),
         err(CodecKind::Int8Block),
+        err(CodecKind::Int4Block),
     );
     assert_eq!(fp32, 0.0);
     // Uniform rounding error of relative half-ulp 2^-11 / 2^-8: RMS about a third of it.
@@ -111,6 +118,10 @@ fn accuracy_ranks_as_documented() {
     assert!(int8 < uint8 * 0.8, "int8-block {int8} uint8 {uint8}");
     assert!(bf16 < int8, "bf16 {bf16} int8-block {int8}");
     assert!(Int8Block.encoded_len(n) <= Uint8.encoded_len(n) + n / 50);
+    // Steps of absmax / 7 (absmax about 2.9 per block): uniform error, RMS step / sqrt(12).
+    assert!(int4 > 0.09 && int4 < 0.15, "int4-block {int4}");
+    assert!(int4 > int8 * 10.0 && int4 < int8 * 25.0, "int4-block {int4} int8-block {int8}");
+    assert_eq!(2 * Int4Block.encoded_len(n) - Int8Block.encoded_len(n), 4 * n.div_ceil(256));
 }
 
 /// reference.md test case 2 for every codec: degenerate input gives the documented result.
@@ -136,7 +147,7 @@ fn degenerate_input_is_defined_for_every_codec() {
         let x = [0.5f32, f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.25];
         let d = decode(c, &encode_over(c, &x, 0), x.len());
         match kind {
-            CodecKind::Uint8 | CodecKind::Int8Block => {
+            CodecKind::Uint8 | CodecKind::Int8Block | CodecKind::Int4Block => {
                 assert!(d.iter().all(|v| v.is_finite()), "{kind} {d:?}")
             }
             CodecKind::Fp32 | CodecKind::Fp16 | CodecKind::Bf16 => {
@@ -198,6 +209,26 @@ proptest! {
             prop_assert!((scale - absmax / 127.0).abs() <= scale * 1e-6);
             // f64: the bound itself must not round.
             let bound = f64::from(scale) * (0.5 + 1e-4) + 128.0 * 2f64.powi(-150);
+            for (a, r) in xs.iter().zip(ds) {
+                let err = (f64::from(*a) - f64::from(*r)).abs();
+                prop_assert!(err <= bound, "block {} {:e} -> {:e}, scale {:e}", b, a, r, scale);
+            }
+        }
+    }
+
+    /// Int4Block: the scale is absmax / 7 and every value is within half of it, absmax / 14
+    /// (plus f32 rounding).
+    #[test]
+    fn int4_block_error_is_at_most_half_a_step(x in finite_values(5000)) {
+        let e = encode_over(&Int4Block, &x, 0);
+        let d = decode(&Int4Block, &e, x.len());
+        for (b, (xs, ds)) in x.chunks(256).zip(d.chunks(256)).enumerate() {
+            let h = &e[b * 132..b * 132 + 4];
+            let scale = f32::from_le_bytes([h[0], h[1], h[2], h[3]]);
+            let absmax = xs.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            prop_assert!((scale - absmax / 7.0).abs() <= scale * 1e-6);
+            // f64: the bound itself must not round.
+            let bound = f64::from(absmax) / 14.0 + f64::from(scale) * 1e-6 + 8.0 * 2f64.powi(-150);
             for (a, r) in xs.iter().zip(ds) {
                 let err = (f64::from(*a) - f64::from(*r)).abs();
                 prop_assert!(err <= bound, "block {} {:e} -> {:e}, scale {:e}", b, a, r, scale);
@@ -288,5 +319,64 @@ fn large_decodes_equal_accumulation_into_zeros() {
                 assert!(a.to_bits() == b.to_bits() || *a == 0.0 && *b == 0.0, "{kind} {i}");
             }
         }
+    }
+}
+
+/// int4-block on N(0,1) at the lengths the brief names: each value within absmax / 14 of its
+/// block, and the final partial block and odd count handled (the last byte's high nibble 0).
+#[test]
+fn int4_block_round_trip_is_within_half_a_step() {
+    for n in [1usize, 2, 3, 255, 256, 257, 511, 513, 4097] {
+        let x = normal(n, 40 + n as u64);
+        let e = encode_over(&Int4Block, &x, 0xff);
+        assert_eq!(e.len(), Int4Block.encoded_len(n));
+        let d = decode(&Int4Block, &e, n);
+        for (xs, ds) in x.chunks(256).zip(d.chunks(256)) {
+            let absmax = xs.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            for (a, r) in xs.iter().zip(ds) {
+                let err = f64::from((a - r).abs());
+                assert!(err <= f64::from(absmax) / 14.0 * (1.0 + 1e-5), "n {n} {a} -> {r}");
+            }
+        }
+        if n % 2 == 1 {
+            assert_eq!(e[e.len() - 1] >> 4, 0, "n {n}: high nibble of the last byte");
+        }
+    }
+}
+
+/// int4-block's degenerate input: zeros are scale 0 and codes 0; NaN decodes to 0 and +-inf to
+/// +-absmax of the block's finite values; nothing finite decodes to zeros.
+#[test]
+fn int4_block_zeros_and_non_finite_values() {
+    for n in [1usize, 255, 256, 257, 513] {
+        let e = encode_over(&Int4Block, &vec![0.0; n], 0xff);
+        assert!(e.iter().all(|&b| b == 0), "n {n}");
+        assert!(decode(&Int4Block, &e, n).iter().all(|&v| v == 0.0), "n {n}");
+    }
+    let x = [0.5f32, f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.25, 1.75];
+    let d = decode(&Int4Block, &encode_over(&Int4Block, &x, 0), x.len());
+    assert!(d.iter().all(|v| v.is_finite()), "{d:?}");
+    assert_eq!(d[1], 0.0);
+    assert!(
+        (d[2] - 1.75).abs() <= 1.75 * f32::EPSILON && (d[3] + 1.75).abs() <= 1.75 * f32::EPSILON
+    );
+    for x in [[f32::NAN; 3], [f32::INFINITY, f32::NEG_INFINITY, f32::NAN]] {
+        let e = encode_over(&Int4Block, &x, 0xff);
+        assert_eq!(&e[..4], &[0; 4], "scale 0");
+        assert!(decode(&Int4Block, &e, 3).iter().all(|&v| v == 0.0));
+    }
+}
+
+/// int4-block's decode_accumulate adds the decoded values to what was there.
+#[test]
+fn int4_block_decode_accumulate_adds() {
+    let x = normal(1000, 9);
+    let e = encode_over(&Int4Block, &x, 0);
+    let d = decode(&Int4Block, &e, x.len());
+    let mut acc = vec![1.5f32; x.len()];
+    Int4Block.decode_accumulate(&e, &mut acc);
+    Int4Block.decode_accumulate(&e, &mut acc);
+    for i in 0..x.len() {
+        assert_eq!(acc[i], 1.5 + d[i] + d[i], "i {i}");
     }
 }

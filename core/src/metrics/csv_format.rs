@@ -14,7 +14,7 @@ use std::fmt::Write as _;
 use std::str::FromStr;
 
 /// The columns of `outer_steps.csv`, in order (the fields of [`OuterStepRow`]).
-pub const OUTER_STEPS_COLUMNS: [&str; 20] = [
+pub const OUTER_STEPS_COLUMNS: [&str; 21] = [
     "outer_step",
     "node",
     "node_id",
@@ -35,6 +35,7 @@ pub const OUTER_STEPS_COLUMNS: [&str; 20] = [
     "loss",
     "weights_hash",
     "weight",
+    "allreduce_wall_s",
 ];
 
 /// The columns of `events.csv`, in order (the fields of [`EventRow`]).
@@ -109,6 +110,7 @@ pub fn outer_steps_csv(rows: &[OuterStepRow]) -> String {
             r.loss.map(format_f64).unwrap_or_default(),
             r.weights_hash.clone(),
             format_f64(r.weight),
+            format_f64(r.allreduce_wall_s),
         ];
         push_record(&mut out, fields.iter().map(String::as_str));
     }
@@ -305,6 +307,7 @@ pub fn parse_outer_steps_csv(text: &str) -> Result<Vec<OuterStepRow>, MetricsErr
             loss: r.opt(17, "loss", "a number or nothing")?,
             weights_hash: r.raw(18).to_owned(),
             weight: r.f64(19, "weight")?,
+            allreduce_wall_s: r.f64(20, "allreduce_wall_s")?,
         })
     })
 }

@@ -57,6 +57,13 @@ pub struct OuterStepRow {
     pub weights_hash: String,
     /// The weight of this node's contribution to the average (0 for a joiner not yet caught up).
     pub weight: f64,
+    /// Seconds of this step's all-reduce from its first release to its commit, retries
+    /// included, whether the node waited for it or not: in sync mode `allreduce_s`; in overlap
+    /// and streaming modes it runs beside the next step's inner steps, and only the part the
+    /// node waited for shows in the breakdown (as the next row's `allreduce_s`). 0 when the step
+    /// had no all-reduce here.
+    #[serde(default)]
+    pub allreduce_wall_s: f64,
 }
 
 impl OuterStepRow {

@@ -98,7 +98,7 @@ pub struct Summary {
     pub wall_seconds: f64,
     /// Compute utilisation, both definitions.
     pub utilization: Utilization,
-    /// All-reduce durations, one sample per row with `allreduce_s > 0`.
+    /// All-reduce durations, one sample per row that had one (see [`allreduce_samples`]).
     pub allreduce_seconds: AllreduceStats,
     /// Sum of `bytes_sent` over all rows.
     pub bytes_sent_total: u64,
@@ -281,7 +281,8 @@ pub struct StepTotals {
     pub end_s: f64,
     /// Sums over the nodes, in seconds: compute, all-reduce, barrier, recovery, checkpoint, idle.
     pub breakdown_s: [f64; 7],
-    /// The longest `allreduce_s` among the rows.
+    /// The longest all-reduce (`allreduce_wall_s`, or `allreduce_s` when larger) among the
+    /// rows.
     pub allreduce_max_s: f64,
     /// Sum of `bytes_sent`.
     pub bytes_sent: u64,
@@ -326,7 +327,7 @@ pub fn step_totals(rows: &[OuterStepRow]) -> Vec<StepTotals> {
         for (acc, x) in s.breakdown_s.iter_mut().zip(breakdown(&r)) {
             *acc += x;
         }
-        s.allreduce_max_s = s.allreduce_max_s.max(r.allreduce_s);
+        s.allreduce_max_s = s.allreduce_max_s.max(r.allreduce_wall_s.max(r.allreduce_s));
         s.bytes_sent = s.bytes_sent.saturating_add(r.bytes_sent);
         s.tokens = s.tokens.saturating_add(r.tokens);
         s.retries += u64::from(r.retries);
@@ -357,10 +358,15 @@ pub fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
     Some(sorted[lo] + frac * (sorted[hi] - sorted[lo]))
 }
 
-/// The all-reduce durations of the rows that had one (`allreduce_s > 0`, finite), ascending.
+/// The all-reduce durations of the rows that had one, ascending: `allreduce_wall_s` (the time
+/// beside the inner steps counts), or `allreduce_s` when larger (rows that do not give the
+/// wall time), when above 0 and finite.
 pub fn allreduce_samples(rows: &[OuterStepRow]) -> Vec<f64> {
-    let mut v: Vec<f64> =
-        rows.iter().map(|r| r.allreduce_s).filter(|x| x.is_finite() && *x > 0.0).collect();
+    let mut v: Vec<f64> = rows
+        .iter()
+        .map(|r| r.allreduce_wall_s.max(r.allreduce_s))
+        .filter(|x| x.is_finite() && *x > 0.0)
+        .collect();
     v.sort_by(f64::total_cmp);
     v
 }

@@ -25,6 +25,7 @@ fn row(step: u64, node: &str, id: u32) -> OuterStepRow {
         loss: None,
         weights_hash: String::new(),
         weight: 1.0,
+        allreduce_wall_s: 0.0,
     }
 }
 
@@ -87,7 +88,7 @@ fn outer_steps_format_is_fixed() {
     assert_eq!(
         lines.next().unwrap(),
         "0,a,0,1,2,0.000000,0.000000,0.000000,0.000000,0.000000,0.000000,0.000000,0.000000,\
-         0.000000,0,0,0,,,1.000000"
+         0.000000,0,0,0,,,1.000000,0.000000"
     );
     assert!(lines.next().unwrap().starts_with("0,\" padded \",1,1,14,"));
     assert!(lines.next().unwrap().starts_with("7,\"eu, \"\"west\"\" 1\",4,"));

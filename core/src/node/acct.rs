@@ -76,6 +76,8 @@ pub struct StepAcct {
     spent: [Duration; 6],
     /// Time moved out of the current span into another by [`StepAcct::spend`].
     lent: Duration,
+    /// This step's all-reduce from its first release to its commit.
+    allreduce_wall: Duration,
     current: Option<(Span, Time)>,
     epoch: Epoch,
     world: u32,
@@ -95,6 +97,7 @@ impl StepAcct {
             bytes0: bytes_sent,
             spent: [Duration::ZERO; 6],
             lent: Duration::ZERO,
+            allreduce_wall: Duration::ZERO,
             current: None,
             epoch,
             world: 0,
@@ -156,6 +159,12 @@ impl StepAcct {
         }
     }
 
+    /// This step's all-reduce took `d` from its first release to its commit
+    /// (`allreduce_wall_s`, outside the spans that tile the row's wall time).
+    pub fn set_allreduce_wall(&mut self, d: Duration) {
+        self.allreduce_wall = d;
+    }
+
     /// The collective this row's all-reduce runs in: its epoch, world size, this node's weight
     /// and attempt (retries = attempts after the first).
     pub fn ring(&mut self, epoch: Epoch, world: u32, weight: f64, attempt: u32) {
@@ -209,6 +218,7 @@ impl StepAcct {
             checkpoint_s: secs(Span::Checkpoint),
             outer_s: secs(Span::Outer),
             idle_s: (wall - covered).max(0.0),
+            allreduce_wall_s: self.allreduce_wall.as_secs_f64(),
             bytes_sent: bytes_sent.saturating_sub(self.bytes0),
             retries: self.retries,
             tokens: self.tokens,

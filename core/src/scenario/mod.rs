@@ -58,7 +58,14 @@
 //!
 //! [diloco]                     # optional; the defaults are INTELLECT-1's
 //! inner_steps = 100            # H, default 100; >= 1
-//! codec = "uint8"              # default "uint8"; fp32 | fp16 | bf16 | uint8 | int8-block
+//! mode = "sync"                # default "sync"; "overlap": the all-reduce of step t runs
+//!                              # during step t+1's inner steps and is merged at their end;
+//!                              # "streaming": `fragments` fragments, one per round of
+//!                              # inner_steps / fragments inner steps, each overlapped likewise
+//! fragments = 4                # streaming only; default 4; a divisor of inner_steps
+//! mix = 0.0                    # overlap and streaming; default 0; in [0, 1): the share of the
+//!                              # local weights the merge keeps against the global update
+//! codec = "uint8"              # default "uint8"; fp32 | fp16 | bf16 | uint8 | int8-block | int4-block
 //! outer_lr = 0.7               # default 0.7; > 0
 //! outer_momentum = 0.9         # default 0.9; in [0, 1)
 //! nesterov = true              # default true
@@ -221,6 +228,7 @@
 //! with every node's region. Validation names the missing one.
 
 use crate::codec::CodecKind;
+use crate::diloco::{Mode, Schedule};
 use crate::ids::NodeId;
 use crate::mesh::MeshConfig;
 use serde::Serialize;
@@ -308,6 +316,13 @@ pub struct Decay {
 pub struct DilocoSpec {
     /// H: inner steps per outer step (>= 1).
     pub inner_steps: u64,
+    /// How the outer step meets the inner steps (`sync`, `overlap`, `streaming`).
+    pub mode: Mode,
+    /// Streaming DiLoCo's fragments `P` (1 in the other modes; a divisor of `inner_steps`).
+    pub fragments: u32,
+    /// The merge's mix of overlap and streaming modes, in [0, 1): the share of the local weights
+    /// kept against the global update (0: all of the update).
+    pub mix: f64,
     /// How pseudo-gradients travel in the all-reduce.
     pub codec: CodecKind,
     /// Outer SGD learning rate (> 0).
@@ -336,17 +351,46 @@ pub struct DilocoSpec {
     pub segment: Option<u64>,
 }
 
+/// Streaming DiLoCo's default number of fragments.
+pub const STREAMING_FRAGMENTS: u32 = 4;
+
 impl DilocoSpec {
+    /// Inner steps per round of the mesh (one all-reduce): `inner_steps / fragments` in
+    /// streaming mode (each round synchronises one fragment), `inner_steps` otherwise.
+    pub fn round_steps(&self) -> u64 {
+        match self.mode {
+            Mode::Streaming => (self.inner_steps / u64::from(self.fragments.max(1))).max(1),
+            Mode::Sync | Mode::Overlap => self.inner_steps,
+        }
+    }
+
+    /// Rounds of the mesh (all-reduces) per outer step of `inner_steps` inner steps: `P` in
+    /// streaming mode, 1 otherwise. `[stop] outer_steps` counts outer steps; the mesh, its rows
+    /// and its step numbers count rounds.
+    pub fn rounds_per_step(&self) -> u64 {
+        match self.mode {
+            Mode::Streaming => u64::from(self.fragments.max(1)),
+            Mode::Sync | Mode::Overlap => 1,
+        }
+    }
+
+    /// The all-reduce [`Schedule`] over a model of `params` values whose layers have the
+    /// lengths `layers` (empty: cut anywhere).
+    pub fn schedule(&self, params: usize, layers: &[usize]) -> Schedule {
+        Schedule::new(self.mode, params, layers, self.fragments, self.mix as f32)
+    }
+
     /// [`segment`](Self::segment) in values of the configured codec (at least 1), if set: what
     /// both backends give their rings.
     pub fn segment_elems(&self) -> Option<usize> {
         self.segment.map(|bytes| {
-            let per = match self.codec {
-                crate::codec::CodecKind::Fp32 => 4,
-                crate::codec::CodecKind::Fp16 | crate::codec::CodecKind::Bf16 => 2,
-                crate::codec::CodecKind::Uint8 | crate::codec::CodecKind::Int8Block => 1,
+            let values = match self.codec {
+                crate::codec::CodecKind::Fp32 => bytes / 4,
+                crate::codec::CodecKind::Fp16 | crate::codec::CodecKind::Bf16 => bytes / 2,
+                crate::codec::CodecKind::Uint8 | crate::codec::CodecKind::Int8Block => bytes,
+                crate::codec::CodecKind::Int4Block => bytes.saturating_mul(2),
             };
-            usize::try_from((bytes / per).max(1)).unwrap_or(usize::MAX)
+            usize::try_from(values.max(1)).unwrap_or(usize::MAX)
         })
     }
 
@@ -373,6 +417,9 @@ impl Default for DilocoSpec {
     fn default() -> Self {
         DilocoSpec {
             inner_steps: 100,
+            mode: Mode::Sync,
+            fragments: 1,
+            mix: 0.0,
             codec: CodecKind::Uint8,
             outer_lr: 0.7,
             outer_momentum: 0.9,
@@ -1100,6 +1147,39 @@ impl Scenario {
     /// Replaces the seed (the command line's `--seed`).
     pub fn set_seed(&mut self, seed: u64) {
         self.seed = seed;
+    }
+
+    /// Replaces the DiLoCo mode (the command line's `--mode`), with streaming's `fragments`
+    /// (default: the scenario's, or [`STREAMING_FRAGMENTS`]) and the merge's `mix` (default: the
+    /// scenario's). Errors as the scenario's own fields would: `fragments` must divide
+    /// `inner_steps` (streaming) or be 1, and `mix` lie in [0, 1) (not with sync).
+    pub fn set_mode(
+        &mut self,
+        mode: Mode,
+        fragments: Option<u32>,
+        mix: Option<f64>,
+    ) -> Result<(), String> {
+        let h = self.diloco.inner_steps;
+        let fragments = match (mode, fragments) {
+            (Mode::Streaming, Some(f)) => f,
+            (Mode::Streaming, None) if self.diloco.fragments > 1 => self.diloco.fragments,
+            (Mode::Streaming, None) => STREAMING_FRAGMENTS,
+            (_, Some(f)) if f != 1 => {
+                return Err(format!("fragments = {f}: fragments are streaming DiLoCo's"));
+            }
+            _ => 1,
+        };
+        if fragments == 0 || !h.is_multiple_of(u64::from(fragments)) {
+            return Err(format!(
+                "fragments = {fragments}: expected a divisor of inner_steps ({h}), at least 1"
+            ));
+        }
+        let mix = mix.unwrap_or(if mode == Mode::Sync { 0.0 } else { self.diloco.mix });
+        if !(0.0..1.0).contains(&mix) || (mode == Mode::Sync && mix != 0.0) {
+            return Err(format!("mix = {mix}: expected a number in [0, 1), and none with sync"));
+        }
+        (self.diloco.mode, self.diloco.fragments, self.diloco.mix) = (mode, fragments, mix);
+        Ok(())
     }
 
     /// The Table-2 setting it reproduces, if any.

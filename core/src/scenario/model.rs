@@ -190,11 +190,12 @@ impl ModelSpec {
         match usize::try_from(n) {
             Ok(n) => u64::try_from(codec.codec().encoded_len(n)).unwrap_or(u64::MAX),
             // A 32-bit host: estimate from the per-value size.
-            Err(_) => n.saturating_mul(match codec {
-                CodecKind::Fp32 => 4,
-                CodecKind::Fp16 | CodecKind::Bf16 => 2,
-                CodecKind::Uint8 | CodecKind::Int8Block => 1,
-            }),
+            Err(_) => match codec {
+                CodecKind::Fp32 => n.saturating_mul(4),
+                CodecKind::Fp16 | CodecKind::Bf16 => n.saturating_mul(2),
+                CodecKind::Uint8 | CodecKind::Int8Block => n,
+                CodecKind::Int4Block => n.div_ceil(2),
+            },
         }
     }
 }
@@ -221,6 +222,8 @@ mod tests {
         let gb = m.payload_bytes(CodecKind::Fp32) as f64 / 1e9;
         assert!((gb - 40.8).abs() < 0.1, "{gb}");
         assert!(m.payload_bytes(CodecKind::Int8Block) > m.param_count());
+        let int4 = m.payload_bytes(CodecKind::Int4Block);
+        assert!(int4 > m.param_count() / 2 && int4 < m.param_count() * 52 / 100, "{int4}");
     }
 
     #[test]

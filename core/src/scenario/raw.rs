@@ -162,6 +162,9 @@ pub(crate) struct RawDiloco {
     pub(crate) z_loss: Option<f64>,
     pub(crate) batch_tokens: Option<u64>,
     pub(crate) segment: Option<RawScalar>,
+    pub(crate) mode: Option<String>,
+    pub(crate) fragments: Option<u32>,
+    pub(crate) mix: Option<f64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]

@@ -761,8 +761,38 @@ fn value_constraints() {
     assert_msg(
         &src,
         "\"int4\"",
-        r#"diloco.codec: expected one of "fp32", "fp16", "bf16", "uint8", "int8-block", got "int4""#,
+        r#"diloco.codec: expected one of "fp32", "fp16", "bf16", "uint8", "int8-block", "int4-block", got "int4""#,
     );
+    let src = format!("{BASE}[diloco]\nmode = \"eager\"\n");
+    assert_msg(
+        &src,
+        "\"eager\"",
+        r#"diloco.mode: expected one of "sync", "overlap", "streaming", got "eager""#,
+    );
+    let src = format!("{BASE}[diloco]\nmode = \"streaming\"\nfragments = 3\n");
+    assert_eq!(
+        err(&src).to_string(),
+        format!(
+            "t.toml:{}: diloco.fragments: expected a divisor of inner_steps (100): a round is inner_steps / fragments inner steps, got 3",
+            pos_last(&src, "3\n")
+        )
+    );
+    let src = format!("{BASE}[diloco]\nmode = \"overlap\"\nfragments = 4\n");
+    assert_eq!(
+        err(&src).to_string(),
+        format!(
+            r#"t.toml:{}: diloco.fragments: expected 1, or mode = "streaming" (fragments are streaming DiLoCo's), got 4"#,
+            pos_last(&src, "4\n")
+        )
+    );
+    let src = format!("{BASE}[diloco]\nmix = 0.5\n");
+    assert_msg(
+        &src,
+        "0.5",
+        r#"diloco.mix: expected no mix with mode = "sync" (it weighs the merge of overlap and streaming), got 0.5"#,
+    );
+    let src = format!("{BASE}[diloco]\nmode = \"overlap\"\nmix = 1.0\n");
+    assert_msg(&src, "1.0", "diloco.mix: expected a number in [0, 1), got 1");
     let src = format!("{BASE}[diloco]\ndecay_start = 2000\n");
     assert_msg(
         &src,
@@ -1155,4 +1185,26 @@ fn inline_tables_and_dotted_keys_are_located() {
         "\"7b\"",
         r#"model.preset: expected one of "tiny", "150m", "1b", "10b", got "7b""#,
     );
+}
+
+#[test]
+fn streaming_mode_counts_rounds_of_a_fragment_each() {
+    let src = format!(
+        "{BASE}[diloco]\ninner_steps = 100\nmode = \"streaming\"\nfragments = 4\nmix = 0.25\n"
+    );
+    let s = Scenario::from_toml_str(&src, "t.toml").unwrap();
+    let d = s.diloco();
+    assert_eq!((d.mode, d.fragments, d.mix), (crate::diloco::Mode::Streaming, 4, 0.25));
+    assert_eq!((d.round_steps(), d.rounds_per_step()), (25, 4));
+    let sched = d.schedule(10, &[]);
+    assert_eq!(sched.fragments, vec![0..2, 2..5, 5..7, 7..10]);
+    let mut s = s;
+    s.set_mode(crate::diloco::Mode::Overlap, None, None).unwrap();
+    assert_eq!((s.diloco().round_steps(), s.diloco().rounds_per_step()), (100, 1));
+    assert!(s.set_mode(crate::diloco::Mode::Streaming, Some(3), None).is_err());
+    assert!(s.set_mode(crate::diloco::Mode::Sync, None, Some(0.5)).is_err());
+    // The default of streaming is 4 fragments.
+    s.set_mode(crate::diloco::Mode::Sync, None, None).unwrap();
+    s.set_mode(crate::diloco::Mode::Streaming, None, None).unwrap();
+    assert_eq!(s.diloco().fragments, 4);
 }

@@ -14,8 +14,10 @@ use super::{
     Preset, Published, RealSpec, Region, RegionId, Scenario, SimSpec, Stop, TcpKind, Varying,
 };
 use crate::codec::CodecKind;
+use crate::diloco::Mode;
 use crate::ids::NodeId;
 use crate::mesh::{JoinMode, MeshConfig, RingOrder};
+use crate::scenario::STREAMING_FRAGMENTS;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
@@ -381,6 +383,48 @@ fn diloco(d: &RawDiloco) -> R<DilocoSpec> {
         })?,
         None => def.codec,
     };
+    let mode = match &d.mode {
+        Some(m) => m.parse::<Mode>().map_err(|_| {
+            expected(&p.key("mode"), one_of_text(&["sync", "overlap", "streaming"]), quoted(m))
+        })?,
+        None => def.mode,
+    };
+    let inner_steps =
+        at_least_one(&p.key("inner_steps"), d.inner_steps.unwrap_or(def.inner_steps))?;
+    let fragments = match (mode, d.fragments) {
+        (Mode::Streaming, f) => {
+            let f = at_least_one(&p.key("fragments"), f.unwrap_or(STREAMING_FRAGMENTS))?;
+            if !inner_steps.is_multiple_of(u64::from(f)) {
+                return Err(expected(
+                    &p.key("fragments"),
+                    format!(
+                        "a divisor of inner_steps ({inner_steps}): a round is inner_steps / fragments inner steps"
+                    ),
+                    f,
+                ));
+            }
+            f
+        }
+        (_, Some(f)) if f != 1 => {
+            return Err(expected(
+                &p.key("fragments"),
+                "1, or mode = \"streaming\" (fragments are streaming DiLoCo's)",
+                f,
+            ));
+        }
+        _ => 1,
+    };
+    let mix = match d.mix {
+        Some(x) if mode == Mode::Sync => {
+            return Err(expected(
+                &p.key("mix"),
+                "no mix with mode = \"sync\" (it weighs the merge of overlap and streaming)",
+                x,
+            ));
+        }
+        Some(x) => unit_interval(&p.key("mix"), x)?,
+        None => def.mix,
+    };
     let betas = match &d.betas {
         Some(b) if b.len() == 2 => (
             unit_interval(&p.key("betas").index(0), b[0])?,
@@ -422,7 +466,10 @@ fn diloco(d: &RawDiloco) -> R<DilocoSpec> {
         (None, None) => None,
     };
     Ok(DilocoSpec {
-        inner_steps: at_least_one(&p.key("inner_steps"), d.inner_steps.unwrap_or(def.inner_steps))?,
+        inner_steps,
+        mode,
+        fragments,
+        mix,
         codec,
         outer_lr: finite_at_least(
             &p.key("outer_lr"),

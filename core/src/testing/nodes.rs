@@ -12,7 +12,7 @@
 
 use super::Livelock;
 use crate::codec::CodecKind;
-use crate::diloco::OuterConfig;
+use crate::diloco::{Mode, OuterConfig, Schedule};
 use crate::ids::NodeId;
 use crate::mesh::{Coordinator, CoordinatorAction, LeaveReason, MeshConfig, MeshEvent};
 use crate::metrics::OuterStepRow;
@@ -103,6 +103,8 @@ pub struct NodeNet {
     rows: Vec<OuterStepRow>,
     hashes: BTreeMap<u64, BTreeMap<NodeId, String>>,
     checkpoint_every: Option<u64>,
+    /// The DiLoCo mode, fragments and mix of every node started from now on.
+    mode: (Mode, u32, f32),
     snapshots: Vec<(NodeId, u64, Option<String>)>,
     max_steps: u64,
 }
@@ -145,6 +147,7 @@ impl NodeNet {
             rows: Vec::new(),
             hashes: BTreeMap::new(),
             checkpoint_every: None,
+            mode: (Mode::Sync, 1, 0.0),
             snapshots: Vec::new(),
             max_steps: 2_000_000,
         }
@@ -233,6 +236,7 @@ impl NodeNet {
             outer: OuterConfig::default(),
             numerics: Numerics::Real { initial: vec![0.5; self.params] },
             inner_steps: 10,
+            schedule: Schedule::new(self.mode.0, self.params, &[], self.mode.1, self.mode.2),
             batch_tokens: 100,
             checkpoint_every: self.checkpoint_every,
             // Joiners with 4 GPUs' worth of parallel pieces per sender.
@@ -243,6 +247,12 @@ impl NodeNet {
             row: RowIdentity { node: format!("n{}", id.0), node_id: id.0, offset_s: 0.0 },
             virtual_padding: true,
         }
+    }
+
+    /// Nodes started from now on run DiLoCo in `mode` (`fragments` in streaming mode) with the
+    /// merge's `mix`.
+    pub fn set_mode(&mut self, mode: Mode, fragments: u32, mix: f32) {
+        self.mode = (mode, fragments, mix);
     }
 
     /// Starts node `id` (a new incarnation if it ran before), which joins now.

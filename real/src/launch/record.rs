@@ -93,13 +93,15 @@ pub(crate) fn collect(
         backend: "real".into(),
         wall_seconds: wall,
         published: None,
-        inner_steps_per_outer: Some(s.diloco().inner_steps),
+        inner_steps_per_outer: Some(s.diloco().round_steps()),
         // One device per worker (the real backend does not shard a node over G devices yet).
         mfu_basis: loco_core::metrics::MfuBasis::of_run(s, 1),
         violations,
         extra: BTreeMap::from([
             ("peak_rss_bytes".to_string(), serde_json::json!(peaks)),
             ("stale_frames_rejected".to_string(), serde_json::json!(stale.values().sum::<u64>())),
+            ("diloco_mode".to_string(), serde_json::json!(s.diloco().mode.as_str())),
+            ("fragments".to_string(), serde_json::json!(s.diloco().fragments)),
         ]),
     };
     let summary = summarize(&meta, &rows, &events);

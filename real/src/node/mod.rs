@@ -26,7 +26,7 @@ use crate::inner::{InnerError, InnerLoop};
 use crate::tcp::{TcpConfig, TcpError, TcpTransport};
 use jobs::{Held, InnerOut, InnerWork};
 use loco_core::codec::CodecKind;
-use loco_core::diloco::{DilocoError, OuterConfig, OuterState, buckets_from_sizes};
+use loco_core::diloco::{DilocoError, Mode, OuterConfig, OuterState, Schedule, buckets_from_sizes};
 use loco_core::ids::{Epoch, NodeId};
 use loco_core::mesh::{LeaveReason, MeshConfig, MeshError, StopReason};
 use loco_core::metrics::{EventKind, EventRow, OuterStepRow};
@@ -64,8 +64,14 @@ pub struct WorkerOptions {
     pub listen: SocketAddr,
     /// Mesh settings.
     pub mesh: MeshConfig,
-    /// Inner steps per outer step (DiLoCo's H).
+    /// Inner steps per outer step (DiLoCo's H; per round in streaming mode, H / P).
     pub inner_steps: u32,
+    /// The DiLoCo mode.
+    pub mode: Mode,
+    /// Streaming DiLoCo's fragments (1 in the other modes): cut between parameter tensors.
+    pub fragments: u32,
+    /// The merge's mix (overlap and streaming modes).
+    pub mix: f32,
     /// Codec of the all-reduce.
     pub codec: CodecKind,
     /// The outer optimiser.
@@ -371,7 +377,8 @@ pub async fn run_worker<L: InnerLoop>(
             p
         }
     };
-    let cfg = node_config(&opts, initial, inner.max_optimizer_bytes());
+    let layers: Vec<usize> = inner.param_layout().into_iter().map(|(_, n)| n).collect();
+    let cfg = node_config(&opts, initial, &layers, inner.max_optimizer_bytes());
     let mut machine = Machine::new(cfg, opts.incarnation)?;
     let mut w = Worker {
         clock,
@@ -452,8 +459,14 @@ fn resume<L: InnerLoop>(
 }
 
 /// The machine's settings for this worker.
-fn node_config(opts: &WorkerOptions, initial: Vec<f32>, own_max: u64) -> NodeConfig {
+fn node_config(
+    opts: &WorkerOptions,
+    initial: Vec<f32>,
+    layers: &[usize],
+    own_max: u64,
+) -> NodeConfig {
     NodeConfig {
+        schedule: Schedule::new(opts.mode, initial.len(), layers, opts.fragments, opts.mix),
         id: opts.id,
         mesh: opts.mesh.clone(),
         shards: opts.shards.max(1),

@@ -307,8 +307,13 @@ impl Node {
                 // the pseudo-gradient too, so that job and a skip are free). The machine holds every action but sends meanwhile, as a real worker
                 // does while the job runs on a blocking thread; a hang pauses it.
                 job.run();
+                // In overlap modes the end of a round (merge and sync, which the next round
+                // waits for) costs as much again, and the commit runs beside the inner steps.
+                let overlaps = self.run.scenario.diloco().mode.overlaps();
+                let full = self.run.scenario.sim().outer_time(self.run.params);
                 let cost = match job.kind() {
-                    OuterKind::Commit => self.run.scenario.sim().outer_time(self.run.params),
+                    OuterKind::Commit => full.mul_f64(job.cost_share()),
+                    OuterKind::PseudoGradient if overlaps => full.mul_f64(job.cost_share()),
                     OuterKind::PseudoGradient | OuterKind::Skip => Duration::ZERO,
                 };
                 if cost.is_zero() {
@@ -456,7 +461,7 @@ impl Node {
 
     fn finish_compute(&mut self, now: Time) {
         let Some(c) = self.computing.take() else { return };
-        let h = self.run.scenario.diloco().inner_steps;
+        let h = self.run.scenario.diloco().round_steps();
         let (inner, loss) = match &mut self.model {
             Some(m) => {
                 let loss = m.inner_steps(self.inc, c.step, h);
@@ -474,7 +479,7 @@ impl Node {
             self.id.0,
             (self.inc << 16) | self.session,
             step,
-            self.run.scenario.diloco().inner_steps,
+            self.run.scenario.diloco().round_steps(),
             spec.step_time,
             spec.step_jitter,
         )
@@ -486,6 +491,10 @@ fn node_config(run: &RunCtx, id: NodeId, initial: Option<Vec<f32>>) -> NodeConfi
     let spec = &run.node(id).spec;
     let d = run.scenario.diloco();
     let real = run.scenario.real();
+    let len = match &initial {
+        Some(w) => w.len(),
+        None => usize::try_from(run.params).unwrap_or(usize::MAX),
+    };
     let shards = run
         .nodes
         .iter()
@@ -503,7 +512,9 @@ fn node_config(run: &RunCtx, id: NodeId, initial: Option<Vec<f32>>) -> NodeConfi
             Some(initial) => Numerics::Real { initial },
             None => Numerics::Virtual { params: run.params },
         },
-        inner_steps: d.inner_steps,
+        inner_steps: d.round_steps(),
+        // The synthetic model and virtual lengths have no layers: fragments cut anywhere.
+        schedule: d.schedule(len, &[]),
         batch_tokens: d.batch_tokens,
         checkpoint_every: real.checkpoint_dir.is_some().then_some(real.checkpoint_every),
         state_pieces: StatePieces::PerJoinerShard { shards },

@@ -124,7 +124,21 @@ pub struct OuterJob {
     pub(super) want_snapshot: bool,
     pub(super) snapshot: Option<Snapshot>,
     pub(super) params: u64,
+    /// Overlap and streaming modes: the pseudo-gradient is the end of a round
+    /// ([`OuterState::overlap_round`]); a commit averages only this fragment.
+    pub(super) round: Option<RoundJob>,
     done: bool,
+}
+
+/// What one round of overlapped or streaming DiLoCo merges and synchronises.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct RoundJob {
+    /// The fragment synchronised a round ago, merged now (pseudo-gradient jobs).
+    pub(super) merge: Option<std::ops::Range<usize>>,
+    /// The fragment of this round: synchronised (pseudo-gradient) or averaged (commit).
+    pub(super) fragment: std::ops::Range<usize>,
+    /// The merge's mix.
+    pub(super) mix: f32,
 }
 
 impl OuterJob {
@@ -143,6 +157,7 @@ impl OuterJob {
             want_snapshot: false,
             snapshot: None,
             params,
+            round: None,
             done: false,
         }
     }
@@ -163,6 +178,16 @@ impl OuterJob {
         self.params
     }
 
+    /// The share of the model whose per-parameter cost the job is charged (a modelled cost):
+    /// all of it, or in overlap modes one fragment's share (a round merges one fragment and
+    /// synchronises one, a commit updates one).
+    pub fn cost_share(&self) -> f64 {
+        match &self.round {
+            Some(r) if self.params > 0 => r.fragment.len() as f64 / self.params as f64,
+            _ => 1.0,
+        }
+    }
+
     /// Does the work (once; a second call is a no-op). O(model): run it where the executor's
     /// event loop does not wait for it.
     pub fn run(&mut self) {
@@ -171,6 +196,21 @@ impl OuterJob {
         }
         self.done = true;
         match self.kind {
+            OuterKind::PseudoGradient if self.round.is_some() => {
+                self.run_round();
+                return;
+            }
+            OuterKind::Commit if self.round.is_some() => {
+                let fragment = self.round.as_ref().map(|r| r.fragment.clone()).unwrap_or(0..0);
+                let applied = match self.values.as_deref() {
+                    Some(avg) => self.outer.apply_outer_step_to(fragment, avg).is_ok(),
+                    None => false,
+                };
+                if !applied {
+                    // No result (a violation the machine reported): the count of steps stays.
+                    self.outer.skip_outer_step();
+                }
+            }
             OuterKind::PseudoGradient => {
                 if self.outer.is_empty() {
                     return;
@@ -201,7 +241,10 @@ impl OuterJob {
                 // No result (a violation the machine reported): the count of steps stays right.
                 _ => self.outer.skip_outer_step(),
             },
-            OuterKind::Skip => self.outer.skip_outer_step(),
+            OuterKind::Skip => match &self.round {
+                Some(r) => self.outer.skip_round(r.fragment.clone()),
+                None => self.outer.skip_outer_step(),
+            },
         }
         if self.want_digest {
             self.digest = Some(weights_digest(self.outer.outer()));
@@ -213,6 +256,30 @@ impl OuterJob {
             let (outer, momentum) = (self.outer.outer().to_vec(), self.outer.momentum().to_vec());
             self.snapshot = Some(Snapshot { outer, momentum });
         }
+    }
+}
+
+impl OuterJob {
+    /// The end of a round of overlapped or streaming DiLoCo: merge, then sync
+    /// ([`OuterState::overlap_round`]) on the inner weights in place, which become the next
+    /// round's parameters; the copy is this round's fragment of the pseudo-gradient.
+    fn run_round(&mut self) {
+        let Some(r) = self.round.clone() else { return };
+        if self.outer.is_empty() {
+            return; // lengths only
+        }
+        let Some(mut inner) = self.values.take() else { return };
+        match self.outer.overlap_round(&mut inner, r.merge, r.fragment.clone(), r.mix, self.valid) {
+            Ok(bad) => self.nonfinite = bad,
+            Err(e) => {
+                tracing::warn!(target: "loco_core", "round of step {}: {e}", self.outer_step);
+                return;
+            }
+        }
+        if self.want_copy {
+            self.copy = self.outer.pseudo_gradient().get(r.fragment).map(<[f32]>::to_vec);
+        }
+        self.values = Some(inner);
     }
 }
 

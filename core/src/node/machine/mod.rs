@@ -44,13 +44,14 @@
 
 mod effect;
 
+use effect::RoundJob;
 pub use effect::{
     Check, Effect, NodeEvent, OuterJob, OuterKind, PreparedState, Snapshot, StateJob, VerifyResult,
     Violation,
 };
 
 use crate::codec::CodecKind;
-use crate::diloco::{OuterConfig, OuterState};
+use crate::diloco::{OuterConfig, OuterState, Schedule};
 use crate::ids::{Epoch, NodeId};
 use crate::mesh::{
     AllReduceStart, JoinMode, LeaveReason, Member, MemberAction, MemberPhase, MeshConfig,
@@ -113,8 +114,11 @@ pub struct NodeConfig {
     pub outer: OuterConfig,
     /// Real values or lengths only.
     pub numerics: Numerics,
-    /// Inner steps per outer step (`H`).
+    /// Inner steps per outer step (`H`; per round in streaming mode, `H / P`).
     pub inner_steps: u64,
+    /// The DiLoCo mode and the fragment each round synchronises (its fragments must tile the
+    /// model's parameters).
+    pub schedule: Schedule,
     /// Tokens one inner step processes (for the rows).
     pub batch_tokens: u64,
     /// Ask for a checkpoint after every this many outer steps (`None`: never).
@@ -223,6 +227,35 @@ struct Fetch {
 /// answers one joiner's asks in one assignment; past it `sync_timeout` decides.
 const MAX_ASKS: u32 = 8;
 
+/// The inner steps of a round in overlap and streaming modes, started by the machine (as the
+/// node arrives at the previous round's barrier, or when the member asks for a first round).
+#[derive(Debug)]
+struct Ahead {
+    outer_step: u64,
+    /// They started from weights of the mesh's state (a synced node).
+    valid: bool,
+    /// Their result, when it came before the member asked for the step (the previous commit
+    /// had not come yet).
+    result: Option<Computed>,
+}
+
+/// What inner steps returned.
+#[derive(Debug)]
+struct Computed {
+    inner: Option<Vec<f32>>,
+    loss: Option<f64>,
+    tokens: u64,
+}
+
+/// Overlap modes: the row of a round whose time ended (the next round computes) and whose
+/// all-reduce has not committed yet: written at its commit, with the weights after it.
+#[derive(Debug)]
+struct Closing {
+    acct: StepAcct,
+    end: Time,
+    bytes: u64,
+}
+
 /// A transfer this node sends (its joiner may ask for pieces again).
 struct Serving {
     epoch: Epoch,
@@ -260,6 +293,14 @@ pub struct Node {
     params_current: bool,
     /// A copy of the pseudo-gradient made by its job: the next all-reduce's input.
     ring_input: Option<Vec<f32>>,
+    /// Overlap and streaming modes: the inner steps under way (or done, waiting for the member).
+    ahead: Option<Ahead>,
+    /// When the all-reduce of the step under way was first released.
+    released_at: Option<Time>,
+    /// Overlap modes: the row of the round whose all-reduce runs.
+    closing: Option<Closing>,
+    /// The digest of the outer weights after the last commit (overlap rows close before it).
+    last_digest: String,
     /// A verified state that came back while the outer state was lent: taken on its return.
     verified: Option<Verified>,
     early: EarlyPieces,
@@ -299,6 +340,10 @@ impl Node {
             digest_cache: None,
             params_current: true,
             ring_input: None,
+            ahead: None,
+            released_at: None,
+            closing: None,
+            last_digest: String::new(),
             verified: None,
             early: EarlyPieces::default(),
             suspended: false,
@@ -335,6 +380,9 @@ impl Node {
         self.digest_cache = None;
         self.params_current = false;
         self.ring_input = None;
+        self.ahead = None;
+        self.released_at = None;
+        self.closing = None;
         self.verified = None;
         self.early.clear();
         self.transmits.clear();
@@ -511,7 +559,9 @@ impl Node {
         }
         self.suspended = true;
         // The executor pauses the work it runs for the machine: its time is idle meanwhile.
-        if matches!(self.work, Work::Computing { .. } | Work::Outer { .. }) {
+        if matches!(self.work, Work::Computing { .. } | Work::Outer { .. })
+            || self.computing_ahead()
+        {
             if let Some(a) = &mut self.acct {
                 a.leave(now);
             }
@@ -525,6 +575,7 @@ impl Node {
         }
         self.suspended = false;
         let span = match self.work {
+            _ if self.computing_ahead() => Some(Span::Compute),
             Work::Computing { .. } => Some(Span::Compute),
             Work::Outer { .. } => Some(Span::Outer),
             _ => None,
@@ -562,25 +613,49 @@ impl Node {
         loss: Option<f64>,
         tokens: u64,
     ) {
+        let done = Computed { inner, loss, tokens };
         if !matches!(self.work, Work::Computing { outer_step: s } if s == outer_step) {
+            // Overlap: the round's inner steps are done before the member asks for them (the
+            // previous round's commit has not come): the result waits, and so does the node.
+            if let Some(a) = self.ahead.as_mut().filter(|a| a.outer_step == outer_step) {
+                if a.result.is_none() {
+                    a.result = Some(done);
+                    self.wait_span(now);
+                }
+            }
             return;
         }
+        self.round_done(now, outer_step, done);
+        self.pump(now);
+    }
+
+    /// The inner steps of `outer_step`, the step the node computes, are done: the
+    /// pseudo-gradient's job (with the merge of the previous fragment in overlap modes).
+    fn round_done(&mut self, now: Time, outer_step: u64, done: Computed) {
         // The inner loop moved: the next compute starts from parameters set again.
         self.params_current = false;
         if let Some(a) = &mut self.acct {
-            a.trained(tokens, loss);
+            a.trained(done.tokens, done.loss);
         }
-        let valid = self.grad_step == Some(outer_step);
+        let valid = match self.ahead.take() {
+            Some(a) if a.outer_step == outer_step => a.valid,
+            _ => self.grad_step == Some(outer_step),
+        };
+        let round = self.overlaps().then(|| RoundJob {
+            merge: self.cfg.schedule.merged(outer_step),
+            fragment: self.cfg.schedule.fragment(outer_step),
+            mix: self.cfg.schedule.mix,
+        });
         match self.lend(OuterKind::PseudoGradient, outer_step, now) {
             Some(mut job) => {
-                job.values = inner;
+                job.values = done.inner;
                 job.valid = valid;
+                job.round = round;
                 self.work = Work::Outer { then: AfterOuter::Barrier { outer_step } };
                 self.effects.push_back(Effect::Outer(job));
             }
             None => self.work = Work::Idle,
         }
-        self.pump(now);
     }
 
     /// An [`OuterJob`] comes back (run or not: it is run here if the executor did not).
@@ -595,6 +670,7 @@ impl Node {
             }
         };
         let average = job.values.take();
+        let valid = job.valid;
         let nonfinite = job.nonfinite;
         let of = job.outer.len();
         let digest = job.digest.take();
@@ -605,8 +681,12 @@ impl Node {
             AfterOuter::Barrier { outer_step } => {
                 self.ring_input = copy;
                 self.work = Work::Barrier;
-                if let Some(a) = &mut self.acct {
-                    a.enter(Span::Barrier, now);
+                if self.overlaps() {
+                    // The next round computes while this one's all-reduce runs.
+                    self.grad_step = (valid && self.synced).then_some(outer_step);
+                    self.start_ahead(now, outer_step + 1, average);
+                } else {
+                    self.enter(Span::Barrier, now);
                 }
                 if nonfinite > 0 {
                     // A diverged inner loop: averaging it would spread NaN (fp32, fp16) or hide
@@ -622,31 +702,48 @@ impl Node {
             }
             AfterOuter::Commit { epoch, outer_step } => {
                 self.work = Work::Idle;
-                self.set_params_from(copy);
-                let avg = average.filter(|a| Some(a.len()) == self.outer.as_ref().map(|o| o.len()));
-                self.log_result(outer_step, avg);
+                let fragment = self.cfg.schedule.fragment(outer_step);
                 let hash = digest.unwrap_or_default();
                 if !hash.is_empty() {
                     let c = Check::WeightsAfter { outer_step, hash: hash.clone() };
                     self.effects.push_back(Effect::Check(c));
                 }
-                if let Some(a) = &mut self.acct {
+                self.last_digest.clone_from(&hash);
+                if let Some(a) = self.step_row(outer_step) {
                     a.set_epoch(epoch);
                 }
-                self.close_row(outer_step, now, hash);
+                if self.overlaps() {
+                    // The inner weights are this node's trajectory: the merge at the end of the
+                    // round under way takes the update. The round's row, whose time ended at its
+                    // barrier, is written now with the weights after its step.
+                    let avg = average.filter(|a| a.len() == fragment.len());
+                    self.log_fragment(outer_step, fragment.start, avg);
+                    self.emit_closing(outer_step, hash);
+                } else {
+                    self.set_params_from(copy);
+                    let len = self.outer.as_ref().map(|o| o.len());
+                    self.log_result(outer_step, average.filter(|a| Some(a.len()) == len));
+                    self.close_row(outer_step, now, hash);
+                }
                 if self.checkpoint_due(outer_step) {
                     self.effects.push_back(Effect::Checkpoint { outer_step, snapshot });
                 }
             }
             AfterOuter::Skip { epoch, outer_step, attempts } => {
                 self.work = Work::Idle;
-                self.set_params_from(copy);
+                self.released_at = None;
                 self.log_result(outer_step, None);
-                if let Some(a) = &mut self.acct {
+                if let Some(a) = self.step_row(outer_step) {
                     a.set_epoch(epoch);
                     a.set_retries(attempts.saturating_sub(1));
                 }
-                self.close_row(outer_step, now, digest.unwrap_or_default());
+                if self.overlaps() {
+                    let hash = self.last_digest.clone();
+                    self.emit_closing(outer_step, hash);
+                } else {
+                    self.set_params_from(copy);
+                    self.close_row(outer_step, now, digest.unwrap_or_default());
+                }
             }
         }
         // A state that completed, or was verified, while the outer state was away.
@@ -711,12 +808,11 @@ impl Node {
 
     fn lend(&mut self, kind: OuterKind, outer_step: u64, now: Time) -> Option<OuterJob> {
         let outer = self.outer.take()?;
-        if let Some(a) = &mut self.acct {
-            a.enter(Span::Outer, now);
-        }
+        self.enter(Span::Outer, now);
         let mut job = OuterJob::new(outer, kind, outer_step, self.params());
         job.want_digest = self.real && self.synced && kind != OuterKind::PseudoGradient;
-        job.want_copy = self.real;
+        // Overlap modes set no parameters after a commit or a skip: no copy of the weights.
+        job.want_copy = self.real && (kind == OuterKind::PseudoGradient || !self.overlaps());
         job.want_snapshot =
             self.real && kind == OuterKind::Commit && self.checkpoint_due(outer_step);
         Some(job)
@@ -753,9 +849,115 @@ impl Node {
         }
     }
 
+    /// [`log_result`](Self::log_result) of a fragment's average from `offset` on.
+    fn log_fragment(&mut self, outer_step: u64, offset: usize, avg: Option<Vec<f32>>) {
+        match &mut self.fetch {
+            Some(f) => f.log.push_fragment(outer_step, offset, avg),
+            None => self.early.clear(),
+        }
+    }
+
+    /// Whether the inner steps go on while the all-reduce runs (overlap, streaming).
+    fn overlaps(&self) -> bool {
+        self.cfg.schedule.mode.overlaps()
+    }
+
+    /// Whether the inner steps of a round are running (overlap modes): the row stays in its
+    /// compute span whatever the mesh does meanwhile.
+    fn computing_ahead(&self) -> bool {
+        self.ahead.as_ref().is_some_and(|a| a.result.is_none())
+    }
+
+    /// The node starts `span` in its row, unless its inner steps run beside it.
+    fn enter(&mut self, span: Span, now: Time) {
+        if span != Span::Compute && self.computing_ahead() {
+            return;
+        }
+        if let Some(a) = &mut self.acct {
+            a.enter(span, now);
+        }
+    }
+
+    /// Overlap modes: the inner steps are done and the node waits; its row enters the span of
+    /// what it waits for.
+    fn wait_span(&mut self, now: Time) {
+        let span = match self.work {
+            Work::Barrier => Some(Span::Barrier),
+            Work::Reducing(_) | Work::Reduced { .. } => Some(Span::AllReduce),
+            Work::Outer { .. } => Some(Span::Outer),
+            Work::Idle | Work::Computing { .. } | Work::Stopped => None,
+        };
+        if let Some(a) = &mut self.acct {
+            match span {
+                Some(s) if !self.suspended => a.enter(s, now),
+                _ => a.leave(now),
+            }
+        }
+    }
+
+    /// Overlap modes: the inner steps of `step` start now, from `params` (the merged weights of
+    /// the round that ended; `None`: as set), before the member asks for them. The row of the
+    /// round that ended closes here and `step`'s opens: rows tile the node's time.
+    fn start_ahead(&mut self, now: Time, step: u64, params: Option<Vec<f32>>) {
+        let len = self.outer.as_ref().map(OuterState::len);
+        match params {
+            Some(p) if self.real && Some(p.len()) == len => {
+                self.effects.push_back(Effect::SetParams(p));
+            }
+            _ => self.set_params(),
+        }
+        // The inner weights are a local trajectory, not the global weights.
+        self.params_current = false;
+        if let Some(mut a) = self.acct.take() {
+            // The round's time ends here; its row waits for its all-reduce's commit.
+            if let Some(c) = self.closing.take() {
+                let hash = self.last_digest.clone();
+                let row = c.acct.close(c.end, c.bytes, &self.cfg.row, hash);
+                self.effects.push_back(Effect::Row(row));
+            }
+            a.leave(now);
+            self.closing = Some(Closing { acct: a, end: now, bytes: self.bytes_queued() });
+        }
+        self.open_row(step, now);
+        self.ahead = Some(Ahead { outer_step: step, valid: self.synced, result: None });
+        if !self.suspended {
+            self.enter(Span::Compute, now);
+        }
+        let epoch = self.member.epoch().unwrap_or_default();
+        let inner_steps = self.cfg.inner_steps;
+        self.effects.push_back(Effect::Compute { epoch, outer_step: step, inner_steps });
+    }
+
+    /// The row that accounts `step`'s all-reduce: the open one, or in overlap modes the row
+    /// of a round waiting for its commit.
+    fn step_row(&mut self, step: u64) -> Option<&mut StepAcct> {
+        if self.closing.as_ref().is_some_and(|c| c.acct.step() == step) {
+            return self.closing.as_mut().map(|c| &mut c.acct);
+        }
+        self.acct.as_mut().filter(|a| a.step() == step)
+    }
+
+    /// Writes the row of `step` parked by [`start_ahead`](Self::start_ahead), with `hash`.
+    fn emit_closing(&mut self, step: u64, hash: String) {
+        if self.closing.as_ref().is_none_or(|c| c.acct.step() != step) {
+            return;
+        }
+        if let Some(c) = self.closing.take() {
+            let row = c.acct.close(c.end, c.bytes, &self.cfg.row, hash);
+            self.effects.push_back(Effect::Row(row));
+        }
+    }
+
     fn open_row(&mut self, step: u64, now: Time) {
         if self.acct.as_ref().is_some_and(|a| a.step() == step) {
             return;
+        }
+        if self.overlaps() {
+            // A row left open by a round whose commit never came here (a fresh start).
+            if let Some(prev) = self.outer_step() {
+                let hash = self.last_digest.clone();
+                self.close_row(prev, now, hash);
+            }
         }
         let epoch = self.member.epoch().unwrap_or_default();
         self.acct = Some(StepAcct::open(step, now, epoch, self.bytes_queued()));
@@ -844,7 +1046,12 @@ impl Node {
             }
             MemberAction::Commit { epoch, outer_step } => self.commit(epoch, outer_step, now),
             MemberAction::SkipStep { epoch, outer_step, attempts } => {
-                if let Some(job) = self.lend(OuterKind::Skip, outer_step, now) {
+                if let Some(mut job) = self.lend(OuterKind::Skip, outer_step, now) {
+                    if self.overlaps() {
+                        let fragment = self.cfg.schedule.fragment(outer_step);
+                        let mix = self.cfg.schedule.mix;
+                        job.round = Some(RoundJob { merge: None, fragment, mix });
+                    }
                     self.work =
                         Work::Outer { then: AfterOuter::Skip { epoch, outer_step, attempts } };
                     self.effects.push_back(Effect::Outer(job));
@@ -887,6 +1094,26 @@ impl Node {
                 tracing::debug!(target: "loco_core", "{}: sync report refused: {e}", self.cfg.id);
             }
         }
+        if self.overlaps() {
+            if let Some(a) = self.ahead.as_mut().filter(|a| a.outer_step == step) {
+                // Running since the barrier of the step before (or done already).
+                let result = a.result.take();
+                if let Some(acct) = &mut self.acct {
+                    acct.set_epoch(epoch);
+                }
+                self.work = Work::Computing { outer_step: step };
+                if let Some(done) = result {
+                    self.round_done(now, step, done);
+                }
+                return;
+            }
+            // A fresh start (a founding member, a joiner, a node whose round was lost): the
+            // local trajectory starts at the global weights.
+            if let (true, Some(o)) = (self.real, self.outer.as_mut()) {
+                o.anchor_here();
+            }
+            self.ahead = Some(Ahead { outer_step: step, valid: self.synced, result: None });
+        }
         self.grad_step = self.synced.then_some(step);
         if !self.params_current {
             self.set_params();
@@ -894,9 +1121,9 @@ impl Node {
         self.open_row(step, now);
         if let Some(a) = &mut self.acct {
             a.set_epoch(epoch);
-            if !self.suspended {
-                a.enter(Span::Compute, now);
-            }
+        }
+        if !self.suspended {
+            self.enter(Span::Compute, now);
         }
         self.work = Work::Computing { outer_step: step };
         let inner_steps = self.cfg.inner_steps;
@@ -911,8 +1138,19 @@ impl Node {
         if result.is_none() {
             self.violation(Violation::CommitWithoutResult { outer_step: step, epoch });
         }
+        // The all-reduce from its first release to this commit, whether the node waited for
+        // it or (overlap modes) computed beside it.
+        if let Some(t0) = self.released_at.take() {
+            if let Some(a) = self.step_row(step) {
+                a.set_allreduce_wall(now.saturating_since(t0));
+            }
+        }
         let Some(mut job) = self.lend(OuterKind::Commit, step, now) else { return };
         job.values = result.flatten();
+        if self.overlaps() {
+            let fragment = self.cfg.schedule.fragment(step);
+            job.round = Some(RoundJob { merge: None, fragment, mix: self.cfg.schedule.mix });
+        }
         self.work = Work::Outer { then: AfterOuter::Commit { epoch, outer_step: step } };
         self.effects.push_back(Effect::Outer(job));
     }
@@ -920,19 +1158,30 @@ impl Node {
     fn start_allreduce(&mut self, start: AllReduceStart, now: Time) {
         self.work = Work::Idle;
         self.check_release(&start);
-        if let Some(a) = &mut self.acct {
-            a.enter(Span::AllReduce, now);
+        self.enter(Span::AllReduce, now);
+        if let Some(a) = self.step_row(start.outer_step) {
             let world = u32::try_from(start.ring.len()).unwrap_or(u32::MAX);
             a.ring(start.epoch, world, f64::from(start.weight.get()), start.attempt);
         }
+        self.released_at.get_or_insert(now);
         let input = self.ring_input.take();
+        // The values this round reduces: every value, or its fragment (streaming).
+        let fragment = match self.overlaps() {
+            true => self.cfg.schedule.fragment(start.outer_step),
+            false => 0..self.params_len(),
+        };
         let values = match (&self.outer, self.real) {
             // The copy the pseudo-gradient's job made (a retry copies again).
             (Some(o), true) => match input {
-                Some(g) if g.len() == o.len() => Values::Real(g),
-                _ => Values::Real(o.pseudo_gradient().to_vec()),
+                Some(g) if g.len() == fragment.len() => Values::Real(g),
+                _ => Values::Real(
+                    o.pseudo_gradient()
+                        .get(fragment.clone())
+                        .map(<[f32]>::to_vec)
+                        .unwrap_or_default(),
+                ),
             },
-            _ => Values::Virtual(self.params_len()),
+            _ => Values::Virtual(fragment.len()),
         };
         let (epoch, op) = (start.epoch, start.op);
         let rings = match ShardRings::new(
@@ -1332,6 +1581,7 @@ mod tests {
             outer: OuterConfig::default(),
             numerics: Numerics::Real { initial: vec![0.5; 1000] },
             inner_steps: 10,
+            schedule: Schedule::sync(1000),
             batch_tokens: 100,
             checkpoint_every: None,
             state_pieces: StatePieces::Clamped,

@@ -14,8 +14,12 @@ pub const DEFAULT_REPLAY_STEPS: usize = 64;
 #[derive(Clone, Debug, PartialEq)]
 pub struct ReplayLog {
     cap: usize,
-    entries: VecDeque<(u64, Option<Vec<f32>>)>,
+    entries: VecDeque<(u64, Option<Average>)>,
 }
+
+/// A step's average: `(None, average)` of every value, `(Some(at), average)` of a fragment
+/// from `at` on.
+type Average = (Option<usize>, Vec<f32>);
 
 impl Default for ReplayLog {
     fn default() -> Self {
@@ -32,6 +36,16 @@ impl ReplayLog {
     /// Records the result of `outer_step` (`None`: skipped). Steps are kept in increasing
     /// order: entries at or after `outer_step` (a step recorded again) are replaced.
     pub fn push(&mut self, outer_step: u64, average: Option<Vec<f32>>) {
+        self.record(outer_step, average.map(|a| (None, a)));
+    }
+
+    /// [`push`](Self::push) for a step that averaged only the values from `offset` on (a
+    /// fragment of streaming DiLoCo, as long as `average`).
+    pub fn push_fragment(&mut self, outer_step: u64, offset: usize, average: Option<Vec<f32>>) {
+        self.record(outer_step, average.map(|a| (Some(offset), a)));
+    }
+
+    fn record(&mut self, outer_step: u64, average: Option<Average>) {
         while self.entries.back().is_some_and(|(s, _)| *s >= outer_step) {
             self.entries.pop_back();
         }
@@ -68,14 +82,18 @@ impl ReplayLog {
     /// unchanged. Overwrites the pseudo-gradient buffer when it applies anything.
     pub fn replay_onto(&self, outer: &mut OuterState) -> Result<usize, StateError> {
         let start = outer.steps();
-        let todo: Vec<&(u64, Option<Vec<f32>>)> =
+        let todo: Vec<&(u64, Option<Average>)> =
             self.entries.iter().filter(|(s, _)| *s >= start).collect();
         for (expect, (step, g)) in (start..).zip(&todo) {
             if *step != expect {
                 return Err(StateError::Gap { need: expect, next: *step });
             }
-            if let Some(g) = g {
-                if g.len() != outer.len() {
+            if let Some((at, g)) = g {
+                let fits = match at {
+                    None => g.len() == outer.len(),
+                    Some(at) => at.checked_add(g.len()).is_some_and(|end| end <= outer.len()),
+                };
+                if !fits {
                     return Err(StateError::ReplayLength {
                         step: *step,
                         expected: outer.len(),
@@ -86,9 +104,17 @@ impl ReplayLog {
         }
         for (_, g) in &todo {
             match g {
-                Some(g) => {
+                Some((None, g)) => {
                     outer.pseudo_gradient_mut().copy_from_slice(g);
                     outer.apply_outer_step();
+                }
+                Some((Some(at), g)) => {
+                    let range = *at..*at + g.len();
+                    outer.apply_outer_step_to(range, g).map_err(|_| StateError::ReplayLength {
+                        step: outer.steps(),
+                        expected: outer.len(),
+                        got: at + g.len(),
+                    })?;
                 }
                 None => outer.skip_outer_step(),
             }
