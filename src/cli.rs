@@ -513,6 +513,10 @@ pub(crate) struct QualityBench {
     /// Streaming DiLoCo's fragments (a divisor of --inner-steps).
     #[arg(long, value_name = "P", default_value_t = 5)]
     pub(crate) fragments: u32,
+    /// The --mode runs' mix (`[diloco] mix`): the share of the local weights kept against the
+    /// eager outer step at each sync, in [0, 1).
+    #[arg(long, default_value_t = 0.0)]
+    pub(crate) mix: f32,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub(crate) json: bool,

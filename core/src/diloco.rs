@@ -29,8 +29,12 @@
 //!    merge) goes into the all-reduce, and the inner weights take an *eager* outer step with
 //!    `own` standing in for the average on the way (the outer optimiser's step from `G` and
 //!    the momentum, as the commit will apply it): `inner += (1 - mix) * (eager - inner)`, then
-//!    `A = inner`. Without it the outer momentum would act on gradients a round stale, and the
-//!    overlapped run oscillates (`loco bench quality --mode overlap` measured +6% eval loss).
+//!    `A = inner`. Without it the outer momentum acts on pseudo-gradients a round stale
+//!    (`loco bench quality`: +6.2% eval loss in overlap mode, +0.97% streaming; with it +5.2%
+//!    and +0.6%). Eager Updates' estimate (Kale et al. 2025: this node's share of its fresh
+//!    pseudo-gradient plus the others' part of their last average) made the overlapped run
+//!    oscillate here (+50%): consecutive pseudo-gradients were not alike enough to stand in
+//!    for each other, while the node's own fresh one is.
 //!
 //! Every inner step's progress is counted in exactly one pseudo-gradient (with `mix = 0`), and
 //! `G` and the momentum stay bit-identical on every replica (they change only by averaged

@@ -374,6 +374,9 @@ pub(crate) fn run(args: &QualityBench) -> Result<QualityReport> {
     if args.inner_steps.checked_mul(args.outer_steps).is_none_or(|t| t > MAX_STEPS) {
         return Err(bad("--inner-steps x --outer-steps", &format!("at most {MAX_STEPS} steps")));
     }
+    if !(0.0..1.0).contains(&args.mix) {
+        return Err(bad("--mix", "a value in [0, 1)"));
+    }
     let streams = args.modes.contains(&loco_core::diloco::Mode::Streaming);
     if streams
         && (args.fragments == 0 || !args.inner_steps.is_multiple_of(u64::from(args.fragments)))
@@ -464,7 +467,7 @@ pub(crate) fn run(args: &QualityBench) -> Result<QualityReport> {
     }
     let mode_runs = modes
         .iter()
-        .map(|&m| plan.diloco_mode(m, args.mode_codec, args.fragments))
+        .map(|&m| plan.diloco_mode(m, args.mode_codec, args.fragments, args.mix))
         .collect::<Result<Vec<_>>>()?;
     let dp = plan.data_parallel()?;
     let diloco_vs_single = fp32.final_eval_loss / single.final_eval_loss - 1.0;
@@ -837,6 +840,7 @@ impl Plan<'_> {
         mode: loco_core::diloco::Mode,
         codec: loco_core::codec::CodecKind,
         fragments: u32,
+        mix: f32,
     ) -> Result<RunReport> {
         use loco_core::diloco::{Mode, OuterState, Schedule, buckets_from_sizes};
         let name = format!("{mode}-{codec}");
@@ -850,7 +854,7 @@ impl Plan<'_> {
         let init = trainers[0].flat_params()?;
         let layout = trainers[0].param_layout();
         let layers: Vec<usize> = layout.iter().map(|(_, n)| *n).collect();
-        let schedule = Schedule::new(mode, init.len(), &layers, fragments, 0.0);
+        let schedule = Schedule::new(mode, init.len(), &layers, fragments, mix);
         let p = if mode == Mode::Streaming { u64::from(fragments.max(1)) } else { 1 };
         let round_steps = self.inner_steps / p;
         let buckets = buckets_from_sizes(layout);
@@ -887,7 +891,8 @@ impl Plan<'_> {
                     rec.train_loss(t.inner_step(&batch)?.loss);
                 }
                 t.flat_params_into(&mut inner)?;
-                o.overlap_round(&mut inner, schedule.merged(round), fragment.clone(), 0.0, true)?;
+                let merge = schedule.merged(round);
+                o.overlap_round(&mut inner, merge, fragment.clone(), mix, true)?;
                 t.set_flat_params(&inner)?;
                 sent.push(o.pseudo_gradient()[fragment.clone()].to_vec());
             }
