@@ -118,3 +118,27 @@ fn a_scenario_of_256_nodes_starts_without_a_panic() {
     assert_eq!(s["simulated_seconds"], 1.0, "{s:#}");
     assert_eq!(s["invariants"]["ok"], true, "{s:#}");
 }
+
+/// `--mode` replays the scenario in another DiLoCo mode on the same links: streaming runs
+/// `fragments` rounds per outer step, and the summary and the terminal say which mode ran; a
+/// fragment count that does not divide H is refused naming the flag.
+#[test]
+fn replay_mode_overrides_the_scenarios_diloco_mode() {
+    let ctx = TestContext::new();
+    let out = ctx.path().join("streaming");
+    let o =
+        replay(&ctx, "scenarios/small.toml", &out, &["--mode", "streaming", "--fragments", "2"]);
+    assert_eq!(o.status.code(), Some(0), "stdout: {}\nstderr: {}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("rounds of streaming DiLoCo (2 fragments"), "{}", stdout(&o));
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["extra"]["diloco_mode"], "streaming");
+    let s = loco_core::scenario::Scenario::load(TestContext::repo().join("scenarios/small.toml"))
+        .unwrap();
+    let steps = s.stop().outer_steps.expect("small.toml stops after outer steps");
+    assert_eq!(summary["outer_steps"].as_u64(), Some(2 * steps), "two rounds per outer step");
+    let bad =
+        replay(&ctx, "scenarios/small.toml", &out, &["--mode", "streaming", "--fragments", "3"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(stderr(&bad).contains("--mode streaming: fragments = 3"), "{}", stderr(&bad));
+}
