@@ -35,6 +35,18 @@
 //! }
 //! ```
 //!
+//! # Overlapped and streaming DiLoCo
+//!
+//! With [`NodeConfig::schedule`] in an overlapping [`Mode`](crate::diloco::Mode), the machine
+//! starts the next round's inner steps itself as it arrives at a round's barrier (its member
+//! asks for them only after the commit), so the all-reduce runs beside them; the member's later
+//! `Compute` finds them under way, or done and waiting. The end of a round's inner steps waits
+//! for the previous round's commit, then one [`OuterJob`] merges that round's fragment and
+//! syncs this round's ([`OuterState::overlap_round`]). Rows tile the node's time: a row ends
+//! where the next round's inner steps begin, and is written at its own all-reduce's commit,
+//! with the weights after it; while the inner steps run, the mesh's phases do not change the
+//! row's span, and when they are done and wait, the row enters the span of what they wait for.
+//!
 //! O(model) work never runs inside the machine's inputs on the sender's or the committer's
 //! path: applying the outer step, the pseudo-gradient, encoding and verifying a state are jobs
 //! ([`Effect::Outer`], [`Effect::PrepareState`], [`Effect::VerifyState`]) that the executor runs
