@@ -717,9 +717,231 @@ impl Plot for Loss {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// 6. Compute and all-reduce side by side on a timeline, one lane per node.
+
+/// Most lanes (nodes) the timeline draws: the first ones by node id.
+const TIMELINE_LANES: usize = 40;
+/// Most outer steps the timeline draws, from the first one present.
+const TIMELINE_STEPS: u64 = 30;
+/// Seconds under which two durations are taken as equal.
+const TIMELINE_EPS: f64 = 1e-6;
+/// Width of the timeline's legend column, in pixels.
+const TIMELINE_LEGEND_WIDTH: u32 = 150;
+
+/// One node's lane: its name and its bars, in seconds since the run started.
+struct Lane {
+    name: String,
+    /// `[start, end)` of each row's inner steps.
+    compute: Vec<(f64, f64)>,
+    /// `[start, end)` of each row's all-reduce.
+    allreduce: Vec<(f64, f64)>,
+}
+
+/// Compute and all-reduce on a timeline, one lane per node (upper half: compute, lower half:
+/// all-reduce), so that one sees whether the all-reduces run beside the compute (overlapped and
+/// streaming DiLoCo) or stop it (sync DiLoCo).
+///
+/// The rows do not say when within a row each part happened, only how long it took, so the bars
+/// are placed as follows:
+///
+/// - compute: `[start_s, start_s + compute_s]`, in every mode (the inner steps start the row);
+/// - all-reduce of a row whose all-reduce lies inside it (sync: `allreduce_wall_s` equals
+///   `allreduce_s`, or is 0 in files written before that column): `allreduce_s` ending where
+///   the commit's outer step and the checkpoint begin, `[e - allreduce_s, e]` with
+///   `e = end_s - outer_s - checkpoint_s`, kept after the compute. That is after the compute,
+///   the recovery and the barrier wait, the order in which a node spends a row; idle seconds
+///   (0 in the simulator) would shift it;
+/// - all-reduce of an overlapped row (`allreduce_wall_s > allreduce_s`: the row ended when the
+///   node reached the barrier, and its all-reduce ran beside the next row's compute):
+///   `[end_s, end_s + allreduce_wall_s]`. The barrier wait before its release is not recorded,
+///   so the bar may start a little early.
+///
+/// At most [`TIMELINE_LANES`] lanes (the first nodes by id) and the first [`TIMELINE_STEPS`]
+/// outer steps present are drawn; the title says when either was cut.
+struct Timeline {
+    /// In node id order (then name), first node first.
+    lanes: Vec<Lane>,
+    /// Nodes in the run, when more than the lanes drawn.
+    nodes_total: Option<usize>,
+    /// Whether later outer steps were left out.
+    steps_cut: bool,
+    /// Whether some all-reduce bar was drawn from its row's end (overlapped rows).
+    overlapped: bool,
+    /// The time span drawn, in seconds.
+    span: (f64, f64),
+    unit: Unit,
+}
+
+impl Timeline {
+    fn new(rows: &[OuterStepRow]) -> Timeline {
+        let finite = |x: f64| if x.is_finite() && x > 0.0 { x } else { 0.0 };
+        let mut rows: Vec<&OuterStepRow> = rows
+            .iter()
+            .filter(|r| r.start_s.is_finite() && r.end_s.is_finite() && r.end_s >= r.start_s)
+            .collect();
+        // A fixed order whatever the order of the file: node id, name, outer step, start.
+        rows.sort_by(|a, b| {
+            (a.node_id, &a.node, a.outer_step)
+                .cmp(&(b.node_id, &b.node, b.outer_step))
+                .then(a.start_s.total_cmp(&b.start_s))
+        });
+        let first_step = rows.iter().map(|r| r.outer_step).min().unwrap_or(0);
+        let last_step = first_step.saturating_add(TIMELINE_STEPS);
+        let steps_cut = rows.iter().any(|r| r.outer_step >= last_step);
+        let mut lanes: Vec<Lane> = Vec::new();
+        let mut keys: Vec<(u32, &str)> = Vec::new();
+        let mut overlapped = false;
+        let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
+        for r in rows {
+            let key = (r.node_id, r.node.as_str());
+            if keys.last() != Some(&key) {
+                keys.push(key);
+                if keys.len() <= TIMELINE_LANES {
+                    let name = label_text(&r.node);
+                    lanes.push(Lane { name, compute: Vec::new(), allreduce: Vec::new() });
+                }
+            }
+            if keys.len() > TIMELINE_LANES || r.outer_step >= last_step {
+                continue;
+            }
+            let Some(lane) = lanes.last_mut() else { continue };
+            let (start, end) = (r.start_s, r.end_s);
+            lo = lo.min(start);
+            hi = hi.max(end);
+            let compute_end = (start + finite(r.compute_s)).min(end);
+            if compute_end > start {
+                lane.compute.push((start, compute_end));
+            }
+            let (wall, waited) = (finite(r.allreduce_wall_s), finite(r.allreduce_s));
+            if wall > waited + TIMELINE_EPS {
+                // Overlapped: the all-reduce ran after the row, beside the next row's compute.
+                overlapped = true;
+                lane.allreduce.push((end, end + wall));
+                hi = hi.max(end + wall);
+            } else if waited > 0.0 {
+                // Inside the row: it ends where the commit's outer step and checkpoint begin.
+                let b = (end - finite(r.outer_s) - finite(r.checkpoint_s)).clamp(compute_end, end);
+                let a = (b - waited).max(compute_end);
+                if b > a {
+                    lane.allreduce.push((a, b));
+                }
+            }
+        }
+        let nodes_total = (keys.len() > TIMELINE_LANES).then_some(keys.len());
+        // From the run's start, as the other time plots, unless the rows drawn start late.
+        let lo = if lo >= 0.0 && lo < 0.05 * hi { 0.0 } else { lo };
+        let span = if lo.is_finite() && hi > lo { (lo, hi) } else { (0.0, 0.0) };
+        Timeline { lanes, nodes_total, steps_cut, overlapped, span, unit: time_unit(span.1) }
+    }
+
+    fn title(&self) -> String {
+        let mut cuts = Vec::new();
+        if self.steps_cut {
+            cuts.push(format!("first {TIMELINE_STEPS} outer steps"));
+        }
+        if let Some(n) = self.nodes_total {
+            cuts.push(format!("first {} of {n} nodes", self.lanes.len()));
+        }
+        let title = "Compute and all-reduce per node";
+        if cuts.is_empty() { title.to_owned() } else { format!("{title} ({})", cuts.join(", ")) }
+    }
+}
+
+impl Plot for Timeline {
+    const NAME: &'static str = "timeline";
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB> {
+        let title = self.title();
+        let n = self.lanes.len();
+        if n == 0 || self.span.1 <= self.span.0 {
+            return no_data(root, &title, "no outer steps recorded");
+        }
+        let u = self.unit;
+        let (x_lo, x_hi) = (self.span.0 / u.div, self.span.1 / u.div);
+        let title_font = if title.len() > 40 { ("sans-serif", 20) } else { ("sans-serif", 24) };
+        let body = root.margin(16, 0, 0, 0).titled(&title, title_font.into_font())?;
+        let (w, _) = body.dim_in_pixel();
+        let (plot, legend) = body.split_horizontally(w.saturating_sub(TIMELINE_LEGEND_WIDTH));
+        // Lane i (first node first, at the top) is centred on y = n - 1 - i.
+        let y_of = |i: usize| (n - 1 - i) as f64;
+        let label_px = if n > 24 { 10 } else { 13 };
+        let longest = self.lanes.iter().map(|l| l.name.chars().count()).max().unwrap_or(0);
+        let label_area = (longest as u32 * label_px * 6 / 10 + 24).clamp(48, 240);
+        let mut chart = ChartBuilder::on(&plot)
+            .margin(16)
+            .x_label_area_size(48)
+            .y_label_area_size(label_area)
+            .build_cartesian_2d(x_lo..x_hi, -0.5..(n as f64 - 0.5))?;
+        let names: Vec<&str> = self.lanes.iter().map(|l| l.name.as_str()).collect();
+        let lane_label = |y: &f64| {
+            let k = y.round();
+            if (y - k).abs() < 1e-6 && k >= 0.0 && (k as usize) < n {
+                names[n - 1 - k as usize].to_owned()
+            } else {
+                String::new()
+            }
+        };
+        let x_desc = match self.overlapped {
+            true => format!("time ({}); all-reduce drawn from the row's end (overlapped)", u.name),
+            false => format!("time ({})", u.name),
+        };
+        chart
+            .configure_mesh()
+            .light_line_style(TRANSPARENT)
+            .bold_line_style(BLACK.mix(0.12))
+            .disable_y_mesh()
+            .x_desc(x_desc)
+            .x_label_formatter(&|x| tick(*x, 2))
+            .y_labels(n + 1)
+            .y_label_style(("sans-serif", label_px))
+            .y_label_formatter(&lane_label)
+            .draw()?;
+        // Thin separators between the lanes.
+        chart.draw_series((1..n).map(|k| {
+            let y = k as f64 - 0.5;
+            PathElement::new([(x_lo, y), (x_hi, y)], BLACK.mix(0.08))
+        }))?;
+        let (gap, half) = (0.04, 0.42);
+        for (k, upper) in [(0, true), (1, false)] {
+            let color = BREAKDOWN_COLORS[k];
+            let rects = self.lanes.iter().enumerate().flat_map(|(i, lane)| {
+                let y = y_of(i);
+                let (y0, y1) = if upper { (y + gap, y + half) } else { (y - half, y - gap) };
+                let bars = if upper { &lane.compute } else { &lane.allreduce };
+                bars.iter().map(move |&(a, b)| {
+                    Rectangle::new([(a / u.div, y0), (b / u.div, y1)], color.filled())
+                })
+            });
+            chart.draw_series(rects)?;
+        }
+        // The legend to the right of the plot, in the breakdown plots' style.
+        let text = TextStyle::from(("sans-serif", 15).into_font());
+        for k in 0..2 {
+            let y = 40 + 24 * k as i32;
+            legend.draw(&Rectangle::new([(8, y), (24, y + 16)], BREAKDOWN_COLORS[k].filled()))?;
+            legend.draw_text(BREAKDOWN_NAMES[k], &text, (32, y))?;
+        }
+        let note = TextStyle::from(("sans-serif", 12).into_font()).color(&DARK_GREY);
+        for (k, line) in ["one lane per node:", "upper half compute,", "lower half all-reduce"]
+            .iter()
+            .enumerate()
+        {
+            legend.draw_text(line, &note, (8, 100 + 16 * k as i32))?;
+        }
+        Ok(())
+    }
+}
+
 /// The file stems of every plot a run can have, in the report's order.
-pub const PLOT_NAMES: [&str; 6] =
-    ["active_nodes", "time_by_node", "time_by_step", "allreduce_hist", "bytes_per_step", "loss"];
+pub const PLOT_NAMES: [&str; 7] = [
+    "active_nodes",
+    "time_by_node",
+    "time_by_step",
+    "timeline",
+    "allreduce_hist",
+    "bytes_per_step",
+    "loss",
+];
 
 /// Draws every plot of a run (the loss plot only when some row has a loss).
 pub(crate) fn draw_all(
@@ -742,6 +964,15 @@ pub(crate) fn draw_all(
             "The same breakdown per outer step, averaged over the nodes of the step.",
         )?,
         render(
+            &Timeline::new(rows),
+            "Compute (upper half of each lane) and all-reduce (lower half) on a timeline per \
+             node (at most the first 30 outer steps and 40 nodes by id): overlapped and \
+             streaming DiLoCo run the all-reduce beside the compute, sync DiLoCo stops the \
+             compute for it. Placement is approximate: in sync runs the all-reduce is drawn \
+             just before the row's outer step (after its compute and barrier wait); all-reduce \
+             from the row's end in overlapped runs (it ran beside the next row's compute).",
+        )?,
+        render(
             &AllreduceHist::new(rows),
             "Distribution of all-reduce times, one sample per node and outer step.",
         )?,
@@ -751,4 +982,92 @@ pub(crate) fn draw_all(
         out.push(render(&loss, "Training loss per node, and its mean per outer step.")?);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A row of `node` for `step`: 100 s compute from `start`, then 2 s barrier, then
+    /// `allreduce_s` waited and `wall_s` of all-reduce wall time.
+    fn row(node: u32, step: u64, start: f64, allreduce_s: f64, wall_s: f64) -> OuterStepRow {
+        let end = start + 100.0 + 2.0 + allreduce_s;
+        OuterStepRow {
+            outer_step: step,
+            node: format!("n{node}"),
+            node_id: node,
+            epoch: 1,
+            world: 2,
+            start_s: start,
+            end_s: end,
+            compute_s: 100.0,
+            allreduce_s,
+            barrier_s: 2.0,
+            recovery_s: 0.0,
+            checkpoint_s: 0.0,
+            outer_s: 0.0,
+            idle_s: 0.0,
+            bytes_sent: 0,
+            retries: 0,
+            tokens: 0,
+            loss: None,
+            weights_hash: String::new(),
+            weight: 1.0,
+            allreduce_wall_s: wall_s,
+        }
+    }
+
+    #[test]
+    fn timeline_places_sync_all_reduces_inside_the_row_and_overlapped_ones_after_it() {
+        // Sync: the all-reduce after the compute and the barrier; also from files without
+        // `allreduce_wall_s` (0).
+        let t = Timeline::new(&[row(0, 0, 0.0, 10.0, 10.0), row(0, 1, 112.0, 10.0, 0.0)]);
+        assert_eq!(t.lanes.len(), 1);
+        assert_eq!(t.lanes[0].compute, [(0.0, 100.0), (112.0, 212.0)]);
+        assert_eq!(t.lanes[0].allreduce, [(102.0, 112.0), (214.0, 224.0)]);
+        assert!(!t.overlapped);
+        assert_eq!(t.span, (0.0, 224.0));
+        // A joiner's row: recovery, barrier, all-reduce, outer step.
+        let joiner = OuterStepRow {
+            compute_s: 0.0,
+            recovery_s: 50.0,
+            outer_s: 3.0,
+            end_s: 65.0,
+            ..row(1, 0, 0.0, 10.0, 10.0)
+        };
+        let t = Timeline::new(&[joiner]);
+        assert!(t.lanes[0].compute.is_empty());
+        assert_eq!(t.lanes[0].allreduce, [(52.0, 62.0)]);
+        assert_eq!(t.title(), "Compute and all-reduce per node");
+        // Overlapped: from the row's end, for its wall time, beside the next row's compute.
+        let t = Timeline::new(&[row(3, 0, 0.0, 0.0, 30.0), row(3, 1, 102.0, 0.0, 30.0)]);
+        assert_eq!(t.lanes[0].compute, [(0.0, 100.0), (102.0, 202.0)]);
+        assert_eq!(t.lanes[0].allreduce, [(102.0, 132.0), (204.0, 234.0)]);
+        assert!(t.overlapped);
+        assert_eq!(t.span, (0.0, 234.0));
+    }
+
+    #[test]
+    fn timeline_keeps_40_lanes_and_30_steps_and_says_so() {
+        let mut rows = Vec::new();
+        for node in (0..45).rev() {
+            for step in 0..35 {
+                rows.push(row(node, step, 102.0 * step as f64, 0.0, 0.0));
+            }
+        }
+        let t = Timeline::new(&rows);
+        assert_eq!(t.lanes.len(), 40);
+        assert_eq!(t.lanes[0].name, "n0");
+        assert_eq!(t.lanes[39].name, "n39");
+        assert!(t.lanes.iter().all(|l| l.compute.len() == 30));
+        assert_eq!(
+            t.title(),
+            "Compute and all-reduce per node (first 30 outer steps, first 40 of 45 nodes)"
+        );
+        assert!(render(&t, "").is_ok());
+        // No rows: no lanes, and the plot says so.
+        let t = Timeline::new(&[]);
+        assert!(t.lanes.is_empty());
+        assert!(render(&t, "").unwrap().svg.contains("no outer steps recorded"));
+    }
 }

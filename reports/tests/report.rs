@@ -6,7 +6,7 @@ use loco_core::metrics::{
 };
 use loco_reports::{
     ALLREDUCE_TIMES_CSV, COMPARISON_CSV, PLOT_NAMES, REPORT_HTML, ReportError,
-    UTILIZATION_BY_NODE_CSV, read_run, render, render_into, write_run,
+    UTILIZATION_BY_NODE_CSV, escape_html, read_run, render, render_into, write_run,
 };
 use std::collections::BTreeMap;
 use std::fs;
@@ -196,6 +196,7 @@ fn svgs_are_well_formed_with_titles_and_data() {
         ("active_nodes", "Active nodes"),
         ("time_by_node", "Where each node's time went"),
         ("time_by_step", "Time per outer step (mean over nodes)"),
+        ("timeline", "Compute and all-reduce per node"),
         ("allreduce_hist", "All-reduce time distribution"),
         ("bytes_per_step", "Bytes sent per outer step (all nodes)"),
         ("loss", "Loss"),
@@ -503,4 +504,90 @@ fn a_run_without_loss_or_allreduce_still_renders() {
     let summary = summarize(&RunMeta::default(), &[], &[]);
     write_run(&empty, &summary, &[], &[]).unwrap();
     assert!(empty.join("active_nodes.png").exists());
+}
+
+/// The `<rect>`s of `svg` filled with `fill` (`#RRGGBB`) left of the legend column, as
+/// (x, y, width).
+fn rects(svg: &str, fill: &str) -> Vec<(f64, f64, f64)> {
+    let doc = roxmltree::Document::parse(svg).unwrap();
+    let num = |n: &roxmltree::Node, a: &str| n.attribute(a).unwrap().parse::<f64>().unwrap();
+    doc.descendants()
+        .filter(|n| n.has_tag_name("rect") && n.attribute("fill") == Some(fill))
+        .map(|n| (num(&n, "x"), num(&n, "y"), num(&n, "width")))
+        .filter(|r| r.0 < f64::from(loco_reports::WIDTH) - 150.0)
+        .collect()
+}
+
+/// The texts of `svg`, trimmed.
+fn svg_texts(svg: &str) -> Vec<String> {
+    let doc = roxmltree::Document::parse(svg).unwrap();
+    doc.descendants()
+        .filter(|n| n.has_tag_name("text"))
+        .map(|n| n.text().unwrap_or("").trim().to_owned())
+        .collect()
+}
+
+const COMPUTE_FILL: &str = "#2CA02C";
+const ALLREDUCE_FILL: &str = "#1F77B4";
+
+#[test]
+fn the_timeline_has_a_lane_per_node_in_sync_and_overlapped_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Sync: every all-reduce inside its row (allreduce_wall_s 0 here, as in older files).
+    let sync = tmp.path().join("sync");
+    write_synthetic(&sync, "churn");
+    assert!(sync.join("timeline.png").is_file());
+    let svg = fs::read_to_string(sync.join("timeline.svg")).unwrap();
+    let nodes = ["n0", "n1", "n2", "n3", "n4"];
+    for n in nodes {
+        assert!(svg.contains(&format!(">\n{n}\n<")), "no lane label {n}");
+    }
+    // At least one compute bar in each lane: as many distinct rows of bars as nodes.
+    let compute = rects(&svg, COMPUTE_FILL);
+    let mut lanes: Vec<i64> = compute.iter().map(|r| r.1.round() as i64).collect();
+    lanes.sort_unstable();
+    lanes.dedup();
+    assert_eq!(lanes.len(), nodes.len(), "{lanes:?}");
+    let allreduce = rects(&svg, ALLREDUCE_FILL);
+    assert_eq!(allreduce.len(), synthetic().0.len(), "one all-reduce bar per row");
+    // Every all-reduce bar sits below a compute bar, in the same lane.
+    assert!(allreduce.iter().all(|a| lanes.iter().any(|&y| a.1 > y as f64)));
+    assert!(svg_texts(&svg).contains(&"time (min)".to_owned()), "{:?}", svg_texts(&svg));
+
+    // Overlapped: the all-reduce ran beside the next step's compute; the node waited for none.
+    let (rows, events) = synthetic();
+    let overlapped: Vec<OuterStepRow> = rows
+        .iter()
+        .map(|r| OuterStepRow {
+            allreduce_wall_s: r.allreduce_s,
+            allreduce_s: 0.0,
+            idle_s: r.idle_s + r.allreduce_s,
+            ..r.clone()
+        })
+        .collect();
+    let dir = tmp.path().join("overlap");
+    let summary = summarize(&meta("overlap"), &overlapped, &events);
+    write_run(&dir, &summary, &overlapped, &events).unwrap();
+    let svg = fs::read_to_string(dir.join("timeline.svg")).unwrap();
+    let x_desc = "time (min); all-reduce drawn from the row's end (overlapped)";
+    assert!(svg_texts(&svg).contains(&x_desc.to_owned()), "{:?}", svg_texts(&svg));
+    let mut lanes: Vec<i64> =
+        rects(&svg, COMPUTE_FILL).iter().map(|r| r.1.round() as i64).collect();
+    lanes.sort_unstable();
+    lanes.dedup();
+    assert_eq!(lanes.len(), nodes.len());
+    assert_eq!(rects(&svg, ALLREDUCE_FILL).len(), overlapped.len());
+    let html = fs::read_to_string(dir.join(REPORT_HTML)).unwrap();
+    assert!(html.contains("id=\"plot-timeline\""));
+    let caption = escape_html("all-reduce from the row's end in overlapped runs");
+    assert!(html.contains(&caption));
+
+    // No rows: the plot says so.
+    let empty = tmp.path().join("empty");
+    write_run(&empty, &summarize(&RunMeta::default(), &[], &[]), &[], &[]).unwrap();
+    assert!(empty.join("timeline.png").is_file());
+    let svg = fs::read_to_string(empty.join("timeline.svg")).unwrap();
+    let texts = svg_texts(&svg);
+    assert!(texts.contains(&"Compute and all-reduce per node".to_owned()), "{texts:?}");
+    assert!(texts.contains(&"no outer steps recorded".to_owned()), "{texts:?}");
 }

@@ -25,8 +25,14 @@ fn replay_writes_the_run_and_a_report_whose_numbers_are_the_summarys() {
         serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
     assert_eq!(summary["backend"], "sim");
     assert_eq!(summary["invariants"]["ok"], true);
-    for plot in ["active_nodes", "allreduce_hist", "time_by_node", "time_by_step", "bytes_per_step"]
-    {
+    for plot in [
+        "active_nodes",
+        "allreduce_hist",
+        "time_by_node",
+        "time_by_step",
+        "timeline",
+        "bytes_per_step",
+    ] {
         let png = std::fs::read(out.join(format!("{plot}.png"))).unwrap();
         assert!(png.starts_with(b"\x89PNG\r\n\x1a\n") && png.len() > 2000, "{plot}.png");
         let svg = std::fs::read_to_string(out.join(format!("{plot}.svg"))).unwrap();
