@@ -38,96 +38,23 @@
 //! value. Blocks can be decoded independently. Decoding arbitrary bytes reads the code `0x8` as
 //! -8.
 
+use super::blockwise::{self, BLOCK, Format, LANES, code};
 use super::{Codec, CodecKind};
 
-/// Values per block (the last block of a chunk may be shorter). Even, so that only the last
-/// block of a chunk can end on half a byte.
-pub(crate) const BLOCK: usize = 256;
-/// Encoded bytes of a full block: the f32 scale, then the packed codes.
+/// Encoded bytes of a full block: the f32 scale, then the codes, two per byte.
 const BLOCK_BYTES: usize = 4 + BLOCK / 2;
-/// Vector lanes the loops are written for (the compiler maps them onto SIMD registers): bytes of
-/// packed codes per step, twice as many values.
-const LANES: usize = 16;
-/// The largest code.
+/// The largest code magnitude (-8 is never written).
 const LEVELS: f32 = 7.0;
-/// Adding 1.5 * 2^23 to a float in (-2^22, 2^22) rounds it to an integer (half to even), which
-/// then sits, two's complement, in the low mantissa bits.
-const ROUND_MAGIC: f32 = 12_582_912.0;
-/// Blocks whose largest magnitude is below this are pre-multiplied by [`TINY_PRE`].
-const TINY: f32 = f32::from_bits(0x0380_0000); // 2^-120
-/// 2^64.
-const TINY_PRE: f32 = 18_446_744_073_709_551_616.0;
 
 /// Blockwise absmax int4: blocks of 256 values, each with one f32 scale (`absmax / 7`) and one
 /// signed nibble per value, two per byte (see the module documentation for the rules and layout).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Int4Block;
 
-/// Largest magnitude among the finite values of `block` (0 when there is none).
+/// The 4-bit code of one value (in the low nibble, high nibble 0).
 #[inline(always)]
-fn absmax(block: &[f32]) -> f32 {
-    let mut m = [0.0f32; LANES];
-    let mut body = block.chunks_exact(LANES);
-    let keep = |m: f32, x: f32| {
-        let a = x.abs();
-        // NaN and inf fail the first comparison.
-        let a = if a < f32::INFINITY { a } else { 0.0 };
-        if a > m { a } else { m }
-    };
-    for c in &mut body {
-        for i in 0..LANES {
-            m[i] = keep(m[i], c[i]);
-        }
-    }
-    let tail = body.remainder().iter().fold(0.0f32, |acc, &x| keep(acc, x));
-    m.iter().fold(tail, |acc, &x| if x > acc { x } else { acc })
-}
-
-/// The scale of a block with largest magnitude `a`: `a / 7`, one ulp lower when `7` times it
-/// would overflow (a decode never yields inf).
-#[inline(always)]
-fn block_scale(a: f32) -> f32 {
-    let s = a / LEVELS;
-    if s * LEVELS < f32::INFINITY { s } else { f32::from_bits(s.to_bits() - 1) }
-}
-
-/// The 4-bit code of one value (in the low nibble, high nibble 0), given the multiplier `inv`
-/// (finite, positive).
-#[inline(always)]
-fn code(x: f32, inv: f32) -> u8 {
-    #[allow(clippy::eq_op)]
-    let x = if x == x { x } else { 0.0 };
-    let y = x * inv;
-    let y = if y < LEVELS { y } else { LEVELS };
-    let y = if y > -LEVELS { y } else { -LEVELS };
-    // Truncation intended: the low nibble of the mantissa is round(y) as two's complement.
-    (y + ROUND_MAGIC).to_bits() as u8 & 0x0f
-}
-
-/// Quantises one block into `dst` (`ceil(src.len() / 2)` bytes), two codes per byte. With `PRE`,
-/// values are first multiplied by `pre`.
-#[inline(always)]
-fn quantise<const PRE: bool>(src: &[f32], dst: &mut [u8], pre: f32, inv: f32) {
-    let c = |x: f32| {
-        if PRE { code(x * pre, inv) } else { code(x, inv) }
-    };
-    // Split both sides at the last whole step, so that their remainders match.
-    let whole = src.len() / (2 * LANES);
-    let (src_body, src_tail) = src.split_at(whole * 2 * LANES);
-    let (dst_body, dst_tail) = dst.split_at_mut(whole * LANES);
-    for (sc, dc) in src_body.chunks_exact(2 * LANES).zip(dst_body.chunks_exact_mut(LANES)) {
-        for i in 0..LANES {
-            dc[i] = c(sc[2 * i]) | c(sc[2 * i + 1]) << 4;
-        }
-    }
-    let mut pairs = src_tail.chunks_exact(2);
-    let mut out = dst_tail.iter_mut();
-    for (p, q) in (&mut pairs).zip(&mut out) {
-        *q = c(p[0]) | c(p[1]) << 4;
-    }
-    if let (Some(&x), Some(q)) = (pairs.remainder().first(), out.next()) {
-        *q = c(x);
-    }
+fn nibble(x: f32, inv: f32) -> u8 {
+    code(x, inv, LEVELS) & 0x0f
 }
 
 /// The signed code in the low nibble of `b`.
@@ -142,12 +69,37 @@ fn high(b: u8) -> f32 {
     f32::from((b as i8) >> 4)
 }
 
-/// Applies `f(dst value, decoded value)` over every block of `src`.
-#[inline(always)]
-fn decode_with(src: &[u8], dst: &mut [f32], f: impl Fn(&mut f32, f32)) {
-    for (s, d) in src.chunks(BLOCK_BYTES).zip(dst.chunks_mut(BLOCK)) {
-        let (scale, codes) = s.split_at(4);
-        let scale = f32::from_le_bytes([scale[0], scale[1], scale[2], scale[3]]);
+impl Format for Int4Block {
+    const LEVELS: f32 = LEVELS;
+    const BLOCK_BYTES: usize = BLOCK_BYTES;
+
+    /// Two codes per byte, the first value's in the low nibble (`ceil(src.len() / 2)` bytes).
+    #[inline(always)]
+    fn quantise<const PRE: bool>(src: &[f32], dst: &mut [u8], pre: f32, inv: f32) {
+        let c = |x: f32| {
+            if PRE { nibble(x * pre, inv) } else { nibble(x, inv) }
+        };
+        // Split both sides at the last whole step, so that their remainders match.
+        let whole = src.len() / (2 * LANES);
+        let (src_body, src_tail) = src.split_at(whole * 2 * LANES);
+        let (dst_body, dst_tail) = dst.split_at_mut(whole * LANES);
+        for (sc, dc) in src_body.chunks_exact(2 * LANES).zip(dst_body.chunks_exact_mut(LANES)) {
+            for i in 0..LANES {
+                dc[i] = c(sc[2 * i]) | c(sc[2 * i + 1]) << 4;
+            }
+        }
+        let mut pairs = src_tail.chunks_exact(2);
+        let mut out = dst_tail.iter_mut();
+        for (p, q) in (&mut pairs).zip(&mut out) {
+            *q = c(p[0]) | c(p[1]) << 4;
+        }
+        if let (Some(&x), Some(q)) = (pairs.remainder().first(), out.next()) {
+            *q = c(x);
+        }
+    }
+
+    #[inline(always)]
+    fn decode_block(codes: &[u8], scale: f32, d: &mut [f32], f: &impl Fn(&mut f32, f32)) {
         // Split both sides at the last whole step, so that their remainders match.
         let whole = d.len() / (2 * LANES);
         let (code_body, code_tail) = codes.split_at(whole * LANES);
@@ -170,38 +122,6 @@ fn decode_with(src: &[u8], dst: &mut [f32], f: impl Fn(&mut f32, f32)) {
     }
 }
 
-/// Encodes one block (at most [`BLOCK`] values) into its scale and codes
-/// (`4 + ceil(src.len() / 2)` bytes).
-#[inline(always)]
-fn encode_block(s: &[f32], d: &mut [u8]) {
-    let a = absmax(s);
-    let (head, codes) = d.split_at_mut(4);
-    head.copy_from_slice(&block_scale(a).to_le_bytes());
-    if a >= TINY {
-        quantise::<false>(s, codes, 1.0, LEVELS / a);
-    } else if a > 0.0 {
-        quantise::<true>(s, codes, TINY_PRE, LEVELS / (a * TINY_PRE));
-    } else {
-        // No finite non-zero value: zeros and NaN to 0, +-inf to +-7 (decoded as 0).
-        quantise::<false>(s, codes, 1.0, 1.0);
-    }
-}
-
-/// One block of a reduce step: `acc[..own.len()] = weight * own + decode(src)` (the block's
-/// received bytes), in a working block on the stack that stays in the L1 cache.
-#[inline(always)]
-fn reduce_block<'a>(
-    src: &[u8],
-    own: &[f32],
-    weight: f32,
-    acc: &'a mut [f32; BLOCK],
-) -> &'a mut [f32] {
-    let acc = &mut acc[..own.len()];
-    super::load_weighted(acc, own, weight);
-    decode_with(src, acc, |a, v| *a += v);
-    acc
-}
-
 impl Codec for Int4Block {
     fn kind(&self) -> CodecKind {
         CodecKind::Int4Block
@@ -212,36 +132,19 @@ impl Codec for Int4Block {
     }
 
     fn encode(&self, src: &[f32], dst: &mut [u8]) {
-        assert_eq!(
-            dst.len(),
-            self.encoded_len(src.len()),
-            "int4-block encode: wrong buffer length"
-        );
-        for (s, d) in src.chunks(BLOCK).zip(dst.chunks_mut(BLOCK_BYTES)) {
-            encode_block(s, d);
-        }
+        blockwise::encode::<Self>(self, src, dst);
     }
 
     fn decode_accumulate(&self, src: &[u8], dst: &mut [f32]) {
-        assert_eq!(
-            src.len(),
-            self.encoded_len(dst.len()),
-            "int4-block decode: wrong buffer length"
-        );
-        decode_with(src, dst, |d, v| *d += v);
+        blockwise::decode::<Self>(self, src, dst, true);
     }
 
     fn decode(&self, src: &[u8], dst: &mut [f32]) {
-        assert_eq!(
-            src.len(),
-            self.encoded_len(dst.len()),
-            "int4-block decode: wrong buffer length"
-        );
-        decode_with(src, dst, |d, v| *d = v);
+        blockwise::decode::<Self>(self, src, dst, false);
     }
 
-    /// Fused, block by block, as `int8-block`'s: each block is reduced, scaled and quantised while
-    /// it is in registers and the L1 cache. Same arithmetic, so the same bytes.
+    /// Fused, block by block (each block reduced, scaled and quantised while it is in the L1
+    /// cache): the same bytes as the default.
     fn reduce_encode(
         &self,
         src: &[u8],
@@ -250,17 +153,11 @@ impl Codec for Int4Block {
         _scratch: &mut [f32],
         dst: &mut [u8],
     ) {
-        super::assert_reduce_lengths(self, src, own.len(), dst);
-        let mut acc = [0.0f32; BLOCK];
-        let blocks =
-            src.chunks(BLOCK_BYTES).zip(own.chunks(BLOCK)).zip(dst.chunks_mut(BLOCK_BYTES));
-        for ((s, o), d) in blocks {
-            encode_block(reduce_block(s, o, weight, &mut acc), d);
-        }
+        blockwise::reduce_encode::<Self>(self, src, own, weight, dst);
     }
 
-    /// Fused like [`reduce_encode`](Self::reduce_encode): average, encode and decode back into
-    /// `own`, one block at a time. Same bytes and values as the default.
+    /// Fused, block by block (averaged, encoded and decoded back while in the L1 cache): the
+    /// same bytes and values as the default.
     fn reduce_average(
         &self,
         src: &[u8],
@@ -270,30 +167,7 @@ impl Codec for Int4Block {
         _scratch: &mut [f32],
         dst: &mut [u8],
     ) {
-        super::assert_reduce_lengths(self, src, own.len(), dst);
-        // No weight at all (`None`): the average is zeros, whatever the values.
-        let ws = (weight_sum > 0.0).then_some(weight_sum as f32);
-        let mut acc = [0.0f32; BLOCK];
-        let blocks =
-            src.chunks(BLOCK_BYTES).zip(own.chunks_mut(BLOCK)).zip(dst.chunks_mut(BLOCK_BYTES));
-        for ((s, o), d) in blocks {
-            let avg = match ws {
-                Some(ws) => {
-                    let a = reduce_block(s, o, weight, &mut acc);
-                    for v in a.iter_mut() {
-                        *v /= ws;
-                    }
-                    a
-                }
-                None => {
-                    let a = &mut acc[..o.len()];
-                    a.fill(0.0);
-                    a
-                }
-            };
-            encode_block(avg, d);
-            decode_with(d, o, |x, v| *x = v);
-        }
+        blockwise::reduce_average::<Self>(self, src, own, weight, weight_sum, dst);
     }
 }
 

@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
 
+mod blockwise;
 mod fp32;
 mod half16;
 mod int4block;
