@@ -148,6 +148,18 @@ impl Schedule {
     }
 }
 
+/// One value's outer step with torch's SGD semantics: `buf = m*buf + g`; Nesterov:
+/// `w -= lr*(g + m*buf)`, else `w -= lr*buf`. Returns the new weight and momentum. Every outer
+/// step (and overlapped DiLoCo's eager estimate of one) goes through it, so that a node alone
+/// lands exactly where its commit will.
+#[inline(always)]
+fn outer_update(cfg: OuterConfig, w: f32, buf: f32, g: f32) -> (f32, f32) {
+    let OuterConfig { lr, momentum: m, nesterov } = cfg;
+    let buf = m * buf + g;
+    let d = if nesterov { g + m * buf } else { buf };
+    (w - lr * d, buf)
+}
+
 /// `p` contiguous fragments tiling `0..params` that cut only between layers (when `layers`,
 /// their lengths in order, tile `params` and number at least `p`), each as close as the layers
 /// allow to `params / p`; otherwise (a model of fewer layers than fragments, a synthetic vector)
@@ -451,13 +463,11 @@ impl OuterState {
     /// semantics (`buf = m*buf + g`; Nesterov: `outer -= lr*(g + m*buf)`; else `outer -= lr*buf`).
     /// Afterwards the backend copies [`outer`](Self::outer) into the inner model.
     pub fn apply_outer_step(&mut self) {
-        let OuterConfig { lr, momentum: m, nesterov } = self.cfg;
+        let cfg = self.cfg;
         // Copies a buffer only while a snapshot still holds it.
         let (outer, momentum) = (Arc::make_mut(&mut self.outer), Arc::make_mut(&mut self.momentum));
         for ((w, buf), &g) in outer.iter_mut().zip(momentum).zip(&self.pseudo_gradient) {
-            *buf = m * *buf + g;
-            let d = if nesterov { g + m * *buf } else { *buf };
-            *w -= lr * d;
+            (*w, *buf) = outer_update(cfg, *w, *buf, g);
         }
         self.steps += 1;
     }
@@ -485,13 +495,11 @@ impl OuterState {
                 got: avg.len(),
             });
         }
-        let OuterConfig { lr, momentum: m, nesterov } = self.cfg;
+        let cfg = self.cfg;
         let (outer, momentum) = (Arc::make_mut(&mut self.outer), Arc::make_mut(&mut self.momentum));
         let (w, b) = (&mut outer[range.clone()], &mut momentum[range]);
         for ((w, buf), &g) in w.iter_mut().zip(b).zip(avg) {
-            *buf = m * *buf + g;
-            let d = if nesterov { g + m * *buf } else { *buf };
-            *w -= lr * d;
+            (*w, *buf) = outer_update(cfg, *w, *buf, g);
         }
         self.steps += 1;
         Ok(())
@@ -562,7 +570,7 @@ impl OuterState {
         // The eager step: this node's pseudo-gradient stands in for the average on the way,
         // through the outer optimiser as the commit will apply it (the same operations, so a
         // node alone lands exactly where its commit will).
-        let OuterConfig { lr, momentum: m, nesterov } = self.cfg;
+        let cfg = self.cfg;
         let keep = 1.0 - mix;
         let (g, buf, d) = (
             &self.outer[sync.clone()],
@@ -571,9 +579,7 @@ impl OuterState {
         );
         let (a, x) = (&mut self.anchor[sync.clone()], &mut inner[sync]);
         for ((((x, a), &g), &buf), &d) in x.iter_mut().zip(a).zip(g).zip(buf).zip(d) {
-            let b = m * buf + d;
-            let step = if nesterov { d + m * b } else { b };
-            let proxy = g - lr * step;
+            let (proxy, _) = outer_update(cfg, g, buf, d);
             *x += keep * (proxy - *x);
             *a = *x;
         }

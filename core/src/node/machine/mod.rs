@@ -653,11 +653,7 @@ impl Node {
             Some(a) if a.outer_step == outer_step => a.valid,
             _ => self.grad_step == Some(outer_step),
         };
-        let round = self.overlaps().then(|| RoundJob {
-            merge: self.cfg.schedule.merged(outer_step),
-            fragment: self.cfg.schedule.fragment(outer_step),
-            mix: self.cfg.schedule.mix,
-        });
+        let round = self.round_job(outer_step, true);
         match self.lend(OuterKind::PseudoGradient, outer_step, now) {
             Some(mut job) => {
                 job.values = done.inner;
@@ -869,6 +865,17 @@ impl Node {
         }
     }
 
+    /// Overlap modes: the round job of `step` (with the merge of the fragment before it for a
+    /// round's end); `None` in sync mode.
+    fn round_job(&self, step: u64, merge: bool) -> Option<RoundJob> {
+        let s = &self.cfg.schedule;
+        self.overlaps().then(|| RoundJob {
+            merge: if merge { s.merged(step) } else { None },
+            fragment: s.fragment(step),
+            mix: s.mix,
+        })
+    }
+
     /// Whether the inner steps go on while the all-reduce runs (overlap, streaming).
     fn overlaps(&self) -> bool {
         self.cfg.schedule.mode.overlaps()
@@ -1059,11 +1066,7 @@ impl Node {
             MemberAction::Commit { epoch, outer_step } => self.commit(epoch, outer_step, now),
             MemberAction::SkipStep { epoch, outer_step, attempts } => {
                 if let Some(mut job) = self.lend(OuterKind::Skip, outer_step, now) {
-                    if self.overlaps() {
-                        let fragment = self.cfg.schedule.fragment(outer_step);
-                        let mix = self.cfg.schedule.mix;
-                        job.round = Some(RoundJob { merge: None, fragment, mix });
-                    }
+                    job.round = self.round_job(outer_step, false);
                     self.work =
                         Work::Outer { then: AfterOuter::Skip { epoch, outer_step, attempts } };
                     self.effects.push_back(Effect::Outer(job));
@@ -1159,10 +1162,7 @@ impl Node {
         }
         let Some(mut job) = self.lend(OuterKind::Commit, step, now) else { return };
         job.values = result.flatten();
-        if self.overlaps() {
-            let fragment = self.cfg.schedule.fragment(step);
-            job.round = Some(RoundJob { merge: None, fragment, mix: self.cfg.schedule.mix });
-        }
+        job.round = self.round_job(step, false);
         self.work = Work::Outer { then: AfterOuter::Commit { epoch, outer_step: step } };
         self.effects.push_back(Effect::Outer(job));
     }
@@ -1177,11 +1177,8 @@ impl Node {
         }
         self.released_at.get_or_insert(now);
         let input = self.ring_input.take();
-        // The values this round reduces: every value, or its fragment (streaming).
-        let fragment = match self.overlaps() {
-            true => self.cfg.schedule.fragment(start.outer_step),
-            false => 0..self.params_len(),
-        };
+        // The values this round reduces: every value (one fragment), or its fragment.
+        let fragment = self.cfg.schedule.fragment(start.outer_step);
         let values = match (&self.outer, self.real) {
             // The copy the pseudo-gradient's job made (a retry copies again).
             (Some(o), true) => match input {
