@@ -7,6 +7,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/torch-env.sh
 source scripts/torch-env.sh
+# A one-off build (CI, a fresh clone) gains nothing from incremental state but its disk.
+if [[ -n "${CI:-}" ]]; then
+    export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+fi
 cargo test --workspace --all-features --locked --no-fail-fast "$@"
 fuzz_seconds="${LOCO_FUZZ_SECONDS:-20}"
 if [[ $# -eq 0 && "$fuzz_seconds" != 0 ]]; then
