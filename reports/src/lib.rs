@@ -15,7 +15,8 @@
 //! - plots, each as `NAME.svg` and `NAME.png` ([`PLOT_NAMES`]): `active_nodes` (members over time,
 //!   joins, leaves, crashes and evictions marked), `time_by_node` and `time_by_step` (where wall
 //!   time went, stacked), `timeline` (compute and all-reduce side by side on a timeline per
-//!   node: whether the all-reduces run beside the compute or stop it), `allreduce_hist`
+//!   node: whether the all-reduces run beside the compute or stop it), `bandwidth` (each node's
+//!   send rate over time, peak against mean), `allreduce_hist`
 //!   (distribution of all-reduce times), `bytes_per_step`, and `loss` (over tokens, only when
 //!   rows have a loss);
 //! - CSV summaries: [`UTILIZATION_BY_NODE_CSV`], [`ALLREDUCE_TIMES_CSV`], [`OUTER_STEP_TOTALS_CSV`].

@@ -738,6 +738,37 @@ struct Lane {
     allreduce: Vec<(f64, f64)>,
 }
 
+/// Where a row's compute and all-reduce lie in time, as [`Timeline`] documents; the bandwidth
+/// plot spreads a row's bytes over the same all-reduce.
+struct RowBars {
+    /// `[start, end)` of the inner steps, when there were any.
+    compute: Option<(f64, f64)>,
+    /// `[start, end)` of the all-reduce, when there was one.
+    allreduce: Option<(f64, f64)>,
+    /// Whether the all-reduce ran after the row, beside the next row's compute.
+    overlapped: bool,
+}
+
+impl RowBars {
+    /// The bars of a row whose `start_s <= end_s`, both finite.
+    fn of(r: &OuterStepRow) -> RowBars {
+        let finite = |x: f64| if x.is_finite() && x > 0.0 { x } else { 0.0 };
+        let (start, end) = (r.start_s, r.end_s);
+        let compute_end = (start + finite(r.compute_s)).min(end);
+        let compute = (compute_end > start).then_some((start, compute_end));
+        let (wall, waited) = (finite(r.allreduce_wall_s), finite(r.allreduce_s));
+        if wall > waited + TIMELINE_EPS {
+            // Overlapped: the all-reduce ran after the row, beside the next row's compute.
+            return RowBars { compute, allreduce: Some((end, end + wall)), overlapped: true };
+        }
+        // Inside the row: it ends where the commit's outer step and checkpoint begin.
+        let b = (end - finite(r.outer_s) - finite(r.checkpoint_s)).clamp(compute_end, end);
+        let a = (b - waited).max(compute_end);
+        let allreduce = (waited > 0.0 && b > a).then_some((a, b));
+        RowBars { compute, allreduce, overlapped: false }
+    }
+}
+
 /// Compute and all-reduce on a timeline, one lane per node (upper half: compute, lower half:
 /// all-reduce), so that one sees whether the all-reduces run beside the compute (overlapped and
 /// streaming DiLoCo) or stop it (sync DiLoCo).
@@ -775,7 +806,6 @@ struct Timeline {
 
 impl Timeline {
     fn new(rows: &[OuterStepRow]) -> Timeline {
-        let finite = |x: f64| if x.is_finite() && x > 0.0 { x } else { 0.0 };
         let mut rows: Vec<&OuterStepRow> = rows
             .iter()
             .filter(|r| r.start_s.is_finite() && r.end_s.is_finite() && r.end_s >= r.start_s)
@@ -806,27 +836,15 @@ impl Timeline {
                 continue;
             }
             let Some(lane) = lanes.last_mut() else { continue };
-            let (start, end) = (r.start_s, r.end_s);
-            lo = lo.min(start);
-            hi = hi.max(end);
-            let compute_end = (start + finite(r.compute_s)).min(end);
-            if compute_end > start {
-                lane.compute.push((start, compute_end));
+            let bars = RowBars::of(r);
+            lo = lo.min(r.start_s);
+            hi = hi.max(r.end_s);
+            lane.compute.extend(bars.compute);
+            if let Some((a, b)) = bars.allreduce {
+                lane.allreduce.push((a, b));
+                hi = hi.max(b);
             }
-            let (wall, waited) = (finite(r.allreduce_wall_s), finite(r.allreduce_s));
-            if wall > waited + TIMELINE_EPS {
-                // Overlapped: the all-reduce ran after the row, beside the next row's compute.
-                overlapped = true;
-                lane.allreduce.push((end, end + wall));
-                hi = hi.max(end + wall);
-            } else if waited > 0.0 {
-                // Inside the row: it ends where the commit's outer step and checkpoint begin.
-                let b = (end - finite(r.outer_s) - finite(r.checkpoint_s)).clamp(compute_end, end);
-                let a = (b - waited).max(compute_end);
-                if b > a {
-                    lane.allreduce.push((a, b));
-                }
-            }
+            overlapped |= bars.overlapped;
         }
         let nodes_total = (keys.len() > TIMELINE_LANES).then_some(keys.len());
         // From the run's start, as the other time plots, unless the rows drawn start late.
@@ -932,12 +950,195 @@ impl Plot for Timeline {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// 7. Send rate over time: peak against mean.
+
+/// Time bins of the bandwidth plot.
+const BANDWIDTH_BINS: usize = 480;
+
+/// A rate in bit/s, kbit/s, Mbit/s or Gbit/s (powers of 1000), so that `max` reads as at most
+/// a few hundred.
+fn rate_unit(max_bits: f64) -> Unit {
+    const UNITS: [(f64, &str); 3] = [(1e9, "Gbit/s"), (1e6, "Mbit/s"), (1e3, "kbit/s")];
+    UNITS
+        .iter()
+        .find(|(d, _)| max_bits >= *d)
+        .map_or(Unit { div: 1.0, name: "bit/s" }, |&(div, name)| Unit { div, name })
+}
+
+/// The rate each node sends at over time, so that one sees the peak a link must carry against
+/// the mean it carries: sync DiLoCo sends in bursts between long silences, overlapped and
+/// streaming DiLoCo spread the same bytes.
+///
+/// A row's bytes (`bytes_sent`) are spread evenly over its all-reduce, placed as in the
+/// [`Timeline`] ([`RowBars`]), or over the whole row when it had none (recovery and control
+/// only). The peak is the highest rate of one node over one row; the mean is all bytes over all
+/// the nodes' time (each node's first row's start to its last row's end, all-reduce included).
+/// The curves are the mean and the highest rate over the nodes in each of [`BANDWIDTH_BINS`]
+/// time bins.
+struct Bandwidth {
+    /// (bin centre in seconds, mean over the nodes present, highest node), in bit/s.
+    bins: Vec<(f64, f64, f64)>,
+    /// Highest rate of one node over one row, bit/s.
+    peak: f64,
+    /// Bits sent over node-seconds present.
+    mean: f64,
+    /// The time span drawn, in seconds.
+    span: (f64, f64),
+}
+
+impl Bandwidth {
+    fn new(rows: &[OuterStepRow]) -> Bandwidth {
+        // (node key, [from, to), bits) of each sending stretch, and each node's presence.
+        let mut sends: Vec<((u32, &str), f64, f64, f64)> = Vec::new();
+        let mut present: Vec<((u32, &str), f64, f64)> = Vec::new();
+        let mut peak: f64 = 0.0;
+        for r in rows {
+            if !(r.start_s.is_finite() && r.end_s.is_finite() && r.end_s >= r.start_s) {
+                continue;
+            }
+            let key = (r.node_id, r.node.as_str());
+            let bars = RowBars::of(r);
+            let (a, b) = bars.allreduce.unwrap_or((r.start_s, r.end_s));
+            present.push((key, r.start_s, r.end_s.max(b)));
+            let bits = r.bytes_sent as f64 * 8.0;
+            if bits > 0.0 && b > a {
+                peak = peak.max(bits / (b - a));
+                sends.push((key, a, b, bits));
+            }
+        }
+        // Each node's presence: its first start to its last end.
+        present.sort_by(|x, y| x.0.cmp(&y.0));
+        let mut spans: Vec<((u32, &str), f64, f64)> = Vec::new();
+        for (key, a, b) in present {
+            match spans.last_mut() {
+                Some(last) if last.0 == key => {
+                    last.1 = last.1.min(a);
+                    last.2 = last.2.max(b);
+                }
+                _ => spans.push((key, a, b)),
+            }
+        }
+        let lo = spans.iter().map(|s| s.1).fold(f64::INFINITY, f64::min);
+        let hi = spans.iter().map(|s| s.2).fold(f64::NEG_INFINITY, f64::max);
+        if !(lo.is_finite() && hi > lo) {
+            return Bandwidth { bins: Vec::new(), peak: 0.0, mean: 0.0, span: (0.0, 0.0) };
+        }
+        let lo = if lo >= 0.0 && lo < 0.05 * hi { 0.0 } else { lo };
+        let width = (hi - lo) / BANDWIDTH_BINS as f64;
+        let node_time: f64 = spans.iter().map(|s| s.2 - s.1).sum();
+        let total_bits: f64 = sends.iter().map(|s| s.3).sum();
+        // Bits per node and bin, spread in proportion to the overlap.
+        let index = |key: (u32, &str)| spans.binary_search_by(|s| s.0.cmp(&key)).ok();
+        let mut bits = vec![0.0f64; spans.len() * BANDWIDTH_BINS];
+        let bin_of =
+            |t: f64| (((t - lo) / width).floor().max(0.0) as usize).min(BANDWIDTH_BINS - 1);
+        for &(key, a, b, v) in &sends {
+            let Some(n) = index(key) else { continue };
+            for k in bin_of(a)..=bin_of(b) {
+                let (x0, x1) = (lo + k as f64 * width, lo + (k + 1) as f64 * width);
+                let overlap = (b.min(x1) - a.max(x0)).max(0.0);
+                bits[n * BANDWIDTH_BINS + k] += v * overlap / (b - a);
+            }
+        }
+        let bins = (0..BANDWIDTH_BINS)
+            .map(|k| {
+                let (x0, x1) = (lo + k as f64 * width, lo + (k + 1) as f64 * width);
+                let (mut sum, mut here, mut top) = (0.0, 0usize, 0.0f64);
+                for (n, s) in spans.iter().enumerate() {
+                    if s.1 < x1 && s.2 > x0 {
+                        let rate = bits[n * BANDWIDTH_BINS + k] / width;
+                        sum += rate;
+                        here += 1;
+                        top = top.max(rate);
+                    }
+                }
+                let mean = if here > 0 { sum / here as f64 } else { 0.0 };
+                ((x0 + x1) / 2.0, mean, top)
+            })
+            .collect();
+        let mean = if node_time > 0.0 { total_bits / node_time } else { 0.0 };
+        Bandwidth { bins, peak, mean, span: (lo, hi) }
+    }
+
+    fn title(&self) -> String {
+        if self.peak <= 0.0 {
+            return "Send rate per node".to_owned();
+        }
+        let u = rate_unit(self.peak);
+        format!(
+            "Send rate per node: peak {} {}, mean {} {} ({:.1}x)",
+            tick(self.peak / u.div, 1),
+            u.name,
+            tick(self.mean / u.div, 1),
+            u.name,
+            self.peak / self.mean.max(f64::MIN_POSITIVE)
+        )
+    }
+}
+
+impl Plot for Bandwidth {
+    const NAME: &'static str = "bandwidth";
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB> {
+        let title = self.title();
+        if self.bins.is_empty() || self.peak <= 0.0 {
+            return no_data(root, &title, "no bytes sent");
+        }
+        let t = time_unit(self.span.1);
+        let top = self.bins.iter().map(|b| b.2).fold(self.peak, f64::max);
+        let r = rate_unit(top);
+        let mut chart = ChartBuilder::on(root)
+            .caption(&title, ("sans-serif", 20).into_font())
+            .margin(16)
+            .x_label_area_size(48)
+            .y_label_area_size(64)
+            .build_cartesian_2d(self.span.0 / t.div..self.span.1 / t.div, 0.0..top / r.div * 1.1)?;
+        chart
+            .configure_mesh()
+            .light_line_style(TRANSPARENT)
+            .bold_line_style(BLACK.mix(0.12))
+            .x_desc(format!("time ({})", t.name))
+            .y_desc(format!("sent ({})", r.name))
+            .x_label_formatter(&|x| tick(*x, 2))
+            .y_label_formatter(&|y| tick(*y, 2))
+            .draw()?;
+        let xy = |x: f64, y: f64| (x / t.div, y / r.div);
+        chart
+            .draw_series(AreaSeries::new(
+                self.bins.iter().map(|b| xy(b.0, b.1)),
+                0.0,
+                BLUE.mix(0.35),
+            ))?
+            .label("mean over the nodes")
+            .legend(|(x, y)| {
+                Rectangle::new([(x, y - 5), (x + 16, y + 5)], BLUE.mix(0.35).filled())
+            });
+        chart
+            .draw_series(LineSeries::new(self.bins.iter().map(|b| xy(b.0, b.2)), DARK_RED))?
+            .label("busiest node")
+            .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], DARK_RED));
+        let (x0, x1) = (self.span.0, self.span.1);
+        chart
+            .draw_series(DashedLineSeries::new(
+                [xy(x0, self.mean), xy(x1, self.mean)],
+                8,
+                5,
+                DARK_GREY.stroke_width(2),
+            ))?
+            .label("mean over the run")
+            .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], DARK_GREY.stroke_width(2)));
+        draw_legend(&mut chart, SeriesLabelPosition::UpperRight)?;
+        Ok(())
+    }
+}
+
 /// The file stems of every plot a run can have, in the report's order.
-pub const PLOT_NAMES: [&str; 7] = [
+pub const PLOT_NAMES: [&str; 8] = [
     "active_nodes",
     "time_by_node",
     "time_by_step",
     "timeline",
+    "bandwidth",
     "allreduce_hist",
     "bytes_per_step",
     "loss",
@@ -971,6 +1172,13 @@ pub(crate) fn draw_all(
              compute for it. Placement is approximate: in sync runs the all-reduce is drawn \
              just before the row's outer step (after its compute and barrier wait); all-reduce \
              from the row's end in overlapped runs (it ran beside the next row's compute).",
+        )?,
+        render(
+            &Bandwidth::new(rows),
+            "The rate each node sends at over time (its bytes spread over its all-reduce as \
+             placed on the timeline), averaged over the nodes present and for the busiest \
+             node, against the mean over the whole run: the peak a node's link must carry \
+             against what it carries on average.",
         )?,
         render(
             &AllreduceHist::new(rows),
@@ -1069,5 +1277,49 @@ mod tests {
         let t = Timeline::new(&[]);
         assert!(t.lanes.is_empty());
         assert!(render(&t, "").unwrap().svg.contains("no outer steps recorded"));
+    }
+
+    #[test]
+    fn bandwidth_spreads_bytes_over_the_all_reduce_and_compares_peak_with_mean() {
+        // Sync: 1 Gbit over each 10 s all-reduce, two nodes, rows of 112 s back to back.
+        let sync_row = |node, step| {
+            let r = row(node, step, 112.0 * step as f64, 10.0, 10.0);
+            OuterStepRow { bytes_sent: 125_000_000, ..r }
+        };
+        let rows: Vec<_> = (0..2).flat_map(|n| (0..5).map(move |s| sync_row(n, s))).collect();
+        let b = Bandwidth::new(&rows);
+        assert!((b.peak - 1e8).abs() < 1.0, "peak {}", b.peak);
+        // 10 Gbit over two nodes' 560 s.
+        assert!((b.mean - 1e10 / 1120.0).abs() < 1.0, "mean {}", b.mean);
+        assert_eq!(b.span, (0.0, 560.0));
+        // No bits are lost to the binning: the mean curve integrates to the bits per node.
+        let width = 560.0 / BANDWIDTH_BINS as f64;
+        let sent: f64 = b.bins.iter().map(|x| x.1 * width).sum();
+        assert!((sent - 5e9).abs() < 1e3, "sent {sent}");
+        // The compute stretches send nothing; the all-reduces send at the peak.
+        let at = |t: f64| b.bins.iter().find(|x| (x.0 - t).abs() <= width / 2.0).unwrap();
+        assert_eq!(at(50.0).1, 0.0);
+        assert!((at(107.0).1 - 1e8).abs() < 1.0 && (at(107.0).2 - 1e8).abs() < 1.0);
+        assert_eq!(b.title(), "Send rate per node: peak 100 Mbit/s, mean 8.9 Mbit/s (11.2x)");
+        // The same bytes over all-reduces that run beside the next compute, 100 s each: the peak
+        // falls tenfold, and the last all-reduce stretches the span.
+        let over_row = |node, step| {
+            let r = row(node, step, 102.0 * step as f64, 0.0, 100.0);
+            OuterStepRow { bytes_sent: 125_000_000, ..r }
+        };
+        let rows: Vec<_> = (0..2).flat_map(|n| (0..5).map(move |s| over_row(n, s))).collect();
+        let o = Bandwidth::new(&rows);
+        assert!((o.peak - 1e7).abs() < 1.0, "peak {}", o.peak);
+        assert_eq!(o.span, (0.0, 610.0));
+        assert!(o.peak / o.mean < 1.3, "{}", o.title());
+        assert!(render(&o, "").unwrap().svg.contains("Send rate per node: peak 10 Mbit/s"));
+        // Nothing sent: the plot says so.
+        assert!(
+            render(&Bandwidth::new(&[row(0, 0, 0.0, 1.0, 1.0)]), "")
+                .unwrap()
+                .svg
+                .contains("no bytes sent")
+        );
+        assert!(Bandwidth::new(&[]).bins.is_empty());
     }
 }

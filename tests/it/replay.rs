@@ -31,6 +31,7 @@ fn replay_writes_the_run_and_a_report_whose_numbers_are_the_summarys() {
         "time_by_node",
         "time_by_step",
         "timeline",
+        "bandwidth",
         "bytes_per_step",
     ] {
         let png = std::fs::read(out.join(format!("{plot}.png"))).unwrap();
