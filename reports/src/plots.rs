@@ -966,6 +966,20 @@ fn rate_unit(max_bits: f64) -> Unit {
         .map_or(Unit { div: 1.0, name: "bit/s" }, |&(div, name)| Unit { div, name })
 }
 
+/// A rate in bit/s in its own unit, three significant digits (`64.3 Mbit/s`, `2.05 Gbit/s`).
+fn rate_text(bits: f64) -> String {
+    let u = rate_unit(bits);
+    let v = bits / u.div;
+    let decimals = if v < 10.0 {
+        2
+    } else if v < 100.0 {
+        1
+    } else {
+        0
+    };
+    format!("{} {}", tick(v, decimals), u.name)
+}
+
 /// The rate each node sends at over time, so that one sees the peak a link must carry against
 /// the mean it carries: sync DiLoCo sends in bursts between long silences, overlapped and
 /// streaming DiLoCo spread the same bytes.
@@ -1065,13 +1079,10 @@ impl Bandwidth {
         if self.peak <= 0.0 {
             return "Send rate per node".to_owned();
         }
-        let u = rate_unit(self.peak);
         format!(
-            "Send rate per node: peak {} {}, mean {} {} ({:.1}x)",
-            tick(self.peak / u.div, 1),
-            u.name,
-            tick(self.mean / u.div, 1),
-            u.name,
+            "Send rate per node: peak {}, mean {} ({:.1}x)",
+            rate_text(self.peak),
+            rate_text(self.mean),
             self.peak / self.mean.max(f64::MIN_POSITIVE)
         )
     }
@@ -1107,12 +1118,10 @@ impl Plot for Bandwidth {
             .draw_series(AreaSeries::new(
                 self.bins.iter().map(|b| xy(b.0, b.1)),
                 0.0,
-                BLUE.mix(0.35),
+                BLUE.mix(0.5),
             ))?
             .label("mean over the nodes")
-            .legend(|(x, y)| {
-                Rectangle::new([(x, y - 5), (x + 16, y + 5)], BLUE.mix(0.35).filled())
-            });
+            .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 16, y + 5)], BLUE.mix(0.5).filled()));
         chart
             .draw_series(LineSeries::new(self.bins.iter().map(|b| xy(b.0, b.2)), DARK_RED))?
             .label("busiest node")
@@ -1300,7 +1309,7 @@ mod tests {
         let at = |t: f64| b.bins.iter().find(|x| (x.0 - t).abs() <= width / 2.0).unwrap();
         assert_eq!(at(50.0).1, 0.0);
         assert!((at(107.0).1 - 1e8).abs() < 1.0 && (at(107.0).2 - 1e8).abs() < 1.0);
-        assert_eq!(b.title(), "Send rate per node: peak 100 Mbit/s, mean 8.9 Mbit/s (11.2x)");
+        assert_eq!(b.title(), "Send rate per node: peak 100 Mbit/s, mean 8.93 Mbit/s (11.2x)");
         // The same bytes over all-reduces that run beside the next compute, 100 s each: the peak
         // falls tenfold, and the last all-reduce stretches the span.
         let over_row = |node, step| {

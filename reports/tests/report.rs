@@ -197,7 +197,7 @@ fn svgs_are_well_formed_with_titles_and_data() {
         ("time_by_node", "Where each node's time went"),
         ("time_by_step", "Time per outer step (mean over nodes)"),
         ("timeline", "Compute and all-reduce per node"),
-        ("bandwidth", "Send rate per node: peak 4 Mbit/s, mean 0.2 Mbit/s (19.4x)"),
+        ("bandwidth", "Send rate per node: peak 4 Mbit/s, mean 206 kbit/s (19.4x)"),
         ("allreduce_hist", "All-reduce time distribution"),
         ("bytes_per_step", "Bytes sent per outer step (all nodes)"),
         ("loss", "Loss"),
