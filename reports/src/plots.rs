@@ -1290,13 +1290,16 @@ mod tests {
 
     #[test]
     fn bandwidth_spreads_bytes_over_the_all_reduce_and_compares_peak_with_mean() {
-        // Sync: 1 Gbit over each 10 s all-reduce, two nodes, rows of 112 s back to back.
-        let sync_row = |node, step| {
-            let r = row(node, step, 112.0 * step as f64, 10.0, 10.0);
-            OuterStepRow { bytes_sent: 125_000_000, ..r }
+        // Two nodes, five rows each of `every` s, 1 Gbit sent in each.
+        let run = |every: f64, allreduce_s: f64, wall_s: f64| -> Vec<OuterStepRow> {
+            let sent = |n, s| OuterStepRow {
+                bytes_sent: 125_000_000,
+                ..row(n, s, every * s as f64, allreduce_s, wall_s)
+            };
+            (0..2).flat_map(|n| (0..5).map(move |s| sent(n, s))).collect()
         };
-        let rows: Vec<_> = (0..2).flat_map(|n| (0..5).map(move |s| sync_row(n, s))).collect();
-        let b = Bandwidth::new(&rows);
+        // Sync: a 10 s all-reduce in each row of 112 s.
+        let b = Bandwidth::new(&run(112.0, 10.0, 10.0));
         assert!((b.peak - 1e8).abs() < 1.0, "peak {}", b.peak);
         // 10 Gbit over two nodes' 560 s.
         assert!((b.mean - 1e10 / 1120.0).abs() < 1.0, "mean {}", b.mean);
@@ -1312,12 +1315,7 @@ mod tests {
         assert_eq!(b.title(), "Send rate per node: peak 100 Mbit/s, mean 8.93 Mbit/s (11.2x)");
         // The same bytes over all-reduces that run beside the next compute, 100 s each: the peak
         // falls tenfold, and the last all-reduce stretches the span.
-        let over_row = |node, step| {
-            let r = row(node, step, 102.0 * step as f64, 0.0, 100.0);
-            OuterStepRow { bytes_sent: 125_000_000, ..r }
-        };
-        let rows: Vec<_> = (0..2).flat_map(|n| (0..5).map(move |s| over_row(n, s))).collect();
-        let o = Bandwidth::new(&rows);
+        let o = Bandwidth::new(&run(102.0, 0.0, 100.0));
         assert!((o.peak - 1e7).abs() < 1.0, "peak {}", o.peak);
         assert_eq!(o.span, (0.0, 610.0));
         assert!(o.peak / o.mean < 1.3, "{}", o.title());
