@@ -139,6 +139,12 @@ pub(crate) struct ReplayArgs {
     /// the scenario's, else 4).
     #[arg(long, value_name = "P")]
     pub(crate) fragments: Option<u32>,
+    /// Overlap and streaming: merge each all-reduce's average this many inner steps into the
+    /// round it runs beside, instead of at its end (`[diloco] sync_delay`; a divisor of a
+    /// round: inner_steps, or inner_steps / fragments). Shorter: the global weights lag less,
+    /// and the all-reduce has less compute to hide behind.
+    #[arg(long, value_name = "STEPS")]
+    pub(crate) sync_delay: Option<u64>,
 }
 
 #[derive(Debug, Args)]
@@ -513,6 +519,11 @@ pub(crate) struct QualityBench {
     /// Streaming DiLoCo's fragments (a divisor of --inner-steps).
     #[arg(long, value_name = "P", default_value_t = 5)]
     pub(crate) fragments: u32,
+    /// The --mode runs merge each average this many inner steps into the round after its
+    /// sync, not at its end (`[diloco] sync_delay`; a divisor of a round: --inner-steps, or
+    /// --inner-steps / --fragments in streaming mode).
+    #[arg(long, value_name = "STEPS")]
+    pub(crate) sync_delay: Option<u64>,
     /// The --mode runs' mix (`[diloco] mix`): the share of the local weights kept against the
     /// eager outer step at each sync, in [0, 1).
     #[arg(long, default_value_t = 0.0)]

@@ -279,12 +279,27 @@ pub(crate) fn print_summary(s: &loco_core::metrics::Summary, dir: &std::path::Pa
         s.scenario, s.backend, s.seed
     );
     let mode = s.extra.get("diloco_mode").and_then(|m| m.as_str()).unwrap_or("sync");
-    let fragments = s.extra.get("fragments").and_then(serde_json::Value::as_u64).unwrap_or(1);
+    let number = |k: &str| s.extra.get(k).and_then(serde_json::Value::as_u64);
+    let fragments = number("fragments").unwrap_or(1);
+    let rounds = number("rounds_per_step").unwrap_or(fragments);
+    let merged = match number("sync_delay") {
+        Some(d) if rounds > fragments => {
+            format!(", each average merged {d} inner steps into the next round")
+        }
+        _ => String::new(),
+    };
     match mode {
         "streaming" => {
             let _ = writeln!(
                 out,
-                "outer steps         {} rounds of streaming DiLoCo ({fragments} fragments, {fragments} rounds per outer step)",
+                "outer steps         {} rounds of streaming DiLoCo ({fragments} fragments, {rounds} rounds per outer step{merged})",
+                s.outer_steps
+            );
+        }
+        "overlap" if rounds > 1 => {
+            let _ = writeln!(
+                out,
+                "outer steps         {} rounds of overlapped DiLoCo ({rounds} rounds per outer step{merged})",
                 s.outer_steps
             );
         }

@@ -313,6 +313,7 @@ pub(crate) fn worker(a: &crate::cli::WorkerArgs) -> Result<()> {
         mode: s.diloco().mode,
         fragments: s.diloco().fragments,
         mix: s.diloco().mix as f32,
+        sync_every: s.diloco().sync_every(),
         codec: s.diloco().codec,
         outer: loco_core::diloco::OuterConfig {
             lr: s.diloco().outer_lr as f32,

@@ -23,10 +23,10 @@ pub(crate) fn scenario_or_default(path: Option<&Path>) -> Result<Scenario> {
 /// Runs the replay; `Ok(false)` when an invariant broke.
 pub(crate) fn replay(a: &crate::cli::ReplayArgs) -> Result<bool> {
     let mut scenario = scenario_or_default(a.scenario.as_deref())?;
-    if a.mode.is_some() || a.fragments.is_some() {
+    if a.mode.is_some() || a.fragments.is_some() || a.sync_delay.is_some() {
         let mode = a.mode.unwrap_or(scenario.diloco().mode);
         scenario
-            .set_mode(mode, a.fragments, None)
+            .set_mode(mode, a.fragments, None, a.sync_delay)
             .map_err(|e| InputError(anyhow!("--mode {mode}: {e}")))?;
     }
     let out = a.out.clone().unwrap_or_else(|| PathBuf::from("out").join(scenario.name()));

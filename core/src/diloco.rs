@@ -111,13 +111,19 @@ impl std::str::FromStr for Mode {
     }
 }
 
-/// Which values each round synchronises: the mode, its fragments and the merge's mix.
+/// Which values each round synchronises: the mode, its fragments, how many rounds apart the
+/// syncs are, and the merge's mix.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Schedule {
     /// The mode.
     pub mode: Mode,
     /// The fragments, tiling `0..params` in order (one, the whole model, unless streaming).
     pub fragments: Vec<Range<usize>>,
+    /// Rounds from one sync to the next (at least 1): the last round of each `every`
+    /// synchronises the next fragment, the others nothing. A sync's average is merged at the
+    /// end of the round after it, so `every > 1` (the scenario's `sync_delay` shorter than a
+    /// round) merges it part-way into the period it runs beside.
+    pub every: u64,
     /// The merge keeps `mix` of the local weights (`0`: all of the global update).
     pub mix: f32,
 }
@@ -125,7 +131,7 @@ pub struct Schedule {
 impl Schedule {
     /// Sync DiLoCo over `params` values.
     pub fn sync(params: usize) -> Schedule {
-        Schedule { mode: Mode::Sync, fragments: fragments(params, &[], 1), mix: 0.0 }
+        Schedule { mode: Mode::Sync, fragments: fragments(params, &[], 1), every: 1, mix: 0.0 }
     }
 
     /// `mode` over a model of `params` values whose layers (tensors) have the lengths `layers`
@@ -133,13 +139,22 @@ impl Schedule {
     /// otherwise) following layer boundaries ([`fragments`]).
     pub fn new(mode: Mode, params: usize, layers: &[usize], fragments: u32, mix: f32) -> Schedule {
         let p = if mode == Mode::Streaming { fragments.max(1) } else { 1 };
-        Schedule { mode, fragments: self::fragments(params, layers, p), mix }
+        Schedule { mode, fragments: self::fragments(params, layers, p), every: 1, mix }
     }
 
-    /// The fragment round `round` synchronises.
+    /// This schedule with a sync every `every` rounds (at least 1; sync mode keeps 1).
+    pub fn with_sync_every(mut self, every: u64) -> Schedule {
+        self.every = if self.mode.overlaps() { every.max(1) } else { 1 };
+        self
+    }
+
+    /// The fragment round `round` synchronises: empty (at the next fragment's start) in the
+    /// rounds between two syncs.
     pub fn fragment(&self, round: u64) -> Range<usize> {
         let p = self.fragments.len().max(1) as u64;
-        self.fragments.get((round % p) as usize).cloned().unwrap_or(0..0)
+        let k = self.every.max(1);
+        let f = self.fragments.get(((round / k) % p) as usize).cloned().unwrap_or(0..0);
+        if round % k == k - 1 { f } else { f.start..f.start }
     }
 
     /// The fragment merged at the end of round `round` (the one synchronised a round before).

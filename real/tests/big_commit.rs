@@ -169,6 +169,7 @@ async fn commit_work_longer_than_the_heartbeat_timeout_evicts_nobody() {
             mode: loco_core::diloco::Mode::Sync,
             fragments: 1,
             mix: 0.0,
+            sync_every: 1,
             codec: CodecKind::Uint8,
             outer: OuterConfig::default(),
             segment_elems: None,

@@ -39,6 +39,7 @@ fn worker(id: u32, coordinator: std::net::SocketAddr, dir: &std::path::Path) -> 
         mode: loco_core::diloco::Mode::Sync,
         fragments: 1,
         mix: 0.0,
+        sync_every: 1,
         codec: CodecKind::Uint8,
         outer: OuterConfig::default(),
         segment_elems: Some(1000),

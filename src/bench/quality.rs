@@ -383,6 +383,20 @@ pub(crate) fn run(args: &QualityBench) -> Result<QualityReport> {
     {
         return Err(bad("--fragments", "a divisor of --inner-steps, at least 1"));
     }
+    if let Some(d) = args.sync_delay {
+        for &m in &args.modes {
+            let period = match m {
+                loco_core::diloco::Mode::Streaming => args.inner_steps / u64::from(args.fragments),
+                _ => args.inner_steps,
+            };
+            if d == 0 || !period.is_multiple_of(d) {
+                return Err(bad(
+                    "--sync-delay",
+                    &format!("a divisor of a {m} round ({period} inner steps), at least 1"),
+                ));
+            }
+        }
+    }
     if args.pretrain_steps > MAX_STEPS {
         return Err(bad("--pretrain-steps", &format!("at most {MAX_STEPS}")));
     }
@@ -467,7 +481,7 @@ pub(crate) fn run(args: &QualityBench) -> Result<QualityReport> {
     }
     let mode_runs = modes
         .iter()
-        .map(|&m| plan.diloco_mode(m, args.mode_codec, args.fragments, args.mix))
+        .map(|&m| plan.diloco_mode(m, args.mode_codec, args.fragments, args.mix, args.sync_delay))
         .collect::<Result<Vec<_>>>()?;
     let dp = plan.data_parallel()?;
     let diloco_vs_single = fp32.final_eval_loss / single.final_eval_loss - 1.0;
@@ -841,9 +855,19 @@ impl Plan<'_> {
         codec: loco_core::codec::CodecKind,
         fragments: u32,
         mix: f32,
+        sync_delay: Option<u64>,
     ) -> Result<RunReport> {
         use loco_core::diloco::{Mode, OuterState, Schedule, buckets_from_sizes};
-        let name = format!("{mode}-{codec}");
+        let fragments_p = if mode == Mode::Streaming { u64::from(fragments.max(1)) } else { 1 };
+        // A round: from one fragment's sync to the next one's, or `sync_delay` inner steps, with
+        // a sync every `every` rounds (the others all-reduce nothing).
+        let period = self.inner_steps / fragments_p;
+        let round_steps = sync_delay.unwrap_or(period).clamp(1, period);
+        let every = period / round_steps;
+        let name = match every {
+            1 => format!("{mode}-{codec}"),
+            _ => format!("{mode}-{codec}-delay{round_steps}"),
+        };
         let mut rec = Recorder::new("mode");
         let w = self.workers;
         let mut trainers =
@@ -854,9 +878,10 @@ impl Plan<'_> {
         let init = trainers[0].flat_params()?;
         let layout = trainers[0].param_layout();
         let layers: Vec<usize> = layout.iter().map(|(_, n)| *n).collect();
-        let schedule = Schedule::new(mode, init.len(), &layers, fragments, mix);
-        let p = if mode == Mode::Streaming { u64::from(fragments.max(1)) } else { 1 };
-        let round_steps = self.inner_steps / p;
+        let schedule =
+            Schedule::new(mode, init.len(), &layers, fragments, mix).with_sync_every(every);
+        // Rounds per outer step.
+        let p = fragments_p * every;
         let buckets = buckets_from_sizes(layout);
         let mut outers = (0..w)
             .map(|_| OuterState::new(self.outer, init.clone(), buckets.clone()))
@@ -896,7 +921,8 @@ impl Plan<'_> {
                 t.set_flat_params(&inner)?;
                 sent.push(o.pseudo_gradient()[fragment.clone()].to_vec());
             }
-            in_flight = Some((fragment, sent));
+            // A round between two syncs all-reduces nothing.
+            in_flight = (!fragment.is_empty()).then_some((fragment, sent));
             // The global weights after every H inner steps (the last point after the flush).
             let done = (round + 1) * round_steps;
             let end_of_step = round < rounds && (round + 1) % p == 0;
@@ -913,7 +939,7 @@ impl Plan<'_> {
             steps_per_worker: total,
             compute_batches: total * w as u64,
             tokens: total * w as u64 * (self.cfg.batch_rows * self.cfg.seq_len) as u64,
-            sync_rounds: rounds + p,
+            sync_rounds: (rounds + p) / every,
             bytes_per_worker: bytes,
             bytes_estimated: false,
             final_eval_loss: rec.curve.last().map_or(f64::NAN, |p| p.eval_loss),

@@ -434,7 +434,7 @@ fn allowed(scenario: &str) -> List {
         "crash-in-state-send" => {}
         // The crash lands in the inner steps while the step before's all-reduce runs beside
         // them: the ring breaks as in a crash in the reduce-scatter.
-        "overlap-crash-join" | "streaming-crash-join" => {
+        "overlap-crash-join" | "overlap-delay-crash-join" | "streaming-crash-join" => {
             l.broken_ring();
         }
         "hang" => {
@@ -761,6 +761,7 @@ scenarios! {
     join_non_blocking = "join-non-blocking",
     leave = "leave",
     overlap_crash_join = "overlap-crash-join",
+    overlap_delay_crash_join = "overlap-delay-crash-join",
     streaming_crash_join = "streaming-crash-join",
     two_joiners = "two-joiners",
 }

@@ -360,11 +360,17 @@ pub fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
 
 /// The all-reduce durations of the rows that had one, ascending: `allreduce_wall_s` (the time
 /// beside the inner steps counts), or `allreduce_s` when larger (rows that do not give the
-/// wall time), when above 0 and finite.
+/// wall time), when above 0 and finite. In an overlapped run (some row's all-reduce outlasted
+/// the wait in it) only `allreduce_wall_s` counts: there a row's `allreduce_s` is the wait for
+/// the round before's all-reduce, and a round between two syncs (`sync_delay`) has none of
+/// its own.
 pub fn allreduce_samples(rows: &[OuterStepRow]) -> Vec<f64> {
+    let overlapped = rows.iter().any(|r| r.allreduce_wall_s > r.allreduce_s + 1e-9);
     let mut v: Vec<f64> = rows
         .iter()
-        .map(|r| r.allreduce_wall_s.max(r.allreduce_s))
+        .map(
+            |r| if overlapped { r.allreduce_wall_s } else { r.allreduce_wall_s.max(r.allreduce_s) },
+        )
         .filter(|x| x.is_finite() && *x > 0.0)
         .collect();
     v.sort_by(f64::total_cmp);

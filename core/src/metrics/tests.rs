@@ -210,6 +210,13 @@ fn allreduce_samples_skip_rows_without_one() {
         OuterStepRow { allreduce_s: f64::NAN, ..row(1, "b", 1) },
     ];
     assert_eq!(allreduce_samples(&rows), vec![1.0, 3.0]);
+    // Overlapped: a row's own all-reduce only, not its wait for the one before.
+    let rows = vec![
+        OuterStepRow { allreduce_s: 0.5, allreduce_wall_s: 4.0, ..row(0, "a", 0) },
+        OuterStepRow { allreduce_s: 2.0, allreduce_wall_s: 0.0, ..row(0, "a", 1) },
+        OuterStepRow { allreduce_s: 1.0, allreduce_wall_s: 3.0, ..row(0, "a", 2) },
+    ];
+    assert_eq!(allreduce_samples(&rows), vec![3.0, 4.0]);
 }
 
 /// Node a: 14 s compute of 20 s wall, 3 s all-reduce. Node b: 10 of 20, 5 s all-reduce.

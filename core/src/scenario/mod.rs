@@ -65,6 +65,9 @@
 //! fragments = 4                # streaming only; default 4; a divisor of inner_steps
 //! mix = 0.0                    # overlap and streaming; default 0; in [0, 1): the share of the
 //!                              # local weights the merge keeps against the global update
+//! sync_delay = 25              # overlap and streaming; default a round (inner_steps, or
+//!                              # inner_steps / fragments): the inner steps after a sync at which
+//!                              # its average is merged; a divisor of that round
 //! codec = "uint8"              # default "uint8"; fp32 | fp16 | bf16 | uint8 | int8-block | int4-block
 //! outer_lr = 0.7               # default 0.7; > 0
 //! outer_momentum = 0.9         # default 0.9; in [0, 1)
@@ -323,6 +326,12 @@ pub struct DilocoSpec {
     /// The merge's mix of overlap and streaming modes, in [0, 1): the share of the local weights
     /// kept against the global update (0: all of the update).
     pub mix: f64,
+    /// Overlap and streaming modes: the inner steps after a sync at which its average is merged
+    /// (a divisor of [`sync_period`](Self::sync_period), which is the default: the merge at the
+    /// end of the round the all-reduce ran beside). Shorter, the global weights lag less and the
+    /// all-reduce has less compute to hide behind. [`sync_period`](Self::sync_period) in sync
+    /// mode.
+    pub sync_delay: u64,
     /// How pseudo-gradients travel in the all-reduce.
     pub codec: CodecKind,
     /// Outer SGD learning rate (> 0).
@@ -355,29 +364,43 @@ pub struct DilocoSpec {
 pub const STREAMING_FRAGMENTS: u32 = 4;
 
 impl DilocoSpec {
-    /// Inner steps per round of the mesh (one all-reduce): `inner_steps / fragments` in
-    /// streaming mode (each round synchronises one fragment), `inner_steps` otherwise.
-    pub fn round_steps(&self) -> u64 {
+    /// Inner steps from one fragment's sync to the next one's: `inner_steps / fragments` in
+    /// streaming mode, `inner_steps` otherwise.
+    pub fn sync_period(&self) -> u64 {
         match self.mode {
             Mode::Streaming => (self.inner_steps / u64::from(self.fragments.max(1))).max(1),
             Mode::Sync | Mode::Overlap => self.inner_steps,
         }
     }
 
-    /// Rounds of the mesh (all-reduces) per outer step of `inner_steps` inner steps: `P` in
-    /// streaming mode, 1 otherwise. `[stop] outer_steps` counts outer steps; the mesh, its rows
-    /// and its step numbers count rounds.
-    pub fn rounds_per_step(&self) -> u64 {
+    /// Inner steps per round of the mesh (one all-reduce): [`sync_delay`](Self::sync_delay) in
+    /// overlap and streaming modes (a sync's average is merged at the end of the round after
+    /// it; rounds between two syncs all-reduce nothing), `inner_steps` in sync mode.
+    pub fn round_steps(&self) -> u64 {
         match self.mode {
-            Mode::Streaming => u64::from(self.fragments.max(1)),
-            Mode::Sync | Mode::Overlap => 1,
+            Mode::Sync => self.inner_steps,
+            Mode::Overlap | Mode::Streaming => self.sync_delay.clamp(1, self.sync_period()),
         }
+    }
+
+    /// Rounds of the mesh (all-reduces) per outer step of `inner_steps` inner steps: `P` in
+    /// streaming mode, 1 otherwise, times [`sync_every`](Self::sync_every). `[stop]
+    /// outer_steps` counts outer steps; the mesh, its rows and its step numbers count rounds.
+    pub fn rounds_per_step(&self) -> u64 {
+        (self.inner_steps / self.round_steps()).max(1)
+    }
+
+    /// Rounds from one sync to the next: `sync_period / sync_delay` (1 unless `sync_delay` is
+    /// shorter than the period).
+    pub fn sync_every(&self) -> u64 {
+        (self.sync_period() / self.round_steps()).max(1)
     }
 
     /// The all-reduce [`Schedule`] over a model of `params` values whose layers have the
     /// lengths `layers` (empty: cut anywhere).
     pub fn schedule(&self, params: usize, layers: &[usize]) -> Schedule {
         Schedule::new(self.mode, params, layers, self.fragments, self.mix as f32)
+            .with_sync_every(self.sync_every())
     }
 
     /// [`segment`](Self::segment) in values of the configured codec (at least 1), if set: what
@@ -420,6 +443,7 @@ impl Default for DilocoSpec {
             mode: Mode::Sync,
             fragments: 1,
             mix: 0.0,
+            sync_delay: 100,
             codec: CodecKind::Uint8,
             outer_lr: 0.7,
             outer_momentum: 0.9,
@@ -1151,13 +1175,16 @@ impl Scenario {
 
     /// Replaces the DiLoCo mode (the command line's `--mode`), with streaming's `fragments`
     /// (default: the scenario's, or [`STREAMING_FRAGMENTS`]) and the merge's `mix` (default: the
-    /// scenario's). Errors as the scenario's own fields would: `fragments` must divide
-    /// `inner_steps` (streaming) or be 1, and `mix` lie in [0, 1) (not with sync).
+    /// scenario's) and `sync_delay` (default: the scenario's where it was shortened and still
+    /// divides the new round, else the round). Errors as the scenario's own fields would:
+    /// `fragments` must divide `inner_steps` (streaming) or be 1, `mix` lie in [0, 1) (not with
+    /// sync), and `sync_delay` divide the round (not with sync).
     pub fn set_mode(
         &mut self,
         mode: Mode,
         fragments: Option<u32>,
         mix: Option<f64>,
+        sync_delay: Option<u64>,
     ) -> Result<(), String> {
         let h = self.diloco.inner_steps;
         let fragments = match (mode, fragments) {
@@ -1178,7 +1205,30 @@ impl Scenario {
         if !(0.0..1.0).contains(&mix) || (mode == Mode::Sync && mix != 0.0) {
             return Err(format!("mix = {mix}: expected a number in [0, 1), and none with sync"));
         }
-        (self.diloco.mode, self.diloco.fragments, self.diloco.mix) = (mode, fragments, mix);
+        let period = if mode == Mode::Streaming { h / u64::from(fragments) } else { h };
+        let old = &self.diloco;
+        let delay = match sync_delay {
+            Some(d) if mode == Mode::Sync => {
+                return Err(format!("sync_delay = {d}: sync mode has no delay to shorten"));
+            }
+            Some(d) => d,
+            None if old.mode != Mode::Sync
+                && old.sync_delay < old.sync_period()
+                && old.sync_delay > 0
+                && period.is_multiple_of(old.sync_delay) =>
+            {
+                old.sync_delay
+            }
+            None => period,
+        };
+        if delay == 0 || !period.is_multiple_of(delay) {
+            return Err(format!(
+                "sync_delay = {delay}: expected a divisor of a round ({period} inner steps), at \
+                 least 1"
+            ));
+        }
+        let d = &mut self.diloco;
+        (d.mode, d.fragments, d.mix, d.sync_delay) = (mode, fragments, mix, delay);
         Ok(())
     }
 

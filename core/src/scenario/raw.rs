@@ -165,6 +165,7 @@ pub(crate) struct RawDiloco {
     pub(crate) mode: Option<String>,
     pub(crate) fragments: Option<u32>,
     pub(crate) mix: Option<f64>,
+    pub(crate) sync_delay: Option<u64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]

@@ -793,6 +793,26 @@ fn value_constraints() {
     );
     let src = format!("{BASE}[diloco]\nmode = \"overlap\"\nmix = 1.0\n");
     assert_msg(&src, "1.0", "diloco.mix: expected a number in [0, 1), got 1");
+    let src = format!("{BASE}[diloco]\nsync_delay = 50\n");
+    assert_msg(
+        &src,
+        "50",
+        r#"diloco.sync_delay: expected no sync_delay with mode = "sync" (it shortens the delay of overlap and streaming), got 50"#,
+    );
+    let src = format!("{BASE}[diloco]\nmode = \"streaming\"\nsync_delay = 10\n");
+    assert_msg(
+        &src,
+        "10",
+        "diloco.sync_delay: expected a divisor of a round (25 inner steps: inner_steps / fragments), at least 1, got 10",
+    );
+    let src = format!("{BASE}[diloco]\nmode = \"overlap\"\nsync_delay = 0\n");
+    assert_eq!(
+        err(&src).to_string(),
+        format!(
+            "t.toml:{}: diloco.sync_delay: expected a divisor of a round (100 inner steps: inner_steps / fragments), at least 1, got 0",
+            pos_last(&src, "0\n")
+        )
+    );
     let src = format!("{BASE}[diloco]\ndecay_start = 2000\n");
     assert_msg(
         &src,
@@ -1199,12 +1219,37 @@ fn streaming_mode_counts_rounds_of_a_fragment_each() {
     let sched = d.schedule(10, &[]);
     assert_eq!(sched.fragments, vec![0..2, 2..5, 5..7, 7..10]);
     let mut s = s;
-    s.set_mode(crate::diloco::Mode::Overlap, None, None).unwrap();
+    s.set_mode(crate::diloco::Mode::Overlap, None, None, None).unwrap();
     assert_eq!((s.diloco().round_steps(), s.diloco().rounds_per_step()), (100, 1));
-    assert!(s.set_mode(crate::diloco::Mode::Streaming, Some(3), None).is_err());
-    assert!(s.set_mode(crate::diloco::Mode::Sync, None, Some(0.5)).is_err());
+    assert!(s.set_mode(crate::diloco::Mode::Streaming, Some(3), None, None).is_err());
+    assert!(s.set_mode(crate::diloco::Mode::Sync, None, Some(0.5), None).is_err());
     // The default of streaming is 4 fragments.
-    s.set_mode(crate::diloco::Mode::Sync, None, None).unwrap();
-    s.set_mode(crate::diloco::Mode::Streaming, None, None).unwrap();
+    s.set_mode(crate::diloco::Mode::Sync, None, None, None).unwrap();
+    s.set_mode(crate::diloco::Mode::Streaming, None, None, None).unwrap();
     assert_eq!(s.diloco().fragments, 4);
+    // A shorter delay: rounds of `sync_delay`, a sync every `sync_period / sync_delay`.
+    s.set_mode(crate::diloco::Mode::Streaming, None, None, Some(5)).unwrap();
+    let d = s.diloco();
+    assert_eq!(
+        (d.sync_period(), d.round_steps(), d.rounds_per_step(), d.sync_every()),
+        (25, 5, 20, 5)
+    );
+    let sched = d.schedule(10, &[]);
+    assert_eq!(sched.every, 5);
+    // Rounds 0-3 all-reduce nothing (at the first fragment's start), round 4 the first fragment;
+    // round 5 merges it; round 9 syncs the second.
+    assert_eq!(
+        (0..10).map(|r| sched.fragment(r)).collect::<Vec<_>>(),
+        vec![0..0, 0..0, 0..0, 0..0, 0..2, 2..2, 2..2, 2..2, 2..2, 2..5]
+    );
+    assert_eq!((sched.merged(5), sched.merged(6)), (Some(0..2), Some(2..2)));
+    // Kept through a change of mode where it still divides the round, else the round.
+    s.set_mode(crate::diloco::Mode::Overlap, None, None, None).unwrap();
+    assert_eq!((s.diloco().round_steps(), s.diloco().rounds_per_step()), (5, 20));
+    s.set_mode(crate::diloco::Mode::Streaming, Some(50), None, None).unwrap();
+    assert_eq!(s.diloco().round_steps(), 2);
+    assert!(s.set_mode(crate::diloco::Mode::Overlap, None, None, Some(3)).is_err());
+    assert!(s.set_mode(crate::diloco::Mode::Sync, None, None, Some(50)).is_err());
+    s.set_mode(crate::diloco::Mode::Sync, None, None, None).unwrap();
+    assert_eq!((s.diloco().round_steps(), s.diloco().rounds_per_step()), (100, 1));
 }

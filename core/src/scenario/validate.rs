@@ -425,6 +425,29 @@ fn diloco(d: &RawDiloco) -> R<DilocoSpec> {
         Some(x) => unit_interval(&p.key("mix"), x)?,
         None => def.mix,
     };
+    let period = inner_steps / u64::from(fragments);
+    let sync_delay = match d.sync_delay {
+        Some(t) if mode == Mode::Sync => {
+            return Err(expected(
+                &p.key("sync_delay"),
+                "no sync_delay with mode = \"sync\" (it shortens the delay of overlap and \
+                 streaming)",
+                t,
+            ));
+        }
+        Some(t) if t == 0 || !period.is_multiple_of(t) => {
+            return Err(expected(
+                &p.key("sync_delay"),
+                format!(
+                    "a divisor of a round ({period} inner steps: inner_steps / fragments), at \
+                     least 1"
+                ),
+                t,
+            ));
+        }
+        Some(t) => t,
+        None => period,
+    };
     let betas = match &d.betas {
         Some(b) if b.len() == 2 => (
             unit_interval(&p.key("betas").index(0), b[0])?,
@@ -470,6 +493,7 @@ fn diloco(d: &RawDiloco) -> R<DilocoSpec> {
         mode,
         fragments,
         mix,
+        sync_delay,
         codec,
         outer_lr: finite_at_least(
             &p.key("outer_lr"),

@@ -102,6 +102,8 @@ pub(crate) fn collect(
             ("stale_frames_rejected".to_string(), serde_json::json!(stale.values().sum::<u64>())),
             ("diloco_mode".to_string(), serde_json::json!(s.diloco().mode.as_str())),
             ("fragments".to_string(), serde_json::json!(s.diloco().fragments)),
+            ("sync_delay".to_string(), serde_json::json!(s.diloco().round_steps())),
+            ("rounds_per_step".to_string(), serde_json::json!(s.diloco().rounds_per_step())),
         ]),
     };
     let summary = summarize(&meta, &rows, &events);

@@ -72,6 +72,9 @@ pub struct WorkerOptions {
     pub fragments: u32,
     /// The merge's mix (overlap and streaming modes).
     pub mix: f32,
+    /// Rounds from one sync to the next (`[diloco] sync_delay` shorter than a round; 1
+    /// otherwise).
+    pub sync_every: u64,
     /// Codec of the all-reduce.
     pub codec: CodecKind,
     /// The outer optimiser.
@@ -466,7 +469,8 @@ fn node_config(
     own_max: u64,
 ) -> NodeConfig {
     NodeConfig {
-        schedule: Schedule::new(opts.mode, initial.len(), layers, opts.fragments, opts.mix),
+        schedule: Schedule::new(opts.mode, initial.len(), layers, opts.fragments, opts.mix)
+            .with_sync_every(opts.sync_every),
         id: opts.id,
         mesh: opts.mesh.clone(),
         shards: opts.shards.max(1),

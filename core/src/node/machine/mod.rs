@@ -1154,8 +1154,10 @@ impl Node {
             self.violation(Violation::CommitWithoutResult { outer_step: step, epoch });
         }
         // The all-reduce from its first release to this commit, whether the node waited for
-        // it or (overlap modes) computed beside it.
-        if let Some(t0) = self.released_at.take() {
+        // it or (overlap modes) computed beside it; not for the empty all-reduce of a round
+        // between two syncs (`sync_delay` shorter than a round), which carries no values.
+        let empty = self.cfg.schedule.fragment(step).is_empty();
+        if let Some(t0) = self.released_at.take().filter(|_| !empty) {
             if let Some(a) = self.step_row(step) {
                 a.set_allreduce_wall(now.saturating_since(t0));
             }
