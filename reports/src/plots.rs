@@ -984,9 +984,10 @@ fn rate_text(bits: f64) -> String {
 /// the mean it carries: sync DiLoCo sends in bursts between long silences, overlapped and
 /// streaming DiLoCo spread the same bytes.
 ///
-/// A row's bytes (`bytes_sent`) are spread evenly over its all-reduce, placed as in the
-/// [`Timeline`] ([`RowBars`]), or over the whole row when it had none (recovery and control
-/// only). The peak is the highest rate of one node over one row; the mean is all bytes over all
+/// A row's bytes (`bytes_sent`, what the node sent within the row's span) are spread evenly over
+/// the all-reduce they belong to, placed as in the [`Timeline`] ([`RowBars`]): the row's own,
+/// or in an overlapped run the row before's, which ran beside this row's compute; over the
+/// whole row when there was none (recovery and control only). The peak is the highest rate of one node over one row; the mean is all bytes over all
 /// the nodes' time (each node's first row's start to its last row's end, all-reduce included).
 /// The curves are the mean and the highest rate over the nodes in each of [`BANDWIDTH_BINS`]
 /// time bins.
@@ -1007,14 +1008,31 @@ impl Bandwidth {
         let mut sends: Vec<((u32, &str), f64, f64, f64)> = Vec::new();
         let mut present: Vec<((u32, &str), f64, f64)> = Vec::new();
         let mut peak: f64 = 0.0;
+        let mut rows: Vec<&OuterStepRow> = rows
+            .iter()
+            .filter(|r| r.start_s.is_finite() && r.end_s.is_finite() && r.end_s >= r.start_s)
+            .collect();
+        rows.sort_by(|a, b| {
+            (a.node_id, &a.node, a.outer_step)
+                .cmp(&(b.node_id, &b.node, b.outer_step))
+                .then(a.start_s.total_cmp(&b.start_s))
+        });
+        // The all-reduce of the node's row before, when it ran after that row (overlapped).
+        let mut before: Option<((u32, &str), u64, (f64, f64))> = None;
         for r in rows {
-            if !(r.start_s.is_finite() && r.end_s.is_finite() && r.end_s >= r.start_s) {
-                continue;
-            }
             let key = (r.node_id, r.node.as_str());
             let bars = RowBars::of(r);
-            let (a, b) = bars.allreduce.unwrap_or((r.start_s, r.end_s));
-            present.push((key, r.start_s, r.end_s.max(b)));
+            let own = bars.allreduce.unwrap_or((r.start_s, r.end_s));
+            present.push((key, r.start_s, r.end_s.max(own.1)));
+            // A row counts the bytes sent in its span: in an overlapped run that is the
+            // all-reduce of the row before, which ran beside this row's compute.
+            let (a, b) = match before.take() {
+                Some((k, step, span)) if k == key && step + 1 == r.outer_step => span,
+                _ => own,
+            };
+            if let (true, Some(span)) = (bars.overlapped, bars.allreduce) {
+                before = Some((key, r.outer_step, span));
+            }
             let bits = r.bytes_sent as f64 * 8.0;
             if bits > 0.0 && b > a {
                 peak = peak.max(bits / (b - a));
@@ -1320,6 +1338,15 @@ mod tests {
         assert_eq!(o.span, (0.0, 610.0));
         assert!(o.peak / o.mean < 1.3, "{}", o.title());
         assert!(render(&o, "").unwrap().svg.contains("Send rate per node: peak 10 Mbit/s"));
+        // An overlapped row holds the bytes of the all-reduce before it, which ran beside its
+        // compute: row 2's land in row 1's all-reduce (204-304 s), none in row 2's own.
+        let mut rows = run(102.0, 0.0, 100.0);
+        rows.iter_mut()
+            .for_each(|r| r.bytes_sent = if r.outer_step == 2 { 125_000_000 } else { 0 });
+        let o = Bandwidth::new(&rows);
+        let width = (o.span.1 - o.span.0) / BANDWIDTH_BINS as f64;
+        let at = |t: f64| o.bins.iter().find(|x| (x.0 - t).abs() <= width / 2.0).unwrap().1;
+        assert!((at(250.0) - 1e7).abs() < 1.0 && at(350.0) == 0.0, "{} {}", at(250.0), at(350.0));
         // Nothing sent: the plot says so.
         assert!(
             render(&Bandwidth::new(&[row(0, 0, 0.0, 1.0, 1.0)]), "")
