@@ -804,18 +804,24 @@ struct Timeline {
     unit: Unit,
 }
 
+/// The rows with a finite span, in a fixed order whatever the order of the file: node id,
+/// name, outer step, start.
+fn rows_by_node(rows: &[OuterStepRow]) -> Vec<&OuterStepRow> {
+    let mut rows: Vec<&OuterStepRow> = rows
+        .iter()
+        .filter(|r| r.start_s.is_finite() && r.end_s.is_finite() && r.end_s >= r.start_s)
+        .collect();
+    rows.sort_by(|a, b| {
+        (a.node_id, &a.node, a.outer_step)
+            .cmp(&(b.node_id, &b.node, b.outer_step))
+            .then(a.start_s.total_cmp(&b.start_s))
+    });
+    rows
+}
+
 impl Timeline {
     fn new(rows: &[OuterStepRow]) -> Timeline {
-        let mut rows: Vec<&OuterStepRow> = rows
-            .iter()
-            .filter(|r| r.start_s.is_finite() && r.end_s.is_finite() && r.end_s >= r.start_s)
-            .collect();
-        // A fixed order whatever the order of the file: node id, name, outer step, start.
-        rows.sort_by(|a, b| {
-            (a.node_id, &a.node, a.outer_step)
-                .cmp(&(b.node_id, &b.node, b.outer_step))
-                .then(a.start_s.total_cmp(&b.start_s))
-        });
+        let rows = rows_by_node(rows);
         let first_step = rows.iter().map(|r| r.outer_step).min().unwrap_or(0);
         let last_step = first_step.saturating_add(TIMELINE_STEPS);
         let steps_cut = rows.iter().any(|r| r.outer_step >= last_step);
@@ -1008,18 +1014,9 @@ impl Bandwidth {
         let mut sends: Vec<((u32, &str), f64, f64, f64)> = Vec::new();
         let mut present: Vec<((u32, &str), f64, f64)> = Vec::new();
         let mut peak: f64 = 0.0;
-        let mut rows: Vec<&OuterStepRow> = rows
-            .iter()
-            .filter(|r| r.start_s.is_finite() && r.end_s.is_finite() && r.end_s >= r.start_s)
-            .collect();
-        rows.sort_by(|a, b| {
-            (a.node_id, &a.node, a.outer_step)
-                .cmp(&(b.node_id, &b.node, b.outer_step))
-                .then(a.start_s.total_cmp(&b.start_s))
-        });
         // The all-reduce of the node's row before, when it ran after that row (overlapped).
         let mut before: Option<((u32, &str), u64, (f64, f64))> = None;
-        for r in rows {
+        for r in rows_by_node(rows) {
             let key = (r.node_id, r.node.as_str());
             let bars = RowBars::of(r);
             let own = bars.allreduce.unwrap_or((r.start_s, r.end_s));

@@ -272,6 +272,25 @@ fn claims_hold(v: &serde_json::Value) -> bool {
         && v["modes"].as_array().is_none_or(|m| m.iter().all(|m| m["holds"] == true))
 }
 
+/// `loco bench quality --json --inner-steps 20 --outer-steps 5` with `more`: its JSON, after
+/// checking that the exit code says whether the claims held, and that the one `--mode` run
+/// (named `run`) ended within 1% of sync DiLoCo fp32 with bit-identical replicas.
+#[cfg(feature = "torch")]
+fn short_mode_run(ctx: &TestContext, more: &[&str], run: &str) -> serde_json::Value {
+    let mut args = vec!["bench", "quality", "--json", "--inner-steps", "20", "--outer-steps", "5"];
+    args.extend_from_slice(more);
+    let out = ctx.loco(&args);
+    assert!(matches!(out.status.code(), Some(0 | 1)), "stderr: {}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("JSON");
+    assert_eq!(out.status.code() == Some(0), claims_hold(&v), "exit code vs claims");
+    let m = &v["modes"][0];
+    assert_eq!(m["run"], run);
+    let vs = m["vs_sync_fp32"].as_f64().unwrap();
+    assert!(vs.abs() <= 0.01 && m["holds"] == true, "{run} against sync fp32: {vs:+.4}");
+    assert_eq!(v["runs"][3]["replicas_identical"], true);
+    v
+}
+
 /// The README's claim in short: streaming DiLoCo (4 fragments, the 4-bit codec, each
 /// all-reduce landing a round late) ends within 1% of sync DiLoCo fp32's eval loss at equal
 /// tokens; its replicas stay bit-identical, and its 24 all-reduces of a quarter of the model
@@ -280,35 +299,15 @@ fn claims_hold(v: &serde_json::Value) -> bool {
 #[test]
 fn bench_quality_streaming_ends_within_one_percent_of_sync() {
     let ctx = TestContext::new();
-    let args = [
-        "bench",
-        "quality",
-        "--json",
-        "--inner-steps",
-        "20",
-        "--outer-steps",
-        "5",
-        "--mode",
-        "streaming",
-        "--fragments",
-        "4",
-    ];
-    let out = ctx.loco(&args);
-    assert!(matches!(out.status.code(), Some(0 | 1)), "stderr: {}", stderr(&out));
-    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("JSON");
-    assert_eq!(out.status.code() == Some(0), claims_hold(&v), "exit code vs claims");
+    let v =
+        short_mode_run(&ctx, &["--mode", "streaming", "--fragments", "4"], "streaming-int4-block");
     let r = v["runs"].as_array().unwrap();
     let names: Vec<&str> = r.iter().map(|r| r["name"].as_str().unwrap()).collect();
     assert_eq!(
         names,
         ["single", "diloco-fp32", "diloco-uint8", "streaming-int4-block", "data-parallel"]
     );
-    let m = &v["modes"][0];
-    assert_eq!(m["run"], "streaming-int4-block");
-    let vs = m["vs_sync_fp32"].as_f64().unwrap();
-    assert!(vs.abs() <= 0.01 && m["holds"] == true, "streaming against sync fp32: {vs:+.4}");
     let s = &r[3];
-    assert_eq!(s["replicas_identical"], true);
     assert_eq!((s["sync_rounds"].as_u64(), s["compute_batches"].as_u64()), (Some(24), Some(400)));
     let (fp32, int4) =
         (r[1]["bytes_per_worker"].as_u64().unwrap(), s["bytes_per_worker"].as_u64().unwrap());
@@ -323,29 +322,12 @@ fn bench_quality_streaming_ends_within_one_percent_of_sync() {
 #[test]
 fn bench_quality_overlap_merged_halfway_ends_within_one_percent_of_sync() {
     let ctx = TestContext::new();
-    let args = [
-        "bench",
-        "quality",
-        "--json",
-        "--inner-steps",
-        "20",
-        "--outer-steps",
-        "5",
-        "--mode",
-        "overlap",
-        "--sync-delay",
-        "10",
-    ];
-    let out = ctx.loco(&args);
-    assert!(matches!(out.status.code(), Some(0 | 1)), "stderr: {}", stderr(&out));
-    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("JSON");
-    assert_eq!(out.status.code() == Some(0), claims_hold(&v), "exit code vs claims");
-    let m = &v["modes"][0];
-    assert_eq!(m["run"], "overlap-int4-block-delay10");
-    let vs = m["vs_sync_fp32"].as_f64().unwrap();
-    assert!(vs.abs() <= 0.01 && m["holds"] == true, "overlap against sync fp32: {vs:+.4}");
+    let v = short_mode_run(
+        &ctx,
+        &["--mode", "overlap", "--sync-delay", "10"],
+        "overlap-int4-block-delay10",
+    );
     let r = &v["runs"][3];
-    assert_eq!(r["replicas_identical"], true);
     assert_eq!((r["sync_rounds"].as_u64(), r["compute_batches"].as_u64()), (Some(6), Some(400)));
     let (fp32, int4) = (
         v["runs"][1]["bytes_per_worker"].as_u64().unwrap(),
