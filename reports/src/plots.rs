@@ -1014,8 +1014,10 @@ impl Bandwidth {
         let mut sends: Vec<((u32, &str), f64, f64, f64)> = Vec::new();
         let mut present: Vec<((u32, &str), f64, f64)> = Vec::new();
         let mut peak: f64 = 0.0;
-        // The all-reduce of the node's row before, when it ran after that row (overlapped).
-        let mut before: Option<((u32, &str), u64, (f64, f64))> = None;
+        // The all-reduce of the node's row before (node, outer step, span), when it ran after
+        // that row (overlapped).
+        type Before<'a> = ((u32, &'a str), u64, (f64, f64));
+        let mut before: Option<Before> = None;
         for r in rows_by_node(rows) {
             let key = (r.node_id, r.node.as_str());
             let bars = RowBars::of(r);
