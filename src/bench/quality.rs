@@ -354,6 +354,22 @@ pub(crate) fn run(_args: &QualityBench) -> Result<QualityReport> {
     .into())
 }
 
+/// The DiLoCo settings of a `--mode` run of `inner_steps` inner steps per outer step (its
+/// rounds, syncs and schedule), as a scenario's `[diloco]` would give them.
+#[cfg(feature = "torch")]
+fn mode_spec(
+    inner_steps: u64,
+    mode: loco_core::diloco::Mode,
+    fragments: u32,
+    mix: f32,
+    sync_delay: Option<u64>,
+) -> Result<loco_core::scenario::DilocoSpec, String> {
+    let mut spec = loco_core::scenario::DilocoSpec { inner_steps, ..Default::default() };
+    let fragments = (mode == loco_core::diloco::Mode::Streaming).then_some(fragments);
+    spec.set_mode(mode, fragments, Some(f64::from(mix)), sync_delay)?;
+    Ok(spec)
+}
+
 /// Runs the four trainings and checks the claims (see the module docs).
 #[cfg(feature = "torch")]
 pub(crate) fn run(args: &QualityBench) -> Result<QualityReport> {
@@ -385,15 +401,8 @@ pub(crate) fn run(args: &QualityBench) -> Result<QualityReport> {
     }
     if let Some(d) = args.sync_delay {
         for &m in &args.modes {
-            let period = match m {
-                loco_core::diloco::Mode::Streaming => args.inner_steps / u64::from(args.fragments),
-                _ => args.inner_steps,
-            };
-            if d == 0 || !period.is_multiple_of(d) {
-                return Err(bad(
-                    "--sync-delay",
-                    &format!("a divisor of a {m} round ({period} inner steps), at least 1"),
-                ));
+            if let Err(e) = mode_spec(args.inner_steps, m, args.fragments, args.mix, Some(d)) {
+                return Err(bad("--sync-delay", &format!("in {m} mode: {e}")));
             }
         }
     }
@@ -857,13 +866,13 @@ impl Plan<'_> {
         mix: f32,
         sync_delay: Option<u64>,
     ) -> Result<RunReport> {
-        use loco_core::diloco::{Mode, OuterState, Schedule, buckets_from_sizes};
-        let fragments_p = if mode == Mode::Streaming { u64::from(fragments.max(1)) } else { 1 };
-        // A round: from one fragment's sync to the next one's, or `sync_delay` inner steps, with
-        // a sync every `every` rounds (the others all-reduce nothing).
-        let period = self.inner_steps / fragments_p;
-        let round_steps = sync_delay.unwrap_or(period).clamp(1, period);
-        let every = period / round_steps;
+        use loco_core::diloco::{OuterState, buckets_from_sizes};
+        // Rounds of `round_steps` inner steps, `p` per outer step, a sync every `every` rounds
+        // (the others all-reduce nothing).
+        let spec = mode_spec(self.inner_steps, mode, fragments, mix, sync_delay)
+            .map_err(|e| crate::InputError(anyhow::anyhow!("--mode {mode}: {e}")))?;
+        let (round_steps, p, every) =
+            (spec.round_steps(), spec.rounds_per_step(), spec.sync_every());
         let name = match every {
             1 => format!("{mode}-{codec}"),
             _ => format!("{mode}-{codec}-delay{round_steps}"),
@@ -878,10 +887,7 @@ impl Plan<'_> {
         let init = trainers[0].flat_params()?;
         let layout = trainers[0].param_layout();
         let layers: Vec<usize> = layout.iter().map(|(_, n)| *n).collect();
-        let schedule =
-            Schedule::new(mode, init.len(), &layers, fragments, mix).with_sync_every(every);
-        // Rounds per outer step.
-        let p = fragments_p * every;
+        let schedule = spec.schedule(init.len(), &layers);
         let buckets = buckets_from_sizes(layout);
         let mut outers = (0..w)
             .map(|_| OuterState::new(self.outer, init.clone(), buckets.clone()))

@@ -403,6 +403,64 @@ impl DilocoSpec {
             .with_sync_every(self.sync_every())
     }
 
+    /// Replaces the mode (the command line's `--mode`), with streaming's `fragments`
+    /// (default: the scenario's, or [`STREAMING_FRAGMENTS`]) and the merge's `mix` (default: the
+    /// scenario's) and `sync_delay` (default: the scenario's where it was shortened and still
+    /// divides the new round, else the round). Errors as the scenario's own fields would:
+    /// `fragments` must divide `inner_steps` (streaming) or be 1, `mix` lie in [0, 1) (not with
+    /// sync), and `sync_delay` divide the round (not with sync).
+    pub fn set_mode(
+        &mut self,
+        mode: Mode,
+        fragments: Option<u32>,
+        mix: Option<f64>,
+        sync_delay: Option<u64>,
+    ) -> Result<(), String> {
+        let h = self.inner_steps;
+        let fragments = match (mode, fragments) {
+            (Mode::Streaming, Some(f)) => f,
+            (Mode::Streaming, None) if self.fragments > 1 => self.fragments,
+            (Mode::Streaming, None) => STREAMING_FRAGMENTS,
+            (_, Some(f)) if f != 1 => {
+                return Err(format!("fragments = {f}: fragments are streaming DiLoCo's"));
+            }
+            _ => 1,
+        };
+        if fragments == 0 || !h.is_multiple_of(u64::from(fragments)) {
+            return Err(format!(
+                "fragments = {fragments}: expected a divisor of inner_steps ({h}), at least 1"
+            ));
+        }
+        let mix = mix.unwrap_or(if mode == Mode::Sync { 0.0 } else { self.mix });
+        if !(0.0..1.0).contains(&mix) || (mode == Mode::Sync && mix != 0.0) {
+            return Err(format!("mix = {mix}: expected a number in [0, 1), and none with sync"));
+        }
+        let period = if mode == Mode::Streaming { h / u64::from(fragments) } else { h };
+        let old = &*self;
+        let delay = match sync_delay {
+            Some(d) if mode == Mode::Sync => {
+                return Err(format!("sync_delay = {d}: sync mode has no delay to shorten"));
+            }
+            Some(d) => d,
+            None if old.mode != Mode::Sync
+                && old.sync_delay < old.sync_period()
+                && old.sync_delay > 0
+                && period.is_multiple_of(old.sync_delay) =>
+            {
+                old.sync_delay
+            }
+            None => period,
+        };
+        if delay == 0 || !period.is_multiple_of(delay) {
+            return Err(format!(
+                "sync_delay = {delay}: expected a divisor of a round ({period} inner steps), at \
+                 least 1"
+            ));
+        }
+        (self.mode, self.fragments, self.mix, self.sync_delay) = (mode, fragments, mix, delay);
+        Ok(())
+    }
+
     /// [`segment`](Self::segment) in values of the configured codec (at least 1), if set: what
     /// both backends give their rings.
     pub fn segment_elems(&self) -> Option<usize> {
@@ -1173,12 +1231,7 @@ impl Scenario {
         self.seed = seed;
     }
 
-    /// Replaces the DiLoCo mode (the command line's `--mode`), with streaming's `fragments`
-    /// (default: the scenario's, or [`STREAMING_FRAGMENTS`]) and the merge's `mix` (default: the
-    /// scenario's) and `sync_delay` (default: the scenario's where it was shortened and still
-    /// divides the new round, else the round). Errors as the scenario's own fields would:
-    /// `fragments` must divide `inner_steps` (streaming) or be 1, `mix` lie in [0, 1) (not with
-    /// sync), and `sync_delay` divide the round (not with sync).
+    /// Replaces the DiLoCo mode (the command line's `--mode`): [`DilocoSpec::set_mode`].
     pub fn set_mode(
         &mut self,
         mode: Mode,
@@ -1186,50 +1239,7 @@ impl Scenario {
         mix: Option<f64>,
         sync_delay: Option<u64>,
     ) -> Result<(), String> {
-        let h = self.diloco.inner_steps;
-        let fragments = match (mode, fragments) {
-            (Mode::Streaming, Some(f)) => f,
-            (Mode::Streaming, None) if self.diloco.fragments > 1 => self.diloco.fragments,
-            (Mode::Streaming, None) => STREAMING_FRAGMENTS,
-            (_, Some(f)) if f != 1 => {
-                return Err(format!("fragments = {f}: fragments are streaming DiLoCo's"));
-            }
-            _ => 1,
-        };
-        if fragments == 0 || !h.is_multiple_of(u64::from(fragments)) {
-            return Err(format!(
-                "fragments = {fragments}: expected a divisor of inner_steps ({h}), at least 1"
-            ));
-        }
-        let mix = mix.unwrap_or(if mode == Mode::Sync { 0.0 } else { self.diloco.mix });
-        if !(0.0..1.0).contains(&mix) || (mode == Mode::Sync && mix != 0.0) {
-            return Err(format!("mix = {mix}: expected a number in [0, 1), and none with sync"));
-        }
-        let period = if mode == Mode::Streaming { h / u64::from(fragments) } else { h };
-        let old = &self.diloco;
-        let delay = match sync_delay {
-            Some(d) if mode == Mode::Sync => {
-                return Err(format!("sync_delay = {d}: sync mode has no delay to shorten"));
-            }
-            Some(d) => d,
-            None if old.mode != Mode::Sync
-                && old.sync_delay < old.sync_period()
-                && old.sync_delay > 0
-                && period.is_multiple_of(old.sync_delay) =>
-            {
-                old.sync_delay
-            }
-            None => period,
-        };
-        if delay == 0 || !period.is_multiple_of(delay) {
-            return Err(format!(
-                "sync_delay = {delay}: expected a divisor of a round ({period} inner steps), at \
-                 least 1"
-            ));
-        }
-        let d = &mut self.diloco;
-        (d.mode, d.fragments, d.mix, d.sync_delay) = (mode, fragments, mix, delay);
-        Ok(())
+        self.diloco.set_mode(mode, fragments, mix, sync_delay)
     }
 
     /// The Table-2 setting it reproduces, if any.
