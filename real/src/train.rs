@@ -470,23 +470,11 @@ impl Trainer {
     }
 
     fn check_batch(&self, tokens: &[i64]) -> Result<usize, TrainError> {
-        let row = self.config.seq_len + 1;
-        if tokens.is_empty() || !tokens.len().is_multiple_of(row) {
-            return Err(TrainError::BadBatch { len: tokens.len(), row });
-        }
-        let vocab = self.model.spec().vocab;
-        if let Some(index) = tokens.iter().position(|&t| t < 0 || t >= i64::from(vocab)) {
-            return Err(TrainError::TokenOutOfRange { index, token: tokens[index], vocab });
-        }
-        Ok(tokens.len() / row)
+        check_batch(tokens, self.config.seq_len, self.model.spec().vocab)
     }
 
     fn batch_tensor(&self, tokens: &[i64], rows: usize) -> Result<Tensor, TrainError> {
-        let row = (self.config.seq_len + 1) as i64;
-        Ok(Tensor::f_from_slice(tokens)
-            .and_then(|t| t.f_view([rows as i64, row]))
-            .and_then(|t| t.f_to_device(self.model.device()))
-            .during("moving the batch")?)
+        batch_tensor(tokens, rows, self.config.seq_len, self.model.device())
     }
 
     fn micro_batches(&self, rows: usize) -> impl Iterator<Item = (usize, usize)> {
@@ -506,23 +494,8 @@ impl Trainer {
         let input = rows.f_narrow(1, 0, s).during("slicing the batch")?;
         let target =
             rows.f_narrow(1, 1, s).and_then(|t| t.f_reshape([-1])).during("slicing the batch")?;
-        let vocab = i64::from(self.model.spec().vocab);
-        let logits = self.model.forward(&input)?.f_reshape([-1, vocab]).during("loss")?;
-        let ce = logits
-            .f_cross_entropy_loss::<Tensor>(&target, None, Reduction::Mean, -100, 0.0)
-            .during("loss")?;
-        let z = if self.config.z_loss > 0.0 {
-            let (max, _) = logits.f_max_dim(-1, false).during("z-loss")?;
-            let z = max
-                .f_square()
-                .and_then(|m| m.f_mean(Kind::Float))
-                .and_then(|m| m.f_mul_scalar(self.config.z_loss))
-                .during("z-loss")?;
-            Some(z)
-        } else {
-            None
-        };
-        Ok((ce, z))
+        let logits = self.model.forward(&input)?;
+        loss_terms(&logits, &target, self.config.z_loss)
     }
 
     /// Forward and backward over the micro-batches; returns (cross-entropy, z-loss), averaged.
@@ -622,6 +595,61 @@ impl Trainer {
             p.zero_grad();
         }
     }
+}
+
+/// The number of rows of a batch of `tokens`: whole rows of `seq_len + 1` ids below `vocab`.
+#[cfg(feature = "torch")]
+pub(crate) fn check_batch(tokens: &[i64], seq_len: usize, vocab: u32) -> Result<usize, TrainError> {
+    let row = seq_len + 1;
+    if tokens.is_empty() || !tokens.len().is_multiple_of(row) {
+        return Err(TrainError::BadBatch { len: tokens.len(), row });
+    }
+    if let Some(index) = tokens.iter().position(|&t| t < 0 || t >= i64::from(vocab)) {
+        return Err(TrainError::TokenOutOfRange { index, token: tokens[index], vocab });
+    }
+    Ok(tokens.len() / row)
+}
+
+/// A checked batch as a `[rows, seq_len + 1]` tensor on `device`.
+#[cfg(feature = "torch")]
+pub(crate) fn batch_tensor(
+    tokens: &[i64],
+    rows: usize,
+    seq_len: usize,
+    device: Device,
+) -> Result<Tensor, TrainError> {
+    let row = (seq_len + 1) as i64;
+    Ok(Tensor::f_from_slice(tokens)
+        .and_then(|t| t.f_view([rows as i64, row]))
+        .and_then(|t| t.f_to_device(device))
+        .during("moving the batch")?)
+}
+
+/// Cross-entropy (mean over tokens) of fp32 `logits` `[.., vocab]` against `target` (flat token
+/// ids), and the max-z-loss term `z_loss * mean(max(logits)^2)` when `z_loss > 0`.
+#[cfg(feature = "torch")]
+pub(crate) fn loss_terms(
+    logits: &Tensor,
+    target: &Tensor,
+    z_loss: f64,
+) -> Result<(Tensor, Option<Tensor>), ModelError> {
+    let vocab = *logits.size().last().unwrap_or(&1);
+    let logits = logits.f_reshape([-1, vocab]).during("loss")?;
+    let ce = logits
+        .f_cross_entropy_loss::<Tensor>(target, None, Reduction::Mean, -100, 0.0)
+        .during("loss")?;
+    let z = if z_loss > 0.0 {
+        let (max, _) = logits.f_max_dim(-1, false).during("z-loss")?;
+        let z = max
+            .f_square()
+            .and_then(|m| m.f_mean(Kind::Float))
+            .and_then(|m| m.f_mul_scalar(z_loss))
+            .during("z-loss")?;
+        Some(z)
+    } else {
+        None
+    };
+    Ok((ce, z))
 }
 
 #[cfg(test)]

@@ -126,8 +126,7 @@ pub struct Llama {
     precision: Precision,
     specs: Vec<ParamSpec>,
     params: Vec<Tensor>,
-    rope_cos: Tensor,
-    rope_sin: Tensor,
+    blocks: Blocks,
 }
 
 impl std::fmt::Debug for Llama {
@@ -162,8 +161,8 @@ impl Llama {
                 .set_requires_grad(true);
             params.push(t);
         }
-        let (rope_cos, rope_sin) = rope_tables(spec, device).during("building RoPE tables")?;
-        Ok(Llama { spec: spec.clone(), device, precision, specs, params, rope_cos, rope_sin })
+        let blocks = Blocks::new(spec, device, precision)?;
+        Ok(Llama { spec: spec.clone(), device, precision, specs, params, blocks })
     }
 
     /// The model's shape.
@@ -234,21 +233,77 @@ impl Llama {
     }
 
     fn forward_inner(&self, input: &Tensor) -> Result<Tensor, TchError> {
-        let (b, s) = (input.size()[0], input.size()[1]);
-        let kind = match self.precision {
+        let b = &self.blocks;
+        let p = &self.params;
+        let mut h = b.embed(&p[0], input)?;
+        for layer in 0..self.spec.layers as usize {
+            let base = 1 + PER_LAYER * layer;
+            h = b.block(&p[base..base + PER_LAYER], &h)?;
+        }
+        let norm = 1 + PER_LAYER * self.spec.layers as usize;
+        let head = if self.spec.tied_embeddings { 0 } else { norm + 1 };
+        b.head(&p[norm], &p[head], &h)
+    }
+}
+
+/// The model's computation, unit by unit, with the weights passed in: the embedding, one
+/// transformer block, the final norm and head. [`Llama`] calls them with its own parameters; the
+/// sharded trainer ([`crate::sharded`]) with weights gathered from its shards for one unit at a
+/// time. Weights may be fp32 or the compute precision: each is cast where it is used, so the
+/// same weights give the same values either way.
+pub(crate) struct Blocks {
+    spec: ModelSpec,
+    device: Device,
+    kind: Kind,
+    rope_cos: Tensor,
+    rope_sin: Tensor,
+}
+
+impl Blocks {
+    /// The units of `spec` computing in `precision` on `device` (builds the RoPE tables there).
+    pub(crate) fn new(
+        spec: &ModelSpec,
+        device: Device,
+        precision: Precision,
+    ) -> Result<Blocks, ModelError> {
+        check_spec(spec)?;
+        let (rope_cos, rope_sin) = rope_tables(spec, device).during("building RoPE tables")?;
+        let kind = match precision {
             Precision::F32 => Kind::Float,
             Precision::Bf16 => Kind::BFloat16,
         };
+        Ok(Blocks { spec: spec.clone(), device, kind, rope_cos, rope_sin })
+    }
+
+    /// The kind activations and matrix products are computed in.
+    pub(crate) fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    /// The hidden states `[batch, seq, dim]` of token ids `[batch, seq]`.
+    pub(crate) fn embed(&self, emb: &Tensor, input: &Tensor) -> Result<Tensor, TchError> {
+        let input = input.f_to_device(self.device)?;
+        Tensor::f_embedding(emb, &input, -1, false, false)?.f_to_kind(self.kind)
+    }
+
+    /// RMSNorm of `x` with weight `w`, computed in fp32, returned in the compute kind.
+    fn rms(&self, x: &Tensor, w: &Tensor) -> Result<Tensor, TchError> {
+        let dim = i64::from(self.spec.dim);
+        let w = w.f_to_kind(Kind::Float)?;
+        x.f_to_kind(Kind::Float)?
+            .f_rms_norm([dim], Some(&w), self.spec.norm_eps)?
+            .f_to_kind(self.kind)
+    }
+
+    /// One transformer block on `h` with its nine weights in the order of
+    /// [`crate::model::param_specs`].
+    pub(crate) fn block(&self, ws: &[Tensor], h: &Tensor) -> Result<Tensor, TchError> {
+        let (b, s) = (h.size()[0], h.size()[1]);
+        let kind = self.kind;
         let spec = &self.spec;
         let (heads, kv_heads) = (i64::from(spec.heads), i64::from(spec.kv_heads));
         let hd = i64::from(spec.head_dim());
-        let dim = i64::from(spec.dim);
-        let eps = spec.norm_eps;
-        let input = input.f_to_device(self.device)?;
-        let w = |i: usize| self.params[i].f_to_kind(kind);
-        let rms = |x: &Tensor, i: usize| -> Result<Tensor, TchError> {
-            x.f_to_kind(Kind::Float)?.f_rms_norm([dim], Some(&self.params[i]), eps)?.f_to_kind(kind)
-        };
+        let w = |i: usize| ws[i].f_to_kind(kind);
         let cos = self.rope_cos.f_narrow(0, 0, s)?.f_view([1, s, 1, hd / 2])?;
         let sin = self.rope_sin.f_narrow(0, 0, s)?.f_view([1, s, 1, hd / 2])?;
         // Rotates interleaved pairs (x[2i], x[2i+1]) by position * theta^(-2i/hd), in fp32
@@ -271,33 +326,30 @@ impl Llama {
                 .f_expand([b, kv_heads, n_rep, s, hd], false)?
                 .f_reshape([b, heads, s, hd])
         };
+        let x = self.rms(h, &ws[ATTN_NORM])?;
+        let q = x.f_linear::<Tensor>(&w(WQ)?, None)?.f_view([b, s, heads, hd])?;
+        let k = x.f_linear::<Tensor>(&w(WK)?, None)?.f_view([b, s, kv_heads, hd])?;
+        let v = x.f_linear::<Tensor>(&w(WV)?, None)?.f_view([b, s, kv_heads, hd])?;
+        let q = rope(&q, heads)?.f_transpose(1, 2)?;
+        let k = expand_kv(rope(&k, kv_heads)?)?;
+        let v = expand_kv(v)?;
+        let a = Tensor::f_scaled_dot_product_attention::<Tensor>(
+            &q, &k, &v, None, 0.0, true, None, false,
+        )?;
+        let a = a.f_transpose(1, 2)?.f_reshape([b, s, heads * hd])?;
+        let h = h.f_add(&a.f_linear::<Tensor>(&w(WO)?, None)?)?;
+        let x = self.rms(&h, &ws[FFN_NORM])?;
+        let gate = x.f_linear::<Tensor>(&w(W1)?, None)?.f_silu()?;
+        let up = x.f_linear::<Tensor>(&w(W3)?, None)?;
+        let ff = gate.f_mul(&up)?.f_linear::<Tensor>(&w(W2)?, None)?;
+        h.f_add(&ff)
+    }
 
-        let mut h =
-            Tensor::f_embedding(&self.params[0], &input, -1, false, false)?.f_to_kind(kind)?;
-        for layer in 0..spec.layers as usize {
-            let base = 1 + PER_LAYER * layer;
-            let x = rms(&h, base + ATTN_NORM)?;
-            let q = x.f_linear::<Tensor>(&w(base + WQ)?, None)?.f_view([b, s, heads, hd])?;
-            let k = x.f_linear::<Tensor>(&w(base + WK)?, None)?.f_view([b, s, kv_heads, hd])?;
-            let v = x.f_linear::<Tensor>(&w(base + WV)?, None)?.f_view([b, s, kv_heads, hd])?;
-            let q = rope(&q, heads)?.f_transpose(1, 2)?;
-            let k = expand_kv(rope(&k, kv_heads)?)?;
-            let v = expand_kv(v)?;
-            let a = Tensor::f_scaled_dot_product_attention::<Tensor>(
-                &q, &k, &v, None, 0.0, true, None, false,
-            )?;
-            let a = a.f_transpose(1, 2)?.f_reshape([b, s, heads * hd])?;
-            h = h.f_add(&a.f_linear::<Tensor>(&w(base + WO)?, None)?)?;
-            let x = rms(&h, base + FFN_NORM)?;
-            let gate = x.f_linear::<Tensor>(&w(base + W1)?, None)?.f_silu()?;
-            let up = x.f_linear::<Tensor>(&w(base + W3)?, None)?;
-            let ff = gate.f_mul(&up)?.f_linear::<Tensor>(&w(base + W2)?, None)?;
-            h = h.f_add(&ff)?;
-        }
-        let norm = 1 + PER_LAYER * spec.layers as usize;
-        let h = rms(&h, norm)?;
-        let head = if spec.tied_embeddings { 0 } else { norm + 1 };
-        h.f_linear::<Tensor>(&w(head)?, None)?.f_to_kind(Kind::Float)
+    /// fp32 logits `[batch, seq, vocab]` of the last hidden states: the final norm (weight
+    /// `norm`) and the head (`out`: the output matrix, or the embedding when tied).
+    pub(crate) fn head(&self, norm: &Tensor, out: &Tensor, h: &Tensor) -> Result<Tensor, TchError> {
+        let h = self.rms(h, norm)?;
+        h.f_linear::<Tensor>(&out.f_to_kind(self.kind)?, None)?.f_to_kind(Kind::Float)
     }
 }
 
@@ -331,7 +383,7 @@ fn check_spec(spec: &ModelSpec) -> Result<(), ModelError> {
 }
 
 /// The initial values of parameter `index` (see [`Llama`]).
-fn init_values(spec: &ModelSpec, p: &ParamSpec, index: usize, seed: u64) -> Vec<f32> {
+pub(crate) fn init_values(spec: &ModelSpec, p: &ParamSpec, index: usize, seed: u64) -> Vec<f32> {
     let n = p.numel();
     let dim = f64::from(spec.dim);
     let layer = p
