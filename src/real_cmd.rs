@@ -212,6 +212,8 @@ fn make_inner(
     #[cfg(feature = "torch")]
     {
         use loco_real::data::{DataLoader, DataSource, Order, Shard, Synthetic};
+        use loco_real::inner::NodeTrainer;
+        use loco_real::sharded::ShardedTrainer;
         use loco_real::train::{TrainConfig, Trainer};
         let cfg = TrainConfig::from_scenario(s.model(), s.diloco(), s.real());
         let device = loco_real::model::tch_device(s.real().device)?;
@@ -220,10 +222,16 @@ fn make_inner(
             // Several workers share this machine's cores: one intra-op thread each.
             tch::set_num_threads(1);
         }
-        let trainer = Trainer::new(s.model(), cfg.clone(), device, s.seed())?;
+        let trainer = if node.gpus > 1 {
+            let devices = loco_real::sharded::node_devices(s.real().device, node.gpus)?;
+            NodeTrainer::Sharded(ShardedTrainer::new(s.model(), cfg.clone(), &devices, s.seed())?)
+        } else {
+            NodeTrainer::One(Trainer::new(s.model(), cfg.clone(), device, s.seed())?)
+        };
         tracing::info!(
             params = trainer.num_params(),
             device = %s.real().device,
+            devices = node.gpus.max(1),
             precision = %cfg.precision,
             "model ready"
         );

@@ -219,22 +219,97 @@ impl InnerLoop for Quadratic {
     }
 }
 
+/// A node's libtorch trainer: one device, or G devices sharded
+/// ([`crate::sharded::ShardedTrainer`]).
+#[cfg(feature = "torch")]
+pub enum NodeTrainer {
+    /// One device.
+    One(crate::train::Trainer),
+    /// G devices, sharded.
+    Sharded(crate::sharded::ShardedTrainer),
+}
+
+#[cfg(feature = "torch")]
+impl NodeTrainer {
+    /// The training settings.
+    pub fn config(&self) -> &crate::train::TrainConfig {
+        match self {
+            NodeTrainer::One(t) => t.config(),
+            NodeTrainer::Sharded(t) => t.config(),
+        }
+    }
+
+    /// `(name, numel)` of every parameter tensor, in the flat order.
+    pub fn param_layout(&self) -> Vec<(String, usize)> {
+        match self {
+            NodeTrainer::One(t) => t.param_layout(),
+            NodeTrainer::Sharded(t) => t.param_layout(),
+        }
+    }
+
+    /// Number of parameters.
+    pub fn num_params(&self) -> usize {
+        match self {
+            NodeTrainer::One(t) => t.num_params(),
+            NodeTrainer::Sharded(t) => t.num_params(),
+        }
+    }
+
+    fn flat_params_into(&self, out: &mut [f32]) -> Result<(), crate::train::TrainError> {
+        match self {
+            NodeTrainer::One(t) => t.flat_params_into(out),
+            NodeTrainer::Sharded(t) => t.flat_params_into(out),
+        }
+    }
+
+    fn set_flat_params(&mut self, p: &[f32]) -> Result<(), crate::train::TrainError> {
+        match self {
+            NodeTrainer::One(t) => t.set_flat_params(p),
+            NodeTrainer::Sharded(t) => t.set_flat_params(p),
+        }
+    }
+
+    fn inner_step(
+        &mut self,
+        tokens: &[i64],
+    ) -> Result<crate::train::StepStats, crate::train::TrainError> {
+        match self {
+            NodeTrainer::One(t) => t.inner_step(tokens),
+            NodeTrainer::Sharded(t) => t.inner_step(tokens),
+        }
+    }
+
+    fn export_state(&self) -> Result<TrainerState, crate::train::TrainError> {
+        match self {
+            NodeTrainer::One(t) => t.export_state(),
+            NodeTrainer::Sharded(t) => t.export_state(),
+        }
+    }
+
+    fn import_state(&mut self, st: &TrainerState) -> Result<(), crate::train::TrainError> {
+        match self {
+            NodeTrainer::One(t) => t.import_state(st),
+            NodeTrainer::Sharded(t) => t.import_state(st),
+        }
+    }
+}
+
 /// The libtorch trainer on a data loader.
 #[cfg(feature = "torch")]
 pub struct TchInner {
-    trainer: crate::train::Trainer,
+    trainer: NodeTrainer,
     data: crate::data::DataLoader,
 }
 
 #[cfg(feature = "torch")]
 impl TchInner {
     /// Wraps a trainer and this node's data.
-    pub fn new(trainer: crate::train::Trainer, data: crate::data::DataLoader) -> TchInner {
+    pub fn new(trainer: NodeTrainer, data: crate::data::DataLoader) -> TchInner {
         TchInner { trainer, data }
     }
 
     /// The trainer.
-    pub fn trainer(&self) -> &crate::train::Trainer {
+    pub fn trainer(&self) -> &NodeTrainer {
         &self.trainer
     }
 }

@@ -77,6 +77,9 @@ pub struct MemoryPlan {
     pub micro_batch: u32,
     /// Tokens per row.
     pub seq_len: u32,
+    /// Devices the node trains on (`gpus`): with more than one, the items on the device are
+    /// what *each* device needs ([`MemoryPlan::sharded`]).
+    pub devices: u32,
     /// Every use, device first, then host.
     pub items: Vec<MemoryItem>,
 }
@@ -131,15 +134,100 @@ impl MemoryPlan {
             Some(p) => format!("the {p} preset"),
             None => "a custom model".to_owned(),
         };
-        MemoryPlan { model, params: n, device, micro_batch, seq_len, items }
+        MemoryPlan { model, params: n, device, micro_batch, seq_len, devices: 1, items }
+    }
+
+    /// The plan of a node of `gpus` devices: [`MemoryPlan::new`] for one, [`MemoryPlan::sharded`]
+    /// for more.
+    pub fn for_node(
+        spec: &ModelSpec,
+        device: Device,
+        gpus: u32,
+        micro_batch: u32,
+        seq_len: u32,
+        precision: Precision,
+    ) -> MemoryPlan {
+        if gpus > 1 {
+            MemoryPlan::sharded(spec, device, gpus, micro_batch, seq_len, precision)
+        } else {
+            MemoryPlan::new(spec, device, micro_batch, seq_len, precision)
+        }
+    }
+
+    /// The plan of the sharded trainer over `gpus` devices (`loco_real::sharded`, ZeRO-3
+    /// style), per device: its `1/gpus` of the fp32 weights, of their gradient and of AdamW's
+    /// moments (the largest shard); one unit gathered at a time (the embedding, a block, or the
+    /// head: its fp32 pieces and the compute-precision copy, its gradient, and that gradient in
+    /// fp32 for the reduce-scatter, `8 + 2e` bytes per value); the activation checkpoints (each
+    /// block's input, `layers x dim` values per token); the activations of the one unit being
+    /// recomputed (a block's, as in [`MemoryPlan::new`] for one layer, or the head's logits);
+    /// and AdamW's temporaries over one chunk of [`ADAM_CHUNK`] values. On the host, the
+    /// outer state and the flat inner copy as in [`MemoryPlan::new`]. With `device` the CPU,
+    /// the devices are threads over host memory, and the host holds every device's share.
+    pub fn sharded(
+        spec: &ModelSpec,
+        device: Device,
+        gpus: u32,
+        micro_batch: u32,
+        seq_len: u32,
+        precision: Precision,
+    ) -> MemoryPlan {
+        let g = u64::from(gpus.max(1));
+        let n = spec.param_count();
+        let shard = n.div_ceil(g);
+        let e = precision.bytes();
+        let d = u64::from(spec.dim);
+        let q = u64::from(spec.heads) * u64::from(spec.head_dim());
+        let kv = u64::from(spec.kv_heads) * u64::from(spec.head_dim());
+        let f = u64::from(spec.ffn);
+        let v = u64::from(spec.vocab);
+        let tokens = u64::from(micro_batch) * u64::from(seq_len);
+        let block_params = 2 * d + 2 * d * q + 2 * d * kv + 3 * d * f;
+        // The head gathers the final norm and the output matrix (the embedding when tied).
+        let head_params = d + v * d;
+        let unit = (v * d).max(block_params).max(head_params);
+        let block_acts = (10 * d + 4 * f + 2 * kv) * e;
+        let head_acts = 3 * v * 4 + 3 * d * 4;
+        let at = Place::from(device);
+        let item = |what, place, bytes| MemoryItem { what, place, bytes };
+        let items = vec![
+            item("weights shard", at, shard.saturating_mul(4)),
+            item("gradient shard", at, shard.saturating_mul(4)),
+            item("AdamW state shard", at, shard.saturating_mul(8)),
+            item("gathered unit", at, unit.saturating_mul(8 + 2 * e)),
+            item(
+                "activation checkpoints",
+                at,
+                tokens.saturating_mul(u64::from(spec.layers) + 1).saturating_mul(d * e),
+            ),
+            item("activations", at, tokens.saturating_mul(block_acts.max(head_acts))),
+            item("optimizer temporaries", at, shard.min(ADAM_CHUNK as u64).saturating_mul(12)),
+            item("outer weights", Place::Host, n.saturating_mul(4)),
+            item("pseudo-gradient", Place::Host, n.saturating_mul(4)),
+            item("outer momentum", Place::Host, n.saturating_mul(4)),
+            item("flat inner copy", Place::Host, n.saturating_mul(4)),
+        ];
+        let model = match spec.preset {
+            Some(p) => format!("the {p} preset"),
+            None => "a custom model".to_owned(),
+        };
+        MemoryPlan { model, params: n, device, micro_batch, seq_len, devices: gpus.max(1), items }
+    }
+
+    /// Bytes one device needs (the items on the training device; with one CPU device, none of
+    /// the host's own).
+    pub fn per_device(&self) -> u64 {
+        let at = Place::from(self.device);
+        self.items
+            .iter()
+            .filter(|i| i.place == at && !is_host_item(i.what))
+            .fold(0, |a, i| a.saturating_add(i.bytes))
     }
 
     /// The plan of the model alone: without DiLoCo's outer state and the flat inner copy on the
     /// host (for training outside a worker, as `loco bench train` does).
     pub fn without_outer_state(&self) -> MemoryPlan {
-        const OUTER: [&str; 4] =
-            ["outer weights", "pseudo-gradient", "outer momentum", "flat inner copy"];
-        let items = self.items.iter().filter(|i| !OUTER.contains(&i.what)).cloned().collect();
+        let items = self.items.iter().filter(|i| !is_host_item(i.what)).cloned().collect();
         MemoryPlan { items, ..self.clone() }
     }
 
@@ -148,12 +236,29 @@ impl MemoryPlan {
         self.items.iter().filter(|i| i.what == what).map(|i| i.bytes).sum()
     }
 
-    /// Bytes needed at `place`.
-    pub fn total(&self, place: Place) -> u64 {
-        self.items.iter().filter(|i| i.place == place).fold(0, |a, i| a.saturating_add(i.bytes))
+    /// How many times the items at `place` count there: the node's devices for the host when
+    /// they are CPU threads over it (device items only), once otherwise.
+    fn times(&self, item: &MemoryItem, place: Place) -> u64 {
+        if place == Place::Host && self.devices > 1 && !is_host_item(item.what) {
+            u64::from(self.devices)
+        } else {
+            1
+        }
     }
 
-    /// The places used, device first.
+    /// Bytes needed at `place` (each CUDA device of a sharded node needs the same).
+    pub fn total(&self, place: Place) -> u64 {
+        let place_of = |p: Place| match (p, place) {
+            (Place::Cuda(first), Place::Cuda(i)) if i >= first && i - first < self.devices => place,
+            _ => p,
+        };
+        self.items
+            .iter()
+            .filter(|i| place_of(i.place) == place)
+            .fold(0, |a, i| a.saturating_add(i.bytes.saturating_mul(self.times(i, place))))
+    }
+
+    /// The places used, device first (the first device of a sharded node stands for all).
     pub fn places(&self) -> Vec<Place> {
         let mut out: Vec<Place> = Vec::new();
         for i in &self.items {
@@ -186,10 +291,25 @@ impl MemoryPlan {
                 } else {
                     String::new()
                 };
-                format!("{} {}{note}", i.what, gib(i.bytes))
+                let times = self.times(i, place);
+                let each = if times > 1 {
+                    format!(" ({times} x {})", gib(i.bytes))
+                } else {
+                    String::new()
+                };
+                format!("{} {}{each}{note}", i.what, gib(i.bytes.saturating_mul(times)))
             })
             .collect();
-        format!("~{} GiB on {place} for {} (GiB)", gib(self.total(place)), parts.join(", "))
+        let on = match place {
+            Place::Cuda(i) if self.devices > 1 => {
+                format!("each of cuda:{i}..cuda:{}", i + self.devices - 1)
+            }
+            Place::Host if self.devices > 1 && Place::from(self.device) == Place::Host => {
+                format!("cpu ({} devices)", self.devices)
+            }
+            _ => place.to_string(),
+        };
+        format!("~{} GiB on {on} for {} (GiB)", gib(self.total(place)), parts.join(", "))
     }
 }
 
@@ -221,6 +341,15 @@ impl fmt::Display for MemoryShortfall {
 }
 
 impl std::error::Error for MemoryShortfall {}
+
+/// Values of a shard that the sharded trainer's AdamW updates at once (64 Mi fp32 values):
+/// bounds its temporaries.
+pub const ADAM_CHUNK: usize = 1 << 24;
+
+/// Whether an item is the host's own: DiLoCo's outer state and the flat inner copy.
+fn is_host_item(what: &str) -> bool {
+    ["outer weights", "pseudo-gradient", "outer momentum", "flat inner copy"].contains(&what)
+}
 
 /// Bytes as GiB with one decimal.
 fn gib(bytes: u64) -> String {
@@ -306,6 +435,55 @@ mod tests {
         assert!(plan.fits(Place::Host, 200 << 30).is_ok());
         let shown = plan.to_string();
         assert!(shown.contains(" and ~152.2 GiB on cpu"), "{shown}");
+    }
+
+    #[test]
+    fn ten_b_sharded_over_eight_gpus_fits_an_h100_and_an_h200() {
+        let spec = Preset::B10.spec();
+        let one = MemoryPlan::new(&spec, Device::Cuda(0), 1, 8192, Precision::Bf16);
+        let plan = MemoryPlan::sharded(&spec, Device::Cuda(0), 8, 1, 8192, Precision::Bf16);
+        assert_eq!(plan.devices, 8);
+        let each = plan.total(Place::Cuda(0));
+        // Every device of the node needs the same; the shards are an eighth of 16 B/parameter.
+        assert_eq!(plan.total(Place::Cuda(7)), each);
+        assert_eq!(plan.total(Place::Cuda(8)), 0);
+        assert_eq!(plan.per_device(), each);
+        let shard = plan.params.div_ceil(8);
+        assert_eq!(
+            plan.bytes("weights shard")
+                + plan.bytes("gradient shard")
+                + plan.bytes("AdamW state shard"),
+            16 * shard
+        );
+        assert!(each < one.total(Place::Cuda(0)) / 3, "{each}");
+        assert!(plan.fits(Place::Cuda(0), 80 << 30).is_ok(), "{}", plan.describe(Place::Cuda(0)));
+        assert!(plan.fits(Place::Cuda(0), 141 << 30).is_ok());
+        // The largest unit gathered is the head: the final norm and the output matrix.
+        assert_eq!(plan.bytes("gathered unit"), (4096 + 128_256 * 4096) * 12);
+        let shown = plan.describe(Place::Cuda(0));
+        assert!(shown.contains("on each of cuda:0..cuda:7 for weights shard 4.8, gradient shard 4.8, AdamW state shard 9.5"), "{shown}");
+        // The host: the outer state and the flat copy, as unsharded.
+        assert_eq!(plan.total(Place::Host), one.total(Place::Host));
+        // Too many devices of too little memory still do not fit, and say so.
+        let small = MemoryPlan::sharded(&spec, Device::Cuda(0), 2, 1, 8192, Precision::Bf16);
+        assert!(small.fits(Place::Cuda(0), 80 << 30).is_err());
+    }
+
+    #[test]
+    fn sharded_cpu_devices_share_the_host() {
+        let spec = Preset::Tiny.spec();
+        let plan = MemoryPlan::sharded(&spec, Device::Cpu, 2, 4, 64, Precision::F32);
+        let n = plan.params;
+        assert_eq!(plan.bytes("weights shard"), 4 * n.div_ceil(2));
+        let device: u64 = plan.per_device();
+        assert_eq!(plan.total(Place::Host), 2 * device + 16 * n, "two devices and the outer state");
+        assert!(plan.describe(Place::Host).contains("on cpu (2 devices) for weights shard"));
+        assert!(plan.describe(Place::Host).contains("(2 x "));
+        assert_eq!(plan.without_outer_state().total(Place::Host), 2 * device);
+        assert_eq!(
+            MemoryPlan::for_node(&spec, Device::Cpu, 1, 4, 64, Precision::F32),
+            MemoryPlan::new(&spec, Device::Cpu, 4, 64, Precision::F32)
+        );
     }
 
     #[test]

@@ -42,8 +42,7 @@ use loco_core::allreduce::schedule::chunk_range;
 use std::ops::Range;
 use tch::{Device, Kind, TchError, Tensor};
 
-/// Values of a shard that AdamW updates at once (64 MiB of fp32): bounds its temporaries.
-pub const ADAM_CHUNK: usize = 1 << 24;
+pub use crate::memory::ADAM_CHUNK;
 
 /// Parameters per transformer block (see [`crate::model::param_specs`]).
 const PER_LAYER: usize = 9;
@@ -59,6 +58,21 @@ struct Shard {
     exp_avg_sq: Tensor,
     /// The gradient accumulated over this step's micro-batches.
     grad: Tensor,
+}
+
+/// The `gpus` devices of a node whose `[real] device` is `device`: the CPU `gpus` times (threads
+/// over shards), or `cuda:i` to `cuda:i+gpus-1`. Fails for a CUDA device libtorch does not see.
+pub fn node_devices(
+    device: loco_core::scenario::Device,
+    gpus: u32,
+) -> Result<Vec<Device>, ModelError> {
+    use loco_core::scenario::Device as Scenario;
+    (0..gpus.max(1))
+        .map(|d| match device {
+            Scenario::Cpu => Ok(Device::Cpu),
+            Scenario::Cuda(i) => crate::model::tch_device(Scenario::Cuda(i.saturating_add(d))),
+        })
+        .collect()
 }
 
 /// One device's compute lane for the micro-batch under way.

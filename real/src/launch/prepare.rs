@@ -79,18 +79,30 @@ pub fn resume_step(
 /// available, with each process's memory plan.
 pub fn check_memory(s: &Scenario) -> Result<(), LaunchError> {
     let seq = s.real().seq_len.unwrap_or(s.model().seq_len);
-    let plan =
-        MemoryPlan::new(s.model(), s.real().device, s.real().micro_batch, seq, s.real().precision);
-    let processes = s.initial_nodes().count().max(1) as u64;
+    let plan = |gpus: u32| {
+        MemoryPlan::for_node(
+            s.model(),
+            s.real().device,
+            gpus,
+            s.real().micro_batch,
+            seq,
+            s.real().precision,
+        )
+    };
+    let starting: Vec<u32> = s.initial_nodes().map(|n| n.gpus).collect();
+    let processes = starting.len().max(1) as u64;
+    // The plan shown: the largest node's (the one most likely not to fit).
+    let largest = plan(starting.iter().copied().max().unwrap_or(1));
     if let Some(available_bytes) = host_available_bytes() {
-        let need_bytes = plan.total(Place::Host).saturating_mul(processes);
+        let need_bytes =
+            starting.iter().fold(0u64, |a, &g| a.saturating_add(plan(g).total(Place::Host)));
         if need_bytes > available_bytes {
             return Err(LaunchError::DoesNotFit {
                 scenario: s.name().to_string(),
                 processes,
                 need_bytes,
                 available_bytes,
-                plan: plan.describe(Place::Host),
+                plan: largest.describe(Place::Host),
             });
         }
     }
