@@ -341,13 +341,23 @@ pub(crate) struct TrainBench {
     /// Where to train: cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu", value_parser = parse_device)]
     pub(crate) device: Device,
+    /// Devices of the node: G > 1 trains one model sharded over them, as a worker of a node
+    /// with `gpus = G` does (cuda:N to cuda:N+G-1; on the CPU, G threads over shards). The
+    /// batch's rows are split over the devices.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) gpus: u32,
+    /// Print the memory plan of the node (per device and host) and exit, allocating nothing;
+    /// needs no libtorch.
+    #[arg(long)]
+    pub(crate) plan: bool,
     /// What the model computes in: f32 or bf16 (default: f32 on the CPU, bf16 on CUDA).
     #[arg(long, value_parser = parse_precision)]
     pub(crate) precision: Option<Precision>,
-    /// Sequences per forward pass.
+    /// Sequences per forward pass (per device).
     #[arg(long, default_value_t = 1)]
     pub(crate) micro_batch: usize,
-    /// Sequences per inner step, accumulated over micro-batches (default: one micro-batch).
+    /// Sequences per inner step, accumulated over micro-batches (default: one micro-batch per
+    /// device).
     #[arg(long)]
     pub(crate) batch_rows: Option<usize>,
     /// Tokens per sequence (default: the preset's seq_len).
@@ -362,8 +372,9 @@ pub(crate) struct TrainBench {
     /// libtorch intra-op threads (default: libtorch's choice, all cores).
     #[arg(long)]
     pub(crate) threads: Option<usize>,
-    /// The device's peak flops per second in the compute precision, for MFU (H100 or H200 SXM
-    /// bf16 dense: 989e12; A100: 312e12). Without it MFU is not computed.
+    /// One device's peak flops per second in the compute precision, for MFU (H100 or H200 SXM
+    /// bf16 dense: 989e12; A100: 312e12); with `--gpus G`, MFU is against G times it. Without
+    /// it MFU is not computed.
     #[arg(long, value_name = "FLOPS")]
     pub(crate) peak_flops: Option<f64>,
     /// Seed of the initial weights and of the synthetic tokens.

@@ -255,6 +255,10 @@ fn run(cli: Cli) -> Result<Outcome> {
             let r = bench::recovery::run_node(&a)?;
             println!("{}", serde_json::to_string(&r)?);
         }
+        Command::Bench(BenchCommand::Train(a)) if a.plan => {
+            let report = bench::train::plan(&a)?;
+            print_report(a.json, &report, |out| report.print_table(out))?;
+        }
         Command::Bench(BenchCommand::Train(a)) => {
             let report = bench::train::run(&a)?;
             print_report(a.json, &report, |out| report.print_table(out))?;

@@ -255,21 +255,24 @@ impl NodeTrainer {
         }
     }
 
-    fn flat_params_into(&self, out: &mut [f32]) -> Result<(), crate::train::TrainError> {
+    /// Copies the parameters into `out` (flat, fp32).
+    pub fn flat_params_into(&self, out: &mut [f32]) -> Result<(), crate::train::TrainError> {
         match self {
             NodeTrainer::One(t) => t.flat_params_into(out),
             NodeTrainer::Sharded(t) => t.flat_params_into(out),
         }
     }
 
-    fn set_flat_params(&mut self, p: &[f32]) -> Result<(), crate::train::TrainError> {
+    /// Overwrites the parameters.
+    pub fn set_flat_params(&mut self, p: &[f32]) -> Result<(), crate::train::TrainError> {
         match self {
             NodeTrainer::One(t) => t.set_flat_params(p),
             NodeTrainer::Sharded(t) => t.set_flat_params(p),
         }
     }
 
-    fn inner_step(
+    /// One inner step on a batch of token ids.
+    pub fn inner_step(
         &mut self,
         tokens: &[i64],
     ) -> Result<crate::train::StepStats, crate::train::TrainError> {
@@ -279,14 +282,16 @@ impl NodeTrainer {
         }
     }
 
-    fn export_state(&self) -> Result<TrainerState, crate::train::TrainError> {
+    /// The whole state, on the CPU.
+    pub fn export_state(&self) -> Result<TrainerState, crate::train::TrainError> {
         match self {
             NodeTrainer::One(t) => t.export_state(),
             NodeTrainer::Sharded(t) => t.export_state(),
         }
     }
 
-    fn import_state(&mut self, st: &TrainerState) -> Result<(), crate::train::TrainError> {
+    /// Replaces the whole state.
+    pub fn import_state(&mut self, st: &TrainerState) -> Result<(), crate::train::TrainError> {
         match self {
             NodeTrainer::One(t) => t.import_state(st),
             NodeTrainer::Sharded(t) => t.import_state(st),

@@ -157,8 +157,7 @@ impl MemoryPlan {
     /// The plan of the sharded trainer over `gpus` devices (`loco_real::sharded`, ZeRO-3
     /// style), per device: its `1/gpus` of the fp32 weights, of their gradient and of AdamW's
     /// moments (the largest shard); one unit gathered at a time (the embedding, a block, or the
-    /// head: its fp32 pieces and the compute-precision copy, its gradient, and that gradient in
-    /// fp32 for the reduce-scatter, `8 + 2e` bytes per value); the activation checkpoints (each
+    /// head, see [`gathered_unit_bytes`]); the activation checkpoints (each
     /// block's input, `layers x dim` values per token); the activations of the one unit being
     /// recomputed (a block's, as in [`MemoryPlan::new`] for one layer, or the head's logits);
     /// and AdamW's temporaries over one chunk of [`ADAM_CHUNK`] values. On the host, the
@@ -177,15 +176,11 @@ impl MemoryPlan {
         let shard = n.div_ceil(g);
         let e = precision.bytes();
         let d = u64::from(spec.dim);
-        let q = u64::from(spec.heads) * u64::from(spec.head_dim());
         let kv = u64::from(spec.kv_heads) * u64::from(spec.head_dim());
         let f = u64::from(spec.ffn);
         let v = u64::from(spec.vocab);
         let tokens = u64::from(micro_batch) * u64::from(seq_len);
-        let block_params = 2 * d + 2 * d * q + 2 * d * kv + 3 * d * f;
-        // The head gathers the final norm and the output matrix (the embedding when tied).
-        let head_params = d + v * d;
-        let unit = (v * d).max(block_params).max(head_params);
+        let unit = gathered_unit_bytes(spec, device, gpus.max(1), e);
         let block_acts = (10 * d + 4 * f + 2 * kv) * e;
         let head_acts = 3 * v * 4 + 3 * d * 4;
         let at = Place::from(device);
@@ -194,7 +189,7 @@ impl MemoryPlan {
             item("weights shard", at, shard.saturating_mul(4)),
             item("gradient shard", at, shard.saturating_mul(4)),
             item("AdamW state shard", at, shard.saturating_mul(8)),
-            item("gathered unit", at, unit.saturating_mul(8 + 2 * e)),
+            item("gathered unit", at, unit),
             item(
                 "activation checkpoints",
                 at,
@@ -346,6 +341,63 @@ impl std::error::Error for MemoryShortfall {}
 /// bounds its temporaries.
 pub const ADAM_CHUNK: usize = 1 << 24;
 
+/// Bytes one device holds for the unit it has gathered, at most (the largest unit): its
+/// weights in the compute precision (`e` bytes a value) and their gradient, plus that gradient
+/// in fp32 for the reduce-scatter when `e` is not 4. Weights on a CUDA device are a copy (4
+/// bytes a value while the fp32 pieces are joined, then the cast); on the CPU, where the
+/// devices share memory, fp32 weights within one shard are a view of it, and only a unit that
+/// crosses a shard boundary is copied.
+pub fn gathered_unit_bytes(spec: &ModelSpec, device: Device, gpus: u32, e: u64) -> u64 {
+    let layers = crate::model::layer_layout(spec);
+    let n: u64 = layers.iter().map(|(_, v)| *v as u64).sum();
+    let g = usize::try_from(gpus.max(1)).unwrap_or(usize::MAX);
+    let bounds: Vec<u64> = (1..g)
+        .map(|c| loco_core::allreduce::schedule::chunk_range(n as usize, g, c).start as u64)
+        .collect();
+    let spans = |lo: u64, hi: u64| bounds.iter().any(|&b| lo < b && b < hi);
+    // Units: the embedding, each block, and the head (the final norm with the output matrix,
+    // or with the embedding when tied).
+    let mut units: Vec<(u64, bool)> = Vec::new();
+    let mut at = 0u64;
+    let mut ranges = Vec::new();
+    for (_, v) in &layers {
+        ranges.push((at, at + *v as u64));
+        at += *v as u64;
+    }
+    let count = ranges.len();
+    let head_start = if spec.tied_embeddings { count - 1 } else { count.saturating_sub(2) };
+    for &(lo, hi) in &ranges[..head_start] {
+        units.push((hi - lo, spans(lo, hi)));
+    }
+    let (norm_lo, norm_hi) = ranges[head_start];
+    let out = if spec.tied_embeddings { ranges[0] } else { ranges[count - 1] };
+    units.push((
+        (norm_hi - norm_lo) + (out.1 - out.0),
+        spans(norm_lo, norm_hi) || spans(out.0, out.1),
+    ));
+    let cuda = matches!(device, Device::Cuda(_));
+    let cast = e != 4;
+    units
+        .into_iter()
+        .map(|(len, spanning)| {
+            let copied = cuda || spanning;
+            // While gathering: the joined fp32 values and their cast; then the weights, their
+            // gradient and its fp32 copy.
+            let gathering = if copied { 4 } else { 0 } + if cast { e } else { 0 };
+            let weights = if cast {
+                e
+            } else if copied {
+                4
+            } else {
+                0
+            };
+            let held = weights + e + if cast { 4 } else { 0 };
+            len.saturating_mul(gathering.max(held))
+        })
+        .max()
+        .unwrap_or(0)
+}
+
 /// Whether an item is the host's own: DiLoCo's outer state and the flat inner copy.
 fn is_host_item(what: &str) -> bool {
     ["outer weights", "pseudo-gradient", "outer momentum", "flat inner copy"].contains(&what)
@@ -459,7 +511,7 @@ mod tests {
         assert!(plan.fits(Place::Cuda(0), 80 << 30).is_ok(), "{}", plan.describe(Place::Cuda(0)));
         assert!(plan.fits(Place::Cuda(0), 141 << 30).is_ok());
         // The largest unit gathered is the head: the final norm and the output matrix.
-        assert_eq!(plan.bytes("gathered unit"), (4096 + 128_256 * 4096) * 12);
+        assert_eq!(plan.bytes("gathered unit"), (4096 + 128_256 * 4096) * 8);
         let shown = plan.describe(Place::Cuda(0));
         assert!(shown.contains("on each of cuda:0..cuda:7 for weights shard 4.8, gradient shard 4.8, AdamW state shard 9.5"), "{shown}");
         // The host: the outer state and the flat copy, as unsharded.

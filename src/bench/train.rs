@@ -70,6 +70,124 @@ pub(crate) struct TrainReport {
     pub(crate) peak_rss_bytes: Option<u64>,
     /// The memory plan on the device, as `launch` prints it.
     pub(crate) memory_plan: String,
+    /// Devices of the node (`--gpus`).
+    pub(crate) gpus: u32,
+    /// With several devices: what each holds between steps, against the plan.
+    pub(crate) shards: Vec<ShardFigure>,
+}
+
+/// One device's shard of a sharded run, against the memory plan.
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct ShardFigure {
+    /// The device.
+    pub(crate) device: String,
+    /// Values of the flat parameter vector it owns.
+    pub(crate) values: u64,
+    /// Bytes it holds between steps (fp32 weights, gradient and AdamW moments of its shard).
+    pub(crate) held_bytes: u64,
+    /// The plan's bytes for the same (the largest shard's).
+    pub(crate) plan_bytes: u64,
+    /// The plan's whole figure per device (with the gathered unit, the checkpoints, the
+    /// activations and the temporaries).
+    pub(crate) plan_device_bytes: u64,
+}
+
+/// What `loco bench train --plan` prints: the memory plan of a node, allocating nothing.
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct PlanReport {
+    /// The preset's name.
+    pub(crate) preset: String,
+    /// Parameters.
+    pub(crate) params: u64,
+    /// The first device.
+    pub(crate) device: String,
+    /// Devices of the node.
+    pub(crate) gpus: u32,
+    /// Bytes each device needs.
+    pub(crate) per_device_bytes: u64,
+    /// Bytes the host needs (with CPU devices, theirs too).
+    pub(crate) host_bytes: u64,
+    /// The plan, as `launch` prints it.
+    pub(crate) plan: String,
+}
+
+impl PlanReport {
+    /// The human-readable form.
+    pub(crate) fn print_table(&self, out: &mut impl Write) -> std::io::Result<()> {
+        writeln!(out, "{}", self.plan)?;
+        writeln!(
+            out,
+            "per device: {:.1} GiB; host: {:.1} GiB",
+            self.per_device_bytes as f64 / f64::from(1u32 << 30),
+            self.host_bytes as f64 / f64::from(1u32 << 30)
+        )
+    }
+}
+
+/// The checks of the flags shared by the plan and the run; returns (seq_len, batch_rows,
+/// precision).
+fn settings(a: &TrainBench) -> Result<(usize, usize, loco_core::scenario::Precision)> {
+    let bad = |flag: &str, expected: String| -> anyhow::Error {
+        crate::InputError(anyhow::anyhow!("{flag}: expected {expected}")).into()
+    };
+    let spec = a.preset.spec();
+    let seq_len = a.seq_len.unwrap_or(spec.seq_len as usize);
+    if seq_len == 0 || seq_len > spec.seq_len as usize {
+        return Err(bad("--seq-len", format!("1 ..= {} (the preset's)", spec.seq_len)));
+    }
+    if a.micro_batch == 0 {
+        return Err(bad("--micro-batch", "at least 1".into()));
+    }
+    if a.gpus == 0 || a.gpus > 1024 {
+        return Err(bad("--gpus", "1 ..= 1024".into()));
+    }
+    let batch_rows = a.batch_rows.unwrap_or(a.micro_batch * a.gpus as usize);
+    if batch_rows == 0 {
+        return Err(bad("--batch-rows", "at least 1".into()));
+    }
+    if a.steps == 0 {
+        return Err(bad("--steps", "at least 1".into()));
+    }
+    if a.threads == Some(0) {
+        return Err(bad("--threads", "at least 1".into()));
+    }
+    if let Some(p) = a.peak_flops {
+        if !(p.is_finite() && p > 0.0) {
+            return Err(bad("--peak-flops", "a positive number of flops per second".into()));
+        }
+    }
+    let precision = a.precision.unwrap_or(loco_core::scenario::Precision::default_for(a.device));
+    Ok((seq_len, batch_rows, precision))
+}
+
+/// The node's memory plan for these flags, without the outer state when `model_only`.
+fn memory_plan(a: &TrainBench, model_only: bool) -> Result<loco_real::memory::MemoryPlan> {
+    let (seq_len, _, precision) = settings(a)?;
+    let plan = loco_real::memory::MemoryPlan::for_node(
+        &a.preset.spec(),
+        a.device,
+        a.gpus,
+        a.micro_batch as u32,
+        seq_len as u32,
+        precision,
+    );
+    Ok(if model_only { plan.without_outer_state() } else { plan })
+}
+
+/// `loco bench train --plan`: the memory plan of a worker of such a node (its outer state
+/// included), allocating nothing.
+pub(crate) fn plan(a: &TrainBench) -> Result<PlanReport> {
+    use loco_real::memory::Place;
+    let plan = memory_plan(a, false)?;
+    Ok(PlanReport {
+        preset: a.preset.to_string(),
+        params: plan.params,
+        device: a.device.to_string(),
+        gpus: a.gpus,
+        per_device_bytes: plan.per_device(),
+        host_bytes: plan.total(Place::Host),
+        plan: plan.to_string(),
+    })
 }
 
 impl TrainReport {
@@ -126,7 +244,21 @@ impl TrainReport {
             Some(b) => format!("{:.2} GiB", b as f64 / f64::from(1u32 << 30)),
             None => "unknown".to_owned(),
         };
-        writeln!(out, "memory:      peak resident {rss}; plan {}", self.memory_plan)
+        writeln!(out, "memory:      peak resident {rss}; plan {}", self.memory_plan)?;
+        let g = |b: u64| b as f64 / f64::from(1u32 << 30);
+        for (d, s) in self.shards.iter().enumerate() {
+            writeln!(
+                out,
+                "shard {d}:     {} holds {:.3} GiB ({} values: fp32 weights, gradient, AdamW); \
+                 plan {:.3} GiB of {:.3} GiB per device",
+                s.device,
+                g(s.held_bytes),
+                s.values,
+                g(s.plan_bytes),
+                g(s.plan_device_bytes)
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -154,37 +286,14 @@ pub(crate) fn run(_args: &TrainBench) -> Result<TrainReport> {
 /// Builds the trainer, runs the steps, and measures them (see the module docs).
 #[cfg(feature = "torch")]
 pub(crate) fn run(a: &TrainBench) -> Result<TrainReport> {
-    use loco_core::scenario::{DilocoSpec, ModelSpec, Precision, RealSpec};
+    use loco_core::scenario::{DilocoSpec, ModelSpec, RealSpec};
     use loco_real::data::{DataLoader, DataSource, Order, Shard, Synthetic};
-    use loco_real::memory::{MemoryPlan, Place, host_available_bytes};
+    use loco_real::inner::NodeTrainer;
+    use loco_real::memory::{Place, host_available_bytes};
+    use loco_real::sharded::ShardedTrainer;
     use loco_real::train::{TrainConfig, Trainer};
-    let bad = |flag: &str, expected: String| -> anyhow::Error {
-        crate::InputError(anyhow::anyhow!("{flag}: expected {expected}")).into()
-    };
     let spec = a.preset.spec();
-    let seq_len = a.seq_len.unwrap_or(spec.seq_len as usize);
-    if seq_len == 0 || seq_len > spec.seq_len as usize {
-        return Err(bad("--seq-len", format!("1 ..= {} (the preset's)", spec.seq_len)));
-    }
-    if a.micro_batch == 0 {
-        return Err(bad("--micro-batch", "at least 1".into()));
-    }
-    let batch_rows = a.batch_rows.unwrap_or(a.micro_batch);
-    if batch_rows == 0 {
-        return Err(bad("--batch-rows", "at least 1".into()));
-    }
-    if a.steps == 0 {
-        return Err(bad("--steps", "at least 1".into()));
-    }
-    if a.threads == Some(0) {
-        return Err(bad("--threads", "at least 1".into()));
-    }
-    if let Some(p) = a.peak_flops {
-        if !(p.is_finite() && p > 0.0) {
-            return Err(bad("--peak-flops", "a positive number of flops per second".into()));
-        }
-    }
-    let precision = a.precision.unwrap_or(Precision::default_for(a.device));
+    let (seq_len, batch_rows, precision) = settings(a)?;
     let real = RealSpec {
         device: a.device,
         precision,
@@ -198,8 +307,7 @@ pub(crate) fn run(a: &TrainBench) -> Result<TrainReport> {
     debug_assert_eq!(config.batch_rows, batch_rows);
 
     // The model's own memory, checked before allocating it (no outer state in this run).
-    let plan = MemoryPlan::new(&spec, a.device, a.micro_batch as u32, seq_len as u32, precision)
-        .without_outer_state();
+    let plan = memory_plan(a, true)?;
     let place = Place::from(a.device);
     if let (Place::Host, Some(avail)) = (place, host_available_bytes()) {
         if let Err(short) = plan.fits(place, avail) {
@@ -210,9 +318,13 @@ pub(crate) fn run(a: &TrainBench) -> Result<TrainReport> {
     if let Some(t) = a.threads {
         tch::set_num_threads(t as i32);
     }
-    let device = loco_real::model::tch_device(a.device)?;
+    let devices = loco_real::sharded::node_devices(a.device, a.gpus)?;
     tch::manual_seed(a.seed as i64);
-    let mut trainer = Trainer::new(&spec, config, device, a.seed)?;
+    let mut trainer = if a.gpus > 1 {
+        NodeTrainer::Sharded(ShardedTrainer::new(&spec, config, &devices, a.seed)?)
+    } else {
+        NodeTrainer::One(Trainer::new(&spec, config, devices[0], a.seed)?)
+    };
     let source = DataSource::Synthetic(Synthetic { seed: a.seed, sequences: 1 << 20 });
     let mut data =
         DataLoader::new(&source, seq_len, spec.vocab, Shard::new(0, 1)?, Order::Sequential)?;
@@ -229,8 +341,10 @@ pub(crate) fn run(a: &TrainBench) -> Result<TrainReport> {
         let batch = data.next_batch(batch_rows)?;
         let start = crate::clock::now();
         let stats = trainer.inner_step(&batch)?;
-        if let tch::Device::Cuda(index) = device {
-            tch::Cuda::synchronize(index as i64);
+        for d in &devices {
+            if let tch::Device::Cuda(index) = d {
+                tch::Cuda::synchronize(*index as i64);
+            }
         }
         let secs = start.elapsed().as_secs_f64();
         if i == 0 {
@@ -271,11 +385,28 @@ pub(crate) fn run(a: &TrainBench) -> Result<TrainReport> {
         tokens_per_second,
         achieved_flops,
         peak_flops: a.peak_flops,
-        mfu: a.peak_flops.map(|p| achieved_flops / p),
+        mfu: a.peak_flops.map(|p| achieved_flops / (p * f64::from(a.gpus))),
         first_loss,
         last_loss,
         peak_rss_bytes: loco_real::node::peak_rss_bytes(),
         memory_plan: plan.describe(place),
+        gpus: a.gpus,
+        shards: match &trainer {
+            NodeTrainer::Sharded(t) => t
+                .shard_memory()
+                .into_iter()
+                .map(|m| ShardFigure {
+                    device: m.device.clone(),
+                    values: m.values,
+                    held_bytes: m.total(),
+                    plan_bytes: plan.bytes("weights shard")
+                        + plan.bytes("gradient shard")
+                        + plan.bytes("AdamW state shard"),
+                    plan_device_bytes: plan.per_device(),
+                })
+                .collect(),
+            NodeTrainer::One(_) => Vec::new(),
+        },
     })
 }
 

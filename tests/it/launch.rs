@@ -87,6 +87,47 @@ fn launch_trains_the_tiny_model_across_processes_with_a_crash_and_a_join() {
     }
 }
 
+/// Nodes of two devices: each worker trains the tiny model sharded over two CPU devices (the
+/// code path of a node of G GPUs) and runs a ring per shard; through a crash and a join by live
+/// recovery the replicas stay bit-identical after every outer step, and the loss goes down.
+#[cfg(feature = "torch")]
+#[test]
+fn launch_trains_nodes_of_two_sharded_devices_through_a_crash_and_a_join() {
+    let _turn = one_real_run_at_a_time();
+    let ctx = TestContext::new();
+    let out = ctx.path().join("run");
+    let o = ctx.loco(&[
+        "launch",
+        "scenarios/tiny-real-2gpu.toml",
+        "--out",
+        out.to_str().unwrap(),
+        "--timeout",
+        "300",
+    ]);
+    assert!(o.status.success(), "stdout: {}\nstderr: {}", stdout(&o), stderr(&o));
+    let rows = csv_rows(&out.join("outer_steps.csv"));
+    assert_eq!(hashes_agree(&rows), 20);
+    let loss = |step: &str| -> f64 {
+        let r = rows.iter().find(|r| r["outer_step"] == step && r["node"] == "n-0").unwrap();
+        r["loss"].parse().unwrap()
+    };
+    assert!(loss("19") < loss("0") - 0.5, "loss {} -> {}", loss("0"), loss("19"));
+    assert!(rows.iter().any(|r| r["node"] == "late"), "the joiner trains");
+    let events = std::fs::read_to_string(out.join("events.csv")).unwrap();
+    for kind in [",crash,n-1,", ",evict,n-1,", ",recovery-done,late,"] {
+        assert!(events.contains(kind), "no {kind} in events:\n{events}");
+    }
+    // Each worker said it trains on two devices.
+    let logs: String = std::fs::read_dir(out.join("logs"))
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(logs.contains("devices=2"), "no devices=2 in the workers' logs");
+}
+
 /// A model that cannot fit this machine stops before anything starts, with the memory plan.
 #[test]
 fn launch_refuses_a_model_that_does_not_fit_with_its_memory_plan() {
