@@ -341,6 +341,10 @@ pub(crate) struct TrainBench {
     /// Where to train: cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu", value_parser = parse_device)]
     pub(crate) device: Device,
+    /// Blocks of the model (default: the preset's): the preset's layers at full width, fewer
+    /// of them (the GPU check trains as many of the 10B preset's as fit).
+    #[arg(long)]
+    pub(crate) layers: Option<u32>,
     /// Devices of the node: G > 1 trains one model sharded over them, as a worker of a node
     /// with `gpus = G` does (cuda:N to cuda:N+G-1; on the CPU, G threads over shards). The
     /// batch's rows are split over the devices.

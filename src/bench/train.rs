@@ -124,13 +124,33 @@ impl PlanReport {
     }
 }
 
+/// The model: the preset, with `--layers` blocks where given (at the preset's full width).
+fn spec_of(a: &TrainBench) -> loco_core::scenario::ModelSpec {
+    let spec = a.preset.spec();
+    match a.layers {
+        Some(layers) => loco_core::scenario::ModelSpec { layers, preset: None, ..spec },
+        None => spec,
+    }
+}
+
+/// The model's name in reports: the preset's, with its layer count where `--layers` changed it.
+fn model_name(a: &TrainBench) -> String {
+    match a.layers {
+        Some(l) => format!("{} ({l} layers)", a.preset),
+        None => a.preset.to_string(),
+    }
+}
+
 /// The checks of the flags shared by the plan and the run; returns (seq_len, batch_rows,
 /// precision).
 fn settings(a: &TrainBench) -> Result<(usize, usize, loco_core::scenario::Precision)> {
     let bad = |flag: &str, expected: String| -> anyhow::Error {
         crate::InputError(anyhow::anyhow!("{flag}: expected {expected}")).into()
     };
-    let spec = a.preset.spec();
+    if a.layers == Some(0) {
+        return Err(bad("--layers", "at least 1".into()));
+    }
+    let spec = spec_of(a);
     let seq_len = a.seq_len.unwrap_or(spec.seq_len as usize);
     if seq_len == 0 || seq_len > spec.seq_len as usize {
         return Err(bad("--seq-len", format!("1 ..= {} (the preset's)", spec.seq_len)));
@@ -164,7 +184,7 @@ fn settings(a: &TrainBench) -> Result<(usize, usize, loco_core::scenario::Precis
 fn memory_plan(a: &TrainBench, model_only: bool) -> Result<loco_real::memory::MemoryPlan> {
     let (seq_len, _, precision) = settings(a)?;
     let plan = loco_real::memory::MemoryPlan::for_node(
-        &a.preset.spec(),
+        &spec_of(a),
         a.device,
         a.gpus,
         a.micro_batch as u32,
@@ -180,7 +200,7 @@ pub(crate) fn plan(a: &TrainBench) -> Result<PlanReport> {
     use loco_real::memory::Place;
     let plan = memory_plan(a, false)?;
     Ok(PlanReport {
-        preset: a.preset.to_string(),
+        preset: model_name(a),
         params: plan.params,
         device: a.device.to_string(),
         gpus: a.gpus,
@@ -292,7 +312,7 @@ pub(crate) fn run(a: &TrainBench) -> Result<TrainReport> {
     use loco_real::memory::{Place, host_available_bytes};
     use loco_real::sharded::ShardedTrainer;
     use loco_real::train::{TrainConfig, Trainer};
-    let spec = a.preset.spec();
+    let spec = spec_of(a);
     let (seq_len, batch_rows, precision) = settings(a)?;
     let real = RealSpec {
         device: a.device,
@@ -334,7 +354,7 @@ pub(crate) fn run(a: &TrainBench) -> Result<TrainReport> {
             .expect("a valid template")
             .progress_chars("=> "),
     );
-    bar.set_message(format!("{} on {}", a.preset, a.device));
+    bar.set_message(format!("{} on {}", model_name(a), a.device));
     let (mut first_loss, mut last_loss) = (f64::NAN, f64::NAN);
     let mut step_seconds = Vec::with_capacity(a.steps);
     for i in 0..total {
@@ -364,7 +384,7 @@ pub(crate) fn run(a: &TrainBench) -> Result<TrainReport> {
     let flops_per_token = ModelSpec { seq_len: seq_len as u32, ..spec.clone() }.flops_per_token();
     let achieved_flops = tokens_per_second * flops_per_token as f64;
     Ok(TrainReport {
-        preset: a.preset.to_string(),
+        preset: model_name(a),
         device: a.device.to_string(),
         precision: precision.to_string(),
         torch_threads: i64::from(tch::get_num_threads()),

@@ -413,6 +413,87 @@ fn bench_train_figures_follow_from_its_measurements() {
     assert!(v["memory_plan"].as_str().unwrap().contains("on cpu for weights"), "{v}");
 }
 
+/// `bench train --plan`: a node's memory plan without libtorch or allocation. The 10B preset
+/// sharded over 8 GPUs fits an H100's 80 GB per device; on one it does not; fewer layers need
+/// less; bad flags are refused by name.
+#[test]
+fn bench_train_plans_the_10b_preset_over_eight_gpus() {
+    let ctx = TestContext::new();
+    let plan = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec!["bench", "train", "--preset", "10b", "--device", "cuda:0", "--plan"];
+        args.extend_from_slice(extra);
+        args.push("--json");
+        let out = ctx.loco(&args);
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+        serde_json::from_str(&stdout(&out)).expect("JSON")
+    };
+    let gib = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap() as f64 / (1u64 << 30) as f64;
+    let eight = plan(&["--gpus", "8"]);
+    assert_eq!(eight["gpus"], 8);
+    assert!(gib(&eight, "per_device_bytes") < 80.0 * 1e9 / (1u64 << 30) as f64, "{eight}");
+    assert!((gib(&eight, "host_bytes") - 152.2).abs() < 0.1, "{eight}");
+    assert!(eight["plan"].as_str().unwrap().contains("on each of cuda:0..cuda:7"), "{eight}");
+    let one = plan(&[]);
+    assert!(gib(&one, "per_device_bytes") > 141.0, "one H200 is not enough: {one}");
+    let few = plan(&["--gpus", "8", "--layers", "4"]);
+    assert!(few["per_device_bytes"].as_u64() < eight["per_device_bytes"].as_u64());
+    assert_eq!(few["preset"], "10b (4 layers)");
+    for (flag, value, expected) in [
+        ("--gpus", "0", "--gpus: expected 1 ..= 1024"),
+        ("--layers", "0", "--layers: expected at least 1"),
+    ] {
+        let out = ctx.loco(&["bench", "train", "--plan", flag, value]);
+        assert_eq!(out.status.code(), Some(2));
+        assert!(stderr(&out).contains(expected), "{}", stderr(&out));
+    }
+}
+
+/// `bench train --gpus 2` on the CPU: one model sharded over two devices, each shard reported
+/// against the plan, MFU against both devices' peak.
+#[cfg(feature = "torch")]
+#[test]
+fn bench_train_on_two_sharded_cpu_devices_reports_each_shard() {
+    let ctx = TestContext::new();
+    let out = ctx.loco(&[
+        "bench",
+        "train",
+        "--preset",
+        "tiny",
+        "--gpus",
+        "2",
+        "--micro-batch",
+        "2",
+        "--seq-len",
+        "32",
+        "--steps",
+        "2",
+        "--warmup",
+        "0",
+        "--threads",
+        "1",
+        "--peak-flops",
+        "1e11",
+        "--json",
+    ]);
+    assert!(out.status.success(), "stderr: {}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("JSON");
+    assert_eq!((v["gpus"].as_u64(), v["batch_rows"].as_u64()), (Some(2), Some(4)), "{v}");
+    let shards = v["shards"].as_array().unwrap();
+    assert_eq!(shards.len(), 2);
+    let params = v["params"].as_u64().unwrap();
+    assert_eq!(shards.iter().map(|s| s["values"].as_u64().unwrap()).sum::<u64>(), params);
+    for s in shards {
+        // 131,392 values split evenly: each shard holds what the plan says, 16 bytes a value.
+        assert_eq!(s["held_bytes"], s["plan_bytes"], "{v}");
+        assert_eq!(s["held_bytes"].as_u64().unwrap(), 16 * params / 2);
+        assert!(s["plan_device_bytes"].as_u64() > s["plan_bytes"].as_u64());
+    }
+    let mfu = v["mfu"].as_f64().unwrap();
+    let want = v["achieved_flops"].as_f64().unwrap() / 2e11;
+    assert!((mfu / want - 1.0).abs() < 1e-9, "{v}");
+    assert!(v["memory_plan"].as_str().unwrap().contains("on cpu (2 devices)"), "{v}");
+}
+
 /// `bench train` refuses bad flags by name, and without libtorch says how to get it.
 #[test]
 fn bench_train_explains_bad_flags_and_its_requirements() {

@@ -10,6 +10,25 @@ fn csv_rows(path: &std::path::Path) -> Vec<BTreeMap<String, String>> {
     lines.map(|l| header.iter().cloned().zip(l.split(',').map(str::to_string)).collect()).collect()
 }
 
+/// `s` without its terminal colour sequences (`ESC [ ... m`).
+#[cfg(feature = "torch")]
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for d in chars.by_ref() {
+                if d == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 fn hashes_agree(rows: &[BTreeMap<String, String>]) -> usize {
     let mut by_step: BTreeMap<u64, Vec<String>> = BTreeMap::new();
     for r in rows {
@@ -96,14 +115,15 @@ fn launch_trains_nodes_of_two_sharded_devices_through_a_crash_and_a_join() {
     let _turn = one_real_run_at_a_time();
     let ctx = TestContext::new();
     let out = ctx.path().join("run");
-    let o = ctx.loco(&[
-        "launch",
-        "scenarios/tiny-real-2gpu.toml",
-        "--out",
-        out.to_str().unwrap(),
-        "--timeout",
-        "300",
-    ]);
+    // The workers' logs (on the launcher's stderr) say what each trains on.
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_loco"))
+        .args(["launch", "scenarios/tiny-real-2gpu.toml", "--timeout", "300", "--out"])
+        .arg(&out)
+        .current_dir(TestContext::repo())
+        .env("LOCO_LOG", "loco::real_cmd=info")
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("run loco");
     assert!(o.status.success(), "stdout: {}\nstderr: {}", stdout(&o), stderr(&o));
     let rows = csv_rows(&out.join("outer_steps.csv"));
     assert_eq!(hashes_agree(&rows), 20);
@@ -117,15 +137,11 @@ fn launch_trains_nodes_of_two_sharded_devices_through_a_crash_and_a_join() {
     for kind in [",crash,n-1,", ",evict,n-1,", ",recovery-done,late,"] {
         assert!(events.contains(kind), "no {kind} in events:\n{events}");
     }
-    // Each worker said it trains on two devices.
-    let logs: String = std::fs::read_dir(out.join("logs"))
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .filter_map(|e| std::fs::read_to_string(e.path()).ok())
-                .collect()
-        })
-        .unwrap_or_default();
-    assert!(logs.contains("devices=2"), "no devices=2 in the workers' logs");
+    // Each of the three workers said it trains on two devices.
+    let ready: Vec<String> =
+        stderr(&o).lines().filter(|l| l.contains("model ready")).map(strip_ansi).collect();
+    assert_eq!(ready.len(), 3, "{ready:?}");
+    assert!(ready.iter().all(|l| l.contains("devices=2")), "{ready:?}");
 }
 
 /// A model that cannot fit this machine stops before anything starts, with the memory plan.
