@@ -413,6 +413,10 @@ pub(crate) struct OuterBench {
     /// Seed of the N(0,1) weights.
     #[arg(long, default_value_t = 0)]
     pub(crate) seed: u64,
+    /// Threads of the pseudo-gradient and the outer step, one per shard: what a worker of a
+    /// node with `gpus = G` runs them on.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) shards: usize,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub(crate) json: bool,

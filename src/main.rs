@@ -201,8 +201,12 @@ fn run(cli: Cli) -> Result<Outcome> {
                     return Err(InputError(anyhow::anyhow!("{flag}: expected at least 1")).into());
                 }
             }
-            let args =
-                bench::outer::OuterBenchArgs { params: a.params, repeats: a.repeats, seed: a.seed };
+            let args = bench::outer::OuterBenchArgs {
+                params: a.params,
+                repeats: a.repeats,
+                seed: a.seed,
+                shards: a.shards,
+            };
             let bar = std::io::IsTerminal::is_terminal(&std::io::stderr()).then(|| {
                 let b = indicatif::ProgressBar::new(5);
                 b.set_style(

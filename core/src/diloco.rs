@@ -41,6 +41,7 @@
 //! steps). A step the mesh skips ([`OuterState::skip_round`]) owes the node's progress again:
 //! the fragment's next sync sends it instead of losing it.
 
+use crate::allreduce::schedule::chunk_range;
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
 use std::sync::Arc;
@@ -272,6 +273,45 @@ fn resident_zeros(n: usize) -> Vec<f32> {
     v
 }
 
+/// Values below which a pass over the outer state stays on one thread (a thread costs more).
+const SHARD_MIN: usize = 1 << 20;
+
+/// How many shards a pass over `len` values runs in: `shards`, fewer where a shard would hold
+/// under [`SHARD_MIN`] values, at least one.
+fn shards_for(len: usize, shards: usize) -> usize {
+    shards.clamp(1, (len / SHARD_MIN).max(1))
+}
+
+/// Runs `f` on each shard `chunk_range(len, k, s)` of `v` (its range and its values), one
+/// thread per shard when there are several; returns what each returned, in shard order.
+fn sharded<R: Send>(
+    v: &mut [f32],
+    shards: usize,
+    f: impl Fn(Range<usize>, &mut [f32]) -> R + Sync,
+) -> Vec<R> {
+    let len = v.len();
+    let k = shards_for(len, shards);
+    if k == 1 {
+        return vec![f(0..len, v)];
+    }
+    let mut parts = Vec::with_capacity(k);
+    let mut rest = v;
+    for s in 0..k {
+        let (head, tail) = std::mem::take(&mut rest).split_at_mut(chunk_range(len, k, s).len());
+        parts.push((chunk_range(len, k, s), head));
+        rest = tail;
+    }
+    std::thread::scope(|scope| {
+        let f = &f;
+        let handles: Vec<_> =
+            parts.into_iter().map(|(r, p)| scope.spawn(move || f(r, p))).collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
+    })
+}
+
 /// The outer state of one node.
 ///
 /// The outer weights and momentum are shared buffers, copied on write: a snapshot
@@ -451,13 +491,28 @@ impl OuterState {
     /// its values are not finite (NaN or infinite: a diverged inner loop), counted in the same
     /// pass; such a pseudo-gradient must not be averaged.
     pub fn compute_pseudo_gradient(&mut self, inner: &[f32]) -> Result<usize, DilocoError> {
+        self.compute_pseudo_gradient_sharded(inner, 1)
+    }
+
+    /// [`compute_pseudo_gradient`](Self::compute_pseudo_gradient) over `shards` threads, one
+    /// per shard `chunk_range(len, shards, s)` (a node's G rings' shards): the same values, in
+    /// a G-th of the time where there are the cores.
+    pub fn compute_pseudo_gradient_sharded(
+        &mut self,
+        inner: &[f32],
+        shards: usize,
+    ) -> Result<usize, DilocoError> {
         self.check("inner weights", inner.len())?;
-        let mut bad = 0usize;
-        for ((g, o), i) in self.pseudo_gradient.iter_mut().zip(self.outer.iter()).zip(inner) {
-            *g = o - i;
-            bad += usize::from(!g.is_finite());
-        }
-        Ok(bad)
+        let outer: &[f32] = &self.outer;
+        let bad = sharded(&mut self.pseudo_gradient, shards, |range, g| {
+            let mut bad = 0usize;
+            for ((g, o), i) in g.iter_mut().zip(&outer[range.clone()]).zip(&inner[range]) {
+                *g = o - i;
+                bad += usize::from(!g.is_finite());
+            }
+            bad
+        });
+        Ok(bad.into_iter().sum())
     }
 
     /// Like [`compute_pseudo_gradient`](Self::compute_pseudo_gradient), without a copy of the
@@ -478,11 +533,43 @@ impl OuterState {
     /// semantics (`buf = m*buf + g`; Nesterov: `outer -= lr*(g + m*buf)`; else `outer -= lr*buf`).
     /// Afterwards the backend copies [`outer`](Self::outer) into the inner model.
     pub fn apply_outer_step(&mut self) {
+        self.apply_outer_step_sharded(1);
+    }
+
+    /// [`apply_outer_step`](Self::apply_outer_step) over `shards` threads, one per shard (see
+    /// [`compute_pseudo_gradient_sharded`](Self::compute_pseudo_gradient_sharded)): the same
+    /// values.
+    pub fn apply_outer_step_sharded(&mut self, shards: usize) {
         let cfg = self.cfg;
         // Copies a buffer only while a snapshot still holds it.
         let (outer, momentum) = (Arc::make_mut(&mut self.outer), Arc::make_mut(&mut self.momentum));
-        for ((w, buf), &g) in outer.iter_mut().zip(momentum).zip(&self.pseudo_gradient) {
-            (*w, *buf) = outer_update(cfg, *w, *buf, g);
+        let g: &[f32] = &self.pseudo_gradient;
+        let len = outer.len();
+        let mut pairs: Vec<(&mut [f32], &mut [f32])> = Vec::new();
+        let (mut w_rest, mut b_rest): (&mut [f32], &mut [f32]) = (outer, momentum);
+        let k = shards_for(len, shards);
+        for s in 0..k {
+            let n = chunk_range(len, k, s).len();
+            let (w, wr) = std::mem::take(&mut w_rest).split_at_mut(n);
+            let (b, br) = std::mem::take(&mut b_rest).split_at_mut(n);
+            (w_rest, b_rest) = (wr, br);
+            pairs.push((w, b));
+        }
+        let step = |s: usize, (w, b): (&mut [f32], &mut [f32])| {
+            let g = &g[chunk_range(len, k, s)];
+            for ((w, buf), &g) in w.iter_mut().zip(b.iter_mut()).zip(g) {
+                (*w, *buf) = outer_update(cfg, *w, *buf, g);
+            }
+        };
+        if k == 1 {
+            pairs.into_iter().for_each(|p| step(0, p));
+        } else {
+            std::thread::scope(|scope| {
+                for (s, p) in pairs.into_iter().enumerate() {
+                    let step = &step;
+                    scope.spawn(move || step(s, p));
+                }
+            });
         }
         self.steps += 1;
     }
@@ -716,6 +803,37 @@ mod tests {
         plain.pseudo_gradient_mut()[0] = 1.0;
         plain.apply_outer_step();
         assert_eq!(plain.outer()[0], -0.5);
+    }
+
+    #[test]
+    fn sharded_passes_give_the_same_bits_as_one_thread() {
+        // Large enough for several shards (SHARD_MIN values each), odd so that shards differ.
+        let n = 3 * SHARD_MIN + 7;
+        let w: Vec<f32> = (0..n).map(|i| ((i * 7919) % 1000) as f32 * 1e-3 - 0.5).collect();
+        let inner: Vec<f32> =
+            w.iter().enumerate().map(|(i, x)| x + (i % 13) as f32 * 1e-4).collect();
+        let mut inner_bad = inner.clone();
+        inner_bad[2 * SHARD_MIN + 1] = f32::NAN;
+        let cfg = OuterConfig { lr: 0.7, momentum: 0.9, nesterov: true };
+        let run = |shards: usize, inner: &[f32]| {
+            let mut o = OuterState::new(cfg, w.clone(), Vec::new()).unwrap();
+            let mut bad = 0;
+            for _ in 0..2 {
+                bad = o.compute_pseudo_gradient_sharded(inner, shards).unwrap();
+                o.apply_outer_step_sharded(shards);
+            }
+            (o, bad)
+        };
+        let (one, bad) = run(1, &inner);
+        assert_eq!(bad, 0);
+        assert_eq!(shards_for(n, 8), 3, "no shard under SHARD_MIN values");
+        assert_eq!(shards_for(10, 8), 1);
+        for shards in [2, 3, 8] {
+            let (o, bad) = run(shards, &inner);
+            assert_eq!(bad, 0);
+            assert_eq!(o, one, "{shards} shards");
+            assert_eq!(run(shards, &inner_bad).1, 1, "a NaN in the third shard is counted");
+        }
     }
 
     #[test]

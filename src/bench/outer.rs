@@ -12,13 +12,15 @@
 //! - `digest`: [`weights_digest`] of the outer weights (the `weights_hash` column);
 //!
 //! next to a plain memcpy of the same 4n bytes in the same run, the yardstick of the ratios. Each
-//! figure is the best of `repeats` timed runs after one untimed warm-up run, on one thread (the
-//! work is single-threaded in the real backend). The sum, in seconds per parameter, is what the
+//! figure is the best of `repeats` timed runs after one untimed warm-up run, on one thread, or
+//! with `shards` G > 1 the pseudo-gradient (in its one-pass form,
+//! [`OuterState::compute_pseudo_gradient_sharded`]) and the outer step on G threads, one per
+//! shard, as a worker of a node of G GPUs runs them. The sum, in seconds per parameter, is what the
 //! simulator charges per commit (`[sim] outer_cost`).
 
 use anyhow::{Result, ensure};
 use loco_core::diloco::{OuterConfig, OuterState};
-use loco_core::node::digest::weights_digest;
+use loco_core::node::digest::{weights_digest, weights_digest_parallel};
 use loco_core::scenario::Preset;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -36,12 +38,16 @@ pub struct OuterBenchArgs {
     pub repeats: usize,
     /// Seed of the weights.
     pub seed: u64,
+    /// Threads of the pseudo-gradient and the outer step, one per shard of a node of that many
+    /// GPUs (1: the single-threaded work the simulator's `outer_cost` is measured on).
+    pub shards: usize,
 }
 
 impl Default for OuterBenchArgs {
-    /// 5e7 parameters (200 MB per fp32 copy, far past any cache), best of 5, seed 0.
+    /// 5e7 parameters (200 MB per fp32 copy, far past any cache), best of 5, seed 0, one
+    /// thread.
     fn default() -> Self {
-        OuterBenchArgs { params: 50_000_000, repeats: 5, seed: 0 }
+        OuterBenchArgs { params: 50_000_000, repeats: 5, seed: 0, shards: 1 }
     }
 }
 
@@ -80,6 +86,8 @@ pub struct OuterBenchReport {
     pub repeats: usize,
     /// Seed of the weights.
     pub seed: u64,
+    /// Threads of the pseudo-gradient and the outer step.
+    pub shards: usize,
     /// The memcpy of `bytes`, seconds (best run).
     pub memcpy_seconds: f64,
     /// The memcpy, GB/s (1 GB = 1e9 bytes).
@@ -113,6 +121,7 @@ fn best_seconds(repeats: usize, mut f: impl FnMut()) -> f64 {
 pub fn run(args: &OuterBenchArgs, mut progress: impl FnMut(&str)) -> Result<OuterBenchReport> {
     ensure!(args.params >= 1, "params: expected at least 1, got {}", args.params);
     ensure!(args.repeats >= 1, "repeats: expected at least 1, got {}", args.repeats);
+    ensure!(args.shards >= 1, "shards: expected at least 1, got {}", args.shards);
     let n = args.params;
     let mut rng = ChaCha8Rng::seed_from_u64(args.seed);
     let weights: Vec<f32> = (0..n).map(|_| rng.sample::<f32, _>(StandardNormal)).collect();
@@ -142,10 +151,14 @@ pub fn run(args: &OuterBenchArgs, mut progress: impl FnMut(&str)) -> Result<Oute
     part(
         "pseudo-gradient",
         best_seconds(args.repeats, || {
-            let filled = outer.compute_pseudo_gradient_with(|buf| {
-                buf.copy_from_slice(&trained);
-                Ok::<(), std::convert::Infallible>(())
-            });
+            let filled = if args.shards > 1 {
+                outer.compute_pseudo_gradient_sharded(&trained, args.shards).map(|_| ())
+            } else {
+                outer.compute_pseudo_gradient_with(|buf| {
+                    buf.copy_from_slice(&trained);
+                    Ok::<(), loco_core::diloco::DilocoError>(())
+                })
+            };
             black_box(filled.is_ok());
             black_box(outer.pseudo_gradient());
         }),
@@ -154,7 +167,7 @@ pub fn run(args: &OuterBenchArgs, mut progress: impl FnMut(&str)) -> Result<Oute
     part(
         "outer step",
         best_seconds(args.repeats, || {
-            outer.apply_outer_step();
+            outer.apply_outer_step_sharded(args.shards);
             black_box(outer.outer());
         }),
     );
@@ -170,7 +183,8 @@ pub fn run(args: &OuterBenchArgs, mut progress: impl FnMut(&str)) -> Result<Oute
     part(
         "digest",
         best_seconds(args.repeats, || {
-            black_box(weights_digest(black_box(outer.outer())));
+            let w = black_box(outer.outer());
+            black_box(if args.shards > 1 { weights_digest_parallel(w) } else { weights_digest(w) });
         }),
     );
 
@@ -188,6 +202,7 @@ pub fn run(args: &OuterBenchArgs, mut progress: impl FnMut(&str)) -> Result<Oute
         bytes: 4 * n,
         repeats: args.repeats,
         seed: args.seed,
+        shards: args.shards,
         memcpy_seconds,
         memcpy_gbps: (4 * n) as f64 / memcpy_seconds / 1e9,
         parts,
@@ -203,11 +218,16 @@ impl OuterBenchReport {
     pub fn print_table(&self, out: &mut impl Write) -> std::io::Result<()> {
         writeln!(
             out,
-            "outer-step work: {} fp32 parameters ({:.1} MB per copy, seed {}), best of {}, 1 thread",
+            "outer-step work: {} fp32 parameters ({:.1} MB per copy, seed {}), best of {}, {}",
             self.params,
             self.bytes as f64 / 1e6,
             self.seed,
-            self.repeats
+            self.repeats,
+            if self.shards > 1 {
+                format!("pseudo-gradient and outer step on {} threads (shards)", self.shards)
+            } else {
+                "1 thread".to_owned()
+            }
         )?;
         writeln!(
             out,
@@ -253,7 +273,7 @@ mod tests {
 
     #[test]
     fn small_run_reports_the_parts_and_their_sum() {
-        let args = OuterBenchArgs { params: 10_007, repeats: 2, seed: 3 };
+        let args = OuterBenchArgs { params: 10_007, repeats: 2, seed: 3, shards: 1 };
         let mut seen = Vec::new();
         let report = run(&args, |name| seen.push(name.to_owned())).unwrap();
         assert_eq!(seen, ["memcpy", "pseudo-gradient", "outer step", "set params", "digest"]);
@@ -293,8 +313,9 @@ mod tests {
     #[test]
     fn bad_arguments_are_rejected_with_the_field_name() {
         for (args, field) in [
-            (OuterBenchArgs { params: 0, repeats: 1, seed: 0 }, "params"),
-            (OuterBenchArgs { params: 1, repeats: 0, seed: 0 }, "repeats"),
+            (OuterBenchArgs { params: 0, repeats: 1, seed: 0, shards: 1 }, "params"),
+            (OuterBenchArgs { params: 1, repeats: 0, seed: 0, shards: 1 }, "repeats"),
+            (OuterBenchArgs { params: 1, repeats: 1, seed: 0, shards: 0 }, "shards"),
         ] {
             let err = run(&args, |_| {}).unwrap_err().to_string();
             assert!(err.starts_with(field), "{err}");

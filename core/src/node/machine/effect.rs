@@ -5,7 +5,7 @@ use crate::diloco::OuterState;
 use crate::ids::{Epoch, NodeId};
 use crate::mesh::StopReason;
 use crate::metrics::{EventKind, OuterStepRow};
-use crate::node::digest::weights_digest;
+use crate::node::digest::{weights_digest, weights_digest_parallel};
 use crate::node::events::admission_kind;
 use crate::node::state::{
     PART_OWN, PART_SHARED, PieceRule, Received, Refused, Segments, Share, SharedState, Verified,
@@ -127,6 +127,9 @@ pub struct OuterJob {
     /// Overlap and streaming modes: the pseudo-gradient is the end of a round
     /// ([`OuterState::overlap_round`]); a commit averages only this fragment.
     pub(super) round: Option<RoundJob>,
+    /// Threads of the element-wise passes, one per shard of the node's rings (the same values
+    /// for any count).
+    pub(super) shards: usize,
     done: bool,
 }
 
@@ -158,6 +161,7 @@ impl OuterJob {
             snapshot: None,
             params,
             round: None,
+            shards: 1,
             done: false,
         }
     }
@@ -216,7 +220,9 @@ impl OuterJob {
                     return;
                 }
                 let computed = match self.values.as_deref() {
-                    Some(inner) if self.valid => self.outer.compute_pseudo_gradient(inner).ok(),
+                    Some(inner) if self.valid => {
+                        self.outer.compute_pseudo_gradient_sharded(inner, self.shards).ok()
+                    }
                     _ => None,
                 };
                 self.nonfinite = computed.unwrap_or(0);
@@ -236,7 +242,7 @@ impl OuterJob {
             OuterKind::Commit => match self.values.as_deref() {
                 Some(avg) if avg.len() == self.outer.len() => {
                     self.outer.pseudo_gradient_mut().copy_from_slice(avg);
-                    self.outer.apply_outer_step();
+                    self.outer.apply_outer_step_sharded(self.shards);
                 }
                 // No result (a violation the machine reported): the count of steps stays right.
                 _ => self.outer.skip_outer_step(),
@@ -247,7 +253,11 @@ impl OuterJob {
             },
         }
         if self.want_digest {
-            self.digest = Some(weights_digest(self.outer.outer()));
+            self.digest = Some(if self.shards > 1 {
+                weights_digest_parallel(self.outer.outer())
+            } else {
+                weights_digest(self.outer.outer())
+            });
         }
         if self.want_copy {
             self.copy = Some(self.outer.outer().to_vec());
