@@ -653,8 +653,10 @@ impl<L: InnerLoop> Worker<L> {
             }
             Effect::SetParams(p) => self.pending.params = Some(p),
             Effect::Outer(mut job) => {
+                // One thread per shard of this node's rings (its GPUs).
+                let shards = usize::from(self.opts.shards.max(1));
                 self.outer_job = Some(tokio::task::spawn_blocking(move || {
-                    job.run();
+                    job.run_sharded(shards);
                     job
                 }));
             }

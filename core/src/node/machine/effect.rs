@@ -127,9 +127,8 @@ pub struct OuterJob {
     /// Overlap and streaming modes: the pseudo-gradient is the end of a round
     /// ([`OuterState::overlap_round`]); a commit averages only this fragment.
     pub(super) round: Option<RoundJob>,
-    /// Threads of the element-wise passes, one per shard of the node's rings (the same values
-    /// for any count).
-    pub(super) shards: usize,
+    /// Threads of the element-wise passes ([`run_sharded`](Self::run_sharded)).
+    shards: usize,
     done: bool,
 }
 
@@ -190,6 +189,15 @@ impl OuterJob {
             Some(r) if self.params > 0 => r.fragment.len() as f64 / self.params as f64,
             _ => 1.0,
         }
+    }
+
+    /// [`run`](Self::run) with the element-wise passes (the pseudo-gradient, the outer step)
+    /// on `shards` threads, one per shard of the node's rings, and the weights digest on the
+    /// thread pool: the same values, for an executor with the cores (a real node of G GPUs).
+    /// The simulator calls [`run`](Self::run): no OS threads on the simulated path.
+    pub fn run_sharded(&mut self, shards: usize) {
+        self.shards = shards.max(1);
+        self.run();
     }
 
     /// Does the work (once; a second call is a no-op). O(model): run it where the executor's

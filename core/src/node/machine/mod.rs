@@ -818,8 +818,6 @@ impl Node {
         let outer = self.outer.take()?;
         self.enter(Span::Outer, now);
         let mut job = OuterJob::new(outer, kind, outer_step, self.params());
-        // The node's G shards (its rings' split) are the passes' threads.
-        job.shards = usize::from(self.cfg.shards.max(1));
         job.want_digest = self.real && self.synced && kind != OuterKind::PseudoGradient;
         // Overlap modes set no parameters after a commit or a skip: no copy of the weights.
         job.want_copy = self.real && (kind == OuterKind::PseudoGradient || !self.overlaps());
