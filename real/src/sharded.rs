@@ -125,6 +125,41 @@ pub struct ShardedTrainer {
     shards: Vec<Shard>,
     lanes: Vec<Lane>,
     step: u64,
+    times: PhaseTimes,
+}
+
+/// Seconds a sharded trainer spent in each phase of its steps, summed since it was made: where
+/// the devices exchange (gathers, reduce-scatters) against where they compute. On CUDA the
+/// phases are timed on the host, where kernels are queued, not run: only the sum (a step ends
+/// by reading its loss back) is the devices' time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct PhaseSeconds {
+    /// Gathering the units' weights onto the devices.
+    pub gather: f64,
+    /// The forward and backward passes, on the devices' threads.
+    pub compute: f64,
+    /// Summing the gradients into the shards that own them.
+    pub reduce_scatter: f64,
+    /// The gradient norm, clipping and AdamW on the shards.
+    pub update: f64,
+}
+
+#[derive(Debug, Default)]
+struct PhaseTimes {
+    gather: std::cell::Cell<f64>,
+    compute: std::cell::Cell<f64>,
+    reduce: std::cell::Cell<f64>,
+    update: std::cell::Cell<f64>,
+}
+
+/// A start time for [`PhaseTimes`]: measurement only, it never reaches a decision.
+#[allow(clippy::disallowed_methods)]
+fn started() -> std::time::Instant {
+    std::time::Instant::now()
+}
+
+fn add(cell: &std::cell::Cell<f64>, since: std::time::Instant) {
+    cell.set(cell.get() + since.elapsed().as_secs_f64());
 }
 
 impl std::fmt::Debug for ShardedTrainer {
@@ -215,6 +250,7 @@ impl ShardedTrainer {
             shards,
             lanes,
             step: 0,
+            times: PhaseTimes::default(),
         })
     }
 
@@ -241,6 +277,16 @@ impl ShardedTrainer {
     /// `(name, numel)` of every parameter tensor, in the flat order.
     pub fn param_layout(&self) -> Vec<(String, usize)> {
         self.layout.clone()
+    }
+
+    /// Seconds spent in each phase so far (see [`PhaseSeconds`]).
+    pub fn phase_seconds(&self) -> PhaseSeconds {
+        PhaseSeconds {
+            gather: self.times.gather.get(),
+            compute: self.times.compute.get(),
+            reduce_scatter: self.times.reduce.get(),
+            update: self.times.update.get(),
+        }
     }
 
     /// What each device holds between steps.
@@ -369,8 +415,10 @@ impl ShardedTrainer {
         let rows = check_batch(tokens, self.config.seq_len, self.spec.vocab)?;
         let batch = batch_tensor(tokens, rows, self.config.seq_len, Device::Cpu)?;
         let measured = self.accumulate(&batch, rows).and_then(|(loss, z)| {
-            let norm = self.grad_norm()?;
-            Ok((loss, z, norm))
+            let t = started();
+            let norm = self.grad_norm();
+            add(&self.times.update, t);
+            Ok((loss, z, norm?))
         });
         let (loss, z_loss, grad_norm) = match measured {
             Ok(v) => v,
@@ -384,7 +432,9 @@ impl ShardedTrainer {
             return Err(TrainError::NonFinite { step: self.step, loss: loss + z_loss, grad_norm });
         }
         let lr = self.config.schedule.lr_at(self.step);
+        let t = started();
         let applied = self.clip(grad_norm).and_then(|()| self.adamw(lr));
+        add(&self.times.update, t);
         self.zero_grads();
         applied?;
         let stats = StepStats {
@@ -587,6 +637,17 @@ impl ShardedTrainer {
         tensors: &[usize],
         grads: Vec<Option<Vec<Tensor>>>,
     ) -> Result<(), TrainError> {
+        let t = started();
+        let out = self.reduce_scatter_untimed(tensors, grads);
+        add(&self.times.reduce, t);
+        out
+    }
+
+    fn reduce_scatter_untimed(
+        &mut self,
+        tensors: &[usize],
+        grads: Vec<Option<Vec<Tensor>>>,
+    ) -> Result<(), TrainError> {
         let _guard = tch::no_grad_guard();
         for (i, &t) in tensors.iter().enumerate() {
             let (lo, hi) = (self.offsets[t], self.offsets[t] + self.layout[t].1);
@@ -620,6 +681,21 @@ impl ShardedTrainer {
     /// Runs `f` on every lane, one thread per device (inline for one), each with its gathered
     /// weights; returns what each returned, in device order.
     fn parallel<F>(
+        &mut self,
+        weights: Vec<Option<Vec<Tensor>>>,
+        op: &'static str,
+        f: F,
+    ) -> Result<Vec<Option<Vec<Tensor>>>, TrainError>
+    where
+        F: Fn(&mut Lane, Vec<Tensor>) -> Result<Option<Vec<Tensor>>, TchError> + Sync,
+    {
+        let t = started();
+        let out = self.parallel_untimed(weights, op, f);
+        add(&self.times.compute, t);
+        out
+    }
+
+    fn parallel_untimed<F>(
         &mut self,
         weights: Vec<Option<Vec<Tensor>>>,
         op: &'static str,

@@ -74,6 +74,8 @@ pub(crate) struct TrainReport {
     pub(crate) gpus: u32,
     /// With several devices: what each holds between steps, against the plan.
     pub(crate) shards: Vec<ShardFigure>,
+    /// With several devices: seconds in each phase over all steps (warm-up included).
+    pub(crate) phases: Option<loco_real::sharded::PhaseSeconds>,
 }
 
 /// One device's shard of a sharded run, against the memory plan.
@@ -266,6 +268,21 @@ impl TrainReport {
         };
         writeln!(out, "memory:      peak resident {rss}; plan {}", self.memory_plan)?;
         let g = |b: u64| b as f64 / f64::from(1u32 << 30);
+        if let Some(p) = &self.phases {
+            let total = (p.gather + p.compute + p.reduce_scatter + p.update).max(f64::MIN_POSITIVE);
+            writeln!(
+                out,
+                "phases:      exchange {:.1}% (gathers {:.3} s, reduce-scatters {:.3} s), \
+                 compute {:.1}% ({:.3} s), update {:.1}% ({:.3} s), all steps",
+                100.0 * (p.gather + p.reduce_scatter) / total,
+                p.gather,
+                p.reduce_scatter,
+                100.0 * p.compute / total,
+                p.compute,
+                100.0 * p.update / total,
+                p.update
+            )?;
+        }
         for (d, s) in self.shards.iter().enumerate() {
             writeln!(
                 out,
@@ -426,6 +443,10 @@ pub(crate) fn run(a: &TrainBench) -> Result<TrainReport> {
                 })
                 .collect(),
             NodeTrainer::One(_) => Vec::new(),
+        },
+        phases: match &trainer {
+            NodeTrainer::Sharded(t) => Some(t.phase_seconds()),
+            NodeTrainer::One(_) => None,
         },
     })
 }

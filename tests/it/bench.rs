@@ -492,6 +492,9 @@ fn bench_train_on_two_sharded_cpu_devices_reports_each_shard() {
     let want = v["achieved_flops"].as_f64().unwrap() / 2e11;
     assert!((mfu / want - 1.0).abs() < 1e-9, "{v}");
     assert!(v["memory_plan"].as_str().unwrap().contains("on cpu (2 devices)"), "{v}");
+    let phase = |k: &str| v["phases"][k].as_f64().unwrap_or_else(|| panic!("{k} in {v}"));
+    assert!(phase("compute") > 0.0 && phase("reduce_scatter") > 0.0 && phase("update") > 0.0);
+    assert!(phase("gather") >= 0.0);
 }
 
 /// `bench train` refuses bad flags by name, and without libtorch says how to get it.
