@@ -275,6 +275,11 @@ pub(crate) fn worker(a: &crate::cli::WorkerArgs) -> Result<()> {
             ))
         })?
         .clone();
+    // A node whose devices cannot hold its plan stops here, with the plan (where nvidia-smi
+    // tells the devices' memory).
+    if a.synthetic_params.is_none() {
+        loco_real::launch::check_devices(&s, &node).map_err(|e| InputError(e.into()))?;
+    }
     // A launcher's status channel, when a launcher started this process (none by hand).
     let status = StatusSender::from_env();
     let inner = match make_inner(&s, &a.scenario, &node, a.synthetic_params) {

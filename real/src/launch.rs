@@ -24,7 +24,9 @@ pub mod status;
 
 pub use error::LaunchError;
 pub use outcome::{LaunchOutcome, Notice, ProcessRecord};
-pub use prepare::{check_memory, checkpoint_plan, checkpoint_root, resume_step, scenario_base};
+pub use prepare::{
+    check_devices, check_memory, checkpoint_plan, checkpoint_root, resume_step, scenario_base,
+};
 pub use record::read_lines;
 pub use status::{StatusEvent, StatusHub, StatusMsg, StatusSender};
 

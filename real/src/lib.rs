@@ -7,7 +7,6 @@ pub mod checkpoint;
 pub mod data;
 pub mod memory;
 pub mod model;
-#[cfg(feature = "torch")]
 pub mod sharded;
 pub mod train;
 

@@ -414,6 +414,26 @@ pub fn host_available_bytes() -> Option<u64> {
     parse_mem_available(&text)
 }
 
+/// Memory of CUDA device `index`, as `nvidia-smi` reports it (`memory.total`), if it runs here.
+pub fn cuda_device_bytes(index: u32) -> Option<u64> {
+    let out = std::process::Command::new("nvidia-smi")
+        .args(["--query-gpu=memory.total", "--format=csv,noheader,nounits"])
+        .arg(format!("--id={index}"))
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    parse_mib(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// The first line of `nvidia-smi`'s `memory.total` in MiB, as bytes.
+fn parse_mib(text: &str) -> Option<u64> {
+    let mib: u64 = text.lines().next()?.trim().parse().ok()?;
+    mib.checked_mul(1 << 20)
+}
+
 fn parse_mem_available(meminfo: &str) -> Option<u64> {
     let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
@@ -424,6 +444,14 @@ fn parse_mem_available(meminfo: &str) -> Option<u64> {
 mod tests {
     use super::*;
     use loco_core::scenario::Preset;
+
+    #[test]
+    fn nvidia_smi_memory_parses() {
+        assert_eq!(parse_mib("81559\n"), Some(81_559 << 20));
+        assert_eq!(parse_mib(" 143771 \n81559\n"), Some(143_771 << 20));
+        assert_eq!(parse_mib("[N/A]\n"), None);
+        assert_eq!(parse_mib(""), None);
+    }
 
     #[test]
     fn meminfo_parses() {

@@ -30,6 +30,31 @@ pub enum LaunchError {
         /// One process's memory plan.
         plan: String,
     },
+    /// A node's devices have less memory than its plan needs on each.
+    #[error(
+        "{scenario}: node {node} needs {:.1} GiB on each of its {gpus} device(s) from {device}, \
+         which has {:.1} GiB; nothing was started. Its plan: {plan}. More GPUs per node \
+         (`gpus`) shard the model further; a shorter `[real] seq_len` or `micro_batch` needs \
+         fewer activations",
+        gib(*.need_bytes),
+        gib(*.device_bytes)
+    )]
+    DeviceDoesNotFit {
+        /// The scenario's name.
+        scenario: String,
+        /// The node.
+        node: String,
+        /// Its devices.
+        gpus: u32,
+        /// The first of them.
+        device: String,
+        /// What each needs.
+        need_bytes: u64,
+        /// What the first has.
+        device_bytes: u64,
+        /// The node's memory plan.
+        plan: String,
+    },
     /// Resuming needs a checkpoint directory.
     #[error(
         "{}: [real] checkpoint_dir: needed to resume, and the scenario has none \

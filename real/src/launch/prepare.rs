@@ -3,7 +3,7 @@
 
 use super::LaunchError;
 use crate::checkpoint::{CheckpointConfig, list};
-use crate::memory::{MemoryPlan, Place, host_available_bytes};
+use crate::memory::{MemoryPlan, Place, cuda_device_bytes, host_available_bytes};
 use crate::node::CheckpointPlan;
 use loco_core::scenario::Scenario;
 use std::collections::BTreeSet;
@@ -75,8 +75,38 @@ pub fn resume_step(
     pick.ok_or_else(|| LaunchError::NoCommonCheckpoint { root, wanted, have: have.join("; ") })
 }
 
+/// Refuses node `n` if its plan needs more on each device than its first CUDA device has
+/// (where `nvidia-smi` tells it; the CPU's memory is the host's, which [`check_memory`]
+/// checks). A worker on its own machine checks its node.
+pub fn check_devices(s: &Scenario, n: &loco_core::scenario::NodeSpec) -> Result<(), LaunchError> {
+    let loco_core::scenario::Device::Cuda(first) = s.real().device else { return Ok(()) };
+    let Some(device_bytes) = cuda_device_bytes(first) else { return Ok(()) };
+    let seq = s.real().seq_len.unwrap_or(s.model().seq_len);
+    let p = MemoryPlan::for_node(
+        s.model(),
+        s.real().device,
+        n.gpus,
+        s.real().micro_batch,
+        seq,
+        s.real().precision,
+    );
+    if p.per_device() <= device_bytes {
+        return Ok(());
+    }
+    Err(LaunchError::DeviceDoesNotFit {
+        scenario: s.name().to_string(),
+        node: n.name.clone(),
+        gpus: n.gpus.max(1),
+        device: s.real().device.to_string(),
+        need_bytes: p.per_device(),
+        device_bytes,
+        plan: p.describe(Place::Cuda(first)),
+    })
+}
+
 /// Refuses a model whose starting processes need more host memory than this machine has
-/// available, with each process's memory plan.
+/// available, or more on each device than a node's CUDA devices have (where `nvidia-smi` tells
+/// it), with the memory plan.
 pub fn check_memory(s: &Scenario) -> Result<(), LaunchError> {
     let seq = s.real().seq_len.unwrap_or(s.model().seq_len);
     let plan = |gpus: u32| {
@@ -89,6 +119,9 @@ pub fn check_memory(s: &Scenario) -> Result<(), LaunchError> {
             s.real().precision,
         )
     };
+    for n in s.nodes() {
+        check_devices(s, n)?;
+    }
     let starting: Vec<u32> = s.initial_nodes().map(|n| n.gpus).collect();
     let processes = starting.len().max(1) as u64;
     // The plan shown: the largest node's (the one most likely not to fit).
