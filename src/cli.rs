@@ -57,6 +57,20 @@ pub(crate) enum Command {
     /// Writes DIR/sim, DIR/real and DIR/fidelity.{csv,json,html}. Exit 0 when every figure is
     /// within the tolerance and the stories agree, 1 when not, 2 on bad input.
     Fidelity(FidelityArgs),
+    /// Print a scenario's churn as both backends play it: the file's `[[churn]]`, the joins of
+    /// nodes with a `start`, and the events its `[[failures]]` processes generate (expanded from
+    /// the scenario's seed). With --toml, the generated events as `[[churn]]` entries, to freeze
+    /// them into a file.
+    Churn(ChurnArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ChurnArgs {
+    /// The scenario file.
+    pub(crate) scenario: PathBuf,
+    /// Print the generated events as `[[churn]]` entries instead of a table.
+    #[arg(long)]
+    pub(crate) toml: bool,
 }
 
 #[derive(Debug, Args)]

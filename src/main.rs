@@ -6,6 +6,7 @@
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod bench;
+mod churn_cmd;
 mod cli;
 mod clock;
 mod fidelity_cmd;
@@ -75,6 +76,7 @@ fn init_logging(filter: Option<&str>) {
 
 fn run(cli: Cli) -> Result<Outcome> {
     match cli.command {
+        Command::Churn(a) => churn_cmd::print(&a)?,
         Command::Replay(a) => {
             if !replay::replay(&a)? {
                 return Ok(Outcome::InvariantsBroken);

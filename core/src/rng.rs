@@ -24,6 +24,8 @@ pub enum Purpose {
     InitialWeights = 5,
     /// turmoil's own RNG (message latency jitter).
     Turmoil = 6,
+    /// A `[[failures]]` process (subject = node id << 32 | entry).
+    Failures = 7,
 }
 
 pub use crate::node::synthetic::mix64;

@@ -1,6 +1,7 @@
 //! End-to-end tests of the `loco` binary: one test binary, one module per area.
 
 mod bench;
+mod churn;
 mod common;
 mod conformance;
 mod faults;

@@ -93,14 +93,23 @@ impl State {
 }
 
 /// An event before sorting, with the paths to blame: for each node, and for the event itself.
-struct Pending {
-    event: ChurnEvent,
-    path: FieldPath,
-    node_paths: Vec<FieldPath>,
+pub(super) struct Pending {
+    pub(super) event: ChurnEvent,
+    pub(super) path: FieldPath,
+    pub(super) node_paths: Vec<FieldPath>,
+}
+
+/// What generates events besides the file's `[[churn]]`: its `[[failures]]` processes, drawn
+/// from its seed, until its stop time unless they say.
+pub(super) struct Generators<'a> {
+    pub(super) failures: &'a [super::raw::RawFailures],
+    pub(super) seed: u64,
+    pub(super) stop_time: Option<Duration>,
 }
 
 pub(super) fn churn(
     raw: &[RawChurn],
+    generators: &Generators<'_>,
     nodes: &mut [NodeSpec],
     start_given: &[bool],
     regions: &[Region],
@@ -421,6 +430,9 @@ pub(super) fn churn(
         }
     }
     starts.extend(pending);
+    // The `[[failures]]` processes, from each node's start (now that joins set it).
+    let g = generators;
+    starts.extend(super::failures::failures(g.failures, nodes, regions, g.seed, g.stop_time)?);
     let mut all = starts;
     all.sort_by_key(|e| e.event.at);
     play(&all, nodes, regions)?;

@@ -123,6 +123,8 @@ pub(crate) struct RawScenario {
     pub(crate) nodes: Vec<RawNode>,
     #[serde(default)]
     pub(crate) churn: Vec<RawChurn>,
+    #[serde(default)]
+    pub(crate) failures: Vec<RawFailures>,
     pub(crate) stop: Option<RawStop>,
     pub(crate) sim: Option<RawSim>,
     pub(crate) real: Option<RawReal>,
@@ -239,6 +241,19 @@ pub(crate) struct RawChurn {
     pub(crate) for_: Option<RawScalar>,
     pub(crate) during: Option<String>,
     pub(crate) step: Option<u64>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawFailures {
+    pub(crate) nodes: Option<Vec<String>>,
+    pub(crate) region: Option<String>,
+    pub(crate) kind: Option<String>,
+    pub(crate) mtbf: Option<RawScalar>,
+    pub(crate) shape: Option<f64>,
+    pub(crate) repair: Option<RawScalar>,
+    pub(crate) from: Option<RawScalar>,
+    pub(crate) until: Option<RawScalar>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]

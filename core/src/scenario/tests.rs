@@ -1253,3 +1253,113 @@ fn streaming_mode_counts_rounds_of_a_fragment_each() {
     s.set_mode(crate::diloco::Mode::Sync, None, None, None).unwrap();
     assert_eq!((s.diloco().round_steps(), s.diloco().rounds_per_step()), (100, 1));
 }
+
+/// BASE with a stop time of 100 h and the given extra text.
+fn with_failures(extra: &str) -> String {
+    format!("{}\n{extra}", BASE.replace("outer_steps = 3", "time = \"100h\""))
+}
+
+#[test]
+fn failures_expand_into_crashes_and_restarts_per_node() {
+    let failures = "[[failures]]\nregion = \"us\"\nmtbf = \"6h\"\nrepair = \"20min\"\n";
+    let src = format!("seed = 5\n{}", with_failures(failures));
+    let s = ok(&src);
+    let events = s.churn();
+    assert!(events.iter().all(|e| e.source == EventSource::Failures(0)));
+    for (k, id) in [NodeId(0), NodeId(1)].into_iter().enumerate() {
+        let mine: Vec<&ChurnEvent> = events
+            .iter()
+            .filter(|e| match &e.action {
+                ChurnAction::Crash(ids) | ChurnAction::Restart(ids) => ids == &vec![id],
+                _ => false,
+            })
+            .collect();
+        // Alternating, a crash first, every time before the stop.
+        for (j, e) in mine.iter().enumerate() {
+            let crash = matches!(e.action, ChurnAction::Crash(_));
+            assert_eq!(crash, j % 2 == 0, "node {k}, event {j}");
+            assert!(e.at < Duration::from_secs(100 * 3600));
+        }
+        // About 100 h / (6 h + 20 min) = 16 failures; a Poisson count is within 3 sigma.
+        let crashes = mine.iter().filter(|e| matches!(e.action, ChurnAction::Crash(_))).count();
+        assert!((4..=30).contains(&crashes), "node {k}: {crashes} crashes");
+    }
+    // The eu node is not in the region: untouched.
+    assert!(
+        events
+            .iter()
+            .all(|e| !matches!(&e.action, ChurnAction::Crash(ids) if ids.contains(&NodeId(2))))
+    );
+    // The same file, the same events; another seed, others.
+    assert_eq!(ok(&src).churn(), events);
+    assert_ne!(ok(&src.replace("seed = 5", "seed = 6")).churn(), events);
+}
+
+#[test]
+fn failure_processes_have_the_mean_they_are_given() {
+    // 100 nodes over 100 h, mtbf 2 h, Weibull shape 2: the mean up time is 2 h.
+    let src = with_failures("[[failures]]\nmtbf = \"2h\"\nshape = 2.0\nrepair = \"1min\"\n")
+        .replace("count = 2", "count = 100");
+    let s = ok(&src);
+    let mut ups = Vec::new();
+    let mut last_restart: std::collections::BTreeMap<NodeId, Duration> = Default::default();
+    for e in s.churn() {
+        match &e.action {
+            ChurnAction::Crash(ids) => {
+                let from = last_restart.get(&ids[0]).copied().unwrap_or_default();
+                ups.push((e.at - from).as_secs_f64());
+            }
+            ChurnAction::Restart(ids) => {
+                last_restart.insert(ids[0], e.at);
+            }
+            _ => {}
+        }
+    }
+    let mean = ups.iter().sum::<f64>() / ups.len() as f64 / 3600.0;
+    // Censoring at the stop shortens the mean slightly; thousands of draws.
+    assert!(ups.len() > 3000, "{}", ups.len());
+    assert!((1.9..2.1).contains(&mean), "mean up time {mean} h");
+}
+
+#[test]
+fn failures_other_kinds_and_errors() {
+    let s = ok(&with_failures(
+        "[[failures]]\nnodes = [\"eu\"]\nkind = \"hang\"\nmtbf = \"10h\"\nrepair = \"1h\"\nfrom = \"1h\"\nuntil = \"50h\"\n",
+    ));
+    assert!(!s.churn().is_empty());
+    for e in s.churn() {
+        assert!(e.at >= Duration::from_secs(3600) && e.at < Duration::from_secs(50 * 3600));
+        assert!(
+            matches!(&e.action, ChurnAction::Hang(ids) | ChurnAction::Resume(ids) if ids == &vec![NodeId(2)])
+        );
+    }
+    let leave =
+        ok(&with_failures("[[failures]]\nkind = \"leave\"\nmtbf = \"10h\"\nrepair = \"1h\"\n"));
+    assert!(leave.churn().iter().any(|e| matches!(e.action, ChurnAction::Leave(_))));
+    for (extra, needle) in [
+        ("[[failures]]\nrepair = \"1h\"\n", "failures[0].mtbf"),
+        ("[[failures]]\nmtbf = \"1h\"\n", "failures[0].repair"),
+        ("[[failures]]\nmtbf = \"1h\"\nrepair = \"1h\"\nkind = \"explode\"\n", "failures[0].kind"),
+        ("[[failures]]\nmtbf = \"1h\"\nrepair = \"1h\"\nshape = 0.0\n", "failures[0].shape"),
+        (
+            "[[failures]]\nmtbf = \"1h\"\nrepair = \"1h\"\nnodes = [\"mars\"]\n",
+            "failures[0].nodes[0]",
+        ),
+        ("[[failures]]\nmtbf = \"1h\"\nrepair = \"1h\"\nregion = \"moon\"\n", "failures[0].region"),
+        ("[[failures]]\nmtbf = \"1h\"\nrepair = \"1h\"\nuntil = \"0s\"\n", "failures[0].until"),
+        ("[[failures]]\nmtbf = \"1ms\"\nrepair = \"1ms\"\n", "failures[0].mtbf"),
+        ("[[failures]]\nmtbf = \"1h\"\nrepair = \"1h\"\nnmtbf = 3\n", "nmtbf"),
+    ] {
+        let e = err(&with_failures(extra)).to_string();
+        assert!(e.contains(needle), "{extra}: {e}");
+    }
+    // Without a stop time, `until` is needed.
+    let e = err(&format!("{BASE}\n[[failures]]\nmtbf = \"1h\"\nrepair = \"1h\"\n")).to_string();
+    assert!(e.contains("failures[0].until") && e.contains("[stop] time"), "{e}");
+    // A generated crash of a node the file already crashed is refused, naming the entry.
+    let e = err(&with_failures(
+        "[[churn]]\nat = \"1s\"\nkind = \"crash\"\nnode = \"eu\"\n[[failures]]\nnodes = [\"eu\"]\nmtbf = \"1h\"\nrepair = \"1min\"\n",
+    ))
+    .to_string();
+    assert!(e.contains("failures[0]") && e.contains("cannot crash node \"eu\""), "{e}");
+}

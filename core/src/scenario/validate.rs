@@ -277,7 +277,13 @@ pub(crate) fn validate(raw: RawScenario) -> R<Scenario> {
     }
     check_coverage(&nodes, &links, &regions, coordinator_region)?;
     let stop = stop(raw.stop.as_ref())?;
-    let churn = super::churn::churn(&raw.churn, &mut nodes, &start_given, &regions, &links)?;
+    let generators = super::churn::Generators {
+        failures: &raw.failures,
+        seed: raw.seed.unwrap_or(0),
+        stop_time: stop.time,
+    };
+    let churn =
+        super::churn::churn(&raw.churn, &generators, &mut nodes, &start_given, &regions, &links)?;
     let sim = sim(&raw.sim.clone().unwrap_or_default(), &stop)?;
     let real = real(&raw.real.clone().unwrap_or_default())?;
     Ok(Scenario {

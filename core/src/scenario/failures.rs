@@ -1,0 +1,239 @@
+//! `[[failures]]`: per-node failure and repair processes, so that a large scenario need not list
+//! every event. Each entry is expanded, when the scenario is loaded, into `crash` (or `leave`,
+//! or `hang`) events and the `restart` (or `resume`) that ends each outage, per node:
+//!
+//! - time to the next failure: Weibull with the entry's `shape` (1: exponential), scaled so
+//!   that its mean is `mtbf`; measured from the node's start (or `from`) and from each repair;
+//! - outage: exponential with mean `repair` (a node whose repair would end after `until` stays
+//!   down);
+//! - every draw comes from the ChaCha stream of (the scenario's `seed`, the entry and the node,
+//!   [`Purpose::Failures`]): the same file gives the same events to both backends and to every
+//!   replay (`--seed` changes the run, not the file's events); `loco churn SCENARIO` prints them.
+//!
+//! The events join the file's own `[[churn]]` and are checked with them: a generated crash of a
+//! node the file has already stopped is an error that names both.
+
+use super::churn::Pending;
+use super::error::FieldPath;
+use super::raw::RawFailures;
+use super::validate::{
+    R, conflict, duration, expected, missing, one_of_text, positive_duration, quoted, region_ref,
+};
+use super::{ChurnAction, ChurnEvent, EventSource, NodeSpec, Region};
+use crate::ids::NodeId;
+use crate::rng::{Purpose, stream};
+use rand::Rng;
+use std::time::Duration;
+
+/// Events one entry may generate for one node: a bound on a typo's cost (an `mtbf` of seconds
+/// over a year).
+pub(super) const MAX_EVENTS_PER_NODE: usize = 100_000;
+
+/// What a failure does, and what ends it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Crash,
+    Leave,
+    Hang,
+}
+
+const KINDS: [(&str, Kind); 3] =
+    [("crash", Kind::Crash), ("leave", Kind::Leave), ("hang", Kind::Hang)];
+
+/// Expands every `[[failures]]` entry into its events (unsorted), with the paths to blame.
+pub(super) fn failures(
+    raw: &[RawFailures],
+    nodes: &[NodeSpec],
+    regions: &[Region],
+    seed: u64,
+    stop_time: Option<Duration>,
+) -> R<Vec<Pending>> {
+    let mut out = Vec::new();
+    for (i, f) in raw.iter().enumerate() {
+        let p = FieldPath::root().key("failures").index(i);
+        let kind = match &f.kind {
+            None => Kind::Crash,
+            Some(k) => KINDS.iter().find(|(n, _)| n == k).map(|(_, k)| *k).ok_or_else(|| {
+                let names: Vec<&str> = KINDS.iter().map(|(n, _)| *n).collect();
+                expected(&p.key("kind"), one_of_text(&names), quoted(k))
+            })?,
+        };
+        let mtbf = match &f.mtbf {
+            Some(m) => positive_duration(&p.key("mtbf"), m)?,
+            None => {
+                return Err(missing(
+                    &p.key("mtbf"),
+                    r#"the mean time between failures, like "6h""#,
+                ));
+            }
+        };
+        let repair = match &f.repair {
+            Some(r) => positive_duration(&p.key("repair"), r)?,
+            None => {
+                return Err(missing(&p.key("repair"), r#"the mean time to repair, like "10min""#));
+            }
+        };
+        let shape = f.shape.unwrap_or(1.0);
+        if !(shape.is_finite() && (0.1..=20.0).contains(&shape)) {
+            return Err(expected(
+                &p.key("shape"),
+                "a Weibull shape in [0.1, 20] (1: exponential)",
+                shape.to_string(),
+            ));
+        }
+        let from =
+            f.from.as_ref().map(|x| duration(&p.key("from"), x)).transpose()?.unwrap_or_default();
+        let until = match (&f.until, stop_time) {
+            (Some(u), _) => duration(&p.key("until"), u)?,
+            (None, Some(t)) => t,
+            (None, None) => {
+                return Err(missing(&p.key("until"), "when the failures end (or a [stop] time)"));
+            }
+        };
+        if until <= from {
+            return Err(expected(
+                &p.key("until"),
+                "a time after `from`",
+                super::units::format_duration(until),
+            ));
+        }
+        let chosen = select(&p, f, nodes, regions)?;
+        // The Weibull scale whose mean is `mtbf`: mean = scale * Gamma(1 + 1 / shape).
+        let scale = mtbf.as_secs_f64() / gamma(1.0 + 1.0 / shape);
+        for id in chosen {
+            let node = &nodes[id.0 as usize];
+            let subject = (u64::from(id.0) << 32) | i as u64;
+            let mut rng = stream(seed, subject, Purpose::Failures);
+            let mut t = node.start.max(from).as_secs_f64();
+            let end = until.as_secs_f64();
+            let mut count = 0usize;
+            loop {
+                let u: f64 = rng.random::<f64>();
+                // Inverse of the Weibull CDF; 1 - u lies in (0, 1].
+                t += scale * (-(1.0 - u).ln()).powf(1.0 / shape);
+                if t >= end {
+                    break;
+                }
+                let down: f64 = -repair.as_secs_f64() * (1.0 - rng.random::<f64>()).ln();
+                let (fail, back) = match kind {
+                    Kind::Crash => (ChurnAction::Crash(vec![id]), ChurnAction::Restart(vec![id])),
+                    Kind::Leave => (ChurnAction::Leave(vec![id]), ChurnAction::Restart(vec![id])),
+                    Kind::Hang => (ChurnAction::Hang(vec![id]), ChurnAction::Resume(vec![id])),
+                };
+                // Whole milliseconds: the events print and read back as written.
+                let at = ms(t);
+                out.push(pending(at, fail, i, &p));
+                t += down.max(0.001);
+                count += 1;
+                if t >= end {
+                    break;
+                }
+                out.push(pending(ms(t).max(at + Duration::from_millis(1)), back, i, &p));
+                if count >= MAX_EVENTS_PER_NODE {
+                    return Err(expected(
+                        &p.key("mtbf"),
+                        format!(
+                            "a longer time between failures: node {:?} fails more than {MAX_EVENTS_PER_NODE} times before `until`",
+                            node.name
+                        ),
+                        super::units::format_duration(mtbf),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn ms(secs: f64) -> Duration {
+    Duration::from_millis((secs * 1e3).round() as u64)
+}
+
+fn pending(at: Duration, action: ChurnAction, i: usize, p: &FieldPath) -> Pending {
+    let event =
+        ChurnEvent { at, action, source: EventSource::Failures(i), during: None, from_step: None };
+    Pending { event, path: p.clone(), node_paths: Vec::new() }
+}
+
+/// The nodes of an entry: `nodes`, or those of `region`, or all.
+fn select(
+    p: &FieldPath,
+    f: &RawFailures,
+    nodes: &[NodeSpec],
+    regions: &[Region],
+) -> R<Vec<NodeId>> {
+    match (&f.nodes, &f.region) {
+        (Some(_), Some(_)) => Err(conflict(&p.key("region"), "give nodes or region, not both")),
+        (Some(names), None) => {
+            if names.is_empty() {
+                return Err(expected(&p.key("nodes"), "at least one node name", "[]"));
+            }
+            let mut ids = Vec::with_capacity(names.len());
+            for (j, name) in names.iter().enumerate() {
+                let Some(n) = nodes.iter().find(|n| n.name == *name) else {
+                    let all = nodes.iter().map(|n| n.name.clone()).collect();
+                    return Err(super::validate::unknown(
+                        &p.key("nodes").index(j),
+                        "node",
+                        name,
+                        all,
+                    ));
+                };
+                if ids.contains(&n.id) {
+                    return Err(conflict(
+                        &p.key("nodes").index(j),
+                        format!("node {name:?} is listed twice"),
+                    ));
+                }
+                ids.push(n.id);
+            }
+            Ok(ids)
+        }
+        (None, Some(r)) => {
+            let region = region_ref(&p.key("region"), r, regions)?;
+            Ok(nodes.iter().filter(|n| n.region == region).map(|n| n.id).collect())
+        }
+        (None, None) => Ok(nodes.iter().map(|n| n.id).collect()),
+    }
+}
+
+/// The gamma function (Lanczos' approximation, g = 7, 9 terms: about 15 significant digits for
+/// the arguments here, 1.05 to 11).
+fn gamma(x: f64) -> f64 {
+    const G: f64 = 7.0;
+    const C: [f64; 9] = [
+        0.999_999_999_999_809_9,
+        676.520_368_121_885_1,
+        -1_259.139_216_722_402_8,
+        771.323_428_777_653_1,
+        -176.615_029_162_140_6,
+        12.507_343_278_686_905,
+        -0.138_571_095_265_720_12,
+        9.984_369_578_019_572e-6,
+        1.505_632_735_149_311_6e-7,
+    ];
+    if x < 0.5 {
+        return std::f64::consts::PI / ((std::f64::consts::PI * x).sin() * gamma(1.0 - x));
+    }
+    let x = x - 1.0;
+    let mut a = C[0];
+    let t = x + G + 0.5;
+    for (k, c) in C.iter().enumerate().skip(1) {
+        a += c / (x + k as f64);
+    }
+    (2.0 * std::f64::consts::PI).sqrt() * t.powf(x + 0.5) * (-t).exp() * a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gamma_by_hand() {
+        for (x, want) in
+            [(1.0, 1.0), (2.0, 1.0), (3.0, 2.0), (5.0, 24.0), (1.5, 0.886_226_925_452_758)]
+        {
+            assert!((gamma(x) - want).abs() < 1e-12 * want, "gamma({x}) = {}", gamma(x));
+        }
+    }
+}
