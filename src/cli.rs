@@ -62,6 +62,27 @@ pub(crate) enum Command {
     /// the scenario's seed). With --toml, the generated events as `[[churn]]` entries, to freeze
     /// them into a file.
     Churn(ChurnArgs),
+    /// Answer "which setting meets the target most cheaply?": replays a scenario over a grid of
+    /// settings (a sweep file: the scenario, fixed overrides, axes of scenario fields and their
+    /// values, a target utilisation, and what cheap means), in parallel over the cores, and
+    /// writes a table, the frontier (no other setting both cheaper and busier) and a plot into
+    /// DIR (plan.csv, plan.json, plan.svg, plan.html). See scenarios/plan-volunteers.toml.
+    Plan(PlanArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct PlanArgs {
+    /// The sweep file.
+    pub(crate) sweep: PathBuf,
+    /// Where to write the report (default: out/plan-<sweep file name>).
+    #[arg(long)]
+    pub(crate) out: Option<PathBuf>,
+    /// Replays at once (default: the cores).
+    #[arg(long)]
+    pub(crate) jobs: Option<usize>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 #[derive(Debug, Args)]

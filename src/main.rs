@@ -12,6 +12,7 @@ mod clock;
 mod fidelity_cmd;
 mod human;
 mod net_cmd;
+mod plan;
 mod real_cmd;
 mod replay;
 
@@ -77,6 +78,10 @@ fn init_logging(filter: Option<&str>) {
 fn run(cli: Cli) -> Result<Outcome> {
     match cli.command {
         Command::Churn(a) => churn_cmd::print(&a)?,
+        Command::Plan(a) => {
+            let report = plan::command(&a)?;
+            print_report(a.json, &report, |out| report.print_table(out))?;
+        }
         Command::Replay(a) => {
             if !replay::replay(&a)? {
                 return Ok(Outcome::InvariantsBroken);

@@ -7,4 +7,5 @@ mod conformance;
 mod faults;
 mod launch;
 mod net;
+mod plan;
 mod replay;
