@@ -37,11 +37,23 @@ pub(crate) fn replay(a: &crate::cli::ReplayArgs) -> Result<bool> {
         max_outer_steps: a.max_outer_steps,
         progress: Some(Box::new(move |p: loco_sim::Progress| {
             if let Some(b) = &progress_bar {
-                if let Some(n) = p.target_outer_steps {
-                    b.set_length(n);
+                // The bar follows what stops the run: outer steps, or simulated time.
+                let hours = p.simulated_seconds / 3600.0;
+                match (p.target_outer_steps, p.target_seconds) {
+                    (Some(n), _) => {
+                        b.set_length(n);
+                        b.set_position(p.outer_steps);
+                        b.set_prefix(format!("outer step {}/{n}", p.outer_steps));
+                        b.set_message(format!("{hours:.1} h simulated"));
+                    }
+                    (None, Some(t)) => {
+                        b.set_length(t.max(1.0) as u64);
+                        b.set_position(p.simulated_seconds as u64);
+                        b.set_prefix(format!("{hours:.1} of {:.1} h simulated", t / 3600.0));
+                        b.set_message(format!("{} outer steps", p.outer_steps));
+                    }
+                    (None, None) => b.set_prefix(format!("outer step {}", p.outer_steps)),
                 }
-                b.set_position(p.outer_steps);
-                b.set_message(format!("{:.1} h simulated", p.simulated_seconds / 3600.0));
             }
         })),
         ..loco_sim::ReplayOptions::default()
@@ -67,7 +79,7 @@ fn progress_bar() -> Option<indicatif::ProgressBar> {
     let b = indicatif::ProgressBar::new(0);
     b.set_style(
         indicatif::ProgressStyle::with_template(
-            "{spinner} outer step {pos}/{len} {wide_bar} {msg}",
+            "{spinner} {prefix} {wide_bar} {msg}, about {eta} left",
         )
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
