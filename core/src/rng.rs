@@ -26,6 +26,8 @@ pub enum Purpose {
     Turmoil = 6,
     /// A `[[failures]]` process (subject = node id << 32 | entry).
     Failures = 7,
+    /// A `[[diurnal]]` window's jitter (subject = node id << 32 | entry).
+    Diurnal = 8,
 }
 
 pub use crate::node::synthetic::mix64;

@@ -99,10 +99,12 @@ pub(super) struct Pending {
     pub(super) node_paths: Vec<FieldPath>,
 }
 
-/// What generates events besides the file's `[[churn]]`: its `[[failures]]` processes, drawn
+/// What generates events besides the file's `[[churn]]`: its `[[failures]]` processes and
+/// `[[diurnal]]` windows, drawn
 /// from its seed, until its stop time unless they say.
 pub(super) struct Generators<'a> {
     pub(super) failures: &'a [super::raw::RawFailures],
+    pub(super) diurnal: &'a [super::raw::RawDiurnal],
     pub(super) seed: u64,
     pub(super) stop_time: Option<Duration>,
 }
@@ -433,6 +435,7 @@ pub(super) fn churn(
     // The `[[failures]]` processes, from each node's start (now that joins set it).
     let g = generators;
     starts.extend(super::failures::failures(g.failures, nodes, regions, g.seed, g.stop_time)?);
+    starts.extend(super::failures::diurnal(g.diurnal, nodes, regions, g.seed, g.stop_time)?);
     let mut all = starts;
     all.sort_by_key(|e| e.event.at);
     play(&all, nodes, regions)?;

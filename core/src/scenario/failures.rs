@@ -1,6 +1,7 @@
-//! `[[failures]]`: per-node failure and repair processes, so that a large scenario need not list
-//! every event. Each entry is expanded, when the scenario is loaded, into `crash` (or `leave`,
-//! or `hang`) events and the `restart` (or `resume`) that ends each outage, per node:
+//! `[[failures]]` and `[[diurnal]]`: per-node failure and repair processes, and daily offline
+//! windows, so that a large scenario need not list every event. A `[[failures]]` entry is
+//! expanded, when the scenario is loaded, into `crash` (or `leave`, or `hang`) events and the
+//! `restart` (or `resume`) that ends each outage, per node:
 //!
 //! - time to the next failure: Weibull with the entry's `shape` (1: exponential), scaled so
 //!   that its mean is `mtbf`; measured from the node's start (or `from`) and from each repair;
@@ -10,12 +11,15 @@
 //!   [`Purpose::Failures`]): the same file gives the same events to both backends and to every
 //!   replay (`--seed` changes the run, not the file's events); `loco churn SCENARIO` prints them.
 //!
+//! A `[[diurnal]]` entry makes each of its nodes leave every day at `offline_at` (plus a seeded
+//! jitter) and restart `offline_for` later.
+//!
 //! The events join the file's own `[[churn]]` and are checked with them: a generated crash of a
 //! node the file has already stopped is an error that names both.
 
 use super::churn::Pending;
 use super::error::FieldPath;
-use super::raw::RawFailures;
+use super::raw::{RawDiurnal, RawFailures};
 use super::validate::{
     R, conflict, duration, expected, missing, one_of_text, positive_duration, quoted, region_ref,
 };
@@ -122,13 +126,14 @@ pub(super) fn failures(
                 };
                 // Whole milliseconds: the events print and read back as written.
                 let at = ms(t);
-                out.push(pending(at, fail, i, &p));
+                out.push(pending(at, fail, EventSource::Failures(i), &p));
                 t += down.max(0.001);
                 count += 1;
                 if t >= end {
                     break;
                 }
-                out.push(pending(ms(t).max(at + Duration::from_millis(1)), back, i, &p));
+                let back_at = ms(t).max(at + Duration::from_millis(1));
+                out.push(pending(back_at, back, EventSource::Failures(i), &p));
                 if count >= MAX_EVENTS_PER_NODE {
                     return Err(expected(
                         &p.key("mtbf"),
@@ -145,13 +150,117 @@ pub(super) fn failures(
     Ok(out)
 }
 
+/// Expands every `[[diurnal]]` entry: each day, each of its nodes leaves at `offline_at` (plus
+/// a seeded draw in `[0, jitter)` per node and day) and restarts `offline_for` later; days
+/// before the node's start or `from` are skipped, nothing happens from `until` on.
+pub(super) fn diurnal(
+    raw: &[RawDiurnal],
+    nodes: &[NodeSpec],
+    regions: &[Region],
+    seed: u64,
+    stop_time: Option<Duration>,
+) -> R<Vec<Pending>> {
+    const DAY: f64 = 86_400.0;
+    let mut out = Vec::new();
+    for (i, d) in raw.iter().enumerate() {
+        let p = FieldPath::root().key("diurnal").index(i);
+        let at = match &d.offline_at {
+            Some(a) => duration(&p.key("offline_at"), a)?,
+            None => {
+                return Err(missing(
+                    &p.key("offline_at"),
+                    r#"the time of day the nodes go offline, like "22h""#,
+                ));
+            }
+        };
+        if at.as_secs_f64() >= DAY {
+            return Err(expected(
+                &p.key("offline_at"),
+                "a time of day, under 24h",
+                super::units::format_duration(at),
+            ));
+        }
+        let span = match &d.offline_for {
+            Some(f) => positive_duration(&p.key("offline_for"), f)?,
+            None => {
+                return Err(missing(
+                    &p.key("offline_for"),
+                    r#"how long they stay offline, like "8h""#,
+                ));
+            }
+        };
+        let jitter = d
+            .jitter
+            .as_ref()
+            .map(|j| duration(&p.key("jitter"), j))
+            .transpose()?
+            .unwrap_or_default();
+        if (span + jitter).as_secs_f64() >= DAY {
+            return Err(expected(
+                &p.key("offline_for"),
+                "with the jitter, under 24h",
+                super::units::format_duration(span),
+            ));
+        }
+        let from =
+            d.from.as_ref().map(|x| duration(&p.key("from"), x)).transpose()?.unwrap_or_default();
+        let until = match (&d.until, stop_time) {
+            (Some(u), _) => duration(&p.key("until"), u)?,
+            (None, Some(t)) => t,
+            (None, None) => {
+                return Err(missing(&p.key("until"), "when the windows end (or a [stop] time)"));
+            }
+        };
+        let days = (until.as_secs_f64() / DAY).ceil() as u64;
+        if days > MAX_EVENTS_PER_NODE as u64 {
+            return Err(expected(
+                &p.key("until"),
+                format!("at most {MAX_EVENTS_PER_NODE} days"),
+                super::units::format_duration(until),
+            ));
+        }
+        let sel = RawFailures {
+            nodes: d.nodes.clone(),
+            region: d.region.clone(),
+            ..RawFailures::default()
+        };
+        for id in select(&p, &sel, nodes, regions)? {
+            let node = &nodes[id.0 as usize];
+            let mut rng = stream(seed, (u64::from(id.0) << 32) | i as u64, Purpose::Diurnal);
+            let first = node.start.max(from).as_secs_f64();
+            for day in 0..days {
+                let shift = rng.random::<f64>() * jitter.as_secs_f64();
+                let off = day as f64 * DAY + at.as_secs_f64() + shift;
+                if off < first {
+                    continue;
+                }
+                if off >= until.as_secs_f64() {
+                    break;
+                }
+                let leave = ms(off);
+                out.push(pending(leave, ChurnAction::Leave(vec![id]), EventSource::Diurnal(i), &p));
+                let back = off + span.as_secs_f64();
+                if back >= until.as_secs_f64() {
+                    break;
+                }
+                out.push(pending(
+                    ms(back),
+                    ChurnAction::Restart(vec![id]),
+                    EventSource::Diurnal(i),
+                    &p,
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
 fn ms(secs: f64) -> Duration {
     Duration::from_millis((secs * 1e3).round() as u64)
 }
 
-fn pending(at: Duration, action: ChurnAction, i: usize, p: &FieldPath) -> Pending {
-    let event =
-        ChurnEvent { at, action, source: EventSource::Failures(i), during: None, from_step: None };
+fn pending(at: Duration, action: ChurnAction, source: EventSource, p: &FieldPath) -> Pending {
+    let event = ChurnEvent { at, action, source, during: None, from_step: None };
     Pending { event, path: p.clone(), node_paths: Vec::new() }
 }
 

@@ -125,6 +125,8 @@ pub(crate) struct RawScenario {
     pub(crate) churn: Vec<RawChurn>,
     #[serde(default)]
     pub(crate) failures: Vec<RawFailures>,
+    #[serde(default)]
+    pub(crate) diurnal: Vec<RawDiurnal>,
     pub(crate) stop: Option<RawStop>,
     pub(crate) sim: Option<RawSim>,
     pub(crate) real: Option<RawReal>,
@@ -252,6 +254,18 @@ pub(crate) struct RawFailures {
     pub(crate) mtbf: Option<RawScalar>,
     pub(crate) shape: Option<f64>,
     pub(crate) repair: Option<RawScalar>,
+    pub(crate) from: Option<RawScalar>,
+    pub(crate) until: Option<RawScalar>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawDiurnal {
+    pub(crate) nodes: Option<Vec<String>>,
+    pub(crate) region: Option<String>,
+    pub(crate) offline_at: Option<RawScalar>,
+    pub(crate) offline_for: Option<RawScalar>,
+    pub(crate) jitter: Option<RawScalar>,
     pub(crate) from: Option<RawScalar>,
     pub(crate) until: Option<RawScalar>,
 }

@@ -1363,3 +1363,42 @@ fn failures_other_kinds_and_errors() {
     .to_string();
     assert!(e.contains("failures[0]") && e.contains("cannot crash node \"eu\""), "{e}");
 }
+
+#[test]
+fn diurnal_windows_take_nodes_offline_every_day() {
+    let s = ok(&with_failures(
+        "[[diurnal]]\nregion = \"eu\"\noffline_at = \"22h\"\noffline_for = \"8h\"\njitter = \"30min\"\n",
+    ));
+    let h = |x: f64| Duration::from_secs_f64(x * 3600.0);
+    let events: Vec<&ChurnEvent> = s.churn().iter().collect();
+    // 100 h: windows starting on days 0..=3 (22 h, 46 h, 70 h, 94 h), the last one cut by the stop.
+    let leaves: Vec<Duration> =
+        events.iter().filter(|e| matches!(e.action, ChurnAction::Leave(_))).map(|e| e.at).collect();
+    let back: Vec<Duration> = events
+        .iter()
+        .filter(|e| matches!(e.action, ChurnAction::Restart(_)))
+        .map(|e| e.at)
+        .collect();
+    assert_eq!((leaves.len(), back.len()), (4, 3), "{events:?}");
+    for (d, at) in leaves.iter().enumerate() {
+        let start = h(22.0 + 24.0 * d as f64);
+        assert!(*at >= start && *at < start + h(0.5), "day {d}: {at:?}");
+    }
+    for (l, b) in leaves.iter().zip(&back) {
+        assert_eq!(*b - *l, h(8.0));
+    }
+    assert!(events.iter().all(|e| e.source == EventSource::Diurnal(0)));
+    assert!(events.iter().all(|e| match &e.action {
+        ChurnAction::Leave(ids) | ChurnAction::Restart(ids) => ids == &vec![NodeId(2)],
+        _ => false,
+    }));
+    for (extra, needle) in [
+        ("[[diurnal]]\noffline_for = \"8h\"\n", "diurnal[0].offline_at"),
+        ("[[diurnal]]\noffline_at = \"25h\"\noffline_for = \"8h\"\n", "diurnal[0].offline_at"),
+        ("[[diurnal]]\noffline_at = \"1h\"\noffline_for = \"24h\"\n", "diurnal[0].offline_for"),
+        ("[[diurnal]]\noffline_at = \"1h\"\n", "diurnal[0].offline_for"),
+    ] {
+        let e = err(&with_failures(extra)).to_string();
+        assert!(e.contains(needle), "{extra}: {e}");
+    }
+}

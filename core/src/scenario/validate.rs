@@ -279,6 +279,7 @@ pub(crate) fn validate(raw: RawScenario) -> R<Scenario> {
     let stop = stop(raw.stop.as_ref())?;
     let generators = super::churn::Generators {
         failures: &raw.failures,
+        diurnal: &raw.diurnal,
         seed: raw.seed.unwrap_or(0),
         stop_time: stop.time,
     };
