@@ -119,21 +119,15 @@ impl MemoryPlan {
         let largest = v.saturating_mul(d).max(d.saturating_mul(f)).max(d.saturating_mul(d));
         let at = Place::from(device);
         let item = |what, place, bytes| MemoryItem { what, place, bytes };
-        let items = vec![
+        let mut items = vec![
             item("weights", at, n.saturating_mul(4)),
             item("gradients", at, n.saturating_mul(4)),
             item("AdamW state", at, n.saturating_mul(8)),
             item("activations", at, tokens.saturating_mul(per_token)),
             item("optimizer temporaries", at, largest.saturating_mul(12)),
-            item("outer weights", Place::Host, n.saturating_mul(4)),
-            item("pseudo-gradient", Place::Host, n.saturating_mul(4)),
-            item("outer momentum", Place::Host, n.saturating_mul(4)),
-            item("flat inner copy", Place::Host, n.saturating_mul(4)),
         ];
-        let model = match spec.preset {
-            Some(p) => format!("the {p} preset"),
-            None => "a custom model".to_owned(),
-        };
+        items.extend(host_items(n));
+        let model = model_name(spec);
         MemoryPlan { model, params: n, device, micro_batch, seq_len, devices: 1, items }
     }
 
@@ -185,7 +179,7 @@ impl MemoryPlan {
         let head_acts = 3 * v * 4 + 3 * d * 4;
         let at = Place::from(device);
         let item = |what, place, bytes| MemoryItem { what, place, bytes };
-        let items = vec![
+        let mut items = vec![
             item("weights shard", at, shard.saturating_mul(4)),
             item("gradient shard", at, shard.saturating_mul(4)),
             item("AdamW state shard", at, shard.saturating_mul(8)),
@@ -197,15 +191,9 @@ impl MemoryPlan {
             ),
             item("activations", at, tokens.saturating_mul(block_acts.max(head_acts))),
             item("optimizer temporaries", at, shard.min(ADAM_CHUNK as u64).saturating_mul(12)),
-            item("outer weights", Place::Host, n.saturating_mul(4)),
-            item("pseudo-gradient", Place::Host, n.saturating_mul(4)),
-            item("outer momentum", Place::Host, n.saturating_mul(4)),
-            item("flat inner copy", Place::Host, n.saturating_mul(4)),
         ];
-        let model = match spec.preset {
-            Some(p) => format!("the {p} preset"),
-            None => "a custom model".to_owned(),
-        };
+        items.extend(host_items(n));
+        let model = model_name(spec);
         MemoryPlan { model, params: n, device, micro_batch, seq_len, devices: gpus.max(1), items }
     }
 
@@ -398,9 +386,29 @@ pub fn gathered_unit_bytes(spec: &ModelSpec, device: Device, gpus: u32, e: u64) 
         .unwrap_or(0)
 }
 
+/// The host's own items: DiLoCo's outer state (outer weights, pseudo-gradient, momentum) and
+/// the flat fp32 copy of the inner weights, 4 bytes a parameter each.
+fn host_items(n: u64) -> Vec<MemoryItem> {
+    HOST_ITEMS
+        .iter()
+        .map(|&what| MemoryItem { what, place: Place::Host, bytes: n.saturating_mul(4) })
+        .collect()
+}
+
+const HOST_ITEMS: [&str; 4] =
+    ["outer weights", "pseudo-gradient", "outer momentum", "flat inner copy"];
+
+/// "the P preset", or "a custom model".
+fn model_name(spec: &ModelSpec) -> String {
+    match spec.preset {
+        Some(p) => format!("the {p} preset"),
+        None => "a custom model".to_owned(),
+    }
+}
+
 /// Whether an item is the host's own: DiLoCo's outer state and the flat inner copy.
 fn is_host_item(what: &str) -> bool {
-    ["outer weights", "pseudo-gradient", "outer momentum", "flat inner copy"].contains(&what)
+    HOST_ITEMS.contains(&what)
 }
 
 /// Bytes as GiB with one decimal.

@@ -82,7 +82,8 @@ mod imp {
     use crate::model::llama::{Blocks, init_values};
     use crate::model::{ModelError, ModelSpec, param_specs};
     use crate::train::{
-        StepStats, TrainConfig, TrainError, TrainerState, batch_tensor, check_batch, loss_terms,
+        AdamStep, StepStats, TrainConfig, TrainError, TrainerState, batch_tensor, check_batch,
+        loss_terms,
     };
     use loco_core::allreduce::schedule::chunk_range;
     use std::ops::Range;
@@ -777,13 +778,7 @@ mod imp {
         /// AdamW on every shard, [`ADAM_CHUNK`] values at a time, with the unsharded trainer's
         /// formulas.
         fn adamw(&mut self, lr: f64) -> Result<(), TrainError> {
-            let (b1, b2) = self.config.betas;
-            let t = (self.step + 1) as f64;
-            let bc1 = 1.0 - b1.powf(t);
-            let bc2_sqrt = (1.0 - b2.powf(t)).sqrt();
-            let step_size = lr / bc1;
-            let decay = 1.0 - lr * self.config.weight_decay;
-            let eps = self.config.eps;
+            let step = AdamStep::new(&self.config, lr, self.step);
             let _guard = tch::no_grad_guard();
             for s in &mut self.shards {
                 let len = s.range.len();
@@ -792,21 +787,9 @@ mod imp {
                     let n = ADAM_CHUNK.min(len - at);
                     let view = |t: &Tensor| t.f_narrow(0, at as i64, n as i64);
                     let update = || -> Result<(), TchError> {
-                        let (mut p, mut m, mut v, g) = (
-                            view(&s.master)?,
-                            view(&s.exp_avg)?,
-                            view(&s.exp_avg_sq)?,
-                            view(&s.grad)?,
-                        );
-                        if decay != 1.0 {
-                            let _ = p.f_mul_scalar_(decay)?;
-                        }
-                        let _ = m.f_lerp_(&g, 1.0 - b1)?;
-                        let _ = v.f_mul_scalar_(b2)?;
-                        let _ = v.f_add_(&g.f_square()?.f_mul_scalar(1.0 - b2)?)?;
-                        let denom = v.f_sqrt()?.f_div_scalar(bc2_sqrt)?.f_add_scalar(eps)?;
-                        let _ = p.f_add_(&m.f_div(&denom)?.f_mul_scalar(-step_size)?)?;
-                        Ok(())
+                        let (mut p, mut m, mut v) =
+                            (view(&s.master)?, view(&s.exp_avg)?, view(&s.exp_avg_sq)?);
+                        step.apply(&mut p, &mut m, &mut v, &view(&s.grad)?)
                     };
                     update().map_err(torch("AdamW update"))?;
                     at += n;

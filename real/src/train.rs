@@ -561,31 +561,14 @@ impl Trainer {
     }
 
     fn adamw(&mut self, lr: f64) -> Result<(), TrainError> {
-        let (b1, b2) = self.config.betas;
-        let t = (self.step + 1) as f64;
-        let bc1 = 1.0 - b1.powf(t);
-        let bc2_sqrt = (1.0 - b2.powf(t)).sqrt();
-        let step_size = lr / bc1;
-        let decay = 1.0 - lr * self.config.weight_decay;
-        let eps = self.config.eps;
+        let step = AdamStep::new(&self.config, lr, self.step);
         let grads = self.grads()?;
         let _guard = tch::no_grad_guard();
         let params = self.model.params_mut();
         for (((p, m), v), g) in
             params.iter_mut().zip(&mut self.exp_avg).zip(&mut self.exp_avg_sq).zip(&grads)
         {
-            let mut update = || -> Result<(), tch::TchError> {
-                if decay != 1.0 {
-                    let _ = p.f_mul_scalar_(decay)?;
-                }
-                let _ = m.f_lerp_(g, 1.0 - b1)?;
-                let _ = v.f_mul_scalar_(b2)?;
-                let _ = v.f_add_(&g.f_square()?.f_mul_scalar(1.0 - b2)?)?;
-                let denom = v.f_sqrt()?.f_div_scalar(bc2_sqrt)?.f_add_scalar(eps)?;
-                let _ = p.f_add_(&m.f_div(&denom)?.f_mul_scalar(-step_size)?)?;
-                Ok(())
-            };
-            update().during("AdamW update")?;
+            step.apply(p, m, v, g).during("AdamW update")?;
         }
         Ok(())
     }
@@ -594,6 +577,54 @@ impl Trainer {
         for p in self.model.params_mut() {
             p.zero_grad();
         }
+    }
+}
+
+/// One AdamW step's constants (see the module docs): the 0-based `step` about to be taken at
+/// rate `lr`.
+#[cfg(feature = "torch")]
+pub(crate) struct AdamStep {
+    b1: f64,
+    b2: f64,
+    bc2_sqrt: f64,
+    step_size: f64,
+    decay: f64,
+    eps: f64,
+}
+
+#[cfg(feature = "torch")]
+impl AdamStep {
+    pub(crate) fn new(config: &TrainConfig, lr: f64, step: u64) -> AdamStep {
+        let (b1, b2) = config.betas;
+        let t = (step + 1) as f64;
+        AdamStep {
+            b1,
+            b2,
+            bc2_sqrt: (1.0 - b2.powf(t)).sqrt(),
+            step_size: lr / (1.0 - b1.powf(t)),
+            decay: 1.0 - lr * config.weight_decay,
+            eps: config.eps,
+        }
+    }
+
+    /// Updates parameters `p` and moments `m`, `v` in place with gradient `g` (whole tensors, or
+    /// the same chunk of each): the same arithmetic wherever it runs.
+    pub(crate) fn apply(
+        &self,
+        p: &mut Tensor,
+        m: &mut Tensor,
+        v: &mut Tensor,
+        g: &Tensor,
+    ) -> Result<(), tch::TchError> {
+        if self.decay != 1.0 {
+            let _ = p.f_mul_scalar_(self.decay)?;
+        }
+        let _ = m.f_lerp_(g, 1.0 - self.b1)?;
+        let _ = v.f_mul_scalar_(self.b2)?;
+        let _ = v.f_add_(&g.f_square()?.f_mul_scalar(1.0 - self.b2)?)?;
+        let denom = v.f_sqrt()?.f_div_scalar(self.bc2_sqrt)?.f_add_scalar(self.eps)?;
+        let _ = p.f_add_(&m.f_div(&denom)?.f_mul_scalar(-self.step_size)?)?;
+        Ok(())
     }
 }
 
