@@ -66,8 +66,8 @@ pub(crate) enum Command {
     /// settings (a sweep file: the scenario, fixed overrides, axes of scenario fields and their
     /// values, a target utilisation, and what cheap means), in parallel over the cores, and
     /// writes a table, the frontier (no other setting both cheaper and busier) and a plot into
-    /// DIR (plan.csv, plan.json, plan.svg, plan.html). Example: scenarios/sweeps/plan-volunteers.toml;
-    /// the sweep format: docs/plan.md.
+    /// DIR (plan.csv, plan.json, plan.svg, plan.html). Example:
+    /// scenarios/sweeps/plan-volunteers.toml; the sweep format: docs/plan.md.
     Plan(PlanArgs),
 }
 
