@@ -58,8 +58,8 @@ pub(crate) enum Command {
     /// within the tolerance and the stories agree, 1 when not, 2 on bad input.
     Fidelity(FidelityArgs),
     /// Print a scenario's churn as both backends play it: the file's `[[churn]]`, the joins of
-    /// nodes with a `start`, and the events its `[[failures]]` processes and `[[diurnal]]`
-    /// windows generate (expanded from the scenario's seed). With --toml, the generated events as `[[churn]]` entries, to freeze
+    /// nodes with a `start`, and the events its `[[arrivals]]` and `[[failures]]` processes
+    /// and `[[diurnal]]` windows generate (expanded from the scenario's seed). With --toml, the generated events as `[[churn]]` entries, to freeze
     /// them into a file.
     Churn(ChurnArgs),
     /// Answer "which setting meets the target most cheaply?": replays a scenario over a grid of

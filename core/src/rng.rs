@@ -28,6 +28,8 @@ pub enum Purpose {
     Failures = 7,
     /// A `[[diurnal]]` window's jitter (subject = node id << 32 | entry).
     Diurnal = 8,
+    /// An `[[arrivals]]` process (subject = entry).
+    Arrivals = 9,
 }
 
 pub use crate::node::synthetic::mix64;

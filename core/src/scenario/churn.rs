@@ -105,6 +105,7 @@ pub(super) struct Pending {
 pub(super) struct Generators<'a> {
     pub(super) failures: &'a [super::raw::RawFailures],
     pub(super) diurnal: &'a [super::raw::RawDiurnal],
+    pub(super) arrivals: &'a [super::raw::RawArrivals],
     pub(super) seed: u64,
     pub(super) stop_time: Option<Duration>,
 }
@@ -404,6 +405,7 @@ pub(super) fn churn(
         }
     }
 
+    let g = generators;
     // Joins of nodes whose `start` is later than 0, one event per [[nodes]] entry, first.
     let mut starts: Vec<Pending> = Vec::new();
     for (k, n) in nodes.iter().enumerate() {
@@ -432,8 +434,8 @@ pub(super) fn churn(
         }
     }
     starts.extend(pending);
-    // The `[[failures]]` processes, from each node's start (now that joins set it).
-    let g = generators;
+    // Arrivals set their nodes' starts; then the processes run from each node's start.
+    starts.extend(super::failures::arrivals(g.arrivals, nodes, start_given, regions, g.seed)?);
     starts.extend(super::failures::failures(g.failures, nodes, regions, g.seed, g.stop_time)?);
     starts.extend(super::failures::diurnal(g.diurnal, nodes, regions, g.seed, g.stop_time)?);
     let mut all = starts;

@@ -19,7 +19,7 @@
 
 use super::churn::Pending;
 use super::error::FieldPath;
-use super::raw::{RawDiurnal, RawFailures};
+use super::raw::{RawArrivals, RawDiurnal, RawFailures};
 use super::validate::{
     R, conflict, duration, expected, missing, one_of_text, positive_duration, quoted, region_ref,
 };
@@ -250,6 +250,69 @@ pub(super) fn diurnal(
                     &p,
                 ));
             }
+        }
+    }
+    Ok(out)
+}
+
+/// Expands every `[[arrivals]]` entry: its nodes (none with a `start` or a join of its own)
+/// join one after another, the times between arrivals exponential with mean `every` from
+/// `from`, in the order listed (or of their ids). Sets each node's start.
+pub(super) fn arrivals(
+    raw: &[RawArrivals],
+    nodes: &mut [NodeSpec],
+    start_given: &[bool],
+    regions: &[Region],
+    seed: u64,
+) -> R<Vec<Pending>> {
+    let mut out = Vec::new();
+    let mut arriving = vec![false; nodes.len()];
+    for (i, a) in raw.iter().enumerate() {
+        let p = FieldPath::root().key("arrivals").index(i);
+        let every = match &a.every {
+            Some(e) => positive_duration(&p.key("every"), e)?,
+            None => {
+                return Err(missing(
+                    &p.key("every"),
+                    r#"the mean time between arrivals, like "30min""#,
+                ));
+            }
+        };
+        let from =
+            a.from.as_ref().map(|x| duration(&p.key("from"), x)).transpose()?.unwrap_or_default();
+        let sel = RawFailures {
+            nodes: a.nodes.clone(),
+            region: a.region.clone(),
+            ..RawFailures::default()
+        };
+        let explicit = a.nodes.is_some();
+        let chosen: Vec<NodeId> = select(&p, &sel, nodes, regions)?
+            .into_iter()
+            // Without a list: the nodes of the selection that start with the run.
+            .filter(|id| {
+                explicit || (nodes[id.0 as usize].start.is_zero() && !start_given[id.0 as usize])
+            })
+            .collect();
+        let mut rng = stream(seed, i as u64, Purpose::Arrivals);
+        let mut t = from.as_secs_f64();
+        for id in chosen {
+            let k = id.0 as usize;
+            let n = &nodes[k];
+            if start_given[k] || !n.start.is_zero() || arriving[k] {
+                return Err(conflict(
+                    &p.key("nodes"),
+                    format!(
+                        "node {:?} already starts at {} (a start, a join or another arrival)",
+                        n.name,
+                        super::units::format_duration(n.start)
+                    ),
+                ));
+            }
+            t += -every.as_secs_f64() * (1.0 - rng.random::<f64>()).ln();
+            let at = ms(t).max(Duration::from_millis(1));
+            nodes[k].start = at;
+            arriving[k] = true;
+            out.push(pending(at, ChurnAction::Join(vec![id]), EventSource::Arrivals(i), &p));
         }
     }
     Ok(out)

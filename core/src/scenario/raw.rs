@@ -127,6 +127,8 @@ pub(crate) struct RawScenario {
     pub(crate) failures: Vec<RawFailures>,
     #[serde(default)]
     pub(crate) diurnal: Vec<RawDiurnal>,
+    #[serde(default)]
+    pub(crate) arrivals: Vec<RawArrivals>,
     pub(crate) stop: Option<RawStop>,
     pub(crate) sim: Option<RawSim>,
     pub(crate) real: Option<RawReal>,
@@ -256,6 +258,15 @@ pub(crate) struct RawFailures {
     pub(crate) repair: Option<RawScalar>,
     pub(crate) from: Option<RawScalar>,
     pub(crate) until: Option<RawScalar>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawArrivals {
+    pub(crate) nodes: Option<Vec<String>>,
+    pub(crate) region: Option<String>,
+    pub(crate) every: Option<RawScalar>,
+    pub(crate) from: Option<RawScalar>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]

@@ -1402,3 +1402,28 @@ fn diurnal_windows_take_nodes_offline_every_day() {
         assert!(e.contains(needle), "{extra}: {e}");
     }
 }
+
+#[test]
+fn arrivals_start_nodes_one_after_another() {
+    let s = ok(&with_failures(
+        "[[arrivals]]\nnodes = [\"us-1\", \"eu\"]\nevery = \"30min\"\nfrom = \"1h\"\n",
+    ));
+    let joins: Vec<&ChurnEvent> =
+        s.churn().iter().filter(|e| e.source == EventSource::Arrivals(0)).collect();
+    assert_eq!(joins.len(), 2);
+    assert_eq!(joins[0].action, ChurnAction::Join(vec![NodeId(1)]));
+    assert_eq!(joins[1].action, ChurnAction::Join(vec![NodeId(2)]));
+    assert!(joins[0].at > Duration::from_secs(3600) && joins[0].at < joins[1].at);
+    // The nodes' starts are the arrivals; the others start with the run.
+    assert_eq!(s.nodes()[1].start, joins[0].at);
+    assert_eq!(s.nodes()[2].start, joins[1].at);
+    assert_eq!(s.initial_nodes().count(), 1);
+    // Without a list: every node of the region that would start with the run.
+    let r = ok(&with_failures("[[arrivals]]\nregion = \"us\"\nevery = \"1h\"\n"));
+    assert_eq!(r.initial_nodes().map(|n| n.name.as_str()).collect::<Vec<_>>(), vec!["eu"]);
+    // A node with a start of its own cannot arrive too; `every` is needed.
+    let e = err(&with_failures("[[arrivals]]\nnodes = [\"eu\"]\nevery = \"1h\"\n[[arrivals]]\nnodes = [\"eu\"]\nevery = \"1h\"\n")).to_string();
+    assert!(e.contains("arrivals[1].nodes") && e.contains("already starts"), "{e}");
+    let e = err(&with_failures("[[arrivals]]\nnodes = [\"eu\"]\n")).to_string();
+    assert!(e.contains("arrivals[0].every"), "{e}");
+}

@@ -280,6 +280,7 @@ pub(crate) fn validate(raw: RawScenario) -> R<Scenario> {
     let generators = super::churn::Generators {
         failures: &raw.failures,
         diurnal: &raw.diurnal,
+        arrivals: &raw.arrivals,
         seed: raw.seed.unwrap_or(0),
         stop_time: stop.time,
     };
