@@ -33,6 +33,18 @@ use std::time::Duration;
 /// over a year).
 pub(super) const MAX_EVENTS_PER_NODE: usize = 100_000;
 
+/// Events all the entries of one kind may generate together: a bound on a file's memory.
+pub(super) const MAX_EVENTS: usize = 2_000_000;
+
+/// The error for an entry whose events pass [`MAX_EVENTS`].
+fn too_many(p: &FieldPath, field: &str, given: String) -> super::error::PathError {
+    expected(
+        &p.key(field),
+        format!("fewer events: the generated churn passes {MAX_EVENTS} events here"),
+        given,
+    )
+}
+
 /// What a failure does, and what ends it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
@@ -126,6 +138,9 @@ pub(super) fn failures(
                 };
                 // Whole milliseconds: the events print and read back as written.
                 let at = ms(t);
+                if out.len() >= MAX_EVENTS {
+                    return Err(too_many(&p, "mtbf", super::units::format_duration(mtbf)));
+                }
                 out.push(pending(at, fail, EventSource::Failures(i), &p));
                 t += down.max(0.001);
                 count += 1;
@@ -238,6 +253,9 @@ pub(super) fn diurnal(
                     break;
                 }
                 let leave = ms(off);
+                if out.len() >= MAX_EVENTS {
+                    return Err(too_many(&p, "until", super::units::format_duration(until)));
+                }
                 out.push(pending(leave, ChurnAction::Leave(vec![id]), EventSource::Diurnal(i), &p));
                 let back = off + span.as_secs_f64();
                 if back >= until.as_secs_f64() {

@@ -1427,3 +1427,13 @@ fn arrivals_start_nodes_one_after_another() {
     let e = err(&with_failures("[[arrivals]]\nnodes = [\"eu\"]\n")).to_string();
     assert!(e.contains("arrivals[0].every"), "{e}");
 }
+
+#[test]
+fn generated_churn_is_bounded() {
+    // 1000 nodes failing every hour for a year (4,380 failures each, 8.8M events): refused,
+    // not held in memory.
+    let src = with_failures("[[failures]]\nmtbf = \"1h\"\nrepair = \"1h\"\nuntil = \"365d\"\n")
+        .replace("count = 2", "count = 1000");
+    let e = err(&src).to_string();
+    assert!(e.contains("failures[0].mtbf") && e.contains("fewer events"), "{e}");
+}
