@@ -82,8 +82,8 @@ mod imp {
     use crate::model::llama::{Blocks, init_values};
     use crate::model::{ModelError, ModelSpec, param_specs};
     use crate::train::{
-        AdamStep, StepStats, TrainConfig, TrainError, TrainerState, batch_tensor, check_batch,
-        loss_terms,
+        AdamStep, StepParts, StepStats, TrainConfig, TrainError, TrainerState, batch_tensor,
+        inner_step, loss_terms,
     };
     use loco_core::allreduce::schedule::chunk_range;
     use std::ops::Range;
@@ -424,45 +424,8 @@ mod imp {
         /// devices, then the step of [`crate::train::Trainer::inner_step`]. After a bad batch or a
         /// non-finite loss or norm nothing has changed.
         pub fn inner_step(&mut self, tokens: &[i64]) -> Result<StepStats, TrainError> {
-            let rows = check_batch(tokens, self.config.seq_len, self.spec.vocab)?;
-            let batch = batch_tensor(tokens, rows, self.config.seq_len, Device::Cpu)?;
-            let measured = self.accumulate(&batch, rows).and_then(|(loss, z)| {
-                let t = started();
-                let norm = self.grad_norm();
-                add(&self.times.update, t);
-                Ok((loss, z, norm?))
-            });
-            let (loss, z_loss, grad_norm) = match measured {
-                Ok(v) => v,
-                Err(e) => {
-                    self.zero_grads();
-                    return Err(e);
-                }
-            };
-            if !(loss + z_loss).is_finite() || !grad_norm.is_finite() {
-                self.zero_grads();
-                return Err(TrainError::NonFinite {
-                    step: self.step,
-                    loss: loss + z_loss,
-                    grad_norm,
-                });
-            }
-            let lr = self.config.schedule.lr_at(self.step);
-            let t = started();
-            let applied = self.clip(grad_norm).and_then(|()| self.adamw(lr));
-            add(&self.times.update, t);
-            self.zero_grads();
-            applied?;
-            let stats = StepStats {
-                step: self.step,
-                loss,
-                z_loss,
-                grad_norm,
-                lr,
-                tokens: (rows * self.config.seq_len) as u64,
-            };
-            self.step += 1;
-            Ok(stats)
+            let vocab = self.spec.vocab;
+            inner_step(self, tokens, vocab)
         }
 
         /// The micro-batches of device `d`: `(first row, rows)`.
@@ -803,6 +766,43 @@ mod imp {
             for s in &mut self.shards {
                 let _ = s.grad.f_zero_();
             }
+        }
+    }
+
+    impl StepParts for ShardedTrainer {
+        fn config(&self) -> &TrainConfig {
+            &self.config
+        }
+
+        fn steps(&self) -> u64 {
+            self.step
+        }
+
+        fn count_step(&mut self) {
+            self.step += 1;
+        }
+
+        fn gradients(&mut self, tokens: &[i64], rows: usize) -> Result<(f64, f64), TrainError> {
+            let batch = batch_tensor(tokens, rows, self.config.seq_len, Device::Cpu)?;
+            self.accumulate(&batch, rows)
+        }
+
+        fn gradient_norm(&mut self) -> Result<f64, TrainError> {
+            let t = started();
+            let norm = self.grad_norm();
+            add(&self.times.update, t);
+            norm
+        }
+
+        fn clip_and_update(&mut self, grad_norm: f64, lr: f64) -> Result<(), TrainError> {
+            let t = started();
+            let applied = self.clip(grad_norm).and_then(|()| self.adamw(lr));
+            add(&self.times.update, t);
+            applied
+        }
+
+        fn clear_gradients(&mut self) {
+            self.zero_grads();
         }
     }
 

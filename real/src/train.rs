@@ -370,37 +370,8 @@ impl Trainer {
     /// libtorch failure during the update itself (out of device memory) can leave it partly
     /// applied, so the caller should then restore a saved state.
     pub fn inner_step(&mut self, tokens: &[i64]) -> Result<StepStats, TrainError> {
-        let rows = self.check_batch(tokens)?;
-        let batch = self.batch_tensor(tokens, rows)?;
-        let measured = self.accumulate_gradients(&batch, rows).and_then(|(loss, z_loss)| {
-            let grad_norm = self.grad_norm()?;
-            Ok((loss, z_loss, grad_norm))
-        });
-        let (loss, z_loss, grad_norm) = match measured {
-            Ok(v) => v,
-            Err(e) => {
-                self.zero_grads();
-                return Err(e);
-            }
-        };
-        if !(loss + z_loss).is_finite() || !grad_norm.is_finite() {
-            self.zero_grads();
-            return Err(TrainError::NonFinite { step: self.step, loss: loss + z_loss, grad_norm });
-        }
-        let lr = self.config.schedule.lr_at(self.step);
-        let applied = self.clip(grad_norm).and_then(|()| self.adamw(lr));
-        self.zero_grads();
-        applied?;
-        let stats = StepStats {
-            step: self.step,
-            loss,
-            z_loss,
-            grad_norm,
-            lr,
-            tokens: (rows * self.config.seq_len) as u64,
-        };
-        self.step += 1;
-        Ok(stats)
+        let vocab = self.model.spec().vocab;
+        inner_step(self, tokens, vocab)
     }
 
     /// Mean cross-entropy on `tokens` (rows of `seq_len + 1`), without gradients or updates.
@@ -577,6 +548,94 @@ impl Trainer {
         for p in self.model.params_mut() {
             p.zero_grad();
         }
+    }
+}
+
+/// The parts of one inner step that differ between a trainer on one device and one sharded
+/// over G ([`crate::sharded::ShardedTrainer`]); [`inner_step`] puts them together the same way
+/// for both.
+#[cfg(feature = "torch")]
+pub(crate) trait StepParts {
+    /// The settings.
+    fn config(&self) -> &TrainConfig;
+    /// Inner steps taken (the next step's index).
+    fn steps(&self) -> u64;
+    /// Counts one more step.
+    fn count_step(&mut self);
+    /// Forward and backward over the batch's micro-batches (`rows` checked rows of `tokens`):
+    /// (cross-entropy, z-loss), averaged; the gradients accumulated.
+    fn gradients(&mut self, tokens: &[i64], rows: usize) -> Result<(f64, f64), TrainError>;
+    /// The global gradient norm.
+    fn gradient_norm(&mut self) -> Result<f64, TrainError>;
+    /// Clipping to the configured norm, then AdamW at rate `lr`.
+    fn clip_and_update(&mut self, grad_norm: f64, lr: f64) -> Result<(), TrainError>;
+    /// Zeroes the accumulated gradients.
+    fn clear_gradients(&mut self);
+}
+
+/// One inner step on `tokens` (see the module docs): checks, gradients, the norm, refusal of a
+/// non-finite step (nothing changed), clipping and AdamW, the statistics.
+#[cfg(feature = "torch")]
+pub(crate) fn inner_step<T: StepParts>(
+    t: &mut T,
+    tokens: &[i64],
+    vocab: u32,
+) -> Result<StepStats, TrainError> {
+    let seq_len = t.config().seq_len;
+    let rows = check_batch(tokens, seq_len, vocab)?;
+    let measured = t.gradients(tokens, rows).and_then(|(loss, z_loss)| {
+        let grad_norm = t.gradient_norm()?;
+        Ok((loss, z_loss, grad_norm))
+    });
+    let (loss, z_loss, grad_norm) = match measured {
+        Ok(v) => v,
+        Err(e) => {
+            t.clear_gradients();
+            return Err(e);
+        }
+    };
+    let step = t.steps();
+    if !(loss + z_loss).is_finite() || !grad_norm.is_finite() {
+        t.clear_gradients();
+        return Err(TrainError::NonFinite { step, loss: loss + z_loss, grad_norm });
+    }
+    let lr = t.config().schedule.lr_at(step);
+    let applied = t.clip_and_update(grad_norm, lr);
+    t.clear_gradients();
+    applied?;
+    t.count_step();
+    Ok(StepStats { step, loss, z_loss, grad_norm, lr, tokens: (rows * seq_len) as u64 })
+}
+
+#[cfg(feature = "torch")]
+impl StepParts for Trainer {
+    fn config(&self) -> &TrainConfig {
+        &self.config
+    }
+
+    fn steps(&self) -> u64 {
+        self.step
+    }
+
+    fn count_step(&mut self) {
+        self.step += 1;
+    }
+
+    fn gradients(&mut self, tokens: &[i64], rows: usize) -> Result<(f64, f64), TrainError> {
+        let batch = self.batch_tensor(tokens, rows)?;
+        self.accumulate_gradients(&batch, rows)
+    }
+
+    fn gradient_norm(&mut self) -> Result<f64, TrainError> {
+        self.grad_norm()
+    }
+
+    fn clip_and_update(&mut self, grad_norm: f64, lr: f64) -> Result<(), TrainError> {
+        self.clip(grad_norm).and_then(|()| self.adamw(lr))
+    }
+
+    fn clear_gradients(&mut self) {
+        self.zero_grads();
     }
 }
 
