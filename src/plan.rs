@@ -82,9 +82,9 @@ pub(crate) struct Sweep {
     pub(crate) file: PathBuf,
     /// The scenario file (relative paths are the sweep file's).
     pub(crate) scenario: PathBuf,
-    text: String,
-    set: Vec<(String, toml::Value)>,
-    axes: Vec<(String, Vec<toml::Value>)>,
+    /// Every setting (`field = value` of each axis, in the grid's order: the first axis
+    /// slowest) with its scenario, validated.
+    pub(crate) settings: Vec<(Vec<(String, toml::Value)>, Scenario)>,
     /// The utilisation to meet (loco's definition).
     pub(crate) target: f64,
     /// What cheapest means.
@@ -219,59 +219,58 @@ impl Sweep {
                 })?
             }
         };
-        let sweep = Sweep {
-            file: file.to_path_buf(),
-            scenario,
-            text,
-            set: raw.set.into_iter().collect(),
-            axes,
-            target,
-            cost,
-        };
         // Every setting must make a valid scenario: checked before anything runs.
-        for setting in sweep.settings() {
-            sweep.scenario_of(&setting)?;
-        }
-        Ok(sweep)
+        let set: Vec<(String, toml::Value)> = raw.set.into_iter().collect();
+        let settings = grid(&axes)
+            .into_iter()
+            .map(|setting| {
+                let s = scenario_of(file, &scenario, &text, &set, &setting)?;
+                Ok((setting, s))
+            })
+            .collect::<Result<_>>()?;
+        Ok(Sweep { file: file.to_path_buf(), scenario, settings, target, cost })
     }
+}
 
-    /// Every combination of the axes' values, the first axis slowest.
-    pub(crate) fn settings(&self) -> Vec<Vec<(String, toml::Value)>> {
-        let mut out: Vec<Vec<(String, toml::Value)>> = vec![Vec::new()];
-        for (field, values) in &self.axes {
-            out = out
-                .into_iter()
-                .flat_map(|s| {
-                    values.iter().map(move |v| {
-                        let mut s = s.clone();
-                        s.push((field.clone(), v.clone()));
-                        s
-                    })
+/// Every combination of the axes' values, the first axis slowest.
+fn grid(axes: &[(String, Vec<toml::Value>)]) -> Vec<Vec<(String, toml::Value)>> {
+    let mut out: Vec<Vec<(String, toml::Value)>> = vec![Vec::new()];
+    for (field, values) in axes {
+        out = out
+            .into_iter()
+            .flat_map(|s| {
+                values.iter().map(move |v| {
+                    let mut s = s.clone();
+                    s.push((field.clone(), v.clone()));
+                    s
                 })
-                .collect();
-        }
-        out
+            })
+            .collect();
     }
+    out
+}
 
-    /// The scenario of one setting: the fixed overrides, then the setting's values, written
-    /// into the scenario's text and validated.
-    pub(crate) fn scenario_of(&self, setting: &[(String, toml::Value)]) -> Result<Scenario> {
-        let mut doc: toml_edit::DocumentMut = self
-            .text
-            .parse()
-            .map_err(|e| InputError(anyhow!("{}: {e}", self.scenario.display())))?;
-        for (field, value) in self.set.iter().chain(setting) {
-            set_path(&mut doc, field, value).map_err(|e| {
-                InputError(anyhow!("{}: setting {field} = {value}: {e}", self.file.display()))
-            })?;
-        }
-        let label: Vec<String> = setting.iter().map(|(f, v)| format!("{f} = {v}")).collect();
-        let name = format!("{} with {}", self.scenario.display(), label.join(", "));
-        Scenario::from_toml_str(&doc.to_string(), &name).map_err(|e| {
-            InputError(anyhow!("{}: a setting gives no valid scenario: {e}", self.file.display()))
-                .into()
-        })
+/// The scenario of one setting of sweep `file`: the fixed overrides `set`, then the setting's
+/// values, written into the text of `scenario` and validated.
+fn scenario_of(
+    file: &Path,
+    scenario: &Path,
+    text: &str,
+    set: &[(String, toml::Value)],
+    setting: &[(String, toml::Value)],
+) -> Result<Scenario> {
+    let mut doc: toml_edit::DocumentMut =
+        text.parse().map_err(|e| InputError(anyhow!("{}: {e}", scenario.display())))?;
+    for (field, value) in set.iter().chain(setting) {
+        set_path(&mut doc, field, value).map_err(|e| {
+            InputError(anyhow!("{}: setting {field} = {value}: {e}", file.display()))
+        })?;
     }
+    let label: Vec<String> = setting.iter().map(|(f, v)| format!("{f} = {v}")).collect();
+    let name = format!("{} with {}", scenario.display(), label.join(", "));
+    Scenario::from_toml_str(&doc.to_string(), &name).map_err(|e| {
+        InputError(anyhow!("{}: a setting gives no valid scenario: {e}", file.display())).into()
+    })
 }
 
 /// Writes `value` at the dotted `path` of `doc`: table keys, and indices into arrays of tables
@@ -326,7 +325,7 @@ pub(crate) fn run(
     jobs: usize,
     mut progress: impl FnMut(usize, usize),
 ) -> Result<PlanReport> {
-    let settings = sweep.settings();
+    let settings = &sweep.settings;
     let total = settings.len();
     #[allow(clippy::disallowed_methods)] // the sweep's wall time, reported, never simulated
     let t0 = std::time::Instant::now();
@@ -337,16 +336,14 @@ pub(crate) fn run(
     std::thread::scope(|scope| {
         for _ in 0..jobs.clamp(1, total.max(1)) {
             let tx = tx.clone();
-            let (next, results, settings) = (&next, &results, &settings);
+            let (next, results) = (&next, &results);
             scope.spawn(move || {
                 loop {
                     let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let Some(setting) = settings.get(i) else { break };
-                    let r = sweep.scenario_of(setting).map_err(|e| e.to_string()).and_then(|s| {
-                        let out = loco_sim::replay(&s, loco_sim::ReplayOptions::default())
-                            .map_err(|e| e.to_string())?;
-                        Ok(point(i, setting, &out.summary))
-                    });
+                    let Some((setting, s)) = settings.get(i) else { break };
+                    let r = loco_sim::replay(s, loco_sim::ReplayOptions::default())
+                        .map(|out| point(i, setting, &out.summary))
+                        .map_err(|e| e.to_string());
                     if let Ok(mut v) = results.lock() {
                         v[i] = Some(r);
                     }
@@ -633,7 +630,7 @@ pub(crate) fn command(a: &crate::cli::PlanArgs) -> Result<PlanReport> {
     let out = a.out.clone().unwrap_or_else(|| PathBuf::from("out").join(format!("plan-{stem}")));
     let jobs =
         a.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let total = sweep.settings().len();
+    let total = sweep.settings.len();
     let bar = indicatif::ProgressBar::new(total as u64).with_style(
         indicatif::ProgressStyle::with_template(
             "plan [{bar:30}] {pos}/{len} settings, {elapsed}, about {eta} left",

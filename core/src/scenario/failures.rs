@@ -113,7 +113,7 @@ pub(super) fn failures(
                 super::units::format_duration(until),
             ));
         }
-        let chosen = select(&p, f, nodes, regions)?;
+        let chosen = select(&p, f.nodes.as_deref(), f.region.as_deref(), nodes, regions)?;
         // The Weibull scale whose mean is `mtbf`: mean = scale * Gamma(1 + 1 / shape).
         let scale = mtbf.as_secs_f64() / gamma(1.0 + 1.0 / shape);
         for id in chosen {
@@ -234,12 +234,7 @@ pub(super) fn diurnal(
                 super::units::format_duration(until),
             ));
         }
-        let sel = RawFailures {
-            nodes: d.nodes.clone(),
-            region: d.region.clone(),
-            ..RawFailures::default()
-        };
-        for id in select(&p, &sel, nodes, regions)? {
+        for id in select(&p, d.nodes.as_deref(), d.region.as_deref(), nodes, regions)? {
             let node = &nodes[id.0 as usize];
             let mut rng = stream(seed, (u64::from(id.0) << 32) | i as u64, Purpose::Diurnal);
             let first = node.start.max(from).as_secs_f64();
@@ -298,19 +293,16 @@ pub(super) fn arrivals(
         };
         let from =
             a.from.as_ref().map(|x| duration(&p.key("from"), x)).transpose()?.unwrap_or_default();
-        let sel = RawFailures {
-            nodes: a.nodes.clone(),
-            region: a.region.clone(),
-            ..RawFailures::default()
-        };
         let explicit = a.nodes.is_some();
-        let chosen: Vec<NodeId> = select(&p, &sel, nodes, regions)?
-            .into_iter()
-            // Without a list: the nodes of the selection that start with the run.
-            .filter(|id| {
-                explicit || (nodes[id.0 as usize].start.is_zero() && !start_given[id.0 as usize])
-            })
-            .collect();
+        let chosen: Vec<NodeId> =
+            select(&p, a.nodes.as_deref(), a.region.as_deref(), nodes, regions)?
+                .into_iter()
+                // Without a list: the nodes of the selection that start with the run.
+                .filter(|id| {
+                    explicit
+                        || (nodes[id.0 as usize].start.is_zero() && !start_given[id.0 as usize])
+                })
+                .collect();
         let mut rng = stream(seed, i as u64, Purpose::Arrivals);
         let mut t = from.as_secs_f64();
         for id in chosen {
@@ -348,11 +340,12 @@ fn pending(at: Duration, action: ChurnAction, source: EventSource, p: &FieldPath
 /// The nodes of an entry: `nodes`, or those of `region`, or all.
 fn select(
     p: &FieldPath,
-    f: &RawFailures,
+    names: Option<&[String]>,
+    region: Option<&str>,
     nodes: &[NodeSpec],
     regions: &[Region],
 ) -> R<Vec<NodeId>> {
-    match (&f.nodes, &f.region) {
+    match (names, region) {
         (Some(_), Some(_)) => Err(conflict(&p.key("region"), "give nodes or region, not both")),
         (Some(names), None) => {
             if names.is_empty() {
