@@ -604,6 +604,11 @@ pub(crate) struct RecoveryBench {
     /// Encrypt and authenticate the connections, as a run with a secret does.
     #[arg(long)]
     pub(crate) secure: bool,
+    /// Senders that have not digested their snapshot ahead: each hashes the whole replicated
+    /// part before its first piece leaves (a worker digests it after each outer step, in the
+    /// background, so a joiner usually finds it done).
+    #[arg(long)]
+    pub(crate) cold: bool,
     /// Run the processes in this scenario's emulated network instead of on loopback (root; as
     /// `loco launch` does): the scenario's first K nodes send, the next one joins, and the
     /// throughput is compared with the rate the links give one connection from each sender.
@@ -635,6 +640,9 @@ pub(crate) struct RecoveryNode {
     /// The processes' shared secret: connections are encrypted and authenticated with it.
     #[arg(long)]
     pub(crate) secret: Option<String>,
+    /// A sender digests its snapshot after the signal, not ahead of it.
+    #[arg(long)]
+    pub(crate) cold: bool,
 }
 
 fn parse_bytes(s: &str) -> Result<u64, String> {

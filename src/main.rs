@@ -246,6 +246,7 @@ fn run(cli: Cli) -> Result<Outcome> {
                 senders: a.senders,
                 streams: a.streams,
                 secure: a.secure,
+                cold: a.cold,
                 scenario: a.scenario.as_deref().map(real_cmd::load).transpose()?,
             };
             if a.senders == 0 || a.streams == 0 || a.bytes < 8 {

@@ -82,7 +82,9 @@ pub struct CollectiveHeader {
 }
 
 /// Header of one piece of a training-state transfer to a joiner (live recovery). The body is
-/// `[offset, offset + body.len())` of the serialised state, whose BLAKE3 digest is `digest`.
+/// `[offset, offset + body.len())` of one part of the serialised state; `piece` is the body's
+/// BLAKE3 digest and `digest` the part's
+/// ([`part_digest`](crate::node::state::part_digest) of all its pieces' digests).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StateHeader {
     /// Epoch of the transfer assignment.
@@ -93,8 +95,12 @@ pub struct StateHeader {
     pub offset: u64,
     /// Length of the whole serialised state.
     pub total: u64,
-    /// Hex BLAKE3 digest of the whole serialised state.
+    /// The part's digest ([`part_digest`](crate::node::state::part_digest)): names the copy the
+    /// piece belongs to (empty for virtual numerics).
     pub digest: String,
+    /// The BLAKE3 digest of this piece's body, as its sender computed it from the buffers it
+    /// sent (zeros for a virtual body): the joiner checks the body against it on arrival.
+    pub piece: [u8; 32],
     /// Which serialised part this piece belongs to, when the state travels in several parts
     /// (the real backend: 0 is the replicated outer state, 1 the sender's own inner state).
     pub part: u32,

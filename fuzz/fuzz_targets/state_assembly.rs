@@ -1,5 +1,6 @@
 //! A joiner's state assembly under a sequence of pieces from assigned senders, unassigned ones
-//! and forgers (any header: part, offset, total, epoch, digest; any body, bytes or virtual),
+//! and forgers (any header: part, offset, total, epoch, digest, piece digest (by default the
+//! digest of the forger's own body); any body, bytes or virtual),
 //! corrupted genuine pieces, reassignments, pieces held early, and buffers lent by the joiner
 //! (holding other values) and taken back. Never a panic; what the assembly says it lacks lies
 //! within the parts, in order; and a state that verifies is the genuine one whenever no forger
@@ -10,8 +11,8 @@ use arbitrary::Arbitrary;
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
 use loco_core::node::state::{
-    EarlyPieces, Expect, PART_OWN, PART_SHARED, PieceRule, SharedState, StateAssembly,
-    encoded_len, pieces, state_digest,
+    EarlyPieces, Expect, PART_OWN, PART_SHARED, PartDigests, PieceRule, Segments, SharedState,
+    StateAssembly, encoded_len, piece_digest, pieces,
 };
 use loco_core::transport::{Body, StateAsk, StateHeader};
 use loco_core::{Epoch, NodeId};
@@ -52,6 +53,8 @@ enum Op {
         total: u64,
         /// The genuine part's digest, or one of the forger's own.
         digest: Option<String>,
+        /// The body's digest (as a forger computes it), or any other.
+        piece: Option<[u8; 32]>,
         part: u32,
         body: Result<Vec<u8>, u64>,
     },
@@ -77,6 +80,11 @@ fn id(x: u8) -> NodeId {
     NodeId(u32::from(x % 6))
 }
 
+/// The genuine part's digest on the grid.
+fn part_digest(bytes: &Bytes) -> String {
+    PartDigests::of(&Segments::new([bytes.clone()]), RULE).digest
+}
+
 fn genuine_piece(own: bool, piece: u8, epoch: u8) -> (StateHeader, Bytes) {
     let g = genuine();
     let (part, bytes) = if own { (PART_OWN, &g.own) } else { (PART_SHARED, &g.shared) };
@@ -88,7 +96,8 @@ fn genuine_piece(own: bool, piece: u8, epoch: u8) -> (StateHeader, Bytes) {
         outer_step: STEP,
         offset: r.start,
         total,
-        digest: state_digest(bytes),
+        digest: part_digest(bytes),
+        piece: piece_digest(&bytes[r.start as usize..r.end as usize]),
         part,
     };
     (h, bytes.slice(r.start as usize..r.end as usize))
@@ -114,11 +123,18 @@ fuzz_target!(|input: Input| {
                 }
                 (id(from), h, Body::Bytes(b.into()))
             }
-            Op::Forged { from, epoch, outer_step, offset, total, digest, part, body } => {
+            Op::Forged { from, epoch, outer_step, offset, total, digest, piece, part, body } => {
                 forged_digest |= digest.is_some();
                 let g = genuine();
-                let digest = digest.unwrap_or_else(|| {
-                    state_digest(if part == PART_OWN { &g.own } else { &g.shared })
+                let digest = digest
+                    .unwrap_or_else(|| part_digest(if part == PART_OWN { &g.own } else { &g.shared }));
+                let body = match body {
+                    Ok(b) => Body::Bytes(b.into()),
+                    Err(len) => Body::Virtual(len),
+                };
+                let piece = piece.unwrap_or_else(|| match &body {
+                    Body::Bytes(b) => piece_digest(b),
+                    Body::Virtual(_) => [0; 32],
                 });
                 let h = StateHeader {
                     epoch: Epoch(u64::from(epoch % 4)),
@@ -126,11 +142,8 @@ fuzz_target!(|input: Input| {
                     offset,
                     total,
                     digest,
+                    piece,
                     part,
-                };
-                let body = match body {
-                    Ok(b) => Body::Bytes(b.into()),
-                    Err(len) => Body::Virtual(len),
                 };
                 (id(from), h, body)
             }

@@ -19,17 +19,21 @@
 //!
 //! | bytes | field |
 //! |---|---|
-//! | 1 | kind: 0 = a core frame, 1 = a directory of peer addresses |
+//! | 1 | kind: 0 = a core frame, 1 = a directory of peer addresses, 2 = a state piece |
 //! | 4 | header length H |
 //! | 8 | body length B |
 //! | H | header, `postcard`-encoded [`Header`] (or the directory) |
 //! | B | body |
-//! | 8 | XXH3-64 of header and body |
+//! | 8 | XXH3-64 of header and body (kind 2: of the header only) |
 //!
 //! The checksum comes last so that both ends hash a large body piece by piece, each piece just
 //! before it is written to the socket or just after it was read from it, while it is in the
 //! cache ([`PIECE`] bytes at a time): hashing a whole body first, and then having the kernel copy
 //! it, read every byte from memory twice.
+//!
+//! A state piece (kind 2, a [`Header::State`] with real bytes) carries the BLAKE3 digest of its
+//! body in its header, which the joiner checks before it takes the piece: the checksum covers
+//! the header only, so that the transfer's bytes are hashed once at each end, not twice.
 //!
 //! A frame, once its first byte has arrived, must complete within [`TcpConfig::frame_timeout`];
 //! a connection may be idle for any time between frames (DiLoCo's rings are idle during inner
@@ -55,7 +59,9 @@ use tokio::task::JoinHandle;
 /// 4: a barrier arrival and heartbeats say whether the sender withholds a non-finite
 /// pseudo-gradient; views, syncs and releases name the incarnations they are meant for; with a
 /// secret, a Noise handshake and encrypted records replace the keyed tag.
-pub const PROTOCOL_VERSION: u16 = 4;
+/// 5: state pieces carry their body's BLAKE3 digest, and their frames' checksum covers only
+/// the header (frame kind 2).
+pub const PROTOCOL_VERSION: u16 = 5;
 /// Bytes of the handshake's answer: a [`HelloStatus`], then the answering side's version (LE).
 pub const HELLO_REPLY_LEN: usize = 3;
 const MAGIC: [u8; 4] = *b"LOCO";
@@ -67,6 +73,10 @@ const CHECKSUM_LEN: usize = 8;
 pub const PIECE: usize = 128 << 10;
 const KIND_FRAME: u8 = 0;
 const KIND_DIRECTORY: u8 = 1;
+/// A state piece: the checksum covers the header, which holds the body's own digest.
+const KIND_STATE: u8 = 2;
+/// Bytes of a state piece's body read or written at a time (no checksum between the two).
+const STATE_CHUNK: usize = 1 << 20;
 const MAX_HEADER: u32 = 1 << 20;
 /// Most bytes reserved for a body before any of it arrived: a frame's length prefix is the
 /// peer's word, so a larger body's buffer grows (doubling) with the bytes that do arrive. Ring
@@ -271,6 +281,7 @@ enum Outgoing {
 }
 
 /// What a reader task delivers.
+#[derive(Debug)]
 enum Incoming {
     Frame(Frame),
     Directory(Vec<(NodeId, SocketAddr)>),
@@ -864,9 +875,12 @@ async fn read_frame<R: AsyncRead + Unpin>(
         let kind = prefix[0];
         let hlen = u32::from_le_bytes(prefix[1..5].try_into().expect("4 bytes"));
         let blen = u64::from_le_bytes(prefix[5..13].try_into().expect("8 bytes"));
-        if kind != KIND_FRAME && kind != KIND_DIRECTORY {
+        if !matches!(kind, KIND_FRAME | KIND_DIRECTORY | KIND_STATE) {
             return Err(format!("unknown frame kind {kind}"));
         }
+        // A state piece's body is checked against its digest by its taker, not here.
+        let (sum_body, chunk) =
+            if kind == KIND_STATE { (false, STATE_CHUNK as u64) } else { (true, PIECE as u64) };
         if hlen == 0 || hlen > MAX_HEADER {
             return Err(format!("header length {hlen}"));
         }
@@ -881,7 +895,7 @@ async fn read_frame<R: AsyncRead + Unpin>(
         let mut h = Checksum::default();
         h.write(&header);
         while body.len() < blen as usize {
-            let piece = (blen - body.len() as u64).min(PIECE as u64);
+            let piece = (blen - body.len() as u64).min(chunk);
             if body.capacity() - body.len() < piece as usize {
                 // At most double what arrived, never past the announced length.
                 let left = blen as usize - body.len();
@@ -893,7 +907,9 @@ async fn read_frame<R: AsyncRead + Unpin>(
                 return Err("connection closed inside a frame".into());
             }
             // Checksum each piece while it is still in the cache the kernel copied it through.
-            h.write(&body[start..]);
+            if sum_body {
+                h.write(&body[start..]);
+            }
         }
         let mut sum = [0u8; CHECKSUM_LEN];
         s.read_exact(&mut sum).await.map_err(|e| e.to_string())?;
@@ -911,6 +927,9 @@ async fn read_frame<R: AsyncRead + Unpin>(
         }
         let header: Header =
             postcard::from_bytes(&header).map_err(|e| format!("undecodable header: {e}"))?;
+        if kind == KIND_STATE && !matches!(header, Header::State(_)) {
+            return Err("a body without a checksum that is not a state piece".into());
+        }
         Ok(Incoming::Frame(Frame { header, body: Body::Bytes(pool::freeze(body)) }))
     };
     match tokio::time::timeout(cfg.frame_timeout, rest).await {
@@ -924,7 +943,9 @@ fn parts(msg: &Outgoing) -> Result<(u8, Vec<u8>, &[u8]), String> {
     Ok(match msg {
         Outgoing::Frame(frame) => {
             let Body::Bytes(body) = &frame.body else { return Err("virtual body".into()) };
-            (KIND_FRAME, postcard::to_allocvec(&frame.header).map_err(|e| e.to_string())?, body)
+            let kind =
+                if matches!(frame.header, Header::State(_)) { KIND_STATE } else { KIND_FRAME };
+            (kind, postcard::to_allocvec(&frame.header).map_err(|e| e.to_string())?, body)
         }
         Outgoing::Directory(entries) => {
             let list: Vec<(u32, String)> =
@@ -948,7 +969,9 @@ fn encode_parts(kind: u8, header: &[u8], body: &[u8]) -> Vec<u8> {
     out.extend_from_slice(body);
     let mut h = Checksum::default();
     h.write(header);
-    h.write(body);
+    if kind != KIND_STATE {
+        h.write(body);
+    }
     out.extend_from_slice(&h.finish().to_le_bytes());
     out
 }
@@ -974,9 +997,16 @@ async fn write_msg<W: AsyncWrite + Unpin>(w: &mut W, msg: &Outgoing) -> Result<u
     w.write_all(&head).await.map_err(|e| e.to_string())?;
     let mut h = Checksum::default();
     h.write(&header);
-    for piece in body.chunks(PIECE) {
-        h.write(piece);
-        w.write_all(piece).await.map_err(|e| e.to_string())?;
+    if kind == KIND_STATE {
+        // Covered by the digest in its header: written in large chunks, not hashed here.
+        for piece in body.chunks(STATE_CHUNK) {
+            w.write_all(piece).await.map_err(|e| e.to_string())?;
+        }
+    } else {
+        for piece in body.chunks(PIECE) {
+            h.write(piece);
+            w.write_all(piece).await.map_err(|e| e.to_string())?;
+        }
     }
     w.write_all(&h.finish().to_le_bytes()).await.map_err(|e| e.to_string())?;
     Ok((head.len() + body.len() + CHECKSUM_LEN) as u64)

@@ -34,6 +34,8 @@ pub(crate) struct RecoveryBenchArgs {
     pub(crate) streams: usize,
     /// Encrypt and authenticate the connections.
     pub(crate) secure: bool,
+    /// Senders digest their snapshot after the signal, not ahead.
+    pub(crate) cold: bool,
     /// Run in this scenario's emulated network (else on loopback).
     pub(crate) scenario: Option<loco_core::scenario::Scenario>,
 }
@@ -73,6 +75,9 @@ pub(crate) struct RecoveryBenchReport {
     pub(crate) streams: usize,
     /// Whether the connections were encrypted.
     pub(crate) secure: bool,
+    /// Whether the senders digested their snapshot after the signal (else ahead, as workers
+    /// do after each outer step).
+    pub(crate) cold: bool,
     /// "loopback", or the scenario whose emulated network the processes ran in.
     pub(crate) network: String,
     /// From the joiner's signal to its verified state.
@@ -92,8 +97,8 @@ pub(crate) struct RecoveryBenchReport {
     pub(crate) link_gbps: Option<f64>,
     /// `gbps / link_gbps`.
     pub(crate) vs_link: Option<f64>,
-    /// On loopback, the terms for the simulator (`[sim] state_prepare_cost`): the slowest
-    /// sender's preparation, seconds per byte of the state.
+    /// On loopback with `--cold`, the terms for the simulator (`[sim] state_prepare_cost`):
+    /// the slowest sender's preparation, seconds per byte of the state.
     pub(crate) sim_prepare_cost: Option<f64>,
     /// On loopback, `[sim] state_receive_cost`: the joiner's time from the signal to the
     /// verified state, seconds per byte.
@@ -109,7 +114,7 @@ impl RecoveryBenchReport {
         writeln!(
             out,
             "live recovery of {:.0} MB from {} sender(s) x {} connection(s) on {}{}: {:.3} s, \
-             {:.3} GB/s end to end, verified",
+             {:.3} GB/s end to end, verified{}",
             mb(self.state_bytes),
             self.senders,
             self.streams,
@@ -117,6 +122,7 @@ impl RecoveryBenchReport {
             if self.secure { ", encrypted" } else { "" },
             self.seconds,
             self.gbps,
+            if self.cold { " (senders digesting after the signal)" } else { "" },
         )?;
         if let (Some(link), Some(vs)) = (self.link_gbps, self.vs_link) {
             writeln!(out, "the links give {link:.3} GB/s of payload: {:.1}% of it", vs * 100.0)?;
@@ -127,12 +133,18 @@ impl RecoveryBenchReport {
              {:.2} GB/s",
             self.memcpy_gbps, self.vs_memcpy, self.first_touch_gbps,
         )?;
-        if let (Some(p), Some(r)) = (self.sim_prepare_cost, self.sim_receive_cost) {
-            writeln!(
+        match (self.sim_prepare_cost, self.sim_receive_cost) {
+            (Some(p), Some(r)) => writeln!(
                 out,
                 "for the simulator: [sim] state_prepare_cost = {p:.3e}, state_receive_cost = \
                  {r:.3e} (seconds per byte)"
-            )?;
+            )?,
+            (None, Some(r)) => writeln!(
+                out,
+                "for the simulator: [sim] state_receive_cost = {r:.3e} (seconds per byte; \
+                 --cold measures state_prepare_cost)"
+            )?,
+            _ => {}
         }
         writeln!(
             out,
@@ -262,6 +274,14 @@ pub(crate) fn run_node(a: &crate::cli::RecoveryNode) -> Result<NodeResult> {
         let (steps, outer, momentum) = state(a.params)?.into_parts();
         let held = OuterState::restore(OuterConfig::default(), outer, momentum, vec![], steps)
             .context("the benchmark's outer state")?;
+        let share = share_of(&senders, me, true).context("a sender without a share")?;
+        let job = |held: &OuterState| {
+            let shared = SharedState::from_outer(held);
+            StateJob::real(Epoch(1), JOINER, share, PieceRule::Clamped, shared)
+        };
+        // As a worker does after each outer step, in the background: the snapshot's pieces are
+        // digested before any joiner comes (unless --cold).
+        let ahead = if a.cold { None } else { job(&held).shared_digests() };
         let base = loco_real::node::peak_rss_bytes();
         rt.block_on(async {
             let mut t = TcpTransport::bind(me, addr(a.index), cfg).await?;
@@ -278,9 +298,10 @@ pub(crate) fn run_node(a: &crate::cli::RecoveryNode) -> Result<NodeResult> {
                 }
             }
             let (start, cpu0) = (crate::clock::now(), cpu_seconds());
-            let share = share_of(&senders, me, true).context("a sender without a share")?;
-            let shared = SharedState::from_outer(&held);
-            let job = StateJob::real(Epoch(1), JOINER, share, PieceRule::Clamped, shared);
+            let job = match ahead {
+                Some(d) => job(&held).with_known(d),
+                None => job(&held),
+            };
             let prepared = tokio::task::spawn_blocking(move || job.prepare(None)).await?;
             let prepare = start.elapsed().as_secs_f64();
             let mut bytes = 0u64;
@@ -363,6 +384,7 @@ pub(crate) fn run(args: &RecoveryBenchArgs) -> Result<RecoveryBenchReport> {
             .args(["--senders", &args.senders.to_string(), "--addrs", &addrs_arg])
             .args(["--params", &params.to_string(), "--streams", &args.streams.to_string()])
             .args(secret.as_ref().map(|k| ["--secret", k.as_str()]).into_iter().flatten())
+            .args(args.cold.then_some("--cold"))
             .args(
                 net.as_ref()
                     .and_then(|n| n.congestion)
@@ -408,6 +430,7 @@ pub(crate) fn run(args: &RecoveryBenchArgs) -> Result<RecoveryBenchReport> {
         senders: args.senders,
         streams: args.streams,
         secure: args.secure,
+        cold: args.cold,
         network: args
             .scenario
             .as_ref()
@@ -419,7 +442,7 @@ pub(crate) fn run(args: &RecoveryBenchArgs) -> Result<RecoveryBenchReport> {
         first_touch_gbps: first_touch,
         link_gbps,
         vs_link: link_gbps.map(|l| gbps / l),
-        sim_prepare_cost: per_byte(prepare),
+        sim_prepare_cost: per_byte(prepare).filter(|_| args.cold),
         sim_receive_cost: per_byte(seconds),
         nodes,
     })

@@ -149,6 +149,51 @@ async fn a_large_body_is_hashed_piece_by_piece_and_checked_whole() {
     }
 }
 
+/// A state piece's frame (kind 2) is checksummed over its header only: its body goes through
+/// (the joiner checks it against the digest in the header), a changed header does not, and
+/// kind 2 carries nothing but state pieces.
+#[tokio::test]
+async fn a_state_piece_is_checksummed_over_its_header_and_its_body_left_to_its_digest() {
+    let body: Vec<u8> = (0..2 * STATE_CHUNK + 5).map(|i| (i % 253) as u8).collect();
+    let header = Header::State(StateHeader {
+        epoch: Epoch(2),
+        outer_step: 4,
+        offset: 0,
+        total: body.len() as u64,
+        digest: "cd".repeat(32),
+        piece: loco_core::node::state::piece_digest(&body),
+        part: 0,
+    });
+    let frame = Frame { header, body: Body::Bytes(Bytes::from(body)) };
+    let msg = Outgoing::Frame(frame.clone());
+    let mut wire = Vec::new();
+    let n = write_msg(&mut wire, &msg).await.unwrap();
+    assert_eq!(wire[0], KIND_STATE);
+    assert_eq!(n as usize, wire.len());
+    assert_eq!(wire, encode_msg(&msg).unwrap(), "in chunks or in one write, the same bytes");
+    let cfg = TcpConfig::default();
+    assert!(
+        matches!(read_frame(&mut &wire[..], &cfg).await, Ok(Some(Incoming::Frame(ref f))) if *f == frame)
+    );
+    // A changed body byte reaches the joiner, whose check refuses it.
+    let mut bad = wire.clone();
+    let at = wire.len() - CHECKSUM_LEN - 10;
+    bad[at] ^= 0x10;
+    match read_frame(&mut &bad[..], &cfg).await {
+        Ok(Some(Incoming::Frame(Frame { header: Header::State(h), body: Body::Bytes(b) }))) => {
+            assert_ne!(loco_core::node::state::piece_digest(&b), h.piece);
+        }
+        other => panic!("the body is the joiner's to check: {other:?}"),
+    }
+    let mut bad = wire.clone();
+    bad[PREFIX_LEN + 2] ^= 0x10;
+    assert!(read_frame(&mut &bad[..], &cfg).await.unwrap_err().contains("checksum"));
+    // Another header under kind 2: refused.
+    let other = postcard::to_allocvec(&collective(1).header).unwrap();
+    let wire = encode_parts(KIND_STATE, &other, &[1, 2, 3]);
+    assert!(read_frame(&mut &wire[..], &cfg).await.unwrap_err().contains("not a state piece"));
+}
+
 #[tokio::test]
 async fn a_body_length_is_not_reserved_before_its_bytes_arrive() {
     // A peer announces a 1 TiB body (within a limit raised to allow it) and sends 1 KiB of it:
@@ -429,6 +474,7 @@ async fn a_large_state_frame_does_not_hold_up_the_collective_frames_behind_it() 
             offset: 0,
             total: big.len() as u64,
             digest: String::new(),
+            piece: [0; 32],
             part: 0,
         }),
         body: Body::Bytes(big.clone()),
@@ -539,7 +585,7 @@ mod hostile {
         }
 
         #[test]
-        fn checksummed_arbitrary_headers(kind in 0..3u8,
+        fn checksummed_arbitrary_headers(kind in 0..4u8,
                                           header in prop::collection::vec(any::<u8>(), 1..256),
                                           body in prop::collection::vec(any::<u8>(), 0..256)) {
             read(&encode_parts(kind, &header, &body));
@@ -555,6 +601,7 @@ mod hostile {
                     offset: 128,
                     total: 4096,
                     digest: "ab".repeat(32),
+                    piece: [9; 32],
                     part: 1,
                 }),
                 body: Body::Bytes(Bytes::from(vec![5u8; 300])),
@@ -621,6 +668,7 @@ async fn state_frames_go_round_the_state_connections() {
             offset: i * 1000,
             total: 9000,
             digest: String::new(),
+            piece: [0; 32],
             part: 0,
         }),
         body: Body::Bytes(Bytes::from(vec![i as u8; 1000])),

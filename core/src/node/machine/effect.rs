@@ -8,12 +8,13 @@ use crate::metrics::{EventKind, OuterStepRow};
 use crate::node::digest::{weights_digest, weights_digest_parallel};
 use crate::node::events::admission_kind;
 use crate::node::state::{
-    PART_OWN, PART_SHARED, PieceRule, Received, Refused, Segments, Share, SharedState, Verified,
-    VerifyFailed,
+    PART_OWN, PART_SHARED, PartDigests, PieceRule, Received, Refused, Segments, Share, SharedState,
+    Verified, VerifyFailed,
 };
 use crate::transport::{Body, Frame, Header, StateHeader};
 use bytes::Bytes;
 use std::fmt;
+use std::sync::Arc;
 
 /// What the executor carries out for the machine. Drain with
 /// [`Node::poll_effect`](super::Node::poll_effect) after every input, in order. Effects that
@@ -315,10 +316,14 @@ pub struct StateJob {
     /// Only the pieces overlapping these `(part, start, end)` ranges (a joiner's
     /// [`StateAsk`](crate::transport::StateAsk)); `None`: the whole share.
     pub(super) only: Option<Vec<(u32, u64, u64)>>,
-    /// Which snapshot the replicated part is, and its digest when an earlier job of the same
-    /// snapshot computed it (a resend, a second joiner): not computed again.
+    /// Which snapshot the replicated part is, and its pieces' digests when an earlier job of
+    /// the same snapshot computed them (ahead, after the outer step; a resend; a second
+    /// joiner): not computed again.
     pub(super) key: Option<SnapshotKey>,
-    pub(super) known: Option<String>,
+    pub(super) known: Option<Arc<PartDigests>>,
+    /// A job that only computes the replicated part's digests, ahead of any joiner, so that a
+    /// later job's first piece leaves at once (nothing is sent).
+    pub(super) ahead: bool,
 }
 
 /// A snapshot of the replicated part: its outer step and its two buffers' addresses (a buffer
@@ -348,7 +353,22 @@ impl StateJob {
             only: None,
             key: None,
             known: None,
+            ahead: false,
         }
+    }
+
+    /// The digests of the replicated part's pieces, computed already (as a worker computes
+    /// them after its outer step): [`prepare`](Self::prepare) does not hash that part again.
+    pub fn with_known(mut self, known: Arc<PartDigests>) -> StateJob {
+        self.known = Some(known);
+        self
+    }
+
+    /// The replicated part's digests for this job's snapshot and grid (O(state), on the thread
+    /// pool): what [`with_known`](Self::with_known) takes. `None` for virtual numerics.
+    pub fn shared_digests(&self) -> Option<Arc<PartDigests>> {
+        let s = self.shared.clone()?.into_segments();
+        Some(Arc::new(PartDigests::of(&s, self.rule)))
     }
 
     /// The joiner.
@@ -362,37 +382,57 @@ impl StateJob {
         self.share.sends_own
     }
 
-    /// Encodes and digests the parts (O(state)). `own`: the inner optimiser's state, or `None`
-    /// for an empty own part (a model without one).
+    /// Takes the snapshot's parts and digests their pieces (O(state) on the thread pool,
+    /// unless the replicated part's digests are known). `own`: the inner optimiser's state, or
+    /// `None` for an empty own part (a model without one). The bytes are not copied: the pieces
+    /// are slices of the snapshot's buffers.
     pub fn prepare(mut self, own: Option<Vec<u8>>) -> PreparedState {
+        let rule = self.rule;
         let known = self.known.take();
+        let sends_own = self.share.sends_own && !self.ahead;
         let parts = match self.shared.take() {
             Some(s) => {
-                // The snapshot's buffers are sent as they are, not copied into one encoding.
                 let shared = s.into_segments();
                 let own = Segments::new([Bytes::from(own.unwrap_or_default())]);
-                vec![(PART_SHARED, shared), (PART_OWN, own)]
+                let shared_digests = known
+                    .filter(|k| k.fits(shared.len(), rule))
+                    .map(|k| (k, false))
+                    .unwrap_or_else(|| (Arc::new(PartDigests::of(&shared, rule)), true));
+                // Only the sender of the own part hashes it.
+                let own_digests = sends_own.then(|| (Arc::new(PartDigests::of(&own, rule)), true));
+                vec![(PART_SHARED, shared, Some(shared_digests)), (PART_OWN, own, own_digests)]
                     .into_iter()
-                    .map(|(part, b)| PreparedPart {
+                    .map(|(part, b, d)| PreparedPart {
                         part,
                         total: b.len(),
-                        digest: match (part, &known) {
-                            (PART_SHARED, Some(d)) => d.clone(),
-                            _ => b.digest(),
-                        },
+                        hashed: d.as_ref().is_some_and(|(_, fresh)| *fresh),
+                        digests: d.map(|(d, _)| d),
                         bytes: Some(b),
                     })
                     .collect()
             }
-            None => [(PART_SHARED, self.virtual_lens.0), (PART_OWN, self.virtual_lens.1)]
-                .into_iter()
-                .map(|(part, total)| PreparedPart {
-                    part,
-                    total,
-                    digest: String::new(),
-                    bytes: None,
-                })
-                .collect(),
+            None => {
+                // Virtual numerics: lengths only. The replicated part counts as hashed unless
+                // a job of this snapshot hashed it already, as with real bytes.
+                let (shared, own) = self.virtual_lens;
+                let known = known.is_some_and(|k| k.fits(shared, rule));
+                vec![
+                    PreparedPart {
+                        part: PART_SHARED,
+                        total: shared,
+                        hashed: !known,
+                        digests: Some(Arc::new(PartDigests::virtual_len(shared, rule))),
+                        bytes: None,
+                    },
+                    PreparedPart {
+                        part: PART_OWN,
+                        total: own,
+                        hashed: sends_own,
+                        digests: None,
+                        bytes: None,
+                    },
+                ]
+            }
         };
         PreparedState { job: self, parts }
     }
@@ -403,7 +443,10 @@ impl StateJob {
 pub(super) struct PreparedPart {
     pub(super) part: u32,
     pub(super) total: u64,
-    pub(super) digest: String,
+    /// Its pieces' digests (`None`: a part this sender does not send).
+    pub(super) digests: Option<Arc<PartDigests>>,
+    /// Whether this job hashed it (what a simulator charges for).
+    pub(super) hashed: bool,
     pub(super) bytes: Option<Segments>,
 }
 
@@ -420,30 +463,34 @@ impl PreparedState {
         self.job.to
     }
 
-    /// The replicated part's snapshot and digest (real bytes), for the next job of the same
+    /// The replicated part's snapshot and its pieces' digests, for the next job of the same
     /// snapshot.
-    pub(super) fn shared_digest(&self) -> Option<(SnapshotKey, String)> {
-        let p = self.parts.iter().find(|p| p.part == PART_SHARED && p.bytes.is_some())?;
-        Some((self.job.key?, p.digest.clone()))
+    pub(super) fn shared_digests(&self) -> Option<(SnapshotKey, Arc<PartDigests>)> {
+        let p = self.parts.iter().find(|p| p.part == PART_SHARED)?;
+        Some((self.job.key?, p.digests.clone()?))
     }
 
-    /// The bytes this sender prepared (what a simulator charges its preparation for): the whole
-    /// replicated part's length (snapshotted and digested whole, whichever of its pieces this
-    /// sender sends), plus the own part's if this sender sends it. Virtual numerics count their
+    /// Whether this was a job ahead of any joiner ([`StateJob::ahead`]): nothing to send.
+    pub fn is_ahead(&self) -> bool {
+        self.job.ahead
+    }
+
+    /// The bytes this sender hashed before its first piece (what a simulator charges its
+    /// preparation for): the whole replicated part's length unless its digests were known
+    /// (every piece is hashed, whichever of them this sender sends: the part's digest names
+    /// them all), plus the own part's if this sender sends it. Virtual numerics count their
     /// virtual lengths ([`virtual_part_lens`](crate::node::state::virtual_part_lens)).
     pub fn bytes(&self) -> u64 {
-        self.parts
-            .iter()
-            .filter(|p| p.part == PART_SHARED || (p.part == PART_OWN && self.job.share.sends_own))
-            .fold(0u64, |n, p| n.saturating_add(p.total))
+        self.parts.iter().filter(|p| p.hashed).fold(0u64, |n, p| n.saturating_add(p.total))
     }
 
     /// The state frames of this sender's share (of the pieces asked for, for a resend), in
     /// sending order (each part's pieces in turn; bodies are slices of the encoded parts, not
-    /// copies).
+    /// copies). None for a job ahead of any joiner.
     pub fn frames(&self) -> impl Iterator<Item = Frame> + '_ {
         let job = &self.job;
-        self.parts.iter().flat_map(move |part| {
+        let parts = if job.ahead { &[][..] } else { &self.parts[..] };
+        parts.iter().flat_map(move |part| {
             let asked = move |r: &std::ops::Range<u64>| {
                 job.only.as_ref().is_none_or(|only| {
                     only.iter().any(|&(p, lo, hi)| {
@@ -458,12 +505,14 @@ impl PreparedState {
                     Some(b) => Body::Bytes(b.slice(r.clone())),
                     None => Body::Virtual(r.end - r.start),
                 };
+                let d = part.digests.as_deref();
                 let header = Header::State(StateHeader {
                     epoch: job.epoch,
                     outer_step: job.outer_step,
                     offset: r.start,
                     total: part.total,
-                    digest: part.digest.clone(),
+                    digest: d.map(|d| d.digest.clone()).unwrap_or_default(),
+                    piece: d.and_then(|d| d.piece_at(r.start)).unwrap_or_default(),
                     part: part.part,
                 });
                 Frame { header, body }

@@ -72,13 +72,14 @@ use crate::mesh::{
 use crate::node::acct::{RowIdentity, Span, StepAcct};
 use crate::node::rings::{Admission, Inbox, RingCounters, ShardRings, Values};
 use crate::node::state::{
-    EarlyPieces, Expect, PieceRule, Progress, Refused, ReplayLog, SharedState, StateAssembly,
-    Verified, share_of, virtual_part_lens,
+    EarlyPieces, Expect, PartDigests, PieceRule, Progress, Refused, ReplayLog, Share, SharedState,
+    StateAssembly, Verified, share_of, virtual_part_lens,
 };
 use crate::time::Time;
 use crate::transport::{Body, Frame, Header, StateAsk, StateHeader};
 use bytes::Bytes;
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
 
 /// The values the node trains.
 #[derive(Clone, Debug, PartialEq)]
@@ -298,8 +299,9 @@ pub struct Node {
     serving: BTreeMap<NodeId, Serving>,
     /// Asks for pieces that came while the outer state was lent: answered on its return.
     asked: VecDeque<(NodeId, StateAsk)>,
-    /// The digest of the last snapshot of the replicated part prepared, by snapshot.
-    digest_cache: Option<(effect::SnapshotKey, String)>,
+    /// The pieces' digests of the last snapshot of the replicated part prepared (ahead, after
+    /// an outer step, or for a joiner), by snapshot.
+    digest_cache: Option<(effect::SnapshotKey, Arc<PartDigests>)>,
     /// The executor's inner parameters are the outer weights (no [`Effect::SetParams`] is
     /// needed before the next compute).
     params_current: bool,
@@ -736,6 +738,7 @@ impl Node {
                 if self.checkpoint_due(outer_step) {
                     self.effects.push_back(Effect::Checkpoint { outer_step, snapshot });
                 }
+                self.digest_ahead();
             }
             AfterOuter::Skip { epoch, outer_step, attempts } => {
                 self.work = Work::Idle;
@@ -762,13 +765,51 @@ impl Node {
         self.pump(now);
     }
 
-    /// A state prepared by [`StateJob::prepare`] comes back: its pieces are queued.
+    /// A state prepared by [`StateJob::prepare`] comes back: its pieces are queued (none for a
+    /// job ahead of any joiner). The replicated part's digests are kept for the next job of the
+    /// same snapshot.
     pub fn state_prepared(&mut self, _now: Time, p: PreparedState) {
-        if let Some(d) = p.shared_digest() {
-            self.digest_cache = Some(d);
+        if let Some((key, d)) = p.shared_digests() {
+            // A job ahead that finished after the next outer step is of no more use.
+            if !p.is_ahead() || self.snapshot_key().is_none_or(|k| k == key) {
+                self.digest_cache = Some((key, d));
+            }
         }
         let to = p.to();
         self.transmits.extend(p.frames().map(|f| (to, f)));
+    }
+
+    /// Which snapshot the outer state is (`None` while it is lent to a job).
+    fn snapshot_key(&self) -> Option<effect::SnapshotKey> {
+        let o = self.outer.as_ref()?;
+        Some((o.steps(), o.outer().as_ptr() as usize, o.momentum().as_ptr() as usize))
+    }
+
+    /// Digests the replicated part's pieces ahead of any joiner (off the event loop, while the
+    /// inner steps run), so that a sender's first piece leaves at once when one comes.
+    fn digest_ahead(&mut self) {
+        if !self.synced {
+            return;
+        }
+        let (Some(key), Some(outer)) = (self.snapshot_key(), &self.outer) else { return };
+        if self.digest_cache.as_ref().is_some_and(|(k, _)| *k == key) {
+            return;
+        }
+        let me = self.cfg.id;
+        let job = StateJob {
+            epoch: self.member.epoch().unwrap_or_default(),
+            to: me,
+            share: Share { index: 0, of: 1, sends_own: false },
+            rule: self.state_rule(me),
+            outer_step: outer.steps(),
+            shared: self.real.then(|| SharedState::from_outer(outer)),
+            virtual_lens: virtual_part_lens(self.params()),
+            only: None,
+            key: Some(key),
+            known: None,
+            ahead: true,
+        };
+        self.effects.push_back(Effect::PrepareState(job));
     }
 
     /// The verification asked by [`Effect::VerifyState`] is done.
@@ -1353,9 +1394,7 @@ impl Node {
             tracing::debug!(target: "loco_core", "{}: not among the senders to {to}", self.cfg.id);
             return;
         };
-        let Some(outer) = &self.outer else { return };
-        let key =
-            (outer.steps(), outer.outer().as_ptr() as usize, outer.momentum().as_ptr() as usize);
+        let (Some(key), Some(outer)) = (self.snapshot_key(), &self.outer) else { return };
         let known = self.digest_cache.as_ref().filter(|(k, _)| *k == key).map(|(_, d)| d.clone());
         let job = StateJob {
             epoch,
@@ -1366,8 +1405,9 @@ impl Node {
             shared: self.real.then(|| SharedState::from_outer(outer)),
             virtual_lens: virtual_part_lens(self.params()),
             only,
-            key: self.real.then_some(key),
+            key: Some(key),
             known,
+            ahead: false,
         };
         self.effects.push_back(Effect::PrepareState(job));
     }
@@ -1440,7 +1480,13 @@ impl Node {
                     self.take_state(now);
                 }
             }
-            Err(r) => self.refused(Some(from), r),
+            Err(r) => {
+                // A piece damaged on its way is asked for again at once, from its senders.
+                if let Refused::PieceDigest { part, offset, len } = r {
+                    self.ask(now, vec![(part, offset, offset.saturating_add(len))]);
+                }
+                self.refused(Some(from), r);
+            }
         }
     }
 
@@ -1449,11 +1495,15 @@ impl Node {
     fn ask_missing(&mut self, now: Time) {
         let Some(f) = &mut self.fetch else { return };
         f.ask_at = None;
-        if f.verifying || f.asks >= MAX_ASKS {
-            return;
-        }
         let ranges = f.assembly.missing();
-        if ranges.is_empty() {
+        self.ask(now, ranges);
+    }
+
+    /// Asks the current senders for `ranges` (each sends the pieces of its share that overlap
+    /// them), and for what is missing again after twice the wait, up to [`MAX_ASKS`] times.
+    fn ask(&mut self, now: Time, ranges: Vec<(u32, u64, u64)>) {
+        let Some(f) = &mut self.fetch else { return };
+        if ranges.is_empty() || f.verifying || f.asks >= MAX_ASKS {
             return;
         }
         f.asks += 1;
@@ -1534,6 +1584,7 @@ impl Node {
         *current = outer;
         self.set_params();
         self.synced = true;
+        self.digest_ahead();
         let ev = NodeEvent::RecoveryDone {
             epoch: f.assembly.epoch(),
             bytes: v.bytes,
@@ -1571,7 +1622,7 @@ pub fn is_fault(r: &Refused) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::node::state::PART_SHARED;
+    use crate::node::state::{PART_SHARED, encoded_len};
 
     #[test]
     fn only_faults_of_a_sender_or_the_grid_are_violations() {
@@ -1638,6 +1689,46 @@ mod tests {
         assert!(ask(&mut n, 7, 3, some).is_empty(), "beyond the asks an assignment allows");
     }
 
+    /// A synced node digests its snapshot ahead of any joiner (nothing is sent); a joiner's
+    /// job of that snapshot then hashes nothing of the replicated part, and its pieces carry
+    /// the digests computed ahead. Once is enough per snapshot; an outer step makes another.
+    #[test]
+    fn the_snapshot_is_digested_ahead_and_a_joiners_job_hashes_nothing_again() {
+        let mut n = node(1);
+        n.digest_ahead();
+        assert!(n.poll_effect().is_none(), "not synced: nothing to send anyone");
+        n.synced = true;
+        n.digest_ahead();
+        let Some(Effect::PrepareState(job)) = n.poll_effect() else { panic!("a job ahead") };
+        assert!(job.ahead);
+        let p = job.prepare(None);
+        assert_eq!(p.bytes(), encoded_len(1000), "the replicated part, hashed");
+        assert_eq!(p.frames().count(), 0);
+        let ahead = p.shared_digests().expect("real bytes").1;
+        n.state_prepared(Time::ZERO, p);
+        assert!(n.transmits.is_empty());
+        n.digest_ahead();
+        assert!(n.poll_effect().is_none(), "digested already");
+        n.send_state(Epoch(3), NodeId(7), &[NodeId(1)]);
+        let Some(Effect::PrepareState(j)) = n.poll_effect() else { panic!("a job") };
+        let p = j.prepare(None);
+        assert_eq!(p.bytes(), 0, "nothing hashed before the first piece (an empty own part)");
+        let frames: Vec<_> = p.frames().collect();
+        for f in &frames {
+            let (Header::State(h), Body::Bytes(b)) = (&f.header, &f.body) else { panic!() };
+            if h.part == PART_SHARED {
+                assert_eq!(h.digest, ahead.digest);
+                assert_eq!(h.piece, crate::node::state::piece_digest(b));
+            }
+        }
+        assert!(frames.len() > 1);
+        if let Some(o) = n.outer.as_mut() {
+            o.apply_outer_step();
+        }
+        n.digest_ahead();
+        assert!(matches!(n.poll_effect(), Some(Effect::PrepareState(j)) if j.ahead));
+    }
+
     /// A resend of the same snapshot reuses the digest the first preparation computed (the
     /// whole part is not hashed again for a few pieces); an outer step makes a new snapshot.
     #[test]
@@ -1647,10 +1738,11 @@ mod tests {
         let Some(Effect::PrepareState(first)) = n.poll_effect() else { panic!("a job") };
         assert!(first.known.is_none());
         let p = first.prepare(None);
-        let digest = p.shared_digest().expect("real bytes").1;
+        let digests = p.shared_digests().expect("real bytes").1;
+        let digest = digests.digest.clone();
         n.state_prepared(Time::ZERO, p);
         let again = ask(&mut n, 7, 3, vec![(PART_SHARED, 0, 10)]);
-        assert_eq!(again[0].known.as_deref(), Some(digest.as_str()));
+        assert_eq!(again[0].known.as_ref(), Some(&digests));
         let frames: Vec<_> = again.into_iter().next().unwrap().prepare(None).frames().collect();
         assert!(!frames.is_empty());
         for f in &frames {

@@ -6,7 +6,7 @@
 use super::part::PartBytes;
 use super::plan::virtual_part_lens;
 use super::verify::{Received, ReceivedPart, VerifyFailed};
-use super::wire::{SHARED_HEADER_LEN, encoded_len};
+use super::wire::{PieceDigest, SHARED_HEADER_LEN, encoded_len, part_digest, piece_digest};
 use super::{PART_OWN, PART_SHARED};
 use crate::ids::{Epoch, NodeId};
 use crate::transport::{Body, StateAsk, StateHeader};
@@ -78,6 +78,17 @@ pub enum Refused {
         len: u64,
         /// The part's length.
         total: u64,
+    },
+    /// The piece's bytes do not hash to the digest its header gives (damaged after its sender
+    /// hashed it): dropped, and asked for again.
+    #[error("piece at {offset} of {len} bytes of part {part} does not match its digest")]
+    PieceDigest {
+        /// The part.
+        part: u32,
+        /// The piece's offset.
+        offset: u64,
+        /// The piece's length.
+        len: u64,
     },
     /// An empty piece of a part that is not empty.
     #[error("empty piece of part {part} of {total} bytes")]
@@ -306,12 +317,11 @@ struct PartCopy {
     data: Data,
     /// Pieces held, `offset -> end`, disjoint.
     ranges: BTreeMap<u64, u64>,
+    /// Each real piece's digest, checked against its bytes when it was stored, by offset.
+    digests: BTreeMap<u64, PieceDigest>,
     held: u64,
-    /// The digest of the bytes held so far, fed as the held prefix grows (so that verification
-    /// ends with the last piece instead of reading the whole part again), and up to where.
-    hasher: blake3::Hasher,
-    hashed_to: u64,
-    /// The digest of the bytes, once complete.
+    /// The part's digest from its pieces' digests, once complete (real bytes): verification
+    /// ends with the last piece instead of reading the whole part again.
     hashed: Option<String>,
 }
 
@@ -346,27 +356,16 @@ impl PartCopy {
         }
     }
 
-    /// Feeds the digest with the pieces that now extend the held prefix.
-    fn hash_prefix(&mut self) {
-        let Data::Bytes(buf) = &self.data else { return };
-        while let Some(&end) = self.ranges.get(&self.hashed_to) {
-            if end <= self.hashed_to {
-                break; // the one empty piece of an empty part
-            }
-            let (Ok(a), Ok(z)) = (usize::try_from(self.hashed_to), usize::try_from(end)) else {
-                return;
-            };
-            // One thread: the transfer itself keeps the other cores busy (the connections'
-            // readers, the sender), and pool threads spinning beside them slowed it down.
-            let hasher = &mut self.hasher;
-            buf.for_each(a..z, |s| {
-                hasher.update(s);
-            });
-            self.hashed_to = end;
+    /// Once complete (real bytes), the part's digest from its pieces' checked digests.
+    fn seal(&mut self) {
+        if !self.complete() || self.hashed.is_some() || !matches!(self.data, Data::Bytes(_)) {
+            return;
         }
-        if self.hashed_to == self.total && self.hashed.is_none() {
-            self.hashed = Some(self.hasher.finalize().to_hex().to_string());
-        }
+        let pieces = self
+            .ranges
+            .iter()
+            .map(|(&lo, &hi)| (lo, hi - lo, self.digests.get(&lo).copied().unwrap_or_default()));
+        self.hashed = Some(part_digest(self.total, pieces));
     }
 
     /// Appends the ranges of `[0, total)` not held (an empty part not yet received: its one
@@ -504,9 +503,8 @@ fn put_into(
             total: h.total,
             data,
             ranges: BTreeMap::new(),
+            digests: BTreeMap::new(),
             held: 0,
-            hasher: blake3::Hasher::new(),
-            hashed_to: 0,
             hashed: None,
         });
     }
@@ -517,6 +515,7 @@ fn put_into(
             if !at.is_some_and(|at| buf.write(at, b)) {
                 return Err(Refused::OutOfRange { part, offset: lo, len, total: c.total });
             }
+            c.digests.insert(lo, h.piece);
         }
         (Data::Virtual, Body::Virtual(_)) => {}
         // A complete copy (handed out) overlaps every piece; kinds were checked before.
@@ -526,7 +525,7 @@ fn put_into(
     }
     c.ranges.insert(lo, hi);
     c.held = c.held.saturating_add(len);
-    c.hash_prefix();
+    c.seal();
     Ok(Some(restarted))
 }
 
@@ -799,6 +798,17 @@ impl StateAssembly {
                 return Ok(Progress::Held);
             }
             return Err(Refused::NotAssigned { from, part: h.part });
+        }
+        // The bytes are checked against the digest their sender computed before anything is
+        // stored (an unassigned sender cannot make the joiner hash).
+        if let Body::Bytes(b) = body {
+            if piece_digest(b) != h.piece {
+                return Err(Refused::PieceDigest {
+                    part: h.part,
+                    offset: h.offset,
+                    len: body.len(),
+                });
+            }
         }
         let stored = if h.part == PART_SHARED {
             put_into(&mut self.shared, self.shared_floor, false, h, body, &mut self.spare)?

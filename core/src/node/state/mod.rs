@@ -19,8 +19,18 @@
 //! - `outer_step`: the number of outer steps applied to the state sent, i.e.
 //!   [`SharedState::outer_steps`] (also on the own part's pieces). A larger value is a newer state;
 //! - `offset`, `total`: the piece's place in its part and the part's length;
-//! - `digest`: [`state_digest`] of the whole part (the empty string for virtual numerics);
+//! - `digest`: the part's [`part_digest`] (the empty string for virtual numerics): BLAKE3 over
+//!   the part's length and each grid piece's offset, length and digest. It names the copy: pieces
+//!   of one digest are pooled, whoever sent them;
+//! - `piece`: the [`piece_digest`] (BLAKE3) of this piece's body, as its sender computed it from
+//!   the buffers it sends (zeros for virtual bodies). The joiner checks every body against it
+//!   before it stores anything, and asks for a piece that fails again at once;
 //! - `part`: [`PART_SHARED`] or [`PART_OWN`].
+//!
+//! So a sender hashes each byte once, piece by piece, and needs no pass over the whole part
+//! before its first piece leaves when it digested the snapshot ahead ([`PartDigests`]: a node
+//! does after each outer step, in the background); a joiner hashes each byte once, as it
+//! arrives, and knows the part's digest from its pieces' when the last one is in.
 //!
 //! The piece grid of a part is a function of its length and a [`PieceRule`] only, never of the
 //! number of senders, so that the pieces of a reassignment line up with those already held.
@@ -31,8 +41,8 @@
 //! [`EarlyPieces`]. A [`StateAssembly`] is made at the `FetchState`, told of reassignments, and
 //! checks every piece before it stores anything ([`Refused`] says why one was not taken). When
 //! both parts are complete, [`StateAssembly::take_complete`] gives a plain-data [`Received`] whose
-//! [`verify`](Received::verify) (O(state): run it off the event loop) checks the digests and
-//! decodes; a failure goes back with [`StateAssembly::retry`], which keeps the part that was
+//! [`verify`](Received::verify) (O(state): run it off the event loop) checks that the pieces'
+//! digests make the part's and decodes; a failure goes back with [`StateAssembly::retry`], which keeps the part that was
 //! right. A non-blocking joiner then replays the steps committed meanwhile ([`ReplayLog`]).
 
 mod assembly;
@@ -53,8 +63,8 @@ pub use plan::{
 pub use replay::{DEFAULT_REPLAY_STEPS, ReplayLog};
 pub use verify::{PartFault, Received, ReceivedPart, Rejected, Verified, VerifyFailed};
 pub use wire::{
-    SHARED_HEADER_LEN, SHARED_MAGIC, Segments, SharedState, StateError, encode_outer_state,
-    encoded_len, segments_digest, state_digest,
+    PartDigests, PieceDigest, SHARED_HEADER_LEN, SHARED_MAGIC, Segments, SharedState, StateError,
+    encode_outer_state, encoded_len, part_digest, piece_digest, segments_digest, state_digest,
 };
 
 #[cfg(doc)]

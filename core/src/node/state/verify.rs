@@ -17,19 +17,22 @@ pub struct ReceivedPart {
     pub total: u64,
     /// Its bytes; `None` for virtual numerics.
     pub bytes: Option<PartBytes>,
-    /// The digest of `bytes`, when the assembly computed it as the pieces arrived (verification
-    /// then does not read the bytes again); `None`: verification computes it.
+    /// The part's digest ([`part_digest`](super::part_digest)) from the digests its pieces'
+    /// bytes were checked against as they arrived; `None`: not checked (refused with bytes).
     pub hashed: Option<String>,
 }
 
 impl ReceivedPart {
     fn check(&self) -> Result<(), PartFault> {
-        let Some(b) = &self.bytes else { return Ok(()) };
-        let actual = self.hashed.clone().unwrap_or_else(|| b.digest());
-        if actual == self.digest {
-            Ok(())
-        } else {
-            Err(PartFault::Digest { claimed: self.digest.clone(), actual })
+        if self.bytes.is_none() {
+            return Ok(());
+        }
+        match &self.hashed {
+            Some(d) if *d == self.digest => Ok(()),
+            other => Err(PartFault::Digest {
+                claimed: self.digest.clone(),
+                actual: other.clone().unwrap_or_else(|| "of unchecked pieces".to_owned()),
+            }),
         }
     }
 
@@ -54,7 +57,8 @@ pub struct Received {
 /// Why one part failed verification.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum PartFault {
-    /// The bytes do not hash to the digest their pieces claimed.
+    /// The pieces' checked digests do not make the part's digest they claimed (pieces of
+    /// copies that differ, or a part whose pieces were not checked).
     #[error("digest {actual} is not the {claimed} claimed")]
     Digest {
         /// Claimed by the pieces.

@@ -14,6 +14,7 @@
 //! straight from its buffers, without a serialisation pass.
 
 use super::part::PartBytes;
+use super::plan::{PieceRule, pieces};
 use crate::diloco::{Bucket, DilocoError, OuterConfig, OuterState};
 use bytes::Bytes;
 use std::sync::Arc;
@@ -108,6 +109,85 @@ pub fn segments_digest<'a>(segments: impl IntoIterator<Item = &'a [u8]>) -> Stri
         }
     }
     h.finalize().to_hex().to_string()
+}
+
+/// The BLAKE3 digest of one piece of a part, as its sender computed it from its buffers: the
+/// joiner checks each piece against it on arrival.
+pub type PieceDigest = [u8; 32];
+
+/// The digest of a part sent as pieces: hex BLAKE3 of a fixed tag, the part's length, then
+/// each piece's offset, length and [`PieceDigest`] in the order of their offsets. A joiner that
+/// verified every piece on arrival knows the part's digest without reading its bytes again, and
+/// each sender hashes only the pieces it sends (or none, when it prepared them ahead).
+pub fn part_digest(
+    total: u64,
+    pieces: impl IntoIterator<Item = (u64, u64, PieceDigest)>,
+) -> String {
+    let mut h = blake3::Hasher::new();
+    h.update(b"locoPD01");
+    h.update(&total.to_le_bytes());
+    for (offset, len, d) in pieces {
+        h.update(&offset.to_le_bytes());
+        h.update(&len.to_le_bytes());
+        h.update(&d);
+    }
+    h.finalize().to_hex().to_string()
+}
+
+/// The digest of one piece's bytes.
+pub fn piece_digest(bytes: &[u8]) -> PieceDigest {
+    *blake3::hash(bytes).as_bytes()
+}
+
+/// Every piece's digest of a part cut by one grid, and the part's [`part_digest`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PartDigests {
+    /// The part's length.
+    pub total: u64,
+    /// The grid's piece length ([`PieceRule::piece_len`] of `total`).
+    pub piece_len: u64,
+    /// Each grid piece's digest, in order.
+    pub pieces: Vec<PieceDigest>,
+    /// [`part_digest`] of the grid.
+    pub digest: String,
+}
+
+impl PartDigests {
+    /// The digests of `bytes` cut by `rule`, its pieces hashed in parallel on the thread pool.
+    pub fn of(bytes: &Segments, rule: PieceRule) -> PartDigests {
+        use rayon::prelude::*;
+        let total = bytes.len();
+        let grid: Vec<std::ops::Range<u64>> = pieces(total, 1, 0, rule).collect();
+        let digests: Vec<PieceDigest> =
+            grid.par_iter().map(|r| piece_digest(&bytes.slice(r.clone()))).collect();
+        let digest = part_digest(
+            total,
+            grid.iter().zip(&digests).map(|(r, d)| (r.start, r.end - r.start, *d)),
+        );
+        PartDigests { total, piece_len: rule.piece_len(total), pieces: digests, digest }
+    }
+
+    /// A virtual part's stand-in (lengths only, no digests): it marks that the part's
+    /// digests were computed, for a simulator to charge as the real bytes would be.
+    pub fn virtual_len(total: u64, rule: PieceRule) -> PartDigests {
+        PartDigests {
+            total,
+            piece_len: rule.piece_len(total),
+            pieces: vec![],
+            digest: String::new(),
+        }
+    }
+
+    /// Whether these are the digests of a part of `total` bytes cut by `rule`.
+    pub fn fits(&self, total: u64, rule: PieceRule) -> bool {
+        self.total == total && self.piece_len == rule.piece_len(total)
+    }
+
+    /// The digest of the grid piece that starts at `offset`, if there is one.
+    pub fn piece_at(&self, offset: u64) -> Option<PieceDigest> {
+        let i = usize::try_from(offset.checked_div(self.piece_len)?).ok()?;
+        offset.is_multiple_of(self.piece_len).then(|| self.pieces.get(i).copied()).flatten()
+    }
 }
 
 /// A part's bytes as consecutive buffers, as they lie in memory (an encoded header, then the
@@ -440,6 +520,33 @@ mod tests {
         let enc = big.encode();
         assert!(enc.len() >= PARALLEL_DIGEST_BYTES);
         assert_eq!(big.into_segments().digest(), blake3::hash(&enc).to_hex().to_string());
+    }
+
+    /// A part's digests name each grid piece (by its offset only) and the part; another grid
+    /// or another byte gives another part digest.
+    #[test]
+    fn part_digests_name_every_piece_and_the_part() {
+        let n = 300_000;
+        let big = SharedState::new(1, vec![0.25; n], (0..n).map(|i| i as f32).collect()).unwrap();
+        let seg = big.into_segments();
+        let rule = PieceRule::Clamped;
+        let d = PartDigests::of(&seg, rule);
+        let grid: Vec<_> = pieces(seg.len(), 1, 0, rule).collect();
+        assert!(grid.len() > 8);
+        assert_eq!(d.pieces.len(), grid.len());
+        for r in &grid {
+            assert_eq!(d.piece_at(r.start), Some(piece_digest(&seg.slice(r.clone()))));
+        }
+        assert_eq!(d.piece_at(1), None, "not a piece's start");
+        assert_eq!(d.piece_at(d.piece_len * grid.len() as u64), None, "beyond the part");
+        let listed =
+            grid.iter().map(|r| (r.start, r.end - r.start, piece_digest(&seg.slice(r.clone()))));
+        assert_eq!(d.digest, part_digest(seg.len(), listed));
+        assert!(d.fits(seg.len(), rule) && !d.fits(seg.len(), PieceRule::Count(3)));
+        assert_ne!(PartDigests::of(&seg, PieceRule::Count(3)).digest, d.digest);
+        let mut other = seg.slice(0..seg.len()).to_vec();
+        other[100] ^= 1;
+        assert_ne!(PartDigests::of(&Segments::new([Bytes::from(other)]), rule).digest, d.digest);
     }
 
     /// Decoding a part held in one vector or as floats gives what decoding the whole gives;

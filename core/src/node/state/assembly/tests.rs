@@ -1,7 +1,7 @@
 use super::*;
 use crate::node::state::{
-    PartFault, PieceRule, Received, ReceivedPart, Rejected, Share, SharedState, StateError,
-    Verified, pieces, share_of, state_digest,
+    PartDigests, PartFault, PieceRule, Received, ReceivedPart, Rejected, Segments, Share,
+    SharedState, StateError, Verified, piece_digest, pieces, share_of, state_digest,
 };
 use bytes::Bytes;
 use proptest::prelude::*;
@@ -27,16 +27,35 @@ fn src(step: u64, seed: u8) -> Src {
     Src { step, shared: shared.into(), own: own.into() }
 }
 
-fn header(s: &Src, epoch: u64, part: u32, offset: u64) -> StateHeader {
+/// The header of `[offset, offset + len)` of a part of `s` cut by `rule`.
+fn header_in(
+    s: &Src,
+    epoch: u64,
+    part: u32,
+    offset: u64,
+    len: u64,
+    rule: PieceRule,
+) -> StateHeader {
     let b = if part == PART_SHARED { &s.shared } else { &s.own };
+    let end = (offset + len).min(b.len() as u64);
     StateHeader {
         epoch: Epoch(epoch),
         outer_step: s.step,
         offset,
         total: b.len() as u64,
-        digest: state_digest(b),
+        digest: part_digests(b, rule).digest,
+        piece: piece_digest(&b[offset.min(end) as usize..end as usize]),
         part,
     }
+}
+
+/// [`header_in`] on the tests' grid.
+fn header(s: &Src, epoch: u64, part: u32, offset: u64, len: u64) -> StateHeader {
+    header_in(s, epoch, part, offset, len, RULE)
+}
+
+fn part_digests(b: &Bytes, rule: PieceRule) -> PartDigests {
+    PartDigests::of(&Segments::new([b.clone()]), rule)
 }
 
 /// The frames a sender with `share` sends of `s` (replicated part first, as real does).
@@ -45,7 +64,7 @@ fn frames(s: &Src, epoch: u64, share: Share) -> Vec<(StateHeader, Body)> {
     for (part, bytes) in [(PART_SHARED, &s.shared), (PART_OWN, &s.own)] {
         for r in share.pieces(part, bytes.len() as u64, RULE) {
             let body = Body::Bytes(bytes.slice(r.start as usize..r.end as usize));
-            out.push((header(s, epoch, part, r.start), body));
+            out.push((header(s, epoch, part, r.start, r.end - r.start), body));
         }
     }
     out
@@ -192,7 +211,8 @@ fn every_refusal_names_its_reason() {
     let mut a = StateAssembly::new(Epoch(5), vec![A, B], true, expect());
     let piece = |part: u32, offset: u64, len: usize| {
         let b = if part == PART_OWN { &s.own } else { &s.shared };
-        (header(&s, 5, part, offset), Body::Bytes(b.slice(offset as usize..offset as usize + len)))
+        let h = header(&s, 5, part, offset, len as u64);
+        (h, Body::Bytes(b.slice(offset as usize..offset as usize + len)))
     };
     let (h, b) = piece(PART_SHARED, 0, 69);
     assert_eq!(a.put(C, &h, &b), Err(Refused::NotAssigned { from: C, part: 0 }));
@@ -260,17 +280,46 @@ fn every_refusal_names_its_reason() {
     assert_eq!(t.held_bytes(), 0);
 }
 
+/// Changes a byte of a piece's body; `consistent`: its piece digest too (a sender whose copy
+/// differs), else only the body (damaged on its way).
+fn damage(frame: &mut (StateHeader, Body), consistent: bool) {
+    if let Body::Bytes(b) = &frame.1 {
+        let mut v = b.to_vec();
+        v[3] ^= 0x40;
+        if consistent {
+            frame.0.piece = piece_digest(&v);
+        }
+        frame.1 = Body::Bytes(v.into());
+    }
+}
+
+/// A piece whose bytes do not match its digest is refused before anything is stored; the
+/// same piece intact is taken afterwards.
+#[test]
+fn a_piece_damaged_on_its_way_is_refused_and_taken_when_it_comes_again() {
+    let s = src(7, 3);
+    let mut a = StateAssembly::new(Epoch(5), vec![A], true, expect());
+    let f = frames(&s, 5, share(&[A], A, true));
+    let mut bad = f[2].clone();
+    damage(&mut bad, false);
+    let (offset, len) = (bad.0.offset, bad.1.len());
+    assert_eq!(
+        a.put(A, &bad.0, &bad.1),
+        Err(Refused::PieceDigest { part: PART_SHARED, offset, len })
+    );
+    assert_eq!(a.held_bytes(), 0);
+    assert!(all_ok(&put_all(&mut a, A, &f)));
+    assert_eq!(verified(&mut a).own.unwrap(), s.own.to_vec());
+}
+
 #[test]
 fn a_corrupted_piece_fails_verify_and_the_retry_keeps_the_good_part() {
     let s = src(7, 3);
     let mut a = StateAssembly::new(Epoch(5), vec![A], true, expect());
     let f = frames(&s, 5, share(&[A], A, true));
+    // A piece of another copy (its digest matches its bytes): only the part's digest tells.
     let mut corrupt = f.clone();
-    if let Body::Bytes(b) = &corrupt[2].1 {
-        let mut v = b.to_vec();
-        v[3] ^= 0x40;
-        corrupt[2].1 = Body::Bytes(v.into());
-    }
+    damage(&mut corrupt[2], true);
     assert!(all_ok(&put_all(&mut a, A, &corrupt)));
     let rec = a.take_complete().unwrap();
     assert!(a.take_complete().is_none(), "one verification at a time");
@@ -293,6 +342,7 @@ fn a_corrupted_piece_fails_verify_and_the_retry_keeps_the_good_part() {
     let mut corrupt = f.clone();
     let last = corrupt.len() - 1;
     corrupt[last].1 = Body::Bytes(vec![0u8; corrupt[last].1.len() as usize].into());
+    corrupt[last].0.piece = piece_digest(&vec![0u8; corrupt[last].1.len() as usize]);
     put_all(&mut a, A, &corrupt);
     let failed = a.take_complete().unwrap().verify(N).unwrap_err();
     assert!(failed.shared.is_ok() && failed.own.is_err());
@@ -311,14 +361,14 @@ fn verify_refuses_a_state_that_does_not_decode_or_names_another_step() {
         digest: state_digest(&s.own),
         total: 300,
         bytes: Some(s.own.to_vec().into()),
-        hashed: None,
+        hashed: Some(state_digest(&s.own)),
     };
     let part = |bytes: Vec<u8>, step| ReceivedPart {
         outer_step: step,
         digest: state_digest(&bytes),
         total: bytes.len() as u64,
+        hashed: Some(state_digest(&bytes)),
         bytes: Some(bytes.into()),
-        hashed: None,
     };
     let garbage = vec![7u8; s.shared.len()];
     let r = Received { shared: part(garbage, 7), own: own.clone(), own_from: A };
@@ -352,6 +402,7 @@ fn a_virtual_transfer_completes_with_lengths_only() {
                     offset: r.start,
                     total,
                     digest: String::new(),
+                    piece: [0; 32],
                     part,
                 };
                 assert!(a.put(me, &h, &Body::Virtual(r.end - r.start)).is_ok());
@@ -499,6 +550,10 @@ proptest! {
                         offset: if offset < 900 { offset / 69 * 69 } else { offset },
                         total,
                         digest: format!("{digest}"),
+                        piece: match &body {
+                            Body::Bytes(b) => piece_digest(b),
+                            Body::Virtual(_) => [0; 32],
+                        },
                         part,
                     };
                     if let Ok(Progress::Stored { complete, .. }) = a.put(NodeId(from), &h, &body) {
@@ -514,7 +569,8 @@ proptest! {
                         (true, _) => exp.own_max,
                     };
                     if let Some(r) = pieces(total, 3, index, PieceRule::Count(3)).next() {
-                        let mut h = header(&s, epoch, part, r.start);
+                        let rule = PieceRule::Count(3);
+                        let mut h = header_in(&s, epoch, part, r.start, r.end - r.start, rule);
                         h.total = total;
                         let body = if virtual_bodies {
                             Body::Virtual(r.end - r.start)
@@ -536,8 +592,8 @@ proptest! {
                                 let mut first = 0u8;
                                 b.for_each(0..1, |s| first = s[0]);
                                 b.write(0, &[first ^ 1]);
-                                // Changed after the assembly took its digest: verification
-                                // must read the bytes again.
+                                // Changed after its pieces were checked: it counts as
+                                // unchecked, and does not verify.
                                 r.shared.hashed = None;
                             }
                         }
@@ -563,10 +619,10 @@ proptest! {
 }
 
 proptest! {
-    /// Whatever order the pieces come in, the digest taken as the held prefix grew is the digest
-    /// of the whole part: verification need not read the bytes again.
+    /// Whatever order the pieces come in, the part's digest from its checked pieces' digests
+    /// is the one its sender computed: verification need not read the bytes again.
     #[test]
-    fn the_digest_fed_as_pieces_arrive_is_the_whole_parts(order in Just(()).prop_perturb(|_, mut rng| {
+    fn the_digest_of_the_checked_pieces_is_the_senders(order in Just(()).prop_perturb(|_, mut rng| {
         let s = src(3, 5);
         let mut f = frames(&s, 1, share(&[A], A, true));
         for i in (1..f.len()).rev() {
@@ -582,8 +638,8 @@ proptest! {
             prop_assert!(a.put(A, h, b).is_ok());
         }
         let r = a.take_complete().expect("complete");
-        prop_assert_eq!(r.shared.hashed.clone(), Some(state_digest(&s.shared)));
-        prop_assert_eq!(r.own.hashed.clone(), Some(state_digest(&s.own)));
+        prop_assert_eq!(r.shared.hashed.clone(), Some(part_digests(&s.shared, RULE).digest));
+        prop_assert_eq!(r.own.hashed.clone(), Some(part_digests(&s.own, RULE).digest));
         prop_assert!(r.verify(N).is_ok());
     }
 }
