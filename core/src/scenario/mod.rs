@@ -188,16 +188,17 @@
 //!                              # into the model, weights digest) takes params x this of the
 //!                              # node's time, heartbeats going on meanwhile; `loco bench outer`
 //!                              # measures it (the default: on a 2-core AMD EPYC VM)
-//! state_prepare_cost = 1.7e-10 # default 1.7e-10 (seconds per byte; >= 0, 0 for none): a
-//!                              # sender's preparation of its share of a joiner's state
-//!                              # (snapshot and digest) takes the parts' bytes x this before
-//!                              # its first piece leaves
-//! state_receive_cost = 6.6e-10 # default 6.6e-10 (seconds per byte; >= 0, 0 for none): a
+//! state_prepare_cost = 1.1e-10 # default 1.1e-10 (seconds per byte; >= 0, 0 for none):
+//!                              # digesting a snapshot's pieces takes the bytes x this: ahead,
+//!                              # after each outer step (in the background), and before a
+//!                              # sender's first piece for what was not digested ahead (its
+//!                              # own part; all when the joiner came first)
+//! state_receive_cost = 3.7e-10 # default 3.7e-10 (seconds per byte; >= 0, 0 for none): a
 //!                              # joiner holds a verified state no sooner than its fetch's
 //!                              # start + the state's bytes x this (pieces are taken in and
 //!                              # hashed as they arrive: a slow link hides it). Both measured
-//!                              # by `loco bench recovery` (the defaults: `--bytes 2GB` on a
-//!                              # 2-core AMD EPYC VM)
+//!                              # by `loco bench recovery` (the defaults: `--bytes 2GB`, and
+//!                              # `--cold` for the first, on a 2-core AMD EPYC VM)
 //! tcp = "cubic"                # default "cubic" (Linux's), or "bbr", or "none": the nodes'
 //!                              # TCP congestion control. New connections start from 10
 //!                              # segments doubling each round trip; with cubic, so does one
@@ -916,10 +917,10 @@ pub struct SimSpec {
     /// the copy into the model, the weights digest): every commit takes the model's parameter
     /// count times this of the node's time, spent in its row's `outer_s`. 0 charges nothing.
     pub outer_cost: f64,
-    /// Seconds per byte of a sender's preparation of its share of a joiner's state (the
-    /// snapshot and the digest of the replicated part, and the own part if it sends it): the
-    /// parts' length times this of the sender's time passes before its first piece leaves.
-    /// 0 charges nothing.
+    /// Seconds per byte a node takes to digest a snapshot's pieces (the replicated part, and
+    /// the own part if it sends it): ahead of any joiner after each outer step, in the
+    /// background, and before a sender's first piece leaves for what was not digested ahead
+    /// (the own part; the replicated part too when the joiner came first). 0 charges nothing.
     pub state_prepare_cost: f64,
     /// Seconds per byte of a joiner's taking in and verifying a state (its pieces are written
     /// and hashed as they arrive): it holds a verified state no sooner than its fetch's start
@@ -980,15 +981,16 @@ impl SimSpec {
     pub const DEFAULT_OUTER_COST: f64 = 3.2e-9;
 
     /// The default [`state_prepare_cost`](SimSpec::state_prepare_cost): what
-    /// `loco bench recovery --bytes 2GB` measured on a 2-core AMD EPYC VM, where a sender's
-    /// snapshot and digest of a 2 GB state took about 0.35 s before its first piece left.
-    pub const DEFAULT_STATE_PREPARE_COST: f64 = 1.7e-10;
+    /// `loco bench recovery --bytes 2GB --cold` measured on a 2-core AMD EPYC VM, where a
+    /// sender's digest of a 2 GB snapshot's pieces (on both cores) took 0.22-0.24 s.
+    pub const DEFAULT_STATE_PREPARE_COST: f64 = 1.1e-10;
 
     /// The default [`state_receive_cost`](SimSpec::state_receive_cost): what
     /// `loco bench recovery --bytes 2GB` measured on a 2-core AMD EPYC VM, where a 2 GB state
-    /// took 1.29-1.33 s on loopback from the joiner's signal to its verified state, the
-    /// sender's preparation included (loopback was no limit there): 0.66 ns per byte.
-    pub const DEFAULT_STATE_RECEIVE_COST: f64 = 6.6e-10;
+    /// took 0.64-1.12 s (median 0.75 s of seven runs) on loopback from the joiner's signal to
+    /// its verified state, the sender having digested its snapshot ahead (loopback was no
+    /// limit there): 0.37 ns per byte.
+    pub const DEFAULT_STATE_RECEIVE_COST: f64 = 3.7e-10;
 
     /// The time a commit's O(model) work takes for `params` parameters (saturating at
     /// [`Duration::MAX`]).

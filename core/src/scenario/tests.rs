@@ -955,13 +955,13 @@ fn backend_section_constraints() {
 fn live_recovery_costs() {
     // The defaults: what `loco bench recovery` measured.
     let s = ok(BASE);
-    assert_eq!(s.sim().state_prepare_cost, 1.7e-10);
-    assert_eq!(s.sim().state_receive_cost, 6.6e-10);
-    assert_eq!(SimSpec::DEFAULT_STATE_PREPARE_COST, 1.7e-10);
-    assert_eq!(SimSpec::DEFAULT_STATE_RECEIVE_COST, 6.6e-10);
-    // 2 GB: about 0.34 s to prepare, 1.32 s to take in.
-    assert_eq!(s.sim().state_prepare_time(2_000_000_000), Duration::from_millis(340));
-    assert_eq!(s.sim().state_receive_time(2_000_000_000), Duration::from_millis(1320));
+    assert_eq!(s.sim().state_prepare_cost, 1.1e-10);
+    assert_eq!(s.sim().state_receive_cost, 3.7e-10);
+    assert_eq!(SimSpec::DEFAULT_STATE_PREPARE_COST, 1.1e-10);
+    assert_eq!(SimSpec::DEFAULT_STATE_RECEIVE_COST, 3.7e-10);
+    // 2 GB: 0.22 s to digest, 0.74 s to take in.
+    assert_eq!(s.sim().state_prepare_time(2_000_000_000), Duration::from_millis(220));
+    assert_eq!(s.sim().state_receive_time(2_000_000_000), Duration::from_millis(740));
     let s = ok(&format!("{BASE}[sim]\nstate_prepare_cost = 2e-10\nstate_receive_cost = 1e-9\n"));
     assert_eq!((s.sim().state_prepare_cost, s.sim().state_receive_cost), (2e-10, 1e-9));
     assert_eq!(s.sim().state_prepare_time(5_000_000_000), Duration::from_secs(1));
@@ -982,13 +982,13 @@ fn live_recovery_costs() {
     assert_msg(
         &src,
         "-1e-10",
-        "sim.state_prepare_cost: expected seconds per byte, a number >= 0 like 1.7e-10, got -1e-10",
+        "sim.state_prepare_cost: expected seconds per byte, a number >= 0 like 1.1e-10, got -1e-10",
     );
     let src = format!("{BASE}[sim]\nstate_receive_cost = -2.5\n");
     assert_msg(
         &src,
         "-2.5",
-        "sim.state_receive_cost: expected seconds per byte, a number >= 0 like 6.6e-10, got -2.5e0",
+        "sim.state_receive_cost: expected seconds per byte, a number >= 0 like 3.7e-10, got -2.5e0",
     );
     // Not numbers, or not finite.
     for key in ["state_prepare_cost", "state_receive_cost"] {

@@ -936,13 +936,13 @@ fn sim(s: &RawSim, stop: &Stop) -> R<SimSpec> {
             &p.key("state_prepare_cost"),
             s.state_prepare_cost,
             def.state_prepare_cost,
-            "seconds per byte, a number >= 0 like 1.7e-10",
+            "seconds per byte, a number >= 0 like 1.1e-10",
         )?,
         state_receive_cost: cost(
             &p.key("state_receive_cost"),
             s.state_receive_cost,
             def.state_receive_cost,
-            "seconds per byte, a number >= 0 like 6.6e-10",
+            "seconds per byte, a number >= 0 like 3.7e-10",
         )?,
     })
 }
