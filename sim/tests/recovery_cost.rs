@@ -12,11 +12,13 @@ use common::{run, three_tiny_nodes};
 use loco_sim::RunOutput;
 
 /// Three one-GPU nodes, the tiny model (virtual numerics: 16 bytes of state per parameter), 5
-/// inner steps of 1 s, on 1 Gbit/s links; `j` starts at 9 s and joins (blocking mode).
+/// inner steps of 1 s, on 1 Gbit/s links; `j` starts at 9 s and joins (blocking mode). The
+/// other CPU terms are 0, so that the network's time alone is known to the millisecond.
 fn scenario(prepare: f64, receive: f64) -> Scenario {
     let rest = format!(
         "[[nodes]]\nname = \"j\"\ncount = 1\nstep_time = \"1s\"\nstart = \"9s\"\n\
          [stop]\nouter_steps = 5\n[sim]\ntick = \"1ms\"\nouter_cost = 0\n\
+         encode_cost = 0\ndecode_cost = 0\n\
          state_prepare_cost = {prepare:e}\nstate_receive_cost = {receive:e}\n"
     );
     three_tiny_nodes("recovery-cost", 11, &rest)

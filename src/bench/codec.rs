@@ -93,6 +93,14 @@ pub struct CodecFigures {
     pub threaded: Option<ThreadedFigures>,
 }
 
+impl CodecFigures {
+    /// Seconds per value of one thread's encode and decode-accumulate: the figures for a
+    /// scenario's `[sim] encode_cost` and `decode_cost` (4 bytes of f32 a value).
+    pub fn seconds_per_value(&self) -> (f64, f64) {
+        (4.0 / (self.encode_gbps * 1e9), 4.0 / (self.decode_acc_gbps * 1e9))
+    }
+}
+
 /// Multi-threaded figures of one codec: `threads` contiguous segments coded independently.
 #[derive(Clone, Debug, Serialize)]
 pub struct ThreadedFigures {
@@ -341,6 +349,12 @@ impl CodecBenchReport {
                 self.threads
             )?;
         }
+        writeln!(out)?;
+        writeln!(out, "seconds per value on one thread, for the scenario's [sim] section:")?;
+        for r in &self.codecs {
+            let (e, d) = r.seconds_per_value();
+            writeln!(out, "{:<11} encode_cost = {e:.2e}   decode_cost = {d:.2e}", r.codec.name())?;
+        }
         Ok(())
     }
 }
@@ -389,6 +403,14 @@ mod tests {
             assert!(table.lines().any(|l| l.starts_with(kind.name())), "{table}");
         }
         assert!(table.contains("2 threads"), "{table}");
+        // The simulator's terms: 4 bytes of f32 a value at the measured speed.
+        for r in &report.codecs {
+            let (e, d) = r.seconds_per_value();
+            assert!((e * r.encode_gbps * 1e9 - 4.0).abs() < 1e-9, "{}", r.codec);
+            assert!((d * r.decode_acc_gbps * 1e9 - 4.0).abs() < 1e-9, "{}", r.codec);
+            let line = format!("{:<11} encode_cost = {e:.2e}", r.codec.name());
+            assert!(table.contains(&line), "{table}");
+        }
 
         let json = serde_json::to_value(&report).unwrap();
         assert_eq!(json["codecs"][4]["codec"], "int8-block");

@@ -380,3 +380,14 @@ fn int4_block_decode_accumulate_adds() {
         assert_eq!(acc[i], 1.5 + d[i] + d[i], "i {i}");
     }
 }
+
+#[test]
+fn values_in_inverts_the_encoded_length() {
+    for kind in CodecKind::ALL {
+        for n in [0u64, 1, 2, 3, 255, 256, 257, 1000, 1 << 20, (1 << 20) + 7] {
+            let bytes = kind.codec().encoded_len(n as usize) as u64;
+            let got = kind.values_in(bytes);
+            assert!(got == n || got + 1 == n, "{kind}: {n} values in {bytes} bytes, got {got}");
+        }
+    }
+}

@@ -199,6 +199,12 @@
 //!                              # hashed as they arrive: a slow link hides it). Both measured
 //!                              # by `loco bench recovery` (the defaults: `--bytes 2GB`, and
 //!                              # `--cold` for the first, on a 2-core AMD EPYC VM)
+//! encode_cost = 5.9e-10        # default the codec's measured figure (seconds per value; >= 0,
+//!                              # 0 for none): a ring node's CPU time per value it encodes, and
+//! decode_cost = 2.7e-10        # per value it decodes; a collective frame leaves once the
+//!                              # work that made it is done, one piece of work at a time per
+//!                              # node (`loco bench codec` measures both; the defaults: on a
+//!                              # 2-core AMD EPYC VM, uint8's shown)
 //! tcp = "cubic"                # default "cubic" (Linux's), or "bbr", or "none": the nodes'
 //!                              # TCP congestion control. New connections start from 10
 //!                              # segments doubling each round trip; with cubic, so does one
@@ -259,6 +265,7 @@ use crate::codec::CodecKind;
 use crate::diloco::{Mode, Schedule};
 use crate::ids::NodeId;
 use crate::mesh::MeshConfig;
+use crate::transport::Phase;
 use serde::Serialize;
 use std::fmt;
 use std::path::Path;
@@ -927,6 +934,13 @@ pub struct SimSpec {
     /// plus the state's total length (both parts) times this, so a slow link hides the cost and
     /// a fast one is bounded by it. 0 charges nothing.
     pub state_receive_cost: f64,
+    /// Seconds per value of the codec's `encode` on a node's CPU (`None`: the codec's measured
+    /// figure, [`CodecKind::measured_cost`]): a collective frame leaves no sooner than the
+    /// work that made it is done, its node doing one such piece of work at a time. See
+    /// [`SimSpec::frame_work`].
+    pub encode_cost: Option<f64>,
+    /// Seconds per value of the codec's `decode_accumulate` (as `encode_cost`).
+    pub decode_cost: Option<f64>,
     /// The TCP congestion control the nodes run: the simulator charges its start-up, and
     /// `loco launch`'s emulated network sets it in every namespace.
     pub tcp: TcpKind,
@@ -1004,6 +1018,30 @@ impl SimSpec {
         per_unit(bytes, self.state_prepare_cost)
     }
 
+    /// The seconds per value of `codec`'s encode and decode on a node's CPU:
+    /// [`encode_cost`](SimSpec::encode_cost) and [`decode_cost`](SimSpec::decode_cost), or the
+    /// codec's measured figures where they are not set.
+    pub fn codec_costs(&self, codec: CodecKind) -> (f64, f64) {
+        let (e, d) = codec.measured_cost();
+        (self.encode_cost.unwrap_or(e), self.decode_cost.unwrap_or(d))
+    }
+
+    /// The CPU time a ring all-reduce's node spends before it sends one collective frame of
+    /// `values` values, at `phase` and `step`, as the ring ([`crate::allreduce`]) does the work:
+    /// the first reduce-scatter step encodes its own values; a middle one decodes what came,
+    /// adds, and encodes; the owner's first all-gather frame decodes, averages, encodes and
+    /// decodes its own copy; a forwarded all-gather frame is decoded first.
+    pub fn frame_work(&self, codec: CodecKind, phase: Phase, step: u16, values: u64) -> Duration {
+        let (e, d) = self.codec_costs(codec);
+        let per_value = match (phase, step) {
+            (Phase::ReduceScatter, 0) => e,
+            (Phase::ReduceScatter, _) => d + e,
+            (Phase::AllGather, 0) => 2.0 * d + e,
+            (Phase::AllGather, _) => d,
+        };
+        per_unit(values, per_value)
+    }
+
     /// The least time from a fetch's start to a verified state of `bytes` in all
     /// ([`state_receive_cost`](SimSpec::state_receive_cost); saturating at [`Duration::MAX`]).
     pub fn state_receive_time(&self, bytes: u64) -> Duration {
@@ -1026,6 +1064,8 @@ impl Default for SimSpec {
             outer_cost: SimSpec::DEFAULT_OUTER_COST,
             state_prepare_cost: SimSpec::DEFAULT_STATE_PREPARE_COST,
             state_receive_cost: SimSpec::DEFAULT_STATE_RECEIVE_COST,
+            encode_cost: None,
+            decode_cost: None,
             tcp: TcpKind::Cubic,
         }
     }

@@ -298,6 +298,8 @@ pub(crate) struct RawSim {
     pub(crate) outer_cost: Option<f64>,
     pub(crate) state_prepare_cost: Option<f64>,
     pub(crate) state_receive_cost: Option<f64>,
+    pub(crate) encode_cost: Option<f64>,
+    pub(crate) decode_cost: Option<f64>,
     pub(crate) tcp: Option<String>,
 }
 

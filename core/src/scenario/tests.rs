@@ -207,6 +207,7 @@ duration_limit = "2d"
 outer_cost = 2.5e-9
 state_prepare_cost = 3e-10
 state_receive_cost = 2e-9
+encode_cost = 1e-9
 tcp = "bbr"
 
 [real]
@@ -264,6 +265,8 @@ network = "emulated"
             outer_cost: 2.5e-9,
             state_prepare_cost: 3e-10,
             state_receive_cost: 2e-9,
+            encode_cost: Some(1e-9),
+            decode_cost: None,
             tcp: TcpKind::Bbr,
         }
     );
@@ -934,6 +937,21 @@ fn backend_section_constraints() {
     assert_eq!(s.sim().outer_time(u64::MAX), Duration::from_secs_f64(u64::MAX as f64 * 2e-9));
     assert_eq!(SimSpec { outer_cost: 1e300, ..SimSpec::default() }.outer_time(2), Duration::MAX);
     assert_eq!(SimSpec::default().outer_cost, SimSpec::DEFAULT_OUTER_COST);
+    // The codec's CPU time: its measured figures unless set, per frame as the ring works.
+    let src = format!("{BASE}[sim]\ndecode_cost = -1\n");
+    assert_msg(
+        &src,
+        "-1",
+        "sim.decode_cost: expected seconds per value, a number >= 0 like 2.7e-10, got -1e0",
+    );
+    let s = ok(&format!("{BASE}[sim]\nencode_cost = 2e-9\n"));
+    assert_eq!(s.sim().codec_costs(CodecKind::Uint8), (2e-9, CodecKind::Uint8.measured_cost().1));
+    let sim = SimSpec { encode_cost: Some(2e-9), decode_cost: Some(1e-9), ..SimSpec::default() };
+    let work = |phase, step| sim.frame_work(CodecKind::Fp32, phase, step, 1_000_000);
+    assert_eq!(work(Phase::ReduceScatter, 0), Duration::from_millis(2));
+    assert_eq!(work(Phase::ReduceScatter, 2), Duration::from_millis(3));
+    assert_eq!(work(Phase::AllGather, 0), Duration::from_millis(4));
+    assert_eq!(work(Phase::AllGather, 1), Duration::from_millis(1));
     let src = format!("{BASE}[real]\ndevice = \"gpu\"\n");
     assert_msg(&src, "\"gpu\"", r#"real.device: expected "cpu", "cuda" or "cuda:N", got "gpu""#);
     let src = format!("{BASE}[real]\nkeep = 0\n");

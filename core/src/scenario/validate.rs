@@ -944,6 +944,28 @@ fn sim(s: &RawSim, stop: &Stop) -> R<SimSpec> {
             def.state_receive_cost,
             "seconds per byte, a number >= 0 like 3.7e-10",
         )?,
+        encode_cost: s
+            .encode_cost
+            .map(|v| {
+                cost(
+                    &p.key("encode_cost"),
+                    Some(v),
+                    0.0,
+                    "seconds per value, a number >= 0 like 5.9e-10",
+                )
+            })
+            .transpose()?,
+        decode_cost: s
+            .decode_cost
+            .map(|v| {
+                cost(
+                    &p.key("decode_cost"),
+                    Some(v),
+                    0.0,
+                    "seconds per value, a number >= 0 like 2.7e-10",
+                )
+            })
+            .transpose()?,
     })
 }
 
