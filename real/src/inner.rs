@@ -98,6 +98,10 @@ pub struct Quadratic {
     noise: Option<ChaCha8Rng>,
     steps: u64,
     pace: std::time::Duration,
+    /// When the last step was due to end: a step that starts within a pace of it (the next
+    /// step of the same round) is due a pace after it, so that a round of `H` steps lasts `H`
+    /// paces from its first step's start and the sleeps' overshoot does not add up.
+    due: Option<std::time::Instant>,
 }
 
 impl Quadratic {
@@ -109,6 +113,7 @@ impl Quadratic {
             noise: None,
             steps: 0,
             pace: Default::default(),
+            due: None,
         }
     }
 
@@ -119,6 +124,18 @@ impl Quadratic {
         self.pace = pace;
         self
     }
+}
+
+/// When a paced step that starts at `started` is due to end: one `pace` after the last step's
+/// due time `last` when it follows that step at once (starts within a pace of it), else one
+/// `pace` after its own start.
+fn next_due(
+    last: Option<std::time::Instant>,
+    started: std::time::Instant,
+    pace: std::time::Duration,
+) -> std::time::Instant {
+    let follows = last.filter(|&d| started.saturating_duration_since(d) < pace);
+    follows.unwrap_or(started) + pace
 }
 
 impl InnerLoop for Quadratic {
@@ -152,8 +169,11 @@ impl InnerLoop for Quadratic {
         let noise = self.noise.get_or_insert_with(|| self.objective.noise(&self.x));
         let loss = self.objective.step(&mut self.x, noise);
         self.steps += 1;
-        // The step's own work counts toward its pace, as a real step's compute would.
-        let left = self.pace.saturating_sub(started.elapsed());
+        // The step's own work counts toward its pace, as a real step's compute would; a step
+        // that follows the last one at once is due a pace after the last one's due time.
+        let due = next_due(self.due, started, self.pace);
+        self.due = Some(due);
+        let left = due.saturating_duration_since(started).saturating_sub(started.elapsed());
         if !left.is_zero() {
             std::thread::sleep(left);
         }
@@ -420,5 +440,24 @@ mod tests {
             got = c.step().unwrap().loss.unwrap();
         }
         assert_eq!((c.x.clone(), got.to_bits()), (w, want.to_bits()));
+    }
+
+    #[test]
+    fn paced_steps_that_follow_each_other_are_due_a_pace_apart() {
+        use std::time::{Duration, Instant};
+        #[allow(clippy::disallowed_methods)] // a reference point; no time is read after it
+        let t0 = Instant::now();
+        let pace = Duration::from_millis(200);
+        let ms = |n| Duration::from_millis(n);
+        // The first step of a round is due a pace after its start.
+        assert_eq!(next_due(None, t0, pace), t0 + pace);
+        // The next one started 3 ms late (a wake-up delay): due at 400 ms, not 403.
+        assert_eq!(next_due(Some(t0 + pace), t0 + ms(203), pace), t0 + ms(400));
+        // One that starts early on the last one's due time is too (it cannot, but no drift).
+        assert_eq!(next_due(Some(t0 + pace), t0 + ms(150), pace), t0 + ms(400));
+        // After a gap longer than a pace (the all-reduce between rounds) a new round begins.
+        assert_eq!(next_due(Some(t0 + pace), t0 + ms(900), pace), t0 + ms(1100));
+        // No pace: due at once.
+        assert_eq!(next_due(Some(t0), t0 + ms(5), Duration::ZERO), t0 + ms(5));
     }
 }
