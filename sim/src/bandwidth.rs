@@ -67,6 +67,8 @@ struct Flow {
     to: NodeId,
     /// TCP slow start after idle: the flow gets no rate before this time.
     hold: Time,
+    /// Its sender's CPU work on it is done at this time (the codec's): no rate before it.
+    ready: Time,
     /// Waiting behind another flow of its lane (no rate yet).
     queued: bool,
     lane: Option<LaneKey>,
@@ -278,6 +280,21 @@ impl BandwidthModel {
         now + Duration::from_secs_f64(extra)
     }
 
+    /// [`hold_for`](Self::hold_for) for a flow whose bytes are ready at `ready`: TCP's hold
+    /// counts from then (slow start begins when there is something to send).
+    fn hold_after(
+        &mut self,
+        ready: Time,
+        conn: LaneKey,
+        from: NodeId,
+        to: NodeId,
+        bytes: f64,
+    ) -> Time {
+        let now = self.now;
+        let extra = self.hold_for(conn, from, to, bytes).saturating_since(now);
+        ready.max(now) + extra
+    }
+
     /// The connection a flow's lane travels on: its own for a collective shard or the mesh's
     /// bulk frames; one for every piece of a state transfer (lanes of `1 << 63` and above, as
     /// the real backend sends them on one connection), and one for flows without a lane.
@@ -303,13 +320,26 @@ impl BandwidthModel {
     /// Starts a flow of `bytes` from `from` to `to` at `now`. A pair never set gets an unlimited
     /// rate (the flow completes at once).
     pub fn start(&mut self, now: Time, from: NodeId, to: NodeId, bytes: u64) -> FlowId {
-        self.start_in(now, None, from, to, bytes)
+        self.start_in(now, None, from, to, bytes, Time::ZERO)
     }
 
     /// Queues a flow on `lane` (whose sender and receiver are `lane.0` and `lane.1`): it starts
     /// at `now` if the lane is idle, else the instant the lane's previous flow ends.
     pub fn start_in_lane(&mut self, now: Time, lane: LaneKey, bytes: u64) -> FlowId {
-        self.start_in(now, Some(lane), lane.0, lane.1, bytes)
+        self.start_in(now, Some(lane), lane.0, lane.1, bytes, Time::ZERO)
+    }
+
+    /// [`start_in_lane`](Self::start_in_lane) for a flow whose sender is still making its bytes
+    /// until `ready` (the codec's work): it gets no rate before then, whenever its turn in the
+    /// lane comes. A pair never set still completes at once.
+    pub fn start_in_lane_ready(
+        &mut self,
+        now: Time,
+        lane: LaneKey,
+        bytes: u64,
+        ready: Time,
+    ) -> FlowId {
+        self.start_in(now, Some(lane), lane.0, lane.1, bytes, ready)
     }
 
     fn start_in(
@@ -319,6 +349,7 @@ impl BandwidthModel {
         from: NodeId,
         to: NodeId,
         bytes: u64,
+        ready: Time,
     ) -> FlowId {
         self.advance(now);
         let id = FlowId(self.next_id);
@@ -340,7 +371,7 @@ impl BandwidthModel {
         let hold = if busy {
             Time::ZERO
         } else {
-            self.hold_for(Self::conn_of(from, to, lane), from, to, bytes as f64)
+            self.hold_after(ready, Self::conn_of(from, to, lane), from, to, bytes as f64)
         };
         self.flows.insert(
             id,
@@ -348,6 +379,7 @@ impl BandwidthModel {
                 from,
                 to,
                 hold,
+                ready,
                 queued: busy,
                 lane,
                 res,
@@ -389,8 +421,9 @@ impl BandwidthModel {
                         q.pop_front();
                         continue;
                     }
-                    let (from, to, bytes) = (f.from, f.to, f.remaining);
-                    let hold = self.hold_for(Self::conn_of(from, to, Some(l)), from, to, bytes);
+                    let (from, to, bytes, ready) = (f.from, f.to, f.remaining, f.ready);
+                    let hold =
+                        self.hold_after(ready, Self::conn_of(from, to, Some(l)), from, to, bytes);
                     if let Some(f) = self.flows.get_mut(&next) {
                         f.hold = hold;
                     }
@@ -774,6 +807,22 @@ mod tests {
         m.set_rtt(n(0), n(1), Duration::from_millis(100));
         let a = m.start(Time::ZERO, n(0), n(1), 1_000_000);
         assert!((run_to_done(&mut m, &[a])[0] - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_flow_whose_bytes_are_not_ready_waits_for_them_in_its_turn() {
+        let mut m = BandwidthModel::new();
+        m.set_pair(Time::ZERO, n(0), n(1), caps(100.0, None));
+        let lane = (n(0), n(1), 0);
+        // Ready at 1 s on an idle lane: 1 s + 1 s of sending.
+        let a = m.start_in_lane_ready(Time::ZERO, lane, 100_000_000, Time::from_secs_f64(1.0));
+        // Queued behind it, ready at 1.5 s (before its turn at 2 s): no wait of its own.
+        let b = m.start_in_lane_ready(Time::ZERO, lane, 100_000_000, Time::from_secs_f64(1.5));
+        // Then one ready only at 5 s.
+        let c = m.start_in_lane_ready(Time::ZERO, lane, 100_000_000, Time::from_secs_f64(5.0));
+        let t = run_to_done(&mut m, &[a, b, c]);
+        assert!((t[0] - 2.0).abs() < 1e-9 && (t[1] - 3.0).abs() < 1e-9, "{t:?}");
+        assert!((t[2] - 6.0).abs() < 1e-9, "{t:?}");
     }
 
     #[test]

@@ -18,8 +18,8 @@
 use crate::bandwidth::{BandwidthModel, FlowId, FlowStatus};
 use crate::clock;
 use bytes::Bytes;
-use loco_core::NodeId;
 use loco_core::transport::{Body, Frame, Header, Transport, TransportError};
+use loco_core::{NodeId, Time};
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::rc::Rc;
@@ -195,6 +195,12 @@ impl SimTransport {
     /// Queues `frame` for `to` without waiting. Frames to this node itself are delivered
     /// locally at once.
     pub fn enqueue(&mut self, to: NodeId, frame: Frame) {
+        self.enqueue_ready(to, frame, Time::ZERO);
+    }
+
+    /// [`enqueue`](Self::enqueue) for a frame whose body this node is still making until
+    /// `ready` (the codec's CPU time): its flow gets no bandwidth before then.
+    pub fn enqueue_ready(&mut self, to: NodeId, frame: Frame, ready: Time) {
         self.counters.bytes_sent.set(self.counters.bytes_sent.get() + frame.wire_len());
         self.counters.frames_sent.set(self.counters.frames_sent.get() + 1);
         if to == self.me {
@@ -216,8 +222,12 @@ impl SimTransport {
         // The flow is queued in the model now, so that frames of one lane follow each other
         // exactly; the lane's task waits for each in turn and then writes its header.
         let key = (self.me, to, lane.key());
-        let id =
-            self.shared.bandwidth.borrow_mut().start_in_lane(clock::now(), key, frame.wire_len());
+        let id = self.shared.bandwidth.borrow_mut().start_in_lane_ready(
+            clock::now(),
+            key,
+            frame.wire_len(),
+            ready,
+        );
         let (shared, inbox) = (self.shared.clone(), self.inbox_tx.clone());
         let tx = self.lanes.entry((to, lane)).or_insert_with(|| {
             let (tx, rx) = mpsc::unbounded_channel();

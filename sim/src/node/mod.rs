@@ -28,7 +28,6 @@ use loco_core::node::machine::{
 use loco_core::scenario::FaultPhase;
 use loco_core::transport::{Frame, Header, Phase, TransportError};
 use loco_core::{NodeId, Time};
-use std::collections::VecDeque;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -82,14 +81,10 @@ pub(crate) struct Node {
     fetch_start: Option<Time>,
     /// The synthetic model, with real numerics.
     model: Option<Synthetic>,
-    /// Collective frames whose codec work (`[sim] encode_cost`, `decode_cost`) is under way, in
-    /// order, each with the time it is done and leaves: the node does one such piece of work
-    /// at a time, as a real worker's event loop does.
-    sending: VecDeque<(Time, NodeId, Frame)>,
-    /// When the node's codec work queued so far is done.
+    /// When the codec work (`[sim] encode_cost`, `decode_cost`) on the collective frames sent so
+    /// far is done: the node does one such piece of work at a time, as a real worker's event
+    /// loop does, and each frame's flow gets no bandwidth before its work is done.
     cpu_free: Time,
-    /// Since when a hang has held the queued frames (their times move on by the hang).
-    held_since: Option<Time>,
 }
 
 impl Node {
@@ -125,9 +120,7 @@ impl Node {
             verifying: None,
             fetch_start: None,
             model,
-            sending: VecDeque::new(),
             cpu_free: Time::ZERO,
-            held_since: None,
         })
     }
 
@@ -147,8 +140,6 @@ impl Node {
         self.preparing.clear();
         self.verifying = None;
         self.fetch_start = None;
-        self.sending.clear();
-        self.held_since = None;
     }
 
     /// Deferred work of `cost` begun at `now`: running unless the node is hung.
@@ -264,7 +255,6 @@ impl Node {
     /// when the member stopped (whether to join again).
     fn drain(&mut self) -> Option<bool> {
         let mut stop = None;
-        self.send_due(Self::now());
         loop {
             let mut any = false;
             while let Some(e) = self.machine.poll_effect() {
@@ -299,29 +289,16 @@ impl Node {
             }
             _ => Duration::ZERO,
         };
-        if work.is_zero() && !self.sending.iter().any(|(_, peer, _)| *peer == to) {
+        if work.is_zero() {
             self.net.enqueue(to, frame);
         } else {
             // The codec's CPU time: the frame leaves when the work that made it is done.
-            let now = Self::now();
-            let at = self.held_since.unwrap_or(now).max(self.cpu_free) + work;
-            self.cpu_free = at;
-            self.sending.push_back((at, to, frame));
+            let ready = Self::now().max(self.cpu_free) + work;
+            self.cpu_free = ready;
+            self.net.enqueue_ready(to, frame, ready);
         }
         if let Some(p) = phase {
             self.strike(p, self.machine.outer_step());
-        }
-    }
-
-    /// Sends the collective frames whose codec work is done at `now` (none while hung).
-    fn send_due(&mut self, now: Time) {
-        while !self.hung()
-            && self.held_since.is_none()
-            && self.sending.front().is_some_and(|(t, _, _)| *t <= now)
-        {
-            if let Some((_, to, frame)) = self.sending.pop_front() {
-                self.net.enqueue(to, frame);
-            }
         }
     }
 
@@ -467,9 +444,6 @@ impl Node {
                 wake = wake.min(due);
             }
         }
-        if let (None, Some((t, _, _))) = (self.held_since, self.sending.front()) {
-            wake = wake.min(*t);
-        }
         let ctl = self.run.clone();
         let wake_ctl = &ctl.node(self.id).wake;
         tokio::select! {
@@ -497,19 +471,6 @@ impl Node {
                 (false, None) => c.since = Some(now),
                 _ => {}
             }
-        }
-        // The queued codec work waits out the hang.
-        match (hung, self.held_since) {
-            (true, None) => self.held_since = Some(now),
-            (false, Some(since)) => {
-                let held = now - since;
-                for (t, _, _) in &mut self.sending {
-                    *t += held;
-                }
-                self.cpu_free += held;
-                self.held_since = None;
-            }
-            _ => {}
         }
         if hung {
             self.machine.suspend(now);
