@@ -80,31 +80,28 @@ fn net_check_gives_every_link_its_rate_and_round_trip() {
     assert!(v["ok"].as_bool().unwrap());
 }
 
-/// `loco fidelity` on a short run: both backends send the same bytes, tell the same
-/// membership story, and the simulator's median all-reduce and mean outer step are within 10% of
-/// the real run's: the README's claim (the median all-reduce moves by a few percent from run to
-/// run with TCP's loss recoveries, which the model does not draw; the goal of 5% is not
-/// met on every run). A run on a loaded machine can lose its pace: one retry, as the conformance
-/// test does, on the same figures.
+/// `loco fidelity` on `steady` (16 outer steps): both backends send the same bytes, tell the
+/// same membership story, and the simulator's median all-reduce and mean outer step are within
+/// 10% of the real run's: the README's claim. A real all-reduce over cubic takes one of two
+/// times (with or without a loss recovery, 0.59 or 0.64 s); step 0 and step 1 lose on most runs,
+/// so a run of 5 steps has its median among the losses half the time, while over 16 steps the
+/// median has stayed within 7%. A run on a loaded machine can lose its pace: one retry, as the
+/// conformance test does, on the same figures.
 #[test]
-fn fidelity_of_a_short_run_is_within_ten_percent_and_tells_the_same_story() {
+fn fidelity_of_steady_is_within_ten_percent_and_tells_the_same_story() {
     let _one = one_real_run_at_a_time();
     let ctx = TestContext::new();
     let mut last = String::new();
     for attempt in 0..2 {
         let out = ctx.path().join(format!("fid{attempt}"));
-        let (o, f) = fidelity(
-            &ctx,
-            "scenarios/fidelity/steady.toml",
-            &out,
-            &["--max-outer-steps", "5", "--tolerance", "0.10"],
-        );
+        let (o, f) =
+            fidelity(&ctx, "scenarios/fidelity/steady.toml", &out, &["--tolerance", "0.10"]);
         if !root() {
             return assert_refused(&o);
         }
         let f = written(&o, f);
         assert_eq!(f["network"], "emulated", "{f:#}");
-        assert_eq!(f["steps_compared"], 5, "{f:#}");
+        assert_eq!(f["steps_compared"], 16, "{f:#}");
         assert_eq!(f["story_differences"].as_array().map(Vec::len), Some(0), "{f:#}");
         // The same payloads; control frames (heartbeats, their timing) differ by a few bytes.
         let bytes = f["bytes"]["relative"].as_f64().expect("a bytes error");
