@@ -24,7 +24,7 @@
 //! tick. Waiters learn about a completion that moved earlier through [`BandwidthModel::eta_changed`].
 
 use loco_core::{NodeId, Time};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
@@ -96,7 +96,20 @@ pub struct BandwidthModel {
     /// Per lane, the flows waiting behind its active one, in order.
     lanes: BTreeMap<LaneKey, std::collections::VecDeque<FlowId>>,
     next_id: u64,
-    dirty: bool,
+    /// Every rate must be recomputed (a capacity changed).
+    dirty_all: bool,
+    /// Flows whose share may have changed (started, their turn or their hold came), and
+    /// resources a flow left: the rates of their connected flows are recomputed.
+    seed_flows: Vec<FlowId>,
+    seed_res: Vec<usize>,
+    /// The flows on each resource (queued and held ones too).
+    users: Vec<Vec<FlowId>>,
+    /// Every flow's predicted completion (or hold's end), but `Time::MAX`: the next change
+    /// without a scan.
+    etas: BTreeSet<(Time, FlowId)>,
+    /// Per resource, the [`component`](Self::component) search that last reached it.
+    res_mark: Vec<u64>,
+    searches: u64,
     /// Scratch for the progressive filling.
     residual: Vec<f64>,
     count: Vec<u32>,
@@ -196,7 +209,7 @@ impl BandwidthModel {
         let i = self.resource(ResKey::Ingress(node));
         self.capacity[e] = cap;
         self.capacity[i] = cap;
-        self.dirty = true;
+        self.dirty_all = true;
         self.refresh();
     }
 
@@ -206,7 +219,7 @@ impl BandwidthModel {
         self.pairs.insert((from, to), caps);
         let p = self.resource(ResKey::Pair(from, to));
         self.capacity[p] = caps.total();
-        self.dirty = true;
+        self.dirty_all = true;
         self.refresh();
     }
 
@@ -222,7 +235,7 @@ impl BandwidthModel {
             let p = self.resource(ResKey::Pair(from, to));
             self.capacity[p] = caps.total();
         }
-        self.dirty = true;
+        self.dirty_all = true;
         self.refresh();
     }
 
@@ -368,6 +381,9 @@ impl BandwidthModel {
             // A lane with an entry has an active (or queued) flow; an idle lane has none.
             self.lanes.entry(l).or_default().push_back(id);
         }
+        for &r in &res {
+            self.users[r].push(id);
+        }
         let hold = if busy {
             Time::ZERO
         } else {
@@ -391,7 +407,7 @@ impl BandwidthModel {
             },
         );
         if !busy {
-            self.dirty = true;
+            self.seed_flows.push(id);
             self.refresh();
         }
         id
@@ -413,6 +429,12 @@ impl BandwidthModel {
                     if f.remaining <= EPS_BYTES || !self.pairs.contains_key(&(f.from, f.to)) {
                         // Nothing to send: done at once.
                         if let Some(mut f) = self.flows.remove(&next) {
+                            // As `forget` (the lane's queue is borrowed).
+                            self.etas.remove(&(f.eta, next));
+                            for &r in &f.res {
+                                self.users[r].retain(|x| *x != next);
+                                self.seed_res.push(r);
+                            }
                             if let Some(w) = f.waker.take() {
                                 w.wake();
                             }
@@ -427,7 +449,7 @@ impl BandwidthModel {
                     if let Some(f) = self.flows.get_mut(&next) {
                         f.hold = hold;
                     }
-                    self.dirty = true;
+                    self.seed_flows.push(next);
                     return;
                 }
                 Some(_) => return,
@@ -460,13 +482,13 @@ impl BandwidthModel {
         self.advance(now);
         self.finished.remove(&id);
         if let Some(mut f) = self.flows.remove(&id) {
+            self.forget(id, &f);
             if let Some(w) = f.waker.take() {
                 w.wake();
             }
             let now = self.now;
             self.conn_idle(f.from, f.to, f.lane, now);
             self.release_lane(id, f.lane);
-            self.dirty = true;
             self.refresh();
         }
     }
@@ -482,11 +504,11 @@ impl BandwidthModel {
             .collect();
         for id in ids {
             if let Some(mut f) = self.flows.remove(&id) {
+                self.forget(id, &f);
                 if let Some(w) = f.waker.take() {
                     w.wake();
                 }
             }
-            self.dirty = true;
         }
         self.lanes.retain(|l, _| l.0 != node && l.1 != node);
         self.conns.retain(|l, _| l.0 != node && l.1 != node);
@@ -500,28 +522,48 @@ impl BandwidthModel {
         EtaChanged { model: model.clone(), id, generation }
     }
 
+    /// When the model next changes by itself: the earliest predicted completion, or the end of
+    /// a flow's hold (`None` when no flow is under way). The event executor wakes then.
+    pub fn next_change(&mut self) -> Option<Time> {
+        self.refresh();
+        self.etas.first().map(|&(t, _)| t)
+    }
+
+    /// The flows finished and not yet reported, in id order, with the time each ended; they
+    /// are forgotten (the event executor's way of [`poll`](Self::poll)ing every flow at once).
+    pub fn take_finished(&mut self) -> Vec<(FlowId, Time)> {
+        std::mem::take(&mut self.finished).into_iter().collect()
+    }
+
     /// Advances the model to `now` (no-op when `now` is not later than the model's time).
     pub fn advance(&mut self, now: Time) {
         loop {
-            if self.dirty {
-                self.recompute();
-            }
-            let next = self.flows.values().map(|f| f.eta).min().unwrap_or(Time::MAX);
+            self.refresh();
+            let next = self.etas.first().map_or(Time::MAX, |&(t, _)| t);
             if next > now || next == Time::MAX {
                 break;
             }
             self.step_to(next);
-            let done: Vec<FlowId> = self
-                .flows
-                .iter()
-                .filter(|(_, f)| {
-                    // A flow held by slow start has no rate yet: its eta is its hold's end.
-                    !f.queued && (f.remaining <= EPS_BYTES || (f.rate > 0.0 && f.eta <= next))
-                })
-                .map(|(i, _)| *i)
-                .collect();
+            // The flows due now: done, or (held by slow start, with no rate yet: their eta is
+            // their hold's end) starting.
+            let due: Vec<FlowId> =
+                self.etas.range(..=(next, FlowId(u64::MAX))).map(|&(_, i)| i).collect();
+            let mut done = Vec::new();
+            for id in due {
+                let Some(f) = self.flows.get(&id) else { continue };
+                if f.queued {
+                    continue;
+                }
+                if f.remaining <= EPS_BYTES || f.rate > 0.0 {
+                    done.push(id);
+                } else {
+                    // Its hold ended: it takes a share now.
+                    self.seed_flows.push(id);
+                }
+            }
             for id in done {
                 if let Some(mut f) = self.flows.remove(&id) {
+                    self.forget(id, &f);
                     self.bytes_done += f.remaining.max(0.0);
                     if let Some(w) = f.waker.take() {
                         w.wake();
@@ -531,7 +573,6 @@ impl BandwidthModel {
                     self.release_lane(id, f.lane);
                 }
             }
-            self.dirty = true;
         }
         if now > self.now {
             self.step_to(now);
@@ -552,9 +593,48 @@ impl BandwidthModel {
     }
 
     fn refresh(&mut self) {
-        if self.dirty {
+        if self.dirty_all || !self.seed_flows.is_empty() || !self.seed_res.is_empty() {
             self.recompute();
         }
+    }
+
+    /// Takes flow `id` (removed) off its resources; the flows it shared them with get its
+    /// share.
+    fn forget(&mut self, id: FlowId, f: &Flow) {
+        self.etas.remove(&(f.eta, id));
+        for &r in &f.res {
+            self.users[r].retain(|x| *x != id);
+            self.seed_res.push(r);
+        }
+    }
+
+    /// The flows whose rates may have changed: the seeds and every flow connected to them
+    /// through a resource of finite capacity (max-min fairness couples nothing else), in id
+    /// order.
+    fn component(&mut self) -> Vec<FlowId> {
+        let mut seen: BTreeSet<FlowId> = BTreeSet::new();
+        self.searches += 1;
+        let mark = self.searches;
+        let mut stack: Vec<FlowId> = std::mem::take(&mut self.seed_flows);
+        for r in std::mem::take(&mut self.seed_res) {
+            if self.capacity[r].is_finite() && self.res_mark[r] != mark {
+                self.res_mark[r] = mark;
+                stack.extend(self.users[r].iter().copied());
+            }
+        }
+        while let Some(id) = stack.pop() {
+            let Some(f) = self.flows.get(&id) else { continue };
+            if !seen.insert(id) {
+                continue;
+            }
+            for &r in &f.res {
+                if self.capacity[r].is_finite() && self.res_mark[r] != mark {
+                    self.res_mark[r] = mark;
+                    stack.extend(self.users[r].iter().copied());
+                }
+            }
+        }
+        seen.into_iter().collect()
     }
 
     fn resource(&mut self, key: ResKey) -> usize {
@@ -576,41 +656,54 @@ impl BandwidthModel {
         self.capacity.push(cap);
         self.residual.push(0.0);
         self.count.push(0);
+        self.users.push(Vec::new());
+        self.res_mark.push(0);
         self.index.insert(k, i);
         i
     }
 
-    /// Max-min fair rates by progressive filling, then the new completion times.
+    /// Max-min fair rates by progressive filling, then the new completion times: of every
+    /// flow after a capacity changed, else of the flows connected to what changed
+    /// ([`component`](Self::component)); the others keep their rates.
     fn recompute(&mut self) {
-        self.dirty = false;
         self.recomputes += 1;
         let now = self.now;
-        // (rate cap, frozen) per flow, in id order.
-        let mut caps: Vec<f64> = Vec::with_capacity(self.flows.len());
-        for f in self.flows.values_mut() {
-            f.rate = 0.0;
-            caps.push(self.pairs.get(&(f.from, f.to)).map_or(f64::INFINITY, |p| p.per_stream));
+        let ids: Vec<FlowId> = if self.dirty_all {
+            self.seed_flows.clear();
+            self.seed_res.clear();
+            self.flows.keys().copied().collect()
+        } else {
+            self.component()
+        };
+        self.dirty_all = false;
+        // Per flow of the set, in id order: its resources, its rate cap, its rate, and whether
+        // it is frozen (queued behind another of its lane, or held by slow start: no share).
+        let mut set: Vec<([usize; 3], f64, f64, bool)> = Vec::with_capacity(ids.len());
+        for id in &ids {
+            let Some(f) = self.flows.get(id) else { continue };
+            let cap = self.pairs.get(&(f.from, f.to)).map_or(f64::INFINITY, |p| p.per_stream);
+            set.push((f.res, cap, 0.0, f.queued || f.hold > now));
             for &r in &f.res {
                 self.residual[r] = self.capacity[r];
                 self.count[r] = 0;
             }
         }
-        // Flows queued behind another of their lane, or held by slow start, take no share.
-        let mut frozen: Vec<bool> = self.flows.values().map(|f| f.queued || f.hold > now).collect();
-        for f in self.flows.values().filter(|f| !f.queued && f.hold <= now) {
-            for &r in &f.res {
-                self.count[r] += 1;
+        for (res, _, _, frozen) in &set {
+            if !frozen {
+                for &r in res {
+                    self.count[r] += 1;
+                }
             }
         }
-        let mut unfrozen = frozen.iter().filter(|q| !**q).count();
+        let mut unfrozen = set.iter().filter(|s| !s.3).count();
         while unfrozen > 0 {
             let mut delta = f64::INFINITY;
-            for (i, f) in self.flows.values().enumerate() {
-                if frozen[i] {
+            for (res, cap, rate, frozen) in &set {
+                if *frozen {
                     continue;
                 }
-                delta = delta.min(caps[i] - f.rate);
-                for &r in &f.res {
+                delta = delta.min(cap - rate);
+                for &r in res {
                     if self.residual[r].is_finite() {
                         delta = delta.min(self.residual[r] / f64::from(self.count[r]));
                     }
@@ -623,41 +716,41 @@ impl BandwidthModel {
             }
             let delta = delta.max(0.0);
             // Grow every unfrozen flow by delta and charge its resources.
-            for (i, f) in self.flows.values_mut().enumerate() {
-                if frozen[i] {
+            for (res, _, rate, frozen) in &mut set {
+                if *frozen {
                     continue;
                 }
-                f.rate += delta;
-                for &r in &f.res {
+                *rate += delta;
+                for &r in res.iter() {
                     self.residual[r] -= delta;
                 }
             }
             // Freeze flows at their cap or on a saturated resource.
             let mut any = false;
-            for (i, f) in self.flows.values().enumerate() {
-                if frozen[i] {
+            for (res, cap, rate, frozen) in &mut set {
+                if *frozen {
                     continue;
                 }
-                let at_cap = f.rate >= caps[i] * (1.0 - 1e-12);
-                let saturated = f.res.iter().any(|&r| {
+                let at_cap = *rate >= *cap * (1.0 - 1e-12);
+                let saturated = res.iter().any(|&r| {
                     self.capacity[r].is_finite() && self.residual[r] <= self.capacity[r] * 1e-12
                 });
                 if at_cap || saturated {
-                    frozen[i] = true;
+                    *frozen = true;
                     any = true;
                 }
             }
             // Recount the unfrozen flows per resource.
-            for f in self.flows.values() {
-                for &r in &f.res {
+            for (res, ..) in &set {
+                for &r in res {
                     self.count[r] = 0;
                 }
             }
             unfrozen = 0;
-            for (i, f) in self.flows.values().enumerate() {
-                if !frozen[i] {
+            for (res, _, _, frozen) in &set {
+                if !frozen {
                     unfrozen += 1;
-                    for &r in &f.res {
+                    for &r in res {
                         self.count[r] += 1;
                     }
                 }
@@ -667,7 +760,9 @@ impl BandwidthModel {
                 break;
             }
         }
-        for f in self.flows.values_mut() {
+        for (id, (_, _, rate, _)) in ids.iter().zip(&set) {
+            let Some(f) = self.flows.get_mut(id) else { continue };
+            f.rate = *rate;
             let old = f.eta;
             f.eta = if f.hold > now && !f.queued {
                 f.hold
@@ -681,6 +776,12 @@ impl BandwidthModel {
             } else {
                 Time::MAX
             };
+            if f.eta != old {
+                self.etas.remove(&(old, *id));
+                if f.eta != Time::MAX {
+                    self.etas.insert((f.eta, *id));
+                }
+            }
             if f.eta < old {
                 f.generation += 1;
                 if let Some(w) = f.waker.take() {
@@ -980,5 +1081,64 @@ mod tests {
         let b = m.start(t, n(5), n(6), 1000);
         assert_eq!(m.poll(t, a), FlowStatus::Done(t));
         assert_eq!(m.poll(t, b), FlowStatus::Done(t));
+    }
+
+    /// The rates after recomputing only the flows connected to each change are the rates of a
+    /// recomputation of every flow: random pairs (some with a stream limit), NIC caps, flows
+    /// started in and out of lanes, cancelled, and finished as time goes on.
+    #[test]
+    fn recomputing_the_connected_flows_gives_the_rates_of_a_full_recomputation() {
+        use rand::{Rng, SeedableRng};
+        for seed in 0..40u64 {
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+            let mut m = BandwidthModel::new();
+            let nodes = rng.random_range(2..7u32);
+            let mut now = Time::ZERO;
+            for a in 0..nodes {
+                if rng.random_bool(0.3) {
+                    m.set_nic(now, n(a), Some(rng.random_range(5.0..50.0) * MB));
+                }
+                for b in 0..nodes {
+                    if a != b {
+                        let streams = rng.random_bool(0.5).then(|| rng.random_range(1..4u32));
+                        m.set_pair(now, n(a), n(b), caps(rng.random_range(1.0..30.0), streams));
+                    }
+                }
+            }
+            let mut ids = Vec::new();
+            for _ in 0..60 {
+                let (a, b) = (rng.random_range(0..nodes), rng.random_range(0..nodes));
+                match rng.random_range(0..4) {
+                    0 | 1 if a != b => {
+                        let bytes = rng.random_range(1..20_000_000u64);
+                        let id = if rng.random_bool(0.5) {
+                            m.start_in_lane(now, (n(a), n(b), rng.random_range(0..3)), bytes)
+                        } else {
+                            m.start(now, n(a), n(b), bytes)
+                        };
+                        ids.push(id);
+                    }
+                    2 if !ids.is_empty() => {
+                        let id = ids.swap_remove(rng.random_range(0..ids.len()));
+                        m.cancel(now, id);
+                    }
+                    _ => {
+                        now = now + Duration::from_millis(rng.random_range(1..400));
+                        m.advance(now);
+                    }
+                }
+                let incremental: Vec<(FlowId, f64)> =
+                    m.flows.iter().map(|(i, f)| (*i, f.rate)).collect();
+                m.dirty_all = true;
+                m.refresh();
+                for (id, r) in incremental {
+                    let full = m.rate(id);
+                    assert!(
+                        (r - full).abs() <= 1e-9 * full.max(1.0),
+                        "seed {seed}: flow {id:?} at {r} B/s, a full recomputation gives {full}"
+                    );
+                }
+            }
+        }
     }
 }
