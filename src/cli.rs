@@ -181,6 +181,18 @@ pub(crate) struct ReplayArgs {
     /// and the all-reduce has less compute to hide behind.
     #[arg(long, value_name = "STEPS")]
     pub(crate) sync_delay: Option<u64>,
+    /// The simulator's executor instead of the scenario's (`[sim] executor`): `turmoil` polls
+    /// every host at every tick; `events` jumps from one event to the next, for large
+    /// scenarios (the default above 32 nodes).
+    #[arg(long, value_name = "EXECUTOR", value_parser = parse_executor)]
+    pub(crate) executor: Option<loco_core::scenario::ExecutorKind>,
+}
+
+/// `--executor`'s value.
+fn parse_executor(s: &str) -> Result<loco_core::scenario::ExecutorKind, String> {
+    use loco_core::scenario::ExecutorKind;
+    ExecutorKind::from_name(s)
+        .ok_or_else(|| format!("expected one of {}, got {s:?}", ExecutorKind::NAMES.join(", ")))
 }
 
 #[derive(Debug, Args)]
@@ -432,6 +444,9 @@ pub(crate) struct SimBench {
     /// Simulated hours to run.
     #[arg(long, default_value_t = 24.0)]
     pub(crate) hours: f64,
+    /// The simulator's executor instead of the scenario's (`turmoil` or `events`).
+    #[arg(long, value_name = "EXECUTOR", value_parser = parse_executor)]
+    pub(crate) executor: Option<loco_core::scenario::ExecutorKind>,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub(crate) json: bool,

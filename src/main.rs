@@ -88,7 +88,10 @@ fn run(cli: Cli) -> Result<Outcome> {
             }
         }
         Command::Bench(BenchCommand::Sim(a)) => {
-            let s = replay::scenario_or_default(a.scenario.as_deref())?;
+            let mut s = replay::scenario_or_default(a.scenario.as_deref())?;
+            if let Some(e) = a.executor {
+                s.set_executor(e);
+            }
             let f = loco_sim::bench(&s, a.hours).map_err(|e| anyhow::anyhow!(e))?;
             print_report(a.json, &f, |out| {
                 writeln!(out, "simulator: {}", f.scenario)?;
@@ -110,11 +113,20 @@ fn run(cli: Cli) -> Result<Outcome> {
                     "  24 h would take  {:.1} s",
                     86_400.0 / f.simulated_per_wall_second.max(1e-9)
                 )?;
-                writeln!(
-                    out,
-                    "  frames, ticks    {}, {} (tick {} s)",
-                    f.frames, f.ticks, f.tick_seconds
-                )?;
+                writeln!(out, "  nodes            {}", f.nodes)?;
+                if f.executor == "events" {
+                    writeln!(
+                        out,
+                        "  frames, events   {}, {} (event executor)",
+                        f.frames, f.events
+                    )?;
+                } else {
+                    writeln!(
+                        out,
+                        "  frames, ticks    {}, {} (turmoil, tick {} s)",
+                        f.frames, f.ticks, f.tick_seconds
+                    )?;
+                }
                 match f.peak_rss_bytes {
                     Some(b) => {
                         writeln!(out, "  peak memory      {:.1} MB resident", b as f64 / 1e6)?

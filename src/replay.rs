@@ -29,6 +29,9 @@ pub(crate) fn replay(a: &crate::cli::ReplayArgs) -> Result<bool> {
             .set_mode(mode, a.fragments, None, a.sync_delay)
             .map_err(|e| InputError(anyhow!("--mode {mode}: {e}")))?;
     }
+    if let Some(e) = a.executor {
+        scenario.set_executor(e);
+    }
     let out = a.out.clone().unwrap_or_else(|| PathBuf::from("out").join(scenario.name()));
     let bar = progress_bar();
     let progress_bar = bar.clone();

@@ -4,6 +4,7 @@
 use crate::clock;
 use crate::ctx::RunCtx;
 use crate::net::SimTransport;
+use crate::node::Port;
 use loco_core::mesh::{Coordinator, CoordinatorAction, MeshEvent};
 use loco_core::transport::{Frame, Header};
 use loco_core::{NodeId, Time};
@@ -11,30 +12,65 @@ use std::rc::Rc;
 
 /// Runs the coordinator until its host is crashed or the run ends.
 pub(crate) async fn run(run: Rc<RunCtx>) -> turmoil::Result {
-    let mut net = SimTransport::bind(NodeId::COORDINATOR, run.net.clone()).await?;
-    let mut c = Coordinator::new(run.mesh.clone());
+    let net = SimTransport::bind(NodeId::COORDINATOR, run.net.clone()).await?;
+    let mut host = CoordHost::new(run, Port::Turmoil(net));
     loop {
-        while let Some(a) = c.poll_action() {
-            match a {
-                CoordinatorAction::Send { to, msg } => {
-                    run.frames.set(run.frames.get() + 1);
-                    net.enqueue(to, Frame::control(msg));
-                }
-                CoordinatorAction::Event(e) => on_event(&run, clock::now(), e),
-            }
-        }
-        let wake = c.poll_timeout().unwrap_or(Time::MAX);
+        host.drain();
+        let wake = host.next_wake();
         tokio::select! {
             biased;
-            r = net.next() => {
+            r = host.net.next() => {
                 if let Ok((from, f)) = r {
-                    if let Header::Mesh(m) = f.header {
-                        c.handle_message(clock::now(), from, m);
-                    }
+                    host.frame(from, f);
                 }
             }
-            () = clock::sleep_until(wake) => c.handle_timeout(clock::now()),
+            () = clock::sleep_until(wake) => host.timeout(),
         }
+    }
+}
+
+/// The coordinator's host software: the mesh [`Coordinator`] and where its messages go.
+pub(crate) struct CoordHost {
+    run: Rc<RunCtx>,
+    net: Port,
+    c: Coordinator,
+}
+
+impl CoordHost {
+    /// A coordinator that sends through `net`.
+    pub(crate) fn new(run: Rc<RunCtx>, net: Port) -> CoordHost {
+        let c = Coordinator::new(run.mesh.clone());
+        CoordHost { run, net, c }
+    }
+
+    /// Sends the coordinator's messages and records its events until it has none.
+    pub(crate) fn drain(&mut self) {
+        while let Some(a) = self.c.poll_action() {
+            match a {
+                CoordinatorAction::Send { to, msg } => {
+                    self.run.frames.set(self.run.frames.get() + 1);
+                    self.net.enqueue(to, Frame::control(msg));
+                }
+                CoordinatorAction::Event(e) => on_event(&self.run, clock::now(), e),
+            }
+        }
+    }
+
+    /// A frame from `from` (only mesh messages concern the coordinator).
+    pub(crate) fn frame(&mut self, from: NodeId, f: Frame) {
+        if let Header::Mesh(m) = f.header {
+            self.c.handle_message(clock::now(), from, m);
+        }
+    }
+
+    /// Its deadline came.
+    pub(crate) fn timeout(&mut self) {
+        self.c.handle_timeout(clock::now());
+    }
+
+    /// Its next deadline (`Time::MAX` for none).
+    pub(crate) fn next_wake(&self) -> Time {
+        self.c.poll_timeout().unwrap_or(Time::MAX)
     }
 }
 

@@ -2,18 +2,17 @@
 //! churn between ticks, watches the stop conditions and the deadlock bound, and summarises.
 
 use crate::bandwidth::BandwidthModel;
-use crate::clock;
-use crate::coord;
 use crate::ctx::{NodeCtl, RealSetup, RunCtx};
+use crate::events::EventExec;
+use crate::exec::{Exec, TurmoilExec};
 use crate::net::{NetShared, host_name};
-use crate::node::Node;
 use crate::numerics;
 use crate::record::Recorder;
 use crate::{Progress, ReplayOptions, RunOutput, SimError};
 use loco_core::metrics::{EventKind, MfuBasis, RunMeta, sort_events, sort_outer_steps, summarize};
 use loco_core::rng::{Purpose, derive};
 use loco_core::scenario::links::{LatencySetting, Links};
-use loco_core::scenario::{ChurnAction, Cut, Numerics, RegionId, Scenario, TcpKind};
+use loco_core::scenario::{ChurnAction, Cut, ExecutorKind, Numerics, RegionId, Scenario, TcpKind};
 use loco_core::{NodeId, Time};
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet};
@@ -105,19 +104,21 @@ pub(crate) fn default_tick(estimate: Duration) -> Duration {
 }
 
 struct Driver<'a> {
-    sim: turmoil::Sim<'a>,
+    exec: Box<dyn Exec + 'a>,
     run: Rc<RunCtx>,
     links: Links,
     regions: BTreeMap<NodeId, RegionId>,
-    /// Hosts registered with turmoil, the coordinator included.
+    /// Hosts registered with the executor, the coordinator included, in order.
     hosts: Vec<NodeId>,
+    /// The same, to look up.
+    known: BTreeSet<NodeId>,
     cuts: Vec<Cut>,
     coordinator_alive: bool,
 }
 
 impl Driver<'_> {
     fn now(&self) -> Time {
-        clock::from_duration(self.sim.elapsed())
+        self.exec.now()
     }
 
     fn host_cmp(&mut self) -> Vec<NodeId> {
@@ -127,27 +128,15 @@ impl Driver<'_> {
     fn set_latencies(&mut self, l: &[LatencySetting]) {
         let mut bw = self.run.net.bandwidth.borrow_mut();
         for s in l {
-            self.sim.set_link_latency(host_name(s.a), host_name(s.b), s.min);
-            self.sim.set_link_max_message_latency(host_name(s.a), host_name(s.b), s.max);
+            self.exec.set_latency(s.a, s.b, s.min, s.max);
             // Both directions take the pair's latency, half-way between min and max on average.
             bw.set_rtt(s.a, s.b, s.min + s.max);
         }
     }
 
     fn register(&mut self, id: NodeId) {
-        let run = self.run.clone();
-        run.net.set_down(id, false);
-        if id == NodeId::COORDINATOR {
-            self.sim.host(host_name(id), move || coord::run(run.clone()));
-        } else {
-            self.sim.host(host_name(id), move || {
-                let run = run.clone();
-                async move {
-                    let node = Node::start(run, id).await?;
-                    node.run().await
-                }
-            });
-        }
+        self.run.net.set_down(id, false);
+        self.exec.start(id);
         let now = self.now();
         let hosts = self.host_cmp();
         let lat = self.links.host_latencies(id, &hosts, now);
@@ -163,11 +152,12 @@ impl Driver<'_> {
             }
         }
         self.hosts.push(id);
+        self.known.insert(id);
     }
 
     fn cut(&mut self, a: NodeId, b: NodeId) {
         self.run.net.cut(a, b);
-        self.sim.partition_oneway(host_name(a), host_name(b));
+        self.exec.partition_oneway(a, b);
     }
 
     fn partition(&mut self, cut: &Cut) {
@@ -189,7 +179,7 @@ impl Driver<'_> {
         for &a in &hosts {
             for &b in &hosts {
                 if a != b && cut.covers(&self.regions, a, b) && self.run.net.uncut(a, b) {
-                    self.sim.repair_oneway(host_name(a), host_name(b));
+                    self.exec.repair_oneway(a, b);
                 }
             }
         }
@@ -216,7 +206,7 @@ impl Driver<'_> {
         match action {
             ChurnAction::Join(nodes) => {
                 for &id in nodes {
-                    if !self.hosts.contains(&id) {
+                    if !self.known.contains(&id) {
                         self.register(id);
                     }
                 }
@@ -225,13 +215,13 @@ impl Driver<'_> {
                 for &id in nodes {
                     let ctl = run.node(id);
                     ctl.leave.set(true);
-                    ctl.wake.notify_one();
+                    self.exec.notify(id);
                     run.event(now, EventKind::Leave, Some(id), None, "graceful exit (deathrattle)");
                 }
             }
             ChurnAction::Crash(nodes) => {
                 for &id in nodes {
-                    if !self.hosts.contains(&id) {
+                    if !self.known.contains(&id) {
                         continue;
                     }
                     let ctl = run.node(id);
@@ -245,7 +235,7 @@ impl Driver<'_> {
                     run.net.bandwidth.borrow_mut().cancel_node(now, id);
                     run.net.set_down(id, true);
                     self.reset_node_links(id);
-                    self.sim.crash(host_name(id));
+                    self.exec.crash(id);
                 }
             }
             ChurnAction::Hang(nodes) | ChurnAction::Resume(nodes) => {
@@ -253,7 +243,7 @@ impl Driver<'_> {
                 for &id in nodes {
                     let ctl = run.node(id);
                     ctl.hung.set(hang);
-                    ctl.wake.notify_one();
+                    self.exec.notify(id);
                     let detail = if hang { "hangs (keeps beating)" } else { "resumes" };
                     run.event(now, EventKind::Hang, Some(id), None, detail);
                 }
@@ -272,11 +262,11 @@ impl Driver<'_> {
                         None,
                         format!("incarnation {}", ctl.incarnation.get()),
                     );
-                    if self.hosts.contains(&id) {
+                    if self.known.contains(&id) {
                         run.net.bandwidth.borrow_mut().cancel_node(now, id);
                         run.net.set_down(id, false);
                         self.reset_node_links(id);
-                        self.sim.bounce(host_name(id));
+                        self.exec.bounce(id);
                     } else {
                         self.register(id);
                     }
@@ -316,7 +306,7 @@ impl Driver<'_> {
                 self.coordinator_alive = false;
                 run.net.set_down(NodeId::COORDINATOR, true);
                 self.reset_node_links(NodeId::COORDINATOR);
-                self.sim.crash(host_name(NodeId::COORDINATOR));
+                self.exec.crash(NodeId::COORDINATOR);
             }
         }
     }
@@ -337,7 +327,7 @@ impl Driver<'_> {
     }
 
     fn node_running(&mut self, id: NodeId) -> bool {
-        self.hosts.contains(&id) && self.sim.is_host_running(host_name(id))
+        self.known.contains(&id) && self.exec.is_running(id)
     }
 }
 
@@ -407,23 +397,33 @@ pub(crate) fn replay(scenario: &Scenario, mut opts: ReplayOptions) -> Result<Run
     // default): every node dials the coordinator at the start. Room for all of them, twice
     // (the default below 32 nodes, so that smaller runs are as they were).
     let tcp_capacity = s.nodes().len().saturating_add(1).saturating_mul(2).max(64);
-    let sim = turmoil::Builder::new()
-        .tcp_capacity(tcp_capacity)
-        .tick_duration(plan.tick)
-        .simulation_duration(Duration::from_secs(u64::from(u32::MAX)))
-        .min_message_latency(Duration::ZERO)
-        .max_message_latency(Duration::ZERO)
-        .rng_seed(derive(seed, 0, Purpose::Turmoil))
-        .build();
+    let executor = opts.executor.unwrap_or_else(|| s.sim().executor_for(s.nodes().len()));
+    let exec: Box<dyn Exec> = match executor {
+        ExecutorKind::Turmoil => Box::new(TurmoilExec {
+            sim: turmoil::Builder::new()
+                .tcp_capacity(tcp_capacity)
+                .tick_duration(plan.tick)
+                .simulation_duration(Duration::from_secs(u64::from(u32::MAX)))
+                .min_message_latency(Duration::ZERO)
+                .max_message_latency(Duration::ZERO)
+                .rng_seed(derive(seed, 0, Purpose::Turmoil))
+                .build(),
+            run: run.clone(),
+            tick: plan.tick,
+            ticks: 0,
+        }),
+        ExecutorKind::Events => Box::new(EventExec::new(run.clone())),
+    };
     let mut regions: BTreeMap<NodeId, RegionId> =
         s.nodes().iter().map(|n| (n.id, n.region)).collect();
     regions.insert(NodeId::COORDINATOR, s.coordinator_region());
     let mut d = Driver {
-        sim,
+        exec,
         run: run.clone(),
         links: Links::new(&s, seed),
         regions,
         hosts: Vec::new(),
+        known: BTreeSet::new(),
         cuts: Vec::new(),
         coordinator_alive: true,
     };
@@ -432,7 +432,10 @@ pub(crate) fn replay(scenario: &Scenario, mut opts: ReplayOptions) -> Result<Run
         EventKind::Start,
         None,
         None,
-        format!("seed {seed}, tick {} ms", plan.tick.as_millis()),
+        match executor {
+            ExecutorKind::Turmoil => format!("seed {seed}, tick {} ms", plan.tick.as_millis()),
+            ExecutorKind::Events => format!("seed {seed}, event executor"),
+        },
     );
     d.refresh_links();
     d.register(NodeId::COORDINATOR);
@@ -441,7 +444,17 @@ pub(crate) fn replay(scenario: &Scenario, mut opts: ReplayOptions) -> Result<Run
     }
     let churn = s.churn().to_vec();
     let mut next_churn = 0;
-    let mut ticks: u64 = 0;
+    // Rounds of the loop: a tick under turmoil, a run of events under the event executor.
+    let mut rounds: u64 = 0;
+    let progress_every = match executor {
+        ExecutorKind::Turmoil => 2000,
+        ExecutorKind::Events => 1,
+    };
+    // How long the loop waits, once the last outer step is done, for the members to close
+    // their last rows (after the commit's outer work).
+    let stop_grace = run.mesh.heartbeat_timeout.saturating_mul(2)
+        + Duration::from_secs(10)
+        + s.sim().outer_time(run.params);
     let mut reported_steps = u64::MAX;
     let future_starts = |i: usize| {
         churn[i..]
@@ -478,7 +491,7 @@ pub(crate) fn replay(scenario: &Scenario, mut opts: ReplayOptions) -> Result<Run
             (r.steps_done(), r.last_progress())
         };
         if let Some(p) = opts.progress.as_mut() {
-            if steps != reported_steps || ticks.is_multiple_of(2000) {
+            if steps != reported_steps || rounds.is_multiple_of(progress_every) {
                 reported_steps = steps;
                 p(Progress {
                     simulated_seconds: now.as_secs_f64(),
@@ -503,11 +516,7 @@ pub(crate) fn replay(scenario: &Scenario, mut opts: ReplayOptions) -> Result<Run
                 let have = r.rows_of(last);
                 let waiting =
                     members.iter().any(|m| !have.contains(m) && run.node(*m).member.get());
-                // Members close their last rows once the commit's outer work is done.
-                let grace = run.mesh.heartbeat_timeout.saturating_mul(2)
-                    + Duration::from_secs(10)
-                    + s.sim().outer_time(run.params);
-                if !waiting || now - last_progress > grace {
+                if !waiting || now - last_progress > stop_grace {
                     stop_reason = format!("{n} outer steps done");
                     break;
                 }
@@ -519,7 +528,7 @@ pub(crate) fn replay(scenario: &Scenario, mut opts: ReplayOptions) -> Result<Run
             stop_reason = why;
             break;
         }
-        if running.is_empty() && d.coordinator_alive && !future_starts(next_churn) && ticks > 0 {
+        if running.is_empty() && d.coordinator_alive && !future_starts(next_churn) && rounds > 0 {
             stop_reason = "every node stopped".to_owned();
             break;
         }
@@ -554,8 +563,21 @@ pub(crate) fn replay(scenario: &Scenario, mut opts: ReplayOptions) -> Result<Run
             stop_reason = "duration limit reached".to_owned();
             break;
         }
-        d.sim.step().map_err(|e| SimError::Host(e.to_string()))?;
-        ticks += 1;
+        // The loop's next deadline: the executor stops there (turmoil steps one tick anyway).
+        let mut horizon = (Time::ZERO + plan.duration_limit)
+            .min(d.links.next_change())
+            .min(last_progress + plan.stall_limit + Duration::from_nanos(1));
+        if let Some(e) = churn.get(next_churn) {
+            horizon = horizon.min(Time::ZERO + e.at);
+        }
+        if let Some(t) = plan.stop_time {
+            horizon = horizon.min(Time::ZERO + t);
+        }
+        if plan.stop_steps.is_some_and(|n| steps >= n) {
+            horizon = horizon.min(last_progress + stop_grace + Duration::from_nanos(1));
+        }
+        d.exec.step(horizon)?;
+        rounds += 1;
     }
     let end = d.now();
     {
@@ -578,12 +600,14 @@ pub(crate) fn replay(scenario: &Scenario, mut opts: ReplayOptions) -> Result<Run
     let bw = run.net.bandwidth.borrow();
     let mut extra = BTreeMap::new();
     extra.insert("stop_reason".to_owned(), serde_json::json!(stop_reason));
-    extra.insert("tick_seconds".to_owned(), serde_json::json!(plan.tick.as_secs_f64()));
+
     extra.insert(
         "numerics".to_owned(),
         serde_json::json!(if run.real.is_some() { "real" } else { "virtual" }),
     );
-    extra.insert("ticks".to_owned(), serde_json::json!(ticks));
+    for (k, v) in d.exec.figures() {
+        extra.insert(k.to_owned(), v);
+    }
     extra.insert("diloco_mode".to_owned(), serde_json::json!(s.diloco().mode.as_str()));
     extra.insert("fragments".to_owned(), serde_json::json!(s.diloco().fragments));
     extra.insert("sync_delay".to_owned(), serde_json::json!(s.diloco().round_steps()));

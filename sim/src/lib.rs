@@ -3,10 +3,11 @@
 //! loco's deterministic simulator backend: the same core (mesh, ring all-reduce, DiLoCo) as the
 //! real backend, on a simulated network of [turmoil] hosts, from the same scenario file.
 //!
-//! - **Hosts.** One turmoil host per node (the mesh member, compute, the shard rings, DiLoCo) and
-//!   one for the mesh coordinator.
-//!   turmoil provides simulated time, latency, partitions, crashes and restarts; its RNG is seeded
-//!   from the run's seed.
+//! - **Hosts.** One host per node (the mesh member, compute, the shard rings, DiLoCo) and one for
+//!   the mesh coordinator, driven by one of two executors (`exec.rs`): turmoil, which provides
+//!   simulated time, latency, partitions, crashes and restarts and polls every host at every
+//!   tick; or the event executor (`events.rs`), which jumps from one event to the next (the
+//!   default above 32 nodes; `[sim] executor`). Both seed their randomness from the run's seed.
 //! - **Bandwidth** ([`bandwidth`]), which turmoil lacks: a fluid model in which every frame body
 //!   is a flow over the sender's egress NIC, the directed node pair (`streams` connections of
 //!   `bandwidth`) and the receiver's ingress NIC, rates shared max-min fairly. The transport
@@ -44,6 +45,8 @@ pub mod clock;
 mod coord;
 mod ctx;
 mod driver;
+mod events;
+mod exec;
 pub mod net;
 mod node;
 pub mod numerics;
@@ -79,6 +82,8 @@ pub struct ReplayOptions {
     /// of the model's: `loco fidelity` sets `[sim] elements`, the size of the synthetic objective
     /// the real run trains.
     pub outer_params: Option<u64>,
+    /// Runs on this executor instead of the scenario's (`loco replay --executor`).
+    pub executor: Option<loco_core::scenario::ExecutorKind>,
 }
 
 impl fmt::Debug for ReplayOptions {
@@ -90,6 +95,7 @@ impl fmt::Debug for ReplayOptions {
             .field("run_for", &self.run_for)
             .field("progress", &self.progress.is_some())
             .field("outer_params", &self.outer_params)
+            .field("executor", &self.executor)
             .finish()
     }
 }
@@ -136,6 +142,12 @@ pub struct BenchFigures {
     pub simulated_per_wall_second: f64,
     /// Outer steps completed.
     pub outer_steps: u64,
+    /// Nodes the scenario declares.
+    pub nodes: usize,
+    /// The executor that ran it (`turmoil` or `events`).
+    pub executor: String,
+    /// Events the event executor handled (0 under turmoil).
+    pub events: u64,
     /// Frames the hosts handed to the network.
     pub frames: u64,
     /// turmoil ticks stepped.
@@ -170,6 +182,15 @@ pub fn bench(scenario: &Scenario, simulated_hours: f64) -> Result<BenchFigures, 
         wall_seconds: wall,
         simulated_per_wall_second: if wall > 0.0 { sim / wall } else { 0.0 },
         outer_steps: out.summary.outer_steps,
+        nodes: scenario.nodes().len(),
+        executor: out
+            .summary
+            .extra
+            .get("executor")
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or("turmoil")
+            .to_owned(),
+        events: extra_u64("events"),
         frames: extra_u64("frames_sent"),
         ticks: extra_u64("ticks"),
         tick_seconds: out

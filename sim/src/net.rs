@@ -127,8 +127,19 @@ enum Incoming {
 }
 
 impl Lane {
+    /// The lane a frame travels in.
+    pub(crate) fn of(frame: &Frame) -> Lane {
+        match &frame.header {
+            Header::Mesh(_) | Header::StateAsk(_) if frame.body.is_empty() => Lane::Control,
+            Header::StateAsk(_) => Lane::Bulk(u16::MAX),
+            Header::Mesh(_) => Lane::Bulk(u16::MAX),
+            Header::Collective(h) => Lane::Bulk(h.shard),
+            Header::State(h) => Lane::State(h.part, h.offset),
+        }
+    }
+
     /// The lane's key in the bandwidth model.
-    fn key(self) -> u64 {
+    pub(crate) fn key(self) -> u64 {
         match self {
             Lane::Control => 0,
             Lane::Bulk(s) => 1 + u64::from(s),
@@ -138,8 +149,9 @@ impl Lane {
     }
 }
 
+/// The queue a frame waits in on its way to one peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum Lane {
+pub(crate) enum Lane {
     /// A control message with an empty body: no bandwidth wait.
     Control,
     /// Everything else, per shard (mesh frames with a body use shard `u16::MAX`).
@@ -207,13 +219,7 @@ impl SimTransport {
             let _ = self.inbox_tx.send(Incoming::Frame(to, frame));
             return;
         }
-        let lane = match &frame.header {
-            Header::Mesh(_) | Header::StateAsk(_) if frame.body.is_empty() => Lane::Control,
-            Header::StateAsk(_) => Lane::Bulk(u16::MAX),
-            Header::Mesh(_) => Lane::Bulk(u16::MAX),
-            Header::Collective(h) => Lane::Bulk(h.shard),
-            Header::State(h) => Lane::State(h.part, h.offset),
-        };
+        let lane = Lane::of(&frame);
         let writer = self.writer(to);
         if lane == Lane::Control {
             let _ = writer.send(frame);

@@ -180,6 +180,12 @@ impl Links {
         self.dirty = true;
     }
 
+    /// When the links change by themselves next (a trace's or a time-drawn figure's next value;
+    /// `Time::MAX` for never): the replay loop refreshes them then.
+    pub fn next_change(&self) -> Time {
+        if self.dirty { Time::ZERO } else { self.next_change }
+    }
+
     /// Whether the values may have changed since the last [`refresh`](Self::refresh).
     pub fn due(&self, now: Time, steps_done: u64) -> bool {
         self.dirty || now >= self.next_change || steps_done != self.step_index

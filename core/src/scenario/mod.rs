@@ -944,6 +944,48 @@ pub struct SimSpec {
     /// The TCP congestion control the nodes run: the simulator charges its start-up, and
     /// `loco launch`'s emulated network sets it in every namespace.
     pub tcp: TcpKind,
+    /// The simulator's executor; `None` chooses by the scenario's size
+    /// ([`SimSpec::executor_for`]).
+    pub executor: Option<ExecutorKind>,
+}
+
+/// How the simulator advances time (`[sim] executor`). Both drive the same node machine, the
+/// same fluid bandwidth model and the same churn; they differ in how they wait.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ExecutorKind {
+    /// turmoil: every host is polled at every tick of a fixed length, and messages travel
+    /// through turmoil's simulated TCP. Its cost grows with hosts x simulated time.
+    Turmoil,
+    /// Jumps from one event (a frame's arrival, a flow's end, a timer, a churn event) to the
+    /// next: its cost grows with the number of events, not with simulated time.
+    Events,
+}
+
+impl ExecutorKind {
+    /// The names the scenario format takes.
+    pub const NAMES: [&'static str; 2] = ["turmoil", "events"];
+
+    /// Nodes above which [`SimSpec::executor_for`] chooses [`ExecutorKind::Events`]: turmoil
+    /// polls every host at every tick, which 64 nodes already make slow.
+    pub const TURMOIL_MAX_DEFAULT_NODES: usize = 32;
+
+    /// The name of the executor.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExecutorKind::Turmoil => "turmoil",
+            ExecutorKind::Events => "events",
+        }
+    }
+
+    /// The kind of a name of [`Self::NAMES`].
+    pub fn from_name(name: &str) -> Option<ExecutorKind> {
+        match name {
+            "turmoil" => Some(ExecutorKind::Turmoil),
+            "events" => Some(ExecutorKind::Events),
+            _ => None,
+        }
+    }
 }
 
 /// TCP congestion control (`[sim] tcp`). Either way a new connection starts from a window of 10
@@ -998,6 +1040,16 @@ impl SimSpec {
     /// `loco bench recovery --bytes 2GB --cold` measured on a 2-core AMD EPYC VM, where a
     /// sender's digest of a 2 GB snapshot's pieces (on both cores) took 0.22-0.24 s.
     pub const DEFAULT_STATE_PREPARE_COST: f64 = 1.1e-10;
+
+    /// The executor a scenario of `nodes` nodes runs on: the one the file names, else turmoil
+    /// up to [`ExecutorKind::TURMOIL_MAX_DEFAULT_NODES`] nodes and events above.
+    pub fn executor_for(&self, nodes: usize) -> ExecutorKind {
+        self.executor.unwrap_or(if nodes > ExecutorKind::TURMOIL_MAX_DEFAULT_NODES {
+            ExecutorKind::Events
+        } else {
+            ExecutorKind::Turmoil
+        })
+    }
 
     /// The default [`state_receive_cost`](SimSpec::state_receive_cost): what
     /// `loco bench recovery --bytes 2GB` measured on a 2-core AMD EPYC VM, where a 2 GB state
@@ -1067,6 +1119,7 @@ impl Default for SimSpec {
             encode_cost: None,
             decode_cost: None,
             tcp: TcpKind::Cubic,
+            executor: None,
         }
     }
 }
@@ -1411,6 +1464,11 @@ impl Scenario {
     /// connections never meet the links' losses, compares with the fluid model alone).
     pub fn set_tcp(&mut self, tcp: TcpKind) {
         self.sim.tcp = tcp;
+    }
+
+    /// Replaces the simulator's executor (`loco replay --executor`).
+    pub fn set_executor(&mut self, executor: ExecutorKind) {
+        self.sim.executor = Some(executor);
     }
 
     /// The real backend's section.

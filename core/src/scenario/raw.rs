@@ -301,6 +301,7 @@ pub(crate) struct RawSim {
     pub(crate) encode_cost: Option<f64>,
     pub(crate) decode_cost: Option<f64>,
     pub(crate) tcp: Option<String>,
+    pub(crate) executor: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]

@@ -209,6 +209,7 @@ state_prepare_cost = 3e-10
 state_receive_cost = 2e-9
 encode_cost = 1e-9
 tcp = "bbr"
+executor = "events"
 
 [real]
 device = "cuda:1"
@@ -268,6 +269,7 @@ network = "emulated"
             encode_cost: Some(1e-9),
             decode_cost: None,
             tcp: TcpKind::Bbr,
+            executor: Some(ExecutorKind::Events),
         }
     );
     let r = s.real();
@@ -913,6 +915,12 @@ fn backend_section_constraints() {
         &src,
         "\"vegas\"",
         r#"sim.tcp: expected one of "cubic", "bbr", "none", got "vegas""#,
+    );
+    let src = format!("{BASE}[sim]\nexecutor = \"tick\"\n");
+    assert_msg(
+        &src,
+        "\"tick\"",
+        r#"sim.executor: expected one of "turmoil", "events", got "tick""#,
     );
     let src = format!("{BASE}[real]\nnetwork = \"wan\"\n");
     assert_msg(

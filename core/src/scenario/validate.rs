@@ -10,8 +10,9 @@ use super::units::{
     UnitError, duration_from_secs_f64, format_duration, parse_duration, parse_rate, parse_size,
 };
 use super::{
-    Decay, Device, DilocoSpec, LinkSpec, ModelSpec, NetworkMode, NodeSpec, Numerics, Precision,
-    Preset, Published, RealSpec, Region, RegionId, Scenario, SimSpec, Stop, TcpKind, Varying,
+    Decay, Device, DilocoSpec, ExecutorKind, LinkSpec, ModelSpec, NetworkMode, NodeSpec, Numerics,
+    Precision, Preset, Published, RealSpec, Region, RegionId, Scenario, SimSpec, Stop, TcpKind,
+    Varying,
 };
 use crate::codec::CodecKind;
 use crate::diloco::Mode;
@@ -916,6 +917,12 @@ fn sim(s: &RawSim, stop: &Stop) -> R<SimSpec> {
         None => None,
     };
     Ok(SimSpec {
+        executor: match s.executor.as_deref() {
+            None => None,
+            Some(name) => Some(ExecutorKind::from_name(name).ok_or_else(|| {
+                expected(&p.key("executor"), one_of_text(&ExecutorKind::NAMES), quoted(name))
+            })?),
+        },
         tcp: match s.tcp.as_deref() {
             None => def.tcp,
             Some(name) => TcpKind::from_name(name).ok_or_else(|| {

@@ -31,10 +31,45 @@ use loco_core::{NodeId, Time};
 use std::rc::Rc;
 use std::time::Duration;
 
-enum Event {
+/// One input of a node host.
+pub(crate) enum Event {
+    /// A frame, or the news that a peer cannot be reached.
     Net(Result<(NodeId, Frame), TransportError>),
+    /// Its next deadline ([`Node::next_wake`]) came.
     Timer,
+    /// The driver changed its control block (hang, resume, leave).
     Control,
+}
+
+/// Where a host's frames go: turmoil's transport, or the event executor's network.
+pub(crate) enum Port {
+    /// turmoil TCP plus the bandwidth model.
+    Turmoil(SimTransport),
+    /// The event executor's network.
+    Events(crate::events::Endpoint),
+}
+
+impl Port {
+    /// Queues `frame` for `to`; its flow gets no bandwidth before `ready`.
+    pub(crate) fn enqueue_ready(&mut self, to: NodeId, frame: Frame, ready: Time) {
+        match self {
+            Port::Turmoil(t) => t.enqueue_ready(to, frame, ready),
+            Port::Events(e) => e.enqueue_ready(to, frame, ready),
+        }
+    }
+
+    /// Queues `frame` for `to` at once.
+    pub(crate) fn enqueue(&mut self, to: NodeId, frame: Frame) {
+        self.enqueue_ready(to, frame, Time::ZERO);
+    }
+
+    /// The next frame from turmoil (never, on the event executor: it hands frames in).
+    pub(crate) async fn next(&mut self) -> Result<(NodeId, Frame), TransportError> {
+        match self {
+            Port::Turmoil(t) => t.next().await,
+            Port::Events(_) => std::future::pending().await,
+        }
+    }
 }
 
 /// Work of the node's under way: the inner steps, or an O(model) or O(state) job whose time is
@@ -59,13 +94,17 @@ impl Computing {
     }
 }
 
+/// How long a stopping node's process lives on after its member stopped, for its writers to
+/// put the last frames (the deathrattle) on the wire.
+pub(crate) const DEATHRATTLE: Duration = Duration::from_millis(50);
+
 /// One node's host software. See the module documentation.
 pub(crate) struct Node {
     run: Rc<RunCtx>,
     id: NodeId,
     inc: u64,
     session: u64,
-    net: SimTransport,
+    net: Port,
     machine: MachineNode,
     computing: Option<Computing>,
     /// A commit's O(model) work under way (`[sim] outer_cost` per parameter): the job, already
@@ -90,9 +129,13 @@ pub(crate) struct Node {
 impl Node {
     /// Starts the node's process (binds its endpoint). Called by the host factory.
     pub(crate) async fn start(run: Rc<RunCtx>, id: NodeId) -> std::io::Result<Node> {
-        let ctl = run.node(id);
-        let inc = ctl.incarnation.get();
         let net = SimTransport::bind(id, run.net.clone()).await?;
+        Node::with_port(run, id, Port::Turmoil(net))
+    }
+
+    /// A node's process whose frames go through `net`.
+    pub(crate) fn with_port(run: Rc<RunCtx>, id: NodeId, net: Port) -> std::io::Result<Node> {
+        let inc = run.node(id).incarnation.get();
         let cfg = node_config(&run, id, run.real.as_ref().map(|r| r.initial.clone()));
         let (machine, model) = match MachineNode::new(cfg, inc << 16) {
             Ok(m) => {
@@ -175,12 +218,9 @@ impl Node {
     /// Runs the process until it stops for good.
     pub(crate) async fn run(mut self) -> turmoil::Result {
         loop {
-            if let Err(e) = self.machine.join(Self::now()) {
-                tracing::warn!(target: "loco_sim", "{}: join refused: {e}", self.id);
-            }
+            self.begin();
             let rejoin = self.session().await;
-            self.run.node(self.id).member.set(false);
-            if !rejoin || self.run.node(self.id).leave.get() {
+            if !self.ended(rejoin) {
                 break;
             }
             // Evicted, or the coordinator went silent: as a supervisor would, restart the member
@@ -189,14 +229,35 @@ impl Node {
                 self.run.node(self.id).wake.notified().await;
             }
             tokio::time::sleep(self.run.mesh.heartbeat_interval).await;
-            self.session += 1;
-            self.drop_work();
-            self.machine.restart((self.inc << 16) | self.session);
+            self.restart();
         }
         // Let the writer tasks put the last frames (the deathrattle) on the wire.
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(DEATHRATTLE).await;
         self.run.net.set_down(self.id, true);
         Ok(())
+    }
+
+    /// Joins the mesh: the node's first member, or a restarted one.
+    pub(crate) fn begin(&mut self) {
+        if let Err(e) = self.machine.join(Self::now()) {
+            tracing::warn!(target: "loco_sim", "{}: join refused: {e}", self.id);
+        }
+    }
+
+    /// The member stopped (`rejoin`: as the machine said): whether the node's supervisor
+    /// starts a new one ([`restart`](Self::restart), once the node works again, after a
+    /// heartbeat interval).
+    pub(crate) fn ended(&self, rejoin: bool) -> bool {
+        self.run.node(self.id).member.set(false);
+        rejoin && !self.run.node(self.id).leave.get()
+    }
+
+    /// A new member with a new incarnation, as a supervisor restarts it; [`begin`](Self::begin)
+    /// joins it.
+    pub(crate) fn restart(&mut self) {
+        self.session += 1;
+        self.drop_work();
+        self.machine.restart((self.inc << 16) | self.session);
     }
 
     /// One membership, from join to stop; returns whether to join again.
@@ -205,55 +266,62 @@ impl Node {
             if let Some(rejoin) = self.drain() {
                 return rejoin;
             }
-            let now = match self.next_event().await {
-                Event::Control => {
-                    self.on_control();
-                    continue;
-                }
-                Event::Timer => {
-                    let now = Self::now();
-                    self.machine.handle_timeout(now);
-                    now
-                }
-                Event::Net(Ok((from, frame))) => {
-                    self.machine.handle_frame(Self::now(), from, frame);
-                    continue;
-                }
-                Event::Net(Err(TransportError::Unreachable(peer))) => {
-                    self.machine.peer_unreachable(Self::now(), peer);
-                    continue;
-                }
-                Event::Net(Err(_)) => continue,
-            };
-            if self.computing.as_ref().is_some_and(|c| c.done(now)) {
-                self.finish_compute(now);
+            let ev = self.next_event().await;
+            self.input(ev);
+        }
+    }
+
+    /// Feeds one input to the machine, and the completions it makes due; [`drain`](Self::drain)
+    /// carries out what follows.
+    pub(crate) fn input(&mut self, ev: Event) {
+        let now = match ev {
+            Event::Control => {
+                self.on_control();
+                return;
             }
-            if self.outer.as_ref().is_some_and(|(_, c)| c.done(now)) {
-                if let Some((job, _)) = self.outer.take() {
-                    self.machine.outer_done(now, job);
-                }
+            Event::Timer => {
+                let now = Self::now();
+                self.machine.handle_timeout(now);
+                now
             }
-            // Prepared states in the order they were asked for (the same seed, the same bytes).
-            let mut i = 0;
-            while i < self.preparing.len() {
-                if self.preparing[i].1.done(now) {
-                    let (p, _) = self.preparing.remove(i);
-                    self.machine.state_prepared(now, p);
-                } else {
-                    i += 1;
-                }
+            Event::Net(Ok((from, frame))) => {
+                self.machine.handle_frame(Self::now(), from, frame);
+                return;
             }
-            if self.verifying.as_ref().is_some_and(|(_, c)| c.done(now)) {
-                if let Some((r, _)) = self.verifying.take() {
-                    self.machine.state_verified(now, r);
-                }
+            Event::Net(Err(TransportError::Unreachable(peer))) => {
+                self.machine.peer_unreachable(Self::now(), peer);
+                return;
+            }
+            Event::Net(Err(_)) => return,
+        };
+        if self.computing.as_ref().is_some_and(|c| c.done(now)) {
+            self.finish_compute(now);
+        }
+        if self.outer.as_ref().is_some_and(|(_, c)| c.done(now)) {
+            if let Some((job, _)) = self.outer.take() {
+                self.machine.outer_done(now, job);
+            }
+        }
+        // Prepared states in the order they were asked for (the same seed, the same bytes).
+        let mut i = 0;
+        while i < self.preparing.len() {
+            if self.preparing[i].1.done(now) {
+                let (p, _) = self.preparing.remove(i);
+                self.machine.state_prepared(now, p);
+            } else {
+                i += 1;
+            }
+        }
+        if self.verifying.as_ref().is_some_and(|(_, c)| c.done(now)) {
+            if let Some((r, _)) = self.verifying.take() {
+                self.machine.state_verified(now, r);
             }
         }
     }
 
     /// Carries out the machine's effects and sends its transmits until it has none; `Some`
     /// when the member stopped (whether to join again).
-    fn drain(&mut self) -> Option<bool> {
+    pub(crate) fn drain(&mut self) -> Option<bool> {
         let mut stop = None;
         loop {
             let mut any = false;
@@ -437,13 +505,20 @@ impl Node {
         }
     }
 
-    async fn next_event(&mut self) -> Event {
+    /// When the node next has something to do without an input: the machine's timer or the
+    /// end of work under way (`Time::MAX` for never).
+    pub(crate) fn next_wake(&mut self) -> Time {
         let mut wake = self.machine.poll_timeout().unwrap_or(Time::MAX);
         for c in self.busy() {
             if let Some(due) = c.due() {
                 wake = wake.min(due);
             }
         }
+        wake
+    }
+
+    async fn next_event(&mut self) -> Event {
+        let wake = self.next_wake();
         let ctl = self.run.clone();
         let wake_ctl = &ctl.node(self.id).wake;
         tokio::select! {
@@ -452,6 +527,11 @@ impl Node {
             r = self.net.next() => Event::Net(r),
             () = clock::sleep_until(wake) => Event::Timer,
         }
+    }
+
+    /// Whether the node is hung now (its supervisor restarts no member before it resumes).
+    pub(crate) fn is_hung(&self) -> bool {
+        self.hung()
     }
 
     /// The driver changed the control block: leave, hang or resume.

@@ -1,0 +1,536 @@
+//! The event executor: the same hosts as under turmoil (core's node machine in
+//! [`crate::node::Node`], the coordinator in [`crate::coord::CoordHost`]), the same fluid
+//! bandwidth model and the same churn, driven from one event to the next instead of polled at
+//! every tick. Its cost grows with the number of events, not with hosts x simulated time.
+//!
+//! The agenda holds, in time order (ties in the order they were scheduled):
+//!
+//! - a frame's arrival at its receiver, a latency after its body's flow ended in the bandwidth
+//!   model (control messages skip the model, as under turmoil);
+//! - the news that a peer cannot be reached, for a sender whose peer is down or cut off, or
+//!   whose flow was cancelled by the peer's crash;
+//! - each host's next deadline (its machine's timers, the end of its work);
+//! - the bandwidth model's next change (a flow's end, a hold's end);
+//! - a supervisor's restart of a member, a stopping process's exit.
+//!
+//! What it keeps of turmoil's network: a message's latency is drawn as turmoil draws it (the
+//! link's minimum plus an exponential share of its range, rate 5, in whole milliseconds, capped
+//! at the maximum), from the run's seed; the messages of one connection arrive in order; a
+//! message in flight across a cut or to a host that died is lost. Hosts see the same inputs in
+//! the same order as under turmoil, but at exact times rather than at tick boundaries.
+
+use crate::SimError;
+use crate::bandwidth::FlowId;
+use crate::clock::EventTime;
+use crate::coord::CoordHost;
+use crate::ctx::RunCtx;
+use crate::exec::Exec;
+use crate::net::Lane;
+use crate::node::{DEATHRATTLE, Event, Node, Port};
+use loco_core::rng::{Purpose, stream};
+use loco_core::transport::{Frame, TransportError};
+use loco_core::{NodeId, Time};
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, VecDeque};
+use std::rc::Rc;
+use std::time::Duration;
+
+/// Events handled before the executor hands control back to the replay loop (for its progress
+/// bar), whatever happens.
+const EVENTS_PER_STEP: u64 = 4096;
+
+/// Something that happens at a time.
+enum Ev {
+    /// A frame arrives at `to` (sent to its process of life `life`).
+    Deliver { from: NodeId, to: NodeId, life: u64, frame: Frame },
+    /// Sender `to` (of life `life`) learns that `peer` cannot be reached.
+    Unreachable { to: NodeId, peer: NodeId, life: u64 },
+    /// Host `host`'s deadline, armed as `version`.
+    Wake { host: NodeId, version: u64 },
+    /// A supervisor restarts node `host`'s member.
+    Restart { host: NodeId, life: u64 },
+    /// A stopping node's process exits.
+    Down { host: NodeId, life: u64 },
+    /// The bandwidth model's next change, armed as `version`.
+    Flows { version: u64 },
+}
+
+/// The network and the agenda, shared by the executor and every endpoint.
+struct Core {
+    now: Time,
+    agenda: BTreeMap<(Time, u64), Ev>,
+    seq: u64,
+    run: Rc<RunCtx>,
+    /// One-way latency range per unordered pair.
+    latency: BTreeMap<(NodeId, NodeId), (Duration, Duration)>,
+    rng: ChaCha8Rng,
+    /// The last arrival scheduled on each directed connection: later messages arrive no sooner.
+    last_arrival: BTreeMap<(NodeId, NodeId), Time>,
+    /// Frames whose bodies are flowing in the bandwidth model: sender, receiver, frame.
+    flows: BTreeMap<FlowId, (NodeId, NodeId, Frame)>,
+    /// Each host's process count: frames and news for an earlier process are dropped.
+    life: BTreeMap<NodeId, u64>,
+    flows_version: u64,
+    flows_armed: Option<Time>,
+}
+
+fn unordered(a: NodeId, b: NodeId) -> (NodeId, NodeId) {
+    if a <= b { (a, b) } else { (b, a) }
+}
+
+impl Core {
+    fn push(&mut self, at: Time, ev: Ev) {
+        self.seq += 1;
+        self.agenda.insert((at.max(self.now), self.seq), ev);
+    }
+
+    fn life(&self, id: NodeId) -> u64 {
+        self.life.get(&id).copied().unwrap_or(0)
+    }
+
+    /// A message's one-way latency from `a` to `b`, drawn as turmoil draws it.
+    fn latency(&mut self, a: NodeId, b: NodeId) -> Duration {
+        let Some(&(min, max)) = self.latency.get(&unordered(a, b)) else {
+            return Duration::ZERO;
+        };
+        if max <= min {
+            return min;
+        }
+        let u: f64 = self.rng.random();
+        let mult = -(1.0 - u).ln() / 5.0;
+        let range_ms = (max - min).as_millis() as f64;
+        (min + Duration::from_millis((range_ms * mult) as u64)).min(max)
+    }
+
+    /// Puts a frame on the wire from `from` to `to` at `at` (its body has been sent): it
+    /// arrives a latency later, after the connection's earlier messages; a sender whose peer
+    /// cannot be reached learns it at once instead.
+    fn wire(&mut self, at: Time, from: NodeId, to: NodeId, frame: Frame) {
+        if self.run.net.unreachable(from, to) {
+            let life = self.life(from);
+            self.push(at, Ev::Unreachable { to: from, peer: to, life });
+            return;
+        }
+        let mut arrive = at + self.latency(from, to);
+        if let Some(&last) = self.last_arrival.get(&(from, to)) {
+            arrive = arrive.max(last);
+        }
+        self.last_arrival.insert((from, to), arrive);
+        let life = self.life(to);
+        self.push(arrive, Ev::Deliver { from, to, life, frame });
+    }
+}
+
+/// One host's side of the event network (a [`Port`]).
+pub(crate) struct Endpoint {
+    me: NodeId,
+    core: Rc<RefCell<Core>>,
+}
+
+impl Endpoint {
+    /// Queues `frame` for `to`: its body flows in the bandwidth model (no bandwidth before
+    /// `ready`), then it goes on the wire; a control message goes at once.
+    pub(crate) fn enqueue_ready(&mut self, to: NodeId, frame: Frame, ready: Time) {
+        let mut c = self.core.borrow_mut();
+        let now = c.now;
+        if to == self.me {
+            let life = c.life(to);
+            c.push(now, Ev::Deliver { from: to, to, life, frame });
+            return;
+        }
+        let lane = Lane::of(&frame);
+        if lane == Lane::Control {
+            c.wire(now, self.me, to, frame);
+            return;
+        }
+        let id = c.run.net.bandwidth.borrow_mut().start_in_lane_ready(
+            now,
+            (self.me, to, lane.key()),
+            frame.wire_len(),
+            ready,
+        );
+        c.flows.insert(id, (self.me, to, frame));
+    }
+}
+
+/// Where a host stands.
+enum State {
+    /// A node in a membership: it takes inputs.
+    Member(Box<Node>),
+    /// A node between memberships (waiting for its supervisor's restart, or hung first): the
+    /// inputs wait in order, as in its transport's queue.
+    Between { node: Box<Node>, queued: VecDeque<Event>, restart_due: bool },
+    /// A node whose member stopped for good, about to exit: inputs are dropped.
+    Stopping,
+    /// The coordinator.
+    Coord(Box<CoordHost>),
+    /// Not running (exited or crashed).
+    Down,
+}
+
+struct Slot {
+    state: State,
+    /// The deadline armed in the agenda, and its version.
+    armed: Time,
+    version: u64,
+}
+
+/// The event executor. See the module documentation.
+pub(crate) struct EventExec {
+    run: Rc<RunCtx>,
+    core: Rc<RefCell<Core>>,
+    hosts: BTreeMap<NodeId, Slot>,
+    clock: EventTime,
+    events: u64,
+    /// A host that could not start (the replay fails with it).
+    failed: Option<String>,
+}
+
+impl EventExec {
+    /// An executor with no host yet, at time zero.
+    pub(crate) fn new(run: Rc<RunCtx>) -> EventExec {
+        let rng = stream(run.seed, 0, Purpose::Turmoil);
+        let core = Core {
+            now: Time::ZERO,
+            agenda: BTreeMap::new(),
+            seq: 0,
+            run: run.clone(),
+            latency: BTreeMap::new(),
+            rng,
+            last_arrival: BTreeMap::new(),
+            flows: BTreeMap::new(),
+            life: BTreeMap::new(),
+            flows_version: 0,
+            flows_armed: None,
+        };
+        EventExec {
+            run,
+            core: Rc::new(RefCell::new(core)),
+            hosts: BTreeMap::new(),
+            clock: EventTime::start(),
+            events: 0,
+            failed: None,
+        }
+    }
+
+    fn port(&self, me: NodeId) -> Port {
+        Port::Events(Endpoint { me, core: self.core.clone() })
+    }
+
+    fn now_(&self) -> Time {
+        self.core.borrow().now
+    }
+
+    /// Carries out what host `id` has to do after an input, and arms its next deadline.
+    fn settle(&mut self, id: NodeId) {
+        let now = self.now_();
+        let life = self.core.borrow().life(id);
+        let Some(slot) = self.hosts.get_mut(&id) else { return };
+        let mut wake = Time::MAX;
+        let mut next = None;
+        match &mut slot.state {
+            State::Member(node) => match node.drain() {
+                None => wake = node.next_wake(),
+                Some(rejoin) if node.ended(rejoin) => {
+                    // Evicted, or the coordinator went silent: the supervisor restarts the
+                    // member a heartbeat interval after the node works again.
+                    let hung = node.is_hung();
+                    if !hung {
+                        let at = now + self.run.mesh.heartbeat_interval;
+                        self.core.borrow_mut().push(at, Ev::Restart { host: id, life });
+                    }
+                    next = Some(hung);
+                }
+                Some(_) => {
+                    self.core.borrow_mut().push(now + DEATHRATTLE, Ev::Down { host: id, life });
+                    slot.state = State::Stopping;
+                }
+            },
+            State::Coord(c) => {
+                c.drain();
+                wake = c.next_wake();
+            }
+            State::Between { .. } | State::Stopping | State::Down => {}
+        }
+        if let Some(hung) = next {
+            let old = std::mem::replace(&mut slot.state, State::Down);
+            if let State::Member(node) = old {
+                slot.state = State::Between { node, queued: VecDeque::new(), restart_due: !hung };
+            }
+        }
+        if wake != slot.armed {
+            slot.armed = wake;
+            slot.version += 1;
+            if wake != Time::MAX {
+                let version = slot.version;
+                self.core.borrow_mut().push(wake, Ev::Wake { host: id, version });
+            }
+        }
+    }
+
+    /// Hands an input to host `id`, or queues it while the node is between memberships.
+    fn input(&mut self, id: NodeId, ev: Event) {
+        let Some(slot) = self.hosts.get_mut(&id) else { return };
+        match &mut slot.state {
+            State::Member(node) => node.input(ev),
+            State::Between { queued, .. } => {
+                queued.push_back(ev);
+                return;
+            }
+            State::Coord(c) => match ev {
+                Event::Net(Ok((from, frame))) => c.frame(from, frame),
+                Event::Timer => c.timeout(),
+                Event::Net(Err(_)) | Event::Control => {}
+            },
+            State::Stopping | State::Down => return,
+        }
+        self.settle(id);
+    }
+
+    /// Sends the frames whose flows ended, and arms the bandwidth model's next change.
+    fn pump(&mut self) {
+        let mut c = self.core.borrow_mut();
+        let now = c.now;
+        let finished = {
+            let mut bw = c.run.net.bandwidth.borrow_mut();
+            bw.advance(now);
+            bw.take_finished()
+        };
+        for (id, at) in finished {
+            if let Some((from, to, frame)) = c.flows.remove(&id) {
+                c.wire(at, from, to, frame);
+            }
+        }
+        let next = c.run.net.bandwidth.borrow_mut().next_change();
+        if next != c.flows_armed {
+            c.flows_armed = next;
+            c.flows_version += 1;
+            if let Some(t) = next {
+                let version = c.flows_version;
+                c.push(t, Ev::Flows { version });
+            }
+        }
+    }
+
+    fn handle(&mut self, ev: Ev) {
+        let life = |s: &Self, id: NodeId| s.core.borrow().life(id);
+        match ev {
+            Ev::Deliver { from, to, life: l, frame } => {
+                if l == life(self, to) && !self.run.net.is_cut(from, to) {
+                    self.input(to, Event::Net(Ok((from, frame))));
+                }
+            }
+            Ev::Unreachable { to, peer, life: l } => {
+                if l == life(self, to) {
+                    self.input(to, Event::Net(Err(TransportError::Unreachable(peer))));
+                }
+            }
+            Ev::Wake { host, version } => {
+                if self.hosts.get(&host).is_some_and(|s| s.version == version) {
+                    if let Some(s) = self.hosts.get_mut(&host) {
+                        s.armed = Time::MAX;
+                    }
+                    self.input(host, Event::Timer);
+                }
+            }
+            Ev::Restart { host, life: l } => {
+                if l == life(self, host) {
+                    self.restart(host);
+                }
+            }
+            Ev::Down { host, life: l } => {
+                if l == life(self, host) {
+                    self.run.net.set_down(host, true);
+                    if let Some(s) = self.hosts.get_mut(&host) {
+                        s.state = State::Down;
+                    }
+                }
+            }
+            Ev::Flows { version } => {
+                if self.core.borrow().flows_version == version {
+                    self.core.borrow_mut().flows_armed = None;
+                }
+            }
+        }
+    }
+
+    /// The supervisor's restart of node `id`'s member: it joins again, then takes the inputs
+    /// that waited.
+    fn restart(&mut self, id: NodeId) {
+        let Some(slot) = self.hosts.get_mut(&id) else { return };
+        let old = std::mem::replace(&mut slot.state, State::Down);
+        let State::Between { mut node, queued, .. } = old else {
+            slot.state = old;
+            return;
+        };
+        node.restart();
+        node.begin();
+        slot.state = State::Member(node);
+        self.settle(id);
+        for ev in queued {
+            self.input(id, ev);
+        }
+    }
+
+    /// Forgets host `id`'s process: its deadlines, its frames in flight, the flows to it (whose
+    /// senders learn that it cannot be reached).
+    fn kill(&mut self, id: NodeId) {
+        let mut c = self.core.borrow_mut();
+        *c.life.entry(id).or_insert(0) += 1;
+        let gone: Vec<FlowId> =
+            c.flows.iter().filter(|(_, f)| f.0 == id || f.1 == id).map(|(k, _)| *k).collect();
+        let now = c.now;
+        for k in gone {
+            if let Some((from, to, _)) = c.flows.remove(&k) {
+                if to == id && from != id {
+                    let life = c.life(from);
+                    c.push(now, Ev::Unreachable { to: from, peer: id, life });
+                }
+            }
+        }
+        drop(c);
+        if let Some(s) = self.hosts.get_mut(&id) {
+            s.state = State::Down;
+            s.version += 1;
+            s.armed = Time::MAX;
+        }
+    }
+}
+
+impl Exec for EventExec {
+    fn now(&self) -> Time {
+        self.now_()
+    }
+
+    fn start(&mut self, id: NodeId) {
+        self.kill(id);
+        let state = if id == NodeId::COORDINATOR {
+            State::Coord(Box::new(CoordHost::new(self.run.clone(), self.port(id))))
+        } else {
+            match Node::with_port(self.run.clone(), id, self.port(id)) {
+                Ok(mut node) => {
+                    node.begin();
+                    State::Member(Box::new(node))
+                }
+                Err(e) => {
+                    self.failed = Some(format!("{id}: {e}"));
+                    State::Down
+                }
+            }
+        };
+        let slot = self.hosts.entry(id).or_insert(Slot {
+            state: State::Down,
+            armed: Time::MAX,
+            version: 0,
+        });
+        slot.state = state;
+        self.settle(id);
+    }
+
+    fn crash(&mut self, id: NodeId) {
+        self.kill(id);
+    }
+
+    fn bounce(&mut self, id: NodeId) {
+        self.start(id);
+    }
+
+    fn notify(&mut self, id: NodeId) {
+        let now = self.now_();
+        let life = self.core.borrow().life(id);
+        let Some(slot) = self.hosts.get_mut(&id) else { return };
+        match &mut slot.state {
+            State::Member(_) => self.input(id, Event::Control),
+            State::Between { node, restart_due, .. } => {
+                // Hung between memberships: the supervisor waits for the node to work again.
+                if !*restart_due && !node.is_hung() {
+                    *restart_due = true;
+                    let at = now + self.run.mesh.heartbeat_interval;
+                    self.core.borrow_mut().push(at, Ev::Restart { host: id, life });
+                }
+            }
+            State::Stopping | State::Coord(_) | State::Down => {}
+        }
+    }
+
+    fn partition_oneway(&mut self, _a: NodeId, _b: NodeId) {
+        // The shared network's cut is what the wire checks.
+    }
+
+    fn repair_oneway(&mut self, _a: NodeId, _b: NodeId) {}
+
+    fn set_latency(&mut self, a: NodeId, b: NodeId, min: Duration, max: Duration) {
+        self.core.borrow_mut().latency.insert(unordered(a, b), (min, max));
+    }
+
+    fn is_running(&mut self, id: NodeId) -> bool {
+        self.hosts.get(&id).is_some_and(|s| !matches!(s.state, State::Down))
+    }
+
+    fn step(&mut self, horizon: Time) -> Result<(), SimError> {
+        let progress = |run: &RunCtx| {
+            let r = run.rec.borrow();
+            (r.steps_done(), r.rows.len())
+        };
+        let before = progress(&self.run);
+        let mut handled = 0u64;
+        loop {
+            if let Some(e) = self.failed.take() {
+                return Err(SimError::Host(e));
+            }
+            self.pump();
+            let next = self.core.borrow().agenda.first_key_value().map(|(k, _)| k.0);
+            let now = self.now_();
+            match next {
+                Some(t) if t <= horizon.max(now) => {
+                    let Some(((t, _), ev)) = self.core.borrow_mut().agenda.pop_first() else {
+                        return Ok(());
+                    };
+                    self.core.borrow_mut().now = t;
+                    self.clock.set(t);
+                    let host = match &ev {
+                        Ev::Deliver { to, .. } | Ev::Unreachable { to, .. } => Some(*to),
+                        Ev::Wake { host, .. }
+                        | Ev::Restart { host, .. }
+                        | Ev::Down { host, .. } => Some(*host),
+                        Ev::Flows { .. } => None,
+                    };
+                    let down = matches!(ev, Ev::Down { .. });
+                    self.handle(ev);
+                    self.events += 1;
+                    handled += 1;
+                    // Back to the replay loop when it has something to look at: an outer step
+                    // done or a row written, an armed crash that struck, a process that exited.
+                    let struck = host.is_some_and(|h| {
+                        h != NodeId::COORDINATOR
+                            && (h.0 as usize) < self.run.nodes.len()
+                            && self.run.node(h).struck.get()
+                    });
+                    if struck
+                        || down
+                        || handled >= EVENTS_PER_STEP
+                        || self.run.mesh_stopped.borrow().is_some()
+                        || progress(&self.run) != before
+                    {
+                        self.pump();
+                        return Ok(());
+                    }
+                }
+                _ => {
+                    let t = horizon.max(now);
+                    if t != Time::MAX {
+                        self.core.borrow_mut().now = t;
+                        self.clock.set(t);
+                    }
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    fn figures(&self) -> Vec<(&'static str, serde_json::Value)> {
+        vec![("executor", serde_json::json!("events")), ("events", serde_json::json!(self.events))]
+    }
+}
