@@ -80,16 +80,20 @@ fn net_check_gives_every_link_its_rate_and_round_trip() {
     assert!(v["ok"].as_bool().unwrap());
 }
 
-/// `loco fidelity` on `steady` (16 outer steps): both backends send the same bytes, tell the
-/// same membership story, and the simulator's median all-reduce and mean outer step are within
-/// 10% of the real run's: the README's claim. A real all-reduce over cubic takes one of two
-/// times (with or without a loss recovery, 0.59 or 0.64 s); step 0 and step 1 lose on most runs,
-/// so a run of 5 steps has its median among the losses half the time, while over 16 steps the
-/// median has stayed within 7%. A run on a loaded machine can lose its pace: one retry, as the
-/// conformance test does, on the same figures.
+/// `loco fidelity` on `steady` (16 outer steps, over BBR): both backends send the same bytes,
+/// tell the same membership story, the simulator's median all-reduce is within 5% of the real
+/// run's (over BBR a real all-reduce takes one time, step after step; it has been within 1.6%)
+/// and its mean outer step within 10% (a stall of this shared machine lengthens a few steps).
+/// Where the kernel has no BBR the workers keep the host's congestion control, and over cubic a
+/// real all-reduce takes one of two times (with or without a loss recovery): the median is held
+/// to 10% there. A run on a loaded machine can lose its pace: one retry, as the conformance test
+/// does, on the same figures.
 #[test]
-fn fidelity_of_steady_is_within_ten_percent_and_tells_the_same_story() {
+fn fidelity_of_steady_is_within_five_percent_and_tells_the_same_story() {
     let _one = one_real_run_at_a_time();
+    let bbr = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control")
+        .is_ok_and(|s| s.split_whitespace().any(|c| c == "bbr"));
+    let median_tol = if bbr { 0.05 } else { 0.10 };
     let ctx = TestContext::new();
     let mut last = String::new();
     for attempt in 0..2 {
@@ -106,21 +110,21 @@ fn fidelity_of_steady_is_within_ten_percent_and_tells_the_same_story() {
         // The same payloads; control frames (heartbeats, their timing) differ by a few bytes.
         let bytes = f["bytes"]["relative"].as_f64().expect("a bytes error");
         assert!(bytes.abs() < 1e-3, "the same bytes: {f:#}");
-        let within = |k: &str| f[k]["relative"].as_f64().is_some_and(|e| e.abs() <= 0.10);
+        let within = |k: &str, tol: f64| f[k]["relative"].as_f64().is_some_and(|e| e.abs() <= tol);
         // The real run's report carries the comparison.
         let report = std::fs::read_to_string(out.join("real/report.html")).expect("report.html");
         assert!(
             report.contains("id=\"fidelity\"") && report.contains("<svg"),
             "no fidelity section"
         );
-        if within("allreduce_median") && within("outer_step_mean") {
+        if within("allreduce_median", median_tol) && within("outer_step_mean", 0.10) {
             assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
             assert!(stdout(&o).contains("verdict                within"), "{}", stdout(&o));
             return;
         }
         last = format!("{}\n{f:#}", stdout(&o));
     }
-    panic!("outside 10% twice:\n{last}");
+    panic!("outside {median_tol} (median) or 10% (mean step) twice:\n{last}");
 }
 
 /// A partition and its heal tell the same membership story in both backends: the eu nodes are
