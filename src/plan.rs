@@ -16,7 +16,7 @@
 
 use crate::InputError;
 use anyhow::{Context, Result, anyhow};
-use loco_core::scenario::Scenario;
+use loco_core::scenario::{ExecutorKind, Scenario};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -341,7 +341,15 @@ pub(crate) fn run(
                 loop {
                     let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let Some((setting, s)) = settings.get(i) else { break };
-                    let r = loco_sim::replay(s, loco_sim::ReplayOptions::default())
+                    // A sweep replays many settings: on the event executor, unless the
+                    // scenario or the sweep names one (the answers agree; it is tens of times
+                    // faster).
+                    let executor = s.sim().executor.unwrap_or(ExecutorKind::Events);
+                    let opts = loco_sim::ReplayOptions {
+                        executor: Some(executor),
+                        ..loco_sim::ReplayOptions::default()
+                    };
+                    let r = loco_sim::replay(s, opts)
                         .map(|out| point(i, setting, &out.summary))
                         .map_err(|e| e.to_string());
                     if let Ok(mut v) = results.lock() {
