@@ -150,24 +150,10 @@ fn figures(rows: &[&OuterStepRow]) -> StepFigures {
     }
 }
 
-/// The events that make the membership story, in the order a node lives them.
-const STORY: [EventKind; 10] = [
-    EventKind::Admit,
-    EventKind::Leave,
-    EventKind::Crash,
-    EventKind::Evict,
-    EventKind::Restart,
-    EventKind::Partition,
-    EventKind::Heal,
-    EventKind::SkipStep,
-    EventKind::RecoveryDone,
-    EventKind::CoordinatorCrash,
-];
-
 /// Each subject's (a node, or the run) story: its story events' kinds in time order.
 fn story(events: &[EventRow]) -> BTreeMap<String, Vec<String>> {
     let mut m: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for e in events.iter().filter(|e| STORY.contains(&e.kind)) {
+    for e in events.iter().filter(|e| EventKind::STORY.contains(&e.kind)) {
         let who = e.node.clone().unwrap_or_else(|| "(run)".into());
         m.entry(who).or_default().push(e.kind.to_string());
     }

@@ -23,20 +23,8 @@ fn run(s: &Scenario, executor: ExecutorKind, steps: Option<u64>) -> RunOutput {
 
 /// Each node's (and the run's) membership events, in the order it lives them.
 fn story(out: &RunOutput) -> BTreeMap<String, Vec<EventKind>> {
-    const STORY: [EventKind; 10] = [
-        EventKind::Admit,
-        EventKind::Leave,
-        EventKind::Crash,
-        EventKind::Evict,
-        EventKind::Restart,
-        EventKind::Partition,
-        EventKind::Heal,
-        EventKind::SkipStep,
-        EventKind::RecoveryDone,
-        EventKind::CoordinatorCrash,
-    ];
     let mut m: BTreeMap<String, Vec<EventKind>> = BTreeMap::new();
-    for e in out.events.iter().filter(|e| STORY.contains(&e.kind)) {
+    for e in out.events.iter().filter(|e| EventKind::STORY.contains(&e.kind)) {
         m.entry(e.node.clone().unwrap_or_default()).or_default().push(e.kind);
     }
     m

@@ -129,6 +129,21 @@ pub enum EventKind {
 }
 
 impl EventKind {
+    /// The kinds that make a run's membership story, in the order a node lives them: what two
+    /// runs of one scenario (the simulator and a real run, or two executors) must agree on.
+    pub const STORY: [EventKind; 10] = [
+        EventKind::Admit,
+        EventKind::Leave,
+        EventKind::Crash,
+        EventKind::Evict,
+        EventKind::Restart,
+        EventKind::Partition,
+        EventKind::Heal,
+        EventKind::SkipStep,
+        EventKind::RecoveryDone,
+        EventKind::CoordinatorCrash,
+    ];
+
     /// Every kind, in declaration order.
     pub const ALL: [EventKind; 23] = [
         EventKind::Start,
