@@ -600,7 +600,6 @@ pub(crate) fn replay(scenario: &Scenario, mut opts: ReplayOptions) -> Result<Run
     let bw = run.net.bandwidth.borrow();
     let mut extra = BTreeMap::new();
     extra.insert("stop_reason".to_owned(), serde_json::json!(stop_reason));
-
     extra.insert(
         "numerics".to_owned(),
         serde_json::json!(if run.real.is_some() { "real" } else { "virtual" }),

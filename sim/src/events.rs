@@ -219,13 +219,9 @@ impl EventExec {
         Port::Events(Endpoint { me, core: self.core.clone() })
     }
 
-    fn now_(&self) -> Time {
-        self.core.borrow().now
-    }
-
     /// Carries out what host `id` has to do after an input, and arms its next deadline.
     fn settle(&mut self, id: NodeId) {
-        let now = self.now_();
+        let now = self.now();
         let life = self.core.borrow().life(id);
         let Some(slot) = self.hosts.get_mut(&id) else { return };
         let mut wake = Time::MAX;
@@ -236,7 +232,7 @@ impl EventExec {
                 Some(rejoin) if node.ended(rejoin) => {
                     // Evicted, or the coordinator went silent: the supervisor restarts the
                     // member a heartbeat interval after the node works again.
-                    let hung = node.is_hung();
+                    let hung = node.hung();
                     if !hung {
                         let at = now + self.run.mesh.heartbeat_interval;
                         self.core.borrow_mut().push(at, Ev::Restart { host: id, life });
@@ -401,7 +397,7 @@ impl EventExec {
 
 impl Exec for EventExec {
     fn now(&self) -> Time {
-        self.now_()
+        self.core.borrow().now
     }
 
     fn start(&mut self, id: NodeId) {
@@ -438,14 +434,14 @@ impl Exec for EventExec {
     }
 
     fn notify(&mut self, id: NodeId) {
-        let now = self.now_();
+        let now = self.now();
         let life = self.core.borrow().life(id);
         let Some(slot) = self.hosts.get_mut(&id) else { return };
         match &mut slot.state {
             State::Member(_) => self.input(id, Event::Control),
             State::Between { node, restart_due, .. } => {
                 // Hung between memberships: the supervisor waits for the node to work again.
-                if !*restart_due && !node.is_hung() {
+                if !*restart_due && !node.hung() {
                     *restart_due = true;
                     let at = now + self.run.mesh.heartbeat_interval;
                     self.core.borrow_mut().push(at, Ev::Restart { host: id, life });
@@ -482,7 +478,7 @@ impl Exec for EventExec {
             }
             self.pump();
             let next = self.core.borrow().agenda.first_key_value().map(|(k, _)| k.0);
-            let now = self.now_();
+            let now = self.now();
             match next {
                 Some(t) if t <= horizon.max(now) => {
                     let Some(((t, _), ev)) = self.core.borrow_mut().agenda.pop_first() else {

@@ -195,7 +195,8 @@ impl Node {
         clock::now()
     }
 
-    fn hung(&self) -> bool {
+    /// Whether the node is hung now (its supervisor restarts no member before it resumes).
+    pub(crate) fn hung(&self) -> bool {
         self.run.node(self.id).hung.get()
     }
 
@@ -527,11 +528,6 @@ impl Node {
             r = self.net.next() => Event::Net(r),
             () = clock::sleep_until(wake) => Event::Timer,
         }
-    }
-
-    /// Whether the node is hung now (its supervisor restarts no member before it resumes).
-    pub(crate) fn is_hung(&self) -> bool {
-        self.hung()
     }
 
     /// The driver changed the control block: leave, hang or resume.
