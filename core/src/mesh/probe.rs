@@ -142,6 +142,8 @@ fn timeout(target: Duration) -> Duration {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub(crate) struct ProbePlan {
     queue: Vec<(NodeId, NodeId)>,
+    /// The links in `queue`, for lookups (a thousand members queue a million links).
+    queued: BTreeSet<(NodeId, NodeId)>,
     round: u64,
     outstanding: BTreeSet<NodeId>,
     deadline: Option<Time>,
@@ -156,7 +158,7 @@ impl ProbePlan {
             let split = peers.iter().position(|&p| p > a).unwrap_or(peers.len());
             peers.rotate_left(split);
             for b in peers {
-                if !self.queue.contains(&(a, b)) {
+                if self.queued.insert((a, b)) {
                     self.queue.push((a, b));
                 }
             }
@@ -173,6 +175,7 @@ impl ProbePlan {
     /// `id` left the mesh: drop its links.
     pub(crate) fn forget(&mut self, id: NodeId) {
         self.queue.retain(|&(a, b)| a != id && b != id);
+        self.queued.retain(|&(a, b)| a != id && b != id);
         self.outstanding.remove(&id);
     }
 
@@ -202,6 +205,9 @@ impl ProbePlan {
             out.push((a, self.round, b));
             false
         });
+        for (a, _, b) in &out {
+            self.queued.remove(&(*a, *b));
+        }
         self.outstanding = out.iter().map(|&(a, _, _)| a).collect();
         self.deadline = Some(now + round_timeout(target));
         out

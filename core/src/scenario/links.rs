@@ -90,6 +90,11 @@ fn draw_index(resample: Option<Duration>, t: Time, step: u64) -> u64 {
     }
 }
 
+/// Whether `v` is drawn again at every outer step ([`draw_index`] by step).
+fn redrawn_per_step<T>(v: &Varying<T>) -> bool {
+    matches!(v, Varying::Uniform { resample, .. } if resample.is_none_or(|d| d.is_zero()))
+}
+
 /// The next time after `t` at which `v` changes by time (not by outer step).
 fn next_change<T>(v: &Varying<T>, t: Time) -> Time {
     match v {
@@ -188,7 +193,17 @@ impl Links {
 
     /// Whether the values may have changed since the last [`refresh`](Self::refresh).
     pub fn due(&self, now: Time, steps_done: u64) -> bool {
-        self.dirty || now >= self.next_change || steps_done != self.step_index
+        self.dirty
+            || now >= self.next_change
+            || (steps_done != self.step_index && self.varies_per_step())
+    }
+
+    /// Whether a link in force is redrawn at every outer step (`uniform` without `resample`):
+    /// only then does a new step call for a refresh (of every pair: O(nodes^2)).
+    fn varies_per_step(&self) -> bool {
+        self.current
+            .values()
+            .any(|l| redrawn_per_step(&l.bandwidth) || redrawn_per_step(&l.latency))
     }
 
     fn rate(&self, a: NodeId, b: NodeId, now: Time) -> Option<PairCaps> {
