@@ -186,6 +186,18 @@ pub(crate) struct ReplayArgs {
     /// scenarios (the default above 32 nodes).
     #[arg(long, value_name = "EXECUTOR", value_parser = parse_executor)]
     pub(crate) executor: Option<loco_core::scenario::ExecutorKind>,
+    /// How the event executor runs all-reduces instead of the scenario's (`[sim]
+    /// collectives`): `frames` moves every frame of the ring; `modelled` computes each
+    /// all-reduce's schedule whole, for thousands of nodes (the default above 128 nodes).
+    #[arg(long, value_name = "HOW", value_parser = parse_collectives)]
+    pub(crate) collectives: Option<loco_core::scenario::CollectiveModel>,
+}
+
+/// `--collectives`'s value.
+fn parse_collectives(s: &str) -> Result<loco_core::scenario::CollectiveModel, String> {
+    use loco_core::scenario::CollectiveModel;
+    CollectiveModel::from_name(s)
+        .ok_or_else(|| format!("expected one of {}, got {s:?}", CollectiveModel::NAMES.join(", ")))
 }
 
 /// `--executor`'s value.
@@ -447,6 +459,9 @@ pub(crate) struct SimBench {
     /// The simulator's executor instead of the scenario's (`turmoil` or `events`).
     #[arg(long, value_name = "EXECUTOR", value_parser = parse_executor)]
     pub(crate) executor: Option<loco_core::scenario::ExecutorKind>,
+    /// How the event executor runs all-reduces (`frames` or `modelled`).
+    #[arg(long, value_name = "HOW", value_parser = parse_collectives)]
+    pub(crate) collectives: Option<loco_core::scenario::CollectiveModel>,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub(crate) json: bool,

@@ -92,6 +92,9 @@ fn run(cli: Cli) -> Result<Outcome> {
             if let Some(e) = a.executor {
                 s.set_executor(e);
             }
+            if let Some(c) = a.collectives {
+                s.set_collectives(c);
+            }
             let f = loco_sim::bench(&s, a.hours).map_err(|e| anyhow::anyhow!(e))?;
             print_report(a.json, &f, |out| {
                 writeln!(out, "simulator: {}", f.scenario)?;
@@ -117,8 +120,8 @@ fn run(cli: Cli) -> Result<Outcome> {
                 if f.executor == "events" {
                     writeln!(
                         out,
-                        "  frames, events   {}, {} (event executor)",
-                        f.frames, f.events
+                        "  frames, events   {}, {} (event executor, {} all-reduces)",
+                        f.frames, f.events, f.collectives
                     )?;
                 } else {
                     writeln!(

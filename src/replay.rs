@@ -32,6 +32,9 @@ pub(crate) fn replay(a: &crate::cli::ReplayArgs) -> Result<bool> {
     if let Some(e) = a.executor {
         scenario.set_executor(e);
     }
+    if let Some(c) = a.collectives {
+        scenario.set_collectives(c);
+    }
     let out = a.out.clone().unwrap_or_else(|| PathBuf::from("out").join(scenario.name()));
     let bar = progress_bar();
     let progress_bar = bar.clone();

@@ -30,6 +30,8 @@ pub enum Purpose {
     Diurnal = 8,
     /// An `[[arrivals]]` process (subject = entry).
     Arrivals = 9,
+    /// The latencies of a modelled ring all-reduce's frames (subject = its epoch and op).
+    RingModel = 10,
 }
 
 pub use crate::node::synthetic::mix64;

@@ -146,13 +146,71 @@ impl TcpParams {
 }
 
 /// One connection's congestion window.
-#[derive(Clone, Copy, Debug)]
-struct Conn {
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Conn {
     window: f64,
     /// When its last flow ended (`None` while one is under way).
     idle_since: Option<Time>,
     /// Whether its slow start has met a loss (and so has a threshold to stop at).
     threshold: bool,
+}
+
+impl Conn {
+    /// A new connection.
+    fn new(tcp: &TcpParams) -> Conn {
+        Conn { window: tcp.initial_window, idle_since: None, threshold: false }
+    }
+
+    /// Its last flow ended at `t`.
+    pub(crate) fn idle_from(&mut self, t: Time) {
+        self.idle_since = Some(t);
+    }
+
+    /// The time TCP's start-up adds to a flow of `bytes` that begins on this connection at
+    /// `now`, over a round trip of `rtt` seconds at `per_stream` bytes per second, in seconds;
+    /// the window grows (or restarts, after an idle time, for a loss-based congestion control)
+    /// as it does.
+    pub(crate) fn extra(
+        &mut self,
+        tcp: &TcpParams,
+        now: Time,
+        rtt: f64,
+        per_stream: f64,
+        bytes: f64,
+    ) -> f64 {
+        if let Some(t) = self.idle_since.filter(|_| tcp.restart_after_idle) {
+            if now.saturating_since(t).as_secs_f64() > rtt + tcp.rto_min {
+                self.window = tcp.initial_window;
+            }
+        }
+        self.idle_since = None;
+        let bdp = per_stream * rtt;
+        let (mut extra, window) = slow_start_extra(bytes, self.window, per_stream, rtt);
+        let outgrows = self.window + bytes > bdp;
+        self.window = window;
+        // A loss-based connection's first slow start has no threshold yet: it outgrows the pipe
+        // and the bottleneck's buffer, loses the tail of a window, and waits out a
+        // retransmission timeout (RFC 6298; Linux's floor 200 ms, plus the round trip) before
+        // it goes on (once the window would outgrow the pipe, whichever flow that is). Later
+        // restarts stop at the threshold that loss set.
+        if !self.threshold && outgrows && tcp.restart_after_idle {
+            extra += tcp.rto_min + rtt;
+            self.threshold = true;
+        }
+        extra
+    }
+}
+
+/// TCP's start-up on a modelled ring's lanes: the congestion control, and per lane its round
+/// trip and per-connection rate (`None`: a pair without them, no start-up) and its connection.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct LaneTcp {
+    /// The congestion control.
+    pub tcp: TcpParams,
+    /// Per lane: round trip in seconds and bytes per second of one connection.
+    pub pipes: Vec<Option<(f64, f64)>>,
+    /// Per lane: its connection's state.
+    pub conns: Vec<Conn>,
 }
 
 /// The extra time slow start adds to sending `bytes` at `rate` over a round trip `rtt` from a
@@ -266,31 +324,9 @@ impl BandwidthModel {
         else {
             return now;
         };
-        let c = self.conns.entry(conn).or_insert(Conn {
-            window: tcp.initial_window,
-            idle_since: None,
-            threshold: false,
-        });
-        if let Some(t) = c.idle_since.filter(|_| tcp.restart_after_idle) {
-            if now.saturating_since(t).as_secs_f64() > rtt + tcp.rto_min {
-                c.window = tcp.initial_window;
-            }
-        }
-        c.idle_since = None;
-        let bdp = caps.per_stream * rtt;
-        let (mut extra, window) = slow_start_extra(bytes, c.window, caps.per_stream, rtt);
-        let outgrows = c.window + bytes > bdp;
-        c.window = window;
-        // A loss-based connection's first slow start has no threshold yet: it outgrows the pipe
-        // and the bottleneck's buffer, loses the tail of a window, and waits out a
-        // retransmission timeout (RFC 6298; Linux's floor 200 ms, plus the round trip) before
-        // it goes on (once the window would outgrow the pipe, whichever flow that is). Later
-        // restarts stop at the threshold that loss set.
-        if !c.threshold && outgrows && tcp.restart_after_idle {
-            extra += tcp.rto_min + rtt;
-            c.threshold = true;
-        }
-        now + Duration::from_secs_f64(extra)
+        let per_stream = caps.per_stream;
+        let c = self.conns.entry(conn).or_insert_with(|| Conn::new(&tcp));
+        now + Duration::from_secs_f64(c.extra(&tcp, now, rtt, per_stream, bytes))
     }
 
     /// [`hold_for`](Self::hold_for) for a flow whose bytes are ready at `ready`: TCP's hold
@@ -411,6 +447,68 @@ impl BandwidthModel {
             self.refresh();
         }
         id
+    }
+
+    /// The max-min fair rates, bytes per second, that flows from `from` to `to` for each pair
+    /// of `flows` would get were they alone on the network (no slow start): what the event
+    /// executor's modelled all-reduce runs its ring at. A pair never set is unlimited
+    /// (`INFINITY`), as its flows complete at once.
+    pub fn fair_rates(&self, flows: &[(NodeId, NodeId)]) -> Vec<f64> {
+        let mut index: BTreeMap<(u8, NodeId, NodeId), usize> = BTreeMap::new();
+        let mut capacity: Vec<f64> = Vec::new();
+        let mut resource = |key: (u8, NodeId, NodeId), cap: f64| {
+            *index.entry(key).or_insert_with(|| {
+                capacity.push(cap);
+                capacity.len() - 1
+            })
+        };
+        let nic = |n: NodeId| self.nic.get(&n).copied().flatten().unwrap_or(f64::INFINITY);
+        let mut set: Vec<Filling> = Vec::with_capacity(flows.len());
+        for &(from, to) in flows {
+            let res = [
+                resource((0, from, from), nic(from)),
+                resource(
+                    (2, from, to),
+                    self.pairs.get(&(from, to)).map_or(f64::INFINITY, PairCaps::total),
+                ),
+                resource((1, to, to), nic(to)),
+            ];
+            match self.pairs.get(&(from, to)) {
+                Some(p) => set.push((res, p.per_stream, 0.0, false)),
+                None => set.push((res, f64::INFINITY, f64::INFINITY, true)),
+            }
+        }
+        let mut residual = capacity.clone();
+        let mut count = vec![0u32; capacity.len()];
+        progressive_fill(&mut set, &capacity, &mut residual, &mut count);
+        set.iter().map(|s| s.2).collect()
+    }
+
+    /// TCP's state on `lanes` (a modelled ring's), for [`crate::ring_model`]; `None` when the
+    /// model charges no start-up (`[sim] tcp = "none"`).
+    pub(crate) fn lane_tcp(&self, lanes: &[LaneKey]) -> Option<LaneTcp> {
+        let tcp = self.tcp?;
+        let pipes = lanes
+            .iter()
+            .map(|&(a, b, _)| Some((*self.rtt.get(&(a, b))?, self.pairs.get(&(a, b))?.per_stream)))
+            .collect();
+        let conns = lanes
+            .iter()
+            .map(|&(a, b, k)| {
+                self.conns
+                    .get(&Self::conn_of(a, b, Some((a, b, k))))
+                    .copied()
+                    .unwrap_or_else(|| Conn::new(&tcp))
+            })
+            .collect();
+        Some(LaneTcp { tcp, pipes, conns })
+    }
+
+    /// Writes back the connections of `lanes` after a modelled ring ran on them.
+    pub(crate) fn set_lane_conns(&mut self, lanes: &[LaneKey], conns: &[Conn]) {
+        for (&(a, b, k), c) in lanes.iter().zip(conns) {
+            self.conns.insert(Self::conn_of(a, b, Some((a, b, k))), *c);
+        }
     }
 
     /// Forgets `id` in its lane and starts the next flow of the lane, if any.
@@ -678,7 +776,7 @@ impl BandwidthModel {
         self.dirty_all = false;
         // Per flow of the set, in id order: its resources, its rate cap, its rate, and whether
         // it is frozen (queued behind another of its lane, or held by slow start: no share).
-        let mut set: Vec<([usize; 3], f64, f64, bool)> = Vec::with_capacity(ids.len());
+        let mut set: Vec<Filling> = Vec::with_capacity(ids.len());
         for id in &ids {
             let Some(f) = self.flows.get(id) else { continue };
             let cap = self.pairs.get(&(f.from, f.to)).map_or(f64::INFINITY, |p| p.per_stream);
@@ -688,78 +786,7 @@ impl BandwidthModel {
                 self.count[r] = 0;
             }
         }
-        for (res, _, _, frozen) in &set {
-            if !frozen {
-                for &r in res {
-                    self.count[r] += 1;
-                }
-            }
-        }
-        let mut unfrozen = set.iter().filter(|s| !s.3).count();
-        while unfrozen > 0 {
-            let mut delta = f64::INFINITY;
-            for (res, cap, rate, frozen) in &set {
-                if *frozen {
-                    continue;
-                }
-                delta = delta.min(cap - rate);
-                for &r in res {
-                    if self.residual[r].is_finite() {
-                        delta = delta.min(self.residual[r] / f64::from(self.count[r]));
-                    }
-                }
-            }
-            if !delta.is_finite() {
-                // No cap anywhere: cannot happen with a finite per-connection rate; treat as
-                // instantaneous.
-                delta = f64::MAX / 4.0;
-            }
-            let delta = delta.max(0.0);
-            // Grow every unfrozen flow by delta and charge its resources.
-            for (res, _, rate, frozen) in &mut set {
-                if *frozen {
-                    continue;
-                }
-                *rate += delta;
-                for &r in res.iter() {
-                    self.residual[r] -= delta;
-                }
-            }
-            // Freeze flows at their cap or on a saturated resource.
-            let mut any = false;
-            for (res, cap, rate, frozen) in &mut set {
-                if *frozen {
-                    continue;
-                }
-                let at_cap = *rate >= *cap * (1.0 - 1e-12);
-                let saturated = res.iter().any(|&r| {
-                    self.capacity[r].is_finite() && self.residual[r] <= self.capacity[r] * 1e-12
-                });
-                if at_cap || saturated {
-                    *frozen = true;
-                    any = true;
-                }
-            }
-            // Recount the unfrozen flows per resource.
-            for (res, ..) in &set {
-                for &r in res {
-                    self.count[r] = 0;
-                }
-            }
-            unfrozen = 0;
-            for (res, _, _, frozen) in &set {
-                if !frozen {
-                    unfrozen += 1;
-                    for &r in res {
-                        self.count[r] += 1;
-                    }
-                }
-            }
-            if !any {
-                // Numerical corner: nothing froze although delta was the minimum; stop here.
-                break;
-            }
-        }
+        progressive_fill(&mut set, &self.capacity, &mut self.residual, &mut self.count);
         for (id, (_, _, rate, _)) in ids.iter().zip(&set) {
             let Some(f) = self.flows.get_mut(id) else { continue };
             f.rate = *rate;
@@ -788,6 +815,92 @@ impl BandwidthModel {
                     w.wake();
                 }
             }
+        }
+    }
+}
+
+/// A flow of a max-min computation: its three resources, its rate cap, its rate, and whether
+/// it is frozen (it takes no more).
+type Filling = ([usize; 3], f64, f64, bool);
+
+/// Max-min fair rates by progressive filling: every unfrozen flow of `set` grows alike until it
+/// reaches its cap or one of its resources saturates. `residual[r]` must hold `capacity[r]` and
+/// `count[r]` 0 for every resource of the set.
+fn progressive_fill(
+    set: &mut [Filling],
+    capacity: &[f64],
+    residual: &mut [f64],
+    count: &mut [u32],
+) {
+    for (res, _, _, frozen) in &*set {
+        if !frozen {
+            for &r in res {
+                count[r] += 1;
+            }
+        }
+    }
+    let mut unfrozen = set.iter().filter(|s| !s.3).count();
+    while unfrozen > 0 {
+        let mut delta = f64::INFINITY;
+        for (res, cap, rate, frozen) in &*set {
+            if *frozen {
+                continue;
+            }
+            delta = delta.min(cap - rate);
+            for &r in res {
+                if residual[r].is_finite() {
+                    delta = delta.min(residual[r] / f64::from(count[r]));
+                }
+            }
+        }
+        if !delta.is_finite() {
+            // No cap anywhere: cannot happen with a finite per-connection rate; treat as
+            // instantaneous.
+            delta = f64::MAX / 4.0;
+        }
+        let delta = delta.max(0.0);
+        // Grow every unfrozen flow by delta and charge its resources.
+        for (res, _, rate, frozen) in &mut *set {
+            if *frozen {
+                continue;
+            }
+            *rate += delta;
+            for &r in res.iter() {
+                residual[r] -= delta;
+            }
+        }
+        // Freeze flows at their cap or on a saturated resource.
+        let mut any = false;
+        for (res, cap, rate, frozen) in &mut *set {
+            if *frozen {
+                continue;
+            }
+            let at_cap = *rate >= *cap * (1.0 - 1e-12);
+            let saturated =
+                res.iter().any(|&r| capacity[r].is_finite() && residual[r] <= capacity[r] * 1e-12);
+            if at_cap || saturated {
+                *frozen = true;
+                any = true;
+            }
+        }
+        // Recount the unfrozen flows per resource.
+        for (res, ..) in &*set {
+            for &r in res {
+                count[r] = 0;
+            }
+        }
+        unfrozen = 0;
+        for (res, _, _, frozen) in &*set {
+            if !frozen {
+                unfrozen += 1;
+                for &r in res {
+                    count[r] += 1;
+                }
+            }
+        }
+        if !any {
+            // Numerical corner: nothing froze although delta was the minimum; stop here.
+            break;
         }
     }
 }

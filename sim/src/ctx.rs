@@ -57,6 +57,8 @@ pub struct RunCtx {
     pub params: u64,
     /// Pipelining unit in values, when the scenario sets one.
     pub segment_elems: Option<usize>,
+    /// The event executor models each all-reduce whole (`[sim] collectives = "modelled"`).
+    pub modelled_collectives: bool,
     /// Frames handed to the network by every host (a cost counter).
     pub frames: Cell<u64>,
     /// Set when the coordinator stopped the run because no member held the training state any

@@ -12,7 +12,9 @@ use crate::{Progress, ReplayOptions, RunOutput, SimError};
 use loco_core::metrics::{EventKind, MfuBasis, RunMeta, sort_events, sort_outer_steps, summarize};
 use loco_core::rng::{Purpose, derive};
 use loco_core::scenario::links::{LatencySetting, Links};
-use loco_core::scenario::{ChurnAction, Cut, ExecutorKind, Numerics, RegionId, Scenario, TcpKind};
+use loco_core::scenario::{
+    ChurnAction, CollectiveModel, Cut, ExecutorKind, Numerics, RegionId, Scenario, TcpKind,
+};
 use loco_core::{NodeId, Time};
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet};
@@ -320,14 +322,61 @@ impl Driver<'_> {
         let nodes: Vec<NodeId> = self.run.scenario.nodes().iter().map(|n| n.id).collect();
         let hosts = self.hosts.clone();
         let (rates, lats) = self.links.refresh(now, steps, &nodes, &hosts);
+        let changed = !rates.is_empty() || !lats.is_empty();
         if !rates.is_empty() {
             self.run.net.bandwidth.borrow_mut().set_pairs(now, rates);
         }
         self.set_latencies(&lats);
+        if changed {
+            self.exec.links_changed();
+        }
     }
 
     fn node_running(&mut self, id: NodeId) -> bool {
         self.known.contains(&id) && self.exec.is_running(id)
+    }
+}
+
+/// The most nodes turmoil takes: it polls every host at every tick, so its cost grows with the
+/// hosts times the ticks (64 nodes: about 4 minutes a simulated hour; 256 would take hours).
+pub(crate) const TURMOIL_MAX_NODES: usize = 256;
+/// The most nodes the event executor takes with frame-by-frame all-reduces: a ring moves
+/// 2(N-1) frames per node, O(N^2) events per all-reduce (512 nodes: a minute for three simulated
+/// minutes).
+pub(crate) const FRAMES_MAX_NODES: usize = 1024;
+/// The most nodes the simulator takes: it keeps link state for every pair of nodes, about
+/// [`BYTES_PER_PAIR`] each (1,000 nodes peak at 0.6-0.7 GB).
+pub(crate) const MAX_NODES: usize = 2048;
+/// Memory per pair of nodes, measured at 1,000 nodes.
+pub(crate) const BYTES_PER_PAIR: u64 = 700;
+
+/// Refuses, before anything runs, a size the chosen executor cannot run in reasonable time and
+/// memory, saying why and what to change.
+fn refuse_size(nodes: usize, executor: ExecutorKind, modelled: bool) -> Result<(), SimError> {
+    let pairs = (nodes as u64).saturating_mul(nodes.saturating_sub(1) as u64);
+    if nodes > MAX_NODES {
+        let gb = pairs.saturating_mul(BYTES_PER_PAIR) as f64 / 1e9;
+        return Err(SimError::Scenario(format!(
+            "{nodes} nodes: the simulator keeps link state for every pair of nodes ({pairs} pairs, \
+             about {gb:.0} GB); it takes at most {MAX_NODES} nodes"
+        )));
+    }
+    match executor {
+        ExecutorKind::Turmoil if nodes > TURMOIL_MAX_NODES => Err(SimError::Scenario(format!(
+            "{nodes} nodes on turmoil, which polls every host at every tick (64 nodes take about \
+             4 minutes a simulated hour, and the cost grows with the nodes squared); it takes at \
+             most {TURMOIL_MAX_NODES}: set sim.executor = \"events\""
+        ))),
+        ExecutorKind::Events if !modelled && nodes > FRAMES_MAX_NODES => {
+            Err(SimError::Scenario(format!(
+                "{nodes} nodes with frame-by-frame all-reduces: a ring moves 2(N-1) frames per \
+                 node, {} per all-reduce; the event executor moves frames for at most \
+                 {FRAMES_MAX_NODES} nodes: set sim.collectives = \"modelled\" (with virtual \
+                 numerics)",
+                pairs.saturating_mul(2)
+            )))
+        }
+        _ => Ok(()),
     }
 }
 
@@ -380,6 +429,18 @@ pub(crate) fn replay(scenario: &Scenario, mut opts: ReplayOptions) -> Result<Run
             struck: Cell::new(false),
         })
         .collect();
+    let executor = opts.executor.unwrap_or_else(|| s.sim().executor_for(s.nodes().len()));
+    let collectives = s.sim().collectives_for(s.nodes().len(), executor);
+    let modelled_collectives = match (collectives, executor) {
+        (CollectiveModel::Frames, _) => false,
+        (CollectiveModel::Modelled, ExecutorKind::Events) => true,
+        (CollectiveModel::Modelled, ExecutorKind::Turmoil) => {
+            return Err(SimError::Scenario(
+                "sim.collectives: \"modelled\" runs on the event executor only; set sim.executor = \"events\" or sim.collectives = \"frames\"".into(),
+            ));
+        }
+    };
+    refuse_size(s.nodes().len(), executor, modelled_collectives)?;
     let run = Rc::new(RunCtx {
         mesh: s.mesh().clone(),
         params: opts.outer_params.unwrap_or_else(|| s.model().param_count()),
@@ -391,13 +452,13 @@ pub(crate) fn replay(scenario: &Scenario, mut opts: ReplayOptions) -> Result<Run
         real,
         segment_elems,
         frames: Cell::new(0),
+        modelled_collectives,
         mesh_stopped: RefCell::new(None),
     });
     // turmoil panics when more connections wait on a listener than its TCP capacity (64 by
     // default): every node dials the coordinator at the start. Room for all of them, twice
     // (the default below 32 nodes, so that smaller runs are as they were).
     let tcp_capacity = s.nodes().len().saturating_add(1).saturating_mul(2).max(64);
-    let executor = opts.executor.unwrap_or_else(|| s.sim().executor_for(s.nodes().len()));
     let exec: Box<dyn Exec> = match executor {
         ExecutorKind::Turmoil => Box::new(TurmoilExec {
             sim: turmoil::Builder::new()
@@ -434,6 +495,9 @@ pub(crate) fn replay(scenario: &Scenario, mut opts: ReplayOptions) -> Result<Run
         None,
         match executor {
             ExecutorKind::Turmoil => format!("seed {seed}, tick {} ms", plan.tick.as_millis()),
+            ExecutorKind::Events if modelled_collectives => {
+                format!("seed {seed}, event executor, modelled all-reduces")
+            }
             ExecutorKind::Events => format!("seed {seed}, event executor"),
         },
     );

@@ -20,17 +20,18 @@
 //! the same order as under turmoil, but at exact times rather than at tick boundaries.
 
 use crate::SimError;
-use crate::bandwidth::FlowId;
+use crate::bandwidth::{FlowId, LaneKey, LaneTcp};
 use crate::clock::EventTime;
 use crate::coord::CoordHost;
 use crate::ctx::RunCtx;
 use crate::exec::Exec;
 use crate::net::Lane;
 use crate::node::{DEATHRATTLE, Event, Node, Port};
-use loco_core::rng::{Purpose, stream};
+use crate::ring_model::{RingLinks, RingPlan, draw_latency, finish_times};
+use loco_core::node::machine::ModelledAllReduce;
+use loco_core::rng::{Purpose, mix64, stream};
 use loco_core::transport::{Frame, TransportError};
-use loco_core::{NodeId, Time};
-use rand::Rng;
+use loco_core::{Epoch, NodeId, Time};
 use rand_chacha::ChaCha8Rng;
 use std::cell::RefCell;
 use std::collections::{BTreeMap, VecDeque};
@@ -55,6 +56,31 @@ enum Ev {
     Down { host: NodeId, life: u64 },
     /// The bandwidth model's next change, armed as `version`.
     Flows { version: u64 },
+    /// Member `to` (of life `life`) is done with the modelled all-reduce `key`, as scheduled in
+    /// its `version`.
+    Modelled { to: NodeId, life: u64, key: (Epoch, u64), version: u64 },
+}
+
+/// A ring all-reduce the executor models whole (`[sim] collectives = "modelled"`, see
+/// [`crate::ring_model`]): scheduled when its last member has started it.
+struct Modelled {
+    ring: Vec<NodeId>,
+    shards: Vec<(usize, usize)>,
+    /// When each member started it.
+    starts: BTreeMap<NodeId, Time>,
+    /// The links the schedule ran on, from the start and from each change since.
+    links: Vec<RingLinks>,
+    /// When each rank is done (empty until scheduled), and whether it has been told.
+    finish: Vec<Time>,
+    told: Vec<bool>,
+    /// Bumped at each schedule: the done events of an older one are dropped.
+    version: u64,
+    /// TCP's state on the ring's lanes when it was first scheduled (each schedule starts from
+    /// it and leaves the connections as its frames would).
+    tcp: Option<LaneTcp>,
+    /// A member died or a ring edge was cut at this time: no rank is done after it (the frames
+    /// stop there; the coordinator aborts the attempt).
+    broken_at: Option<Time>,
 }
 
 /// The network and the agenda, shared by the executor and every endpoint.
@@ -74,6 +100,8 @@ struct Core {
     life: BTreeMap<NodeId, u64>,
     flows_version: u64,
     flows_armed: Option<Time>,
+    /// The modelled all-reduces under way, by (epoch, op).
+    collectives: BTreeMap<(Epoch, u64), Modelled>,
 }
 
 fn unordered(a: NodeId, b: NodeId) -> (NodeId, NodeId) {
@@ -95,13 +123,162 @@ impl Core {
         let Some(&(min, max)) = self.latency.get(&unordered(a, b)) else {
             return Duration::ZERO;
         };
-        if max <= min {
-            return min;
+        draw_latency(&mut self.rng, min, max)
+    }
+
+    /// Member `me` started the modelled all-reduce `m`: the news that its successor cannot be
+    /// reached comes at once (as at its first send, which breaks the ring); once every member
+    /// has started it, the schedule says when each is done.
+    fn model(&mut self, me: NodeId, m: ModelledAllReduce) {
+        let now = self.now;
+        let key = (m.start.epoch, m.start.op);
+        // A member that starts a later attempt has left the earlier ones that never started.
+        self.collectives.retain(|k, x| !(*k < key && x.finish.is_empty() && x.ring.contains(&me)));
+        let ring = m.start.ring;
+        let Some(rank) = ring.iter().position(|n| *n == me) else { return };
+        let right = ring[(rank + 1) % ring.len()];
+        let x = self.collectives.entry(key).or_insert_with(|| Modelled {
+            ring: ring.clone(),
+            shards: m.shards,
+            starts: BTreeMap::new(),
+            links: Vec::new(),
+            finish: Vec::new(),
+            told: Vec::new(),
+            version: 0,
+            tcp: None,
+            broken_at: None,
+        });
+        x.starts.insert(me, now);
+        let cut = self.run.net.unreachable(me, right);
+        if cut {
+            x.broken_at.get_or_insert(now);
         }
-        let u: f64 = self.rng.random();
-        let mult = -(1.0 - u).ln() / 5.0;
-        let range_ms = (max - min).as_millis() as f64;
-        (min + Duration::from_millis((range_ms * mult) as u64)).min(max)
+        let complete =
+            x.starts.len() == x.ring.len() && x.broken_at.is_none() && x.finish.is_empty();
+        if cut {
+            let life = self.life(me);
+            self.push(now, Ev::Unreachable { to: me, peer: right, life });
+        }
+        if complete {
+            let links = self.ring_links(key, Time::ZERO);
+            let tcp = self.run.net.bandwidth.borrow().lane_tcp(&self.ring_lanes(key));
+            if let Some(x) = self.collectives.get_mut(&key) {
+                x.links.push(links);
+                x.tcp = tcp;
+            }
+            self.schedule(key);
+        }
+    }
+
+    /// The network as the ring of `key` sees it now: the fair rates of its flows, the
+    /// latencies of its edges.
+    fn ring_links(&self, key: (Epoch, u64), from: Time) -> RingLinks {
+        let Some(x) = self.collectives.get(&key) else {
+            return RingLinks { from, rates: Vec::new(), latency: Vec::new() };
+        };
+        let w = x.ring.len();
+        let g = x.shards.len().max(1);
+        let edge = |r: usize| (x.ring[r], x.ring[(r + 1) % w]);
+        let flows: Vec<(NodeId, NodeId)> = (0..w * g).map(|i| edge(i / g)).collect();
+        let rates = self.run.net.bandwidth.borrow().fair_rates(&flows);
+        let latency = (0..w)
+            .map(|r| {
+                let (a, b) = edge(r);
+                self.latency.get(&unordered(a, b)).copied().unwrap_or_default()
+            })
+            .collect();
+        RingLinks { from, rates, latency }
+    }
+
+    /// The lanes of the ring of `key`, by rank and shard: its collective frames' connections.
+    fn ring_lanes(&self, key: (Epoch, u64)) -> Vec<LaneKey> {
+        let Some(x) = self.collectives.get(&key) else { return Vec::new() };
+        let w = x.ring.len();
+        let g = x.shards.len().max(1);
+        (0..w * g)
+            .map(|i| {
+                let (r, s) = (i / g, i % g);
+                let shard = u16::try_from(s).unwrap_or(u16::MAX);
+                (x.ring[r], x.ring[(r + 1) % w], Lane::Bulk(shard).key())
+            })
+            .collect()
+    }
+
+    /// (Re)computes when each rank of `key` is done, and arms the news for those not told yet.
+    fn schedule(&mut self, key: (Epoch, u64)) {
+        let Some(x) = self.collectives.get(&key) else { return };
+        let starts: Vec<Time> =
+            x.ring.iter().map(|n| x.starts.get(n).copied().unwrap_or(self.now)).collect();
+        let codec = self.run.scenario.diloco().codec;
+        let sim = self.run.scenario.sim();
+        let work = |phase, step, values| sim.frame_work(codec, phase, step, values);
+        let plan = RingPlan { ring_len: x.ring.len(), shards: &x.shards, codec, starts: &starts };
+        let subject = mix64(key.0.0) ^ key.1.rotate_left(32);
+        let mut rng = stream(self.run.seed, subject, Purpose::RingModel);
+        let mut tcp = x.tcp.clone();
+        let finish = finish_times(&plan, &x.links, &work, tcp.as_mut(), &mut rng);
+        if let Some(t) = &tcp {
+            let lanes = self.ring_lanes(key);
+            self.run.net.bandwidth.borrow_mut().set_lane_conns(&lanes, &t.conns);
+        }
+        let Some(x) = self.collectives.get_mut(&key) else { return };
+        x.version += 1;
+        x.told.resize(finish.len(), false);
+        x.finish = finish;
+        let (version, ring, finish, told) =
+            (x.version, x.ring.clone(), x.finish.clone(), x.told.clone());
+        for (r, to) in ring.into_iter().enumerate() {
+            if !told[r] {
+                let life = self.life(to);
+                self.push(finish[r], Ev::Modelled { to, life, key, version });
+            }
+        }
+    }
+
+    /// The links changed: the modelled all-reduces under way go on at the new figures from now.
+    fn relink(&mut self) {
+        let keys: Vec<(Epoch, u64)> = self
+            .collectives
+            .iter()
+            .filter(|(_, x)| !x.finish.is_empty() && x.broken_at.is_none())
+            .map(|(k, _)| *k)
+            .collect();
+        for key in keys {
+            let links = self.ring_links(key, self.now);
+            let Some(x) = self.collectives.get_mut(&key) else { continue };
+            if x.links.last().is_some_and(|l| l.rates == links.rates && l.latency == links.latency)
+            {
+                continue;
+            }
+            x.links.push(links);
+            self.schedule(key);
+        }
+    }
+
+    /// The frames from `a` to `b` stop now (`b` died, or a cut): a modelled all-reduce with that
+    /// edge breaks, and `a` learns that `b` cannot be reached. With `b` only (`a` `None`): every
+    /// edge into `b`.
+    fn break_edge(&mut self, a: Option<NodeId>, b: NodeId) {
+        let now = self.now;
+        let mut news = Vec::new();
+        for x in self.collectives.values_mut() {
+            let w = x.ring.len();
+            let Some(rb) = x.ring.iter().position(|n| *n == b) else { continue };
+            let pred = x.ring[(rb + w - 1) % w];
+            if a.is_some_and(|a| a != pred) || x.broken_at.is_some() {
+                continue;
+            }
+            let rp = (rb + w - 1) % w;
+            let done = x.finish.get(rp).is_some_and(|t| *t <= now);
+            x.broken_at = Some(now);
+            if x.starts.contains_key(&pred) && !done {
+                news.push(pred);
+            }
+        }
+        for p in news {
+            let life = self.life(p);
+            self.push(now, Ev::Unreachable { to: p, peer: b, life });
+        }
     }
 
     /// Puts a frame on the wire from `from` to `to` at `at` (its body has been sent): it
@@ -130,6 +307,11 @@ pub(crate) struct Endpoint {
 }
 
 impl Endpoint {
+    /// This host's member started the modelled all-reduce `m`.
+    pub(crate) fn model(&mut self, m: ModelledAllReduce) {
+        self.core.borrow_mut().model(self.me, m);
+    }
+
     /// Queues `frame` for `to`: its body flows in the bandwidth model (no bandwidth before
     /// `ready`), then it goes on the wire; a control message goes at once.
     pub(crate) fn enqueue_ready(&mut self, to: NodeId, frame: Frame, ready: Time) {
@@ -204,6 +386,7 @@ impl EventExec {
             life: BTreeMap::new(),
             flows_version: 0,
             flows_armed: None,
+            collectives: BTreeMap::new(),
         };
         EventExec {
             run,
@@ -278,7 +461,7 @@ impl EventExec {
             State::Coord(c) => match ev {
                 Event::Net(Ok((from, frame))) => c.frame(from, frame),
                 Event::Timer => c.timeout(),
-                Event::Net(Err(_)) | Event::Control => {}
+                Event::Net(Err(_)) | Event::Control | Event::Modelled { .. } => {}
             },
             State::Stopping | State::Down => return,
         }
@@ -338,6 +521,7 @@ impl EventExec {
             }
             Ev::Down { host, life: l } => {
                 if l == life(self, host) {
+                    self.core.borrow_mut().break_edge(None, host);
                     self.run.net.set_down(host, true);
                     if let Some(s) = self.hosts.get_mut(&host) {
                         s.state = State::Down;
@@ -347,6 +531,27 @@ impl EventExec {
             Ev::Flows { version } => {
                 if self.core.borrow().flows_version == version {
                     self.core.borrow_mut().flows_armed = None;
+                }
+            }
+            Ev::Modelled { to, life: l, key, version } => {
+                let now = self.now();
+                let due = {
+                    let mut c = self.core.borrow_mut();
+                    let current = c.collectives.get_mut(&key).and_then(|x| {
+                        let r = x.ring.iter().position(|n| *n == to)?;
+                        let ok = x.version == version && x.broken_at.is_none_or(|t| now <= t);
+                        if ok {
+                            x.told[r] = true;
+                        }
+                        Some((ok, x.told.iter().all(|t| *t)))
+                    });
+                    if let Some((_, true)) = current {
+                        c.collectives.remove(&key);
+                    }
+                    current.is_some_and(|(ok, _)| ok)
+                };
+                if due && l == life(self, to) {
+                    self.input(to, Event::Modelled { epoch: key.0, op: key.1 });
                 }
             }
         }
@@ -375,6 +580,7 @@ impl EventExec {
     fn kill(&mut self, id: NodeId) {
         let mut c = self.core.borrow_mut();
         *c.life.entry(id).or_insert(0) += 1;
+        c.break_edge(None, id);
         let gone: Vec<FlowId> =
             c.flows.iter().filter(|(_, f)| f.0 == id || f.1 == id).map(|(k, _)| *k).collect();
         let now = c.now;
@@ -451,8 +657,13 @@ impl Exec for EventExec {
         }
     }
 
-    fn partition_oneway(&mut self, _a: NodeId, _b: NodeId) {
-        // The shared network's cut is what the wire checks.
+    fn partition_oneway(&mut self, a: NodeId, b: NodeId) {
+        // The shared network's cut is what the wire checks; a modelled ring over it breaks.
+        self.core.borrow_mut().break_edge(Some(a), b);
+    }
+
+    fn links_changed(&mut self) {
+        self.core.borrow_mut().relink();
     }
 
     fn repair_oneway(&mut self, _a: NodeId, _b: NodeId) {}
@@ -491,6 +702,7 @@ impl Exec for EventExec {
                         Ev::Wake { host, .. }
                         | Ev::Restart { host, .. }
                         | Ev::Down { host, .. } => Some(*host),
+                        Ev::Modelled { to, .. } => Some(*to),
                         Ev::Flows { .. } => None,
                     };
                     let down = matches!(ev, Ev::Down { .. });
@@ -527,6 +739,11 @@ impl Exec for EventExec {
     }
 
     fn figures(&self) -> Vec<(&'static str, serde_json::Value)> {
-        vec![("executor", serde_json::json!("events")), ("events", serde_json::json!(self.events))]
+        let collectives = if self.run.modelled_collectives { "modelled" } else { "frames" };
+        vec![
+            ("executor", serde_json::json!("events")),
+            ("events", serde_json::json!(self.events)),
+            ("collectives", serde_json::json!(collectives)),
+        ]
     }
 }

@@ -32,6 +32,9 @@ pub(crate) trait Exec {
     fn repair_oneway(&mut self, a: NodeId, b: NodeId);
     /// The one-way latency between `a` and `b` (both directions): from `min` to `max`.
     fn set_latency(&mut self, a: NodeId, b: NodeId, min: Duration, max: Duration);
+    /// The links' bandwidth or latency changed (the bandwidth model and the latencies are
+    /// already set).
+    fn links_changed(&mut self) {}
     /// Whether host `id`'s software is running.
     fn is_running(&mut self, id: NodeId) -> bool;
     /// Moves time on: at least to the next thing that happens, and no later than `horizon`

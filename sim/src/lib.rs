@@ -51,6 +51,7 @@ pub mod net;
 mod node;
 pub mod numerics;
 pub mod record;
+mod ring_model;
 
 /// Where a replay stands, for a progress bar.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -148,6 +149,8 @@ pub struct BenchFigures {
     pub executor: String,
     /// Events the event executor handled (0 under turmoil).
     pub events: u64,
+    /// How the all-reduces ran: `frames`, or `modelled` whole (the event executor only).
+    pub collectives: String,
     /// Frames the hosts handed to the network.
     pub frames: u64,
     /// turmoil ticks stepped.
@@ -191,6 +194,13 @@ pub fn bench(scenario: &Scenario, simulated_hours: f64) -> Result<BenchFigures, 
             .unwrap_or("turmoil")
             .to_owned(),
         events: extra_u64("events"),
+        collectives: out
+            .summary
+            .extra
+            .get("collectives")
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or("frames")
+            .to_owned(),
         frames: extra_u64("frames_sent"),
         ticks: extra_u64("ticks"),
         tick_seconds: out

@@ -2,7 +2,7 @@
 
 use super::schedule::{
     ag_recv_chunk, ag_send_chunk, chunk_range, owned_chunk, rs_recv_chunk, segment_count,
-    segment_range,
+    segment_range, sum_over_chunks,
 };
 use super::scratch::Scratch;
 use crate::codec::{Codec, CodecKind};
@@ -195,10 +195,8 @@ impl<'a> RingAllReduce<'a> {
         }
         let seg = cfg.segment_elems.max(1);
         let len = payload.len();
-        let max_segs = (0..world)
-            .map(|c| segment_count(chunk_range(len, world, c).len(), seg))
-            .max()
-            .unwrap_or(0);
+        // The longest chunk has the most segments (`len / world` values or one more).
+        let max_segs = segment_count(len.div_ceil(world.max(1)), seg);
         let steps = world - 1;
         let mut m = RingAllReduce {
             codec: cfg.codec.codec(),
@@ -226,11 +224,11 @@ impl<'a> RingAllReduce<'a> {
             }
             return Ok(m);
         }
-        for s in 0..steps {
-            let rs = segment_count(m.chunk(rs_recv_chunk(world, rank, s)).len(), seg);
-            let ag = segment_count(m.chunk(ag_recv_chunk(world, rank, s)).len(), seg);
-            m.remaining += rs + ag;
-        }
+        // It receives every chunk but its own in the reduce-scatter (chunk r is the one it
+        // starts), and every chunk but the one it owns in the all-gather.
+        let segs = |c: usize| segment_count(m.chunk(c).len(), seg);
+        let all = sum_over_chunks(len, world, |n| segment_count(n, seg) as u64) as usize;
+        m.remaining = 2 * all - segs(rank) - segs(owned_chunk(world, rank));
         let own = rank; // reduce-scatter step 0 sends chunk r
         for j in 0..segment_count(m.chunk(own).len(), seg) {
             m.queue.push_back(Pending::Own { chunk: own, seg: j });
@@ -252,6 +250,16 @@ impl<'a> RingAllReduce<'a> {
         }
     }
 
+    /// Number of values reduced.
+    pub fn len(&self) -> usize {
+        self.payload.len()
+    }
+
+    /// Whether there are no values.
+    pub fn is_empty(&self) -> bool {
+        self.payload.len() == 0
+    }
+
     /// Counters so far.
     pub fn stats(&self) -> RingStats {
         self.stats
@@ -260,6 +268,41 @@ impl<'a> RingAllReduce<'a> {
     /// True when this node holds the final result and has nothing left to send.
     pub fn is_done(&self) -> bool {
         self.remaining == 0 && self.queue.is_empty()
+    }
+
+    /// Finishes a virtual all-reduce at once, as if every frame of its schedule had been sent
+    /// and received: the executor models the collective's time itself (the simulator's modelled
+    /// collectives) and no frame travels. The counters become the schedule's. Returns `false`,
+    /// changing nothing, for real values or once frames have moved.
+    pub fn complete_virtual(&mut self) -> bool {
+        if self.payload.values().is_some() || self.stats.frames_sent > 0 {
+            return false;
+        }
+        let (world, rank, seg) = (self.world, self.rank, self.cfg.segment_elems);
+        let len = self.payload.len();
+        let codec = self.codec;
+        // A chunk's frames and body bytes; it sends every chunk but its owned one (`r + 1`) in
+        // the reduce-scatter, and every chunk but `r + 2` in the all-gather.
+        let frames = |n: usize| segment_count(n, seg) as u64;
+        let bytes = |n: usize| {
+            let (full, rest) = (n / seg, n % seg);
+            full as u64 * codec.encoded_len(seg) as u64
+                + if rest > 0 { codec.encoded_len(rest) as u64 } else { 0 }
+        };
+        let (a, b) = (
+            chunk_range(len, world, (rank + 1) % world),
+            chunk_range(len, world, (rank + 2) % world),
+        );
+        let per_rank =
+            |f: &dyn Fn(usize) -> u64| 2 * sum_over_chunks(len, world, f) - f(a.len()) - f(b.len());
+        if world > 1 {
+            self.stats.frames_sent = per_rank(&frames);
+            self.stats.body_bytes_sent = per_rank(&bytes);
+        }
+        self.stats.frames_received += self.remaining as u64;
+        self.remaining = 0;
+        self.queue.clear();
+        true
     }
 
     /// The next frame to send, encoding it now if needed. Call until `None` after every

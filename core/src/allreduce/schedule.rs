@@ -19,6 +19,20 @@ pub fn chunk_range(len: usize, world: usize, c: usize) -> Range<usize> {
     lo..hi
 }
 
+/// `f` summed over the lengths of the `world` chunks of a buffer of `len` values, in O(1): the
+/// chunks have `len / world` or one more values, and `len % world` of them the longer length.
+pub fn sum_over_chunks(len: usize, world: usize, f: impl Fn(usize) -> u64) -> u64 {
+    if world == 0 {
+        return 0;
+    }
+    let (short, long) = (len / world, len % world);
+    let mut total = (world - long) as u64 * f(short);
+    if long > 0 {
+        total += long as u64 * f(short + 1);
+    }
+    total
+}
+
 /// Number of segments of a chunk of `chunk_len` values (0 for an empty chunk).
 pub fn segment_count(chunk_len: usize, segment_elems: usize) -> usize {
     chunk_len.div_ceil(segment_elems.max(1))
@@ -135,6 +149,15 @@ mod tests {
                 }
                 prop_assert!(got.iter().all(|v| *v));
             }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn sums_over_chunks_match_the_chunks(len in 0usize..5_000, world in 1usize..40, seg in 1usize..300) {
+            let f = |n: usize| segment_count(n, seg) as u64 * 7 + n as u64;
+            let direct: u64 = (0..world).map(|c| f(chunk_range(len, world, c).len())).sum();
+            prop_assert_eq!(sum_over_chunks(len, world, f), direct);
         }
     }
 

@@ -346,3 +346,51 @@ fn owned_payload_gives_the_same_result_back() {
     let got: Vec<Vec<f32>> = ms.into_iter().map(|m| m.into_payload().unwrap()).collect();
     assert_eq!(got, want);
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    /// A virtual all-reduce finished at once (the simulator's modelled collectives) counts the
+    /// frames and bytes that moving its frames counts.
+    #[test]
+    fn completing_a_virtual_ring_counts_what_its_frames_would(
+        len in 0usize..3000,
+        world in 1usize..12,
+        seg in 1usize..400,
+        codec in proptest::sample::select(vec![CodecKind::Fp32, CodecKind::Uint8, CodecKind::Int4Block]),
+    ) {
+        let ring = ids(world);
+        let new = |me| RingAllReduce::new(cfg(&ring, me, codec, seg), Payload::Virtual(len), Weight::ONE).unwrap();
+        let mut moved: Vec<_> = ring.iter().map(|&me| new(me)).collect();
+        let want = pump(&mut moved);
+        for (r, &me) in ring.iter().enumerate() {
+            let mut m = new(me);
+            prop_assert!(m.complete_virtual());
+            prop_assert!(m.is_done());
+            prop_assert_eq!(m.stats(), want[r]);
+            prop_assert!(m.poll_send().is_none());
+        }
+    }
+}
+
+#[test]
+fn real_values_and_rings_under_way_are_not_completed_virtually() {
+    let ring = ids(3);
+    let mut v = vec![1.0f32; 300];
+    let mut real = RingAllReduce::new(
+        cfg(&ring, ring[0], CodecKind::Fp32, 50),
+        Payload::Real(&mut v),
+        Weight::ONE,
+    )
+    .unwrap();
+    assert!(!real.complete_virtual());
+    assert!(!real.is_done());
+    let mut started = RingAllReduce::new(
+        cfg(&ring, ring[0], CodecKind::Fp32, 50),
+        Payload::Virtual(300),
+        Weight::ONE,
+    )
+    .unwrap();
+    assert!(started.poll_send().is_some());
+    assert!(!started.complete_virtual());
+    assert!(!started.is_done());
+}

@@ -299,6 +299,27 @@ impl ShardRings {
         &self.sums
     }
 
+    /// Whether the values are real (not lengths only).
+    pub fn is_real(&self) -> bool {
+        self.real
+    }
+
+    /// Each shard's values and pipelining unit: what an executor that models the collective's
+    /// time needs of its schedule.
+    pub fn plan(&self) -> Vec<(usize, usize)> {
+        self.rings.iter().map(|r| (r.len(), r.config().segment_elems)).collect()
+    }
+
+    /// Finishes every shard of a virtual attempt at once ([`RingAllReduce::complete_virtual`]):
+    /// the executor modelled its time. No frame carried a weight sum, so there are none to
+    /// check. `false`, changing nothing, for real values or once frames have moved.
+    pub fn complete_virtual(&mut self) -> bool {
+        if self.real || self.rings.iter().any(|r| r.stats().frames_sent > 0) {
+            return false;
+        }
+        self.rings.iter_mut().all(RingAllReduce::complete_virtual)
+    }
+
     /// Counters summed over the shards.
     pub fn stats(&self) -> RingStats {
         let mut t = RingStats::default();

@@ -947,6 +947,49 @@ pub struct SimSpec {
     /// The simulator's executor; `None` chooses by the scenario's size
     /// ([`SimSpec::executor_for`]).
     pub executor: Option<ExecutorKind>,
+    /// How the event executor runs an all-reduce: frame by frame, or modelled whole; `None`
+    /// chooses by the scenario's size ([`SimSpec::collectives_for`]).
+    pub collectives: Option<CollectiveModel>,
+}
+
+/// How the event executor runs a ring all-reduce (`[sim] collectives`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CollectiveModel {
+    /// Every frame of the ring is a flow in the bandwidth model and an arrival on the agenda:
+    /// 2(N-1) frames per node, O(N^2) events per all-reduce.
+    Frames,
+    /// The ring's schedule is computed whole when its last member starts it (each frame's
+    /// start, end and arrival from its lane, its sender's codec work and its predecessor's
+    /// frame, at the ring's max-min fair rates and drawn latencies), and each member is told
+    /// when it is done: O(N) events. Virtual numerics and the event executor only.
+    Modelled,
+}
+
+impl CollectiveModel {
+    /// The names the scenario format takes.
+    pub const NAMES: [&'static str; 2] = ["frames", "modelled"];
+
+    /// Nodes above which [`SimSpec::collectives_for`] chooses [`CollectiveModel::Modelled`]
+    /// on the event executor.
+    pub const FRAMES_MAX_DEFAULT_NODES: usize = 128;
+
+    /// The name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CollectiveModel::Frames => "frames",
+            CollectiveModel::Modelled => "modelled",
+        }
+    }
+
+    /// The kind of a name of [`Self::NAMES`].
+    pub fn from_name(name: &str) -> Option<CollectiveModel> {
+        match name {
+            "frames" => Some(CollectiveModel::Frames),
+            "modelled" => Some(CollectiveModel::Modelled),
+            _ => None,
+        }
+    }
 }
 
 /// How the simulator advances time (`[sim] executor`). Both drive the same node machine, the
@@ -1051,6 +1094,23 @@ impl SimSpec {
         })
     }
 
+    /// How all-reduces run for a scenario of `nodes` nodes on `executor`: the file's choice,
+    /// else modelled on the event executor above
+    /// [`CollectiveModel::FRAMES_MAX_DEFAULT_NODES`] nodes with virtual numerics, else frames.
+    /// turmoil always moves frames (a run that names `modelled` there is refused before it
+    /// starts).
+    pub fn collectives_for(&self, nodes: usize, executor: ExecutorKind) -> CollectiveModel {
+        let default = if executor == ExecutorKind::Events
+            && self.numerics == Numerics::Virtual
+            && nodes > CollectiveModel::FRAMES_MAX_DEFAULT_NODES
+        {
+            CollectiveModel::Modelled
+        } else {
+            CollectiveModel::Frames
+        };
+        self.collectives.unwrap_or(default)
+    }
+
     /// The default [`state_receive_cost`](SimSpec::state_receive_cost): what
     /// `loco bench recovery --bytes 2GB` measured on a 2-core AMD EPYC VM, where a 2 GB state
     /// took 0.64-1.12 s (median 0.75 s of seven runs) on loopback from the joiner's signal to
@@ -1120,6 +1180,7 @@ impl Default for SimSpec {
             decode_cost: None,
             tcp: TcpKind::Cubic,
             executor: None,
+            collectives: None,
         }
     }
 }
@@ -1469,6 +1530,11 @@ impl Scenario {
     /// Replaces the simulator's executor (`loco replay --executor`).
     pub fn set_executor(&mut self, executor: ExecutorKind) {
         self.sim.executor = Some(executor);
+    }
+
+    /// Replaces how the event executor runs all-reduces (`loco replay --collectives`).
+    pub fn set_collectives(&mut self, collectives: CollectiveModel) {
+        self.sim.collectives = Some(collectives);
     }
 
     /// The real backend's section.

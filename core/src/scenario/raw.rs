@@ -302,6 +302,7 @@ pub(crate) struct RawSim {
     pub(crate) decode_cost: Option<f64>,
     pub(crate) tcp: Option<String>,
     pub(crate) executor: Option<String>,
+    pub(crate) collectives: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]

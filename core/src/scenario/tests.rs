@@ -270,6 +270,7 @@ network = "emulated"
             decode_cost: None,
             tcp: TcpKind::Bbr,
             executor: Some(ExecutorKind::Events),
+            collectives: None,
         }
     );
     let r = s.real();

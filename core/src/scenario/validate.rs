@@ -10,9 +10,9 @@ use super::units::{
     UnitError, duration_from_secs_f64, format_duration, parse_duration, parse_rate, parse_size,
 };
 use super::{
-    Decay, Device, DilocoSpec, ExecutorKind, LinkSpec, ModelSpec, NetworkMode, NodeSpec, Numerics,
-    Precision, Preset, Published, RealSpec, Region, RegionId, Scenario, SimSpec, Stop, TcpKind,
-    Varying,
+    CollectiveModel, Decay, Device, DilocoSpec, ExecutorKind, LinkSpec, ModelSpec, NetworkMode,
+    NodeSpec, Numerics, Precision, Preset, Published, RealSpec, Region, RegionId, Scenario,
+    SimSpec, Stop, TcpKind, Varying,
 };
 use crate::codec::CodecKind;
 use crate::diloco::Mode;
@@ -916,7 +916,21 @@ fn sim(s: &RawSim, stop: &Stop) -> R<SimSpec> {
         }
         None => None,
     };
+    let collectives = match s.collectives.as_deref() {
+        None => None,
+        Some(name) => Some(CollectiveModel::from_name(name).ok_or_else(|| {
+            expected(&p.key("collectives"), one_of_text(&CollectiveModel::NAMES), quoted(name))
+        })?),
+    };
+    if collectives == Some(CollectiveModel::Modelled) && numerics == Numerics::Real {
+        return Err(expected(
+            &p.key("collectives"),
+            "\"frames\" with numerics = \"real\" (real values must travel)",
+            quoted("modelled"),
+        ));
+    }
     Ok(SimSpec {
+        collectives,
         executor: match s.executor.as_deref() {
             None => None,
             Some(name) => Some(ExecutorKind::from_name(name).ok_or_else(|| {

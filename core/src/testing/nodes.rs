@@ -246,6 +246,7 @@ impl NodeNet {
             own_max: 0,
             row: RowIdentity { node: format!("n{}", id.0), node_id: id.0, offset_s: 0.0 },
             virtual_padding: true,
+            modelled_collectives: false,
         }
     }
 
@@ -449,7 +450,8 @@ impl NodeNet {
                 let msg = v.describe(id, &|n| format!("n{}", n.0));
                 self.note(id, Seen::Violation(msg));
             }
-            Effect::Check(_) => {}
+            // The harness moves every frame (`modelled_collectives` is off).
+            Effect::Check(_) | Effect::ModelledAllReduce(_) => {}
             Effect::Stop { reason, rejoin } => {
                 h.computing = None;
                 if rejoin {

@@ -490,6 +490,7 @@ fn node_config(
             offset_s: opts.time_offset_s,
         },
         virtual_padding: false,
+        modelled_collectives: false,
     }
 }
 
@@ -685,6 +686,10 @@ impl<L: InnerLoop> Worker<L> {
             Effect::Event(ev) => self.node_event(ev)?,
             Effect::Check(c) => self.check(c),
             Effect::Stop { reason, rejoin } => return Ok(Some((reason, rejoin))),
+            // Real runs move every frame (`modelled_collectives` is off here).
+            Effect::ModelledAllReduce(_) => {
+                tracing::warn!(target: "loco_real", "a modelled all-reduce was asked of a real node");
+            }
         }
         Ok(None)
     }

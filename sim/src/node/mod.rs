@@ -39,6 +39,13 @@ pub(crate) enum Event {
     Timer,
     /// The driver changed its control block (hang, resume, leave).
     Control,
+    /// The event executor's model of the all-reduce `(epoch, op)` says it is done here.
+    Modelled {
+        /// Its epoch.
+        epoch: loco_core::Epoch,
+        /// Its op.
+        op: u64,
+    },
 }
 
 /// Where a host's frames go: turmoil's transport, or the event executor's network.
@@ -294,6 +301,10 @@ impl Node {
                 return;
             }
             Event::Net(Err(_)) => return,
+            Event::Modelled { epoch, op } => {
+                self.machine.allreduce_modelled(Self::now(), epoch, op);
+                return;
+            }
         };
         if self.computing.as_ref().is_some_and(|c| c.done(now)) {
             self.finish_compute(now);
@@ -446,6 +457,14 @@ impl Node {
                 // writes none).
                 self.strike(FaultPhase::Checkpoint, Some(outer_step));
             }
+            Effect::ModelledAllReduce(m) => match &mut self.net {
+                Port::Events(e) => e.model(m),
+                // Modelled collectives are the event executor's alone (the driver refuses
+                // them on turmoil before the run starts).
+                Port::Turmoil(_) => {
+                    tracing::warn!(target: "loco_sim", "{}: a modelled all-reduce on turmoil", self.id);
+                }
+            },
             Effect::Row(row) => self.run.rec.borrow_mut().row(row),
             Effect::Event(ev) => self.event(now, ev),
             Effect::Check(c) => self.check(c),
@@ -617,5 +636,6 @@ fn node_config(run: &RunCtx, id: NodeId, initial: Option<Vec<f32>>) -> NodeConfi
         own_max: 0,
         row: RowIdentity { node: spec.name.clone(), node_id: id.0, offset_s: 0.0 },
         virtual_padding: true,
+        modelled_collectives: run.modelled_collectives,
     }
 }

@@ -3,7 +3,7 @@
 
 use crate::diloco::OuterState;
 use crate::ids::{Epoch, NodeId};
-use crate::mesh::StopReason;
+use crate::mesh::{AllReduceStart, StopReason};
 use crate::metrics::{EventKind, OuterStepRow};
 use crate::node::digest::{weights_digest, weights_digest_parallel};
 use crate::node::events::admission_kind;
@@ -67,6 +67,11 @@ pub enum Effect {
     Event(NodeEvent),
     /// An observation for the invariant checks (the simulator checks them; real may log).
     Check(Check),
+    /// Model this virtual all-reduce's time ([`NodeConfig::modelled_collectives`](super::NodeConfig::modelled_collectives)):
+    /// its rings send no frame. When the modelled schedule has every frame of the attempt
+    /// here, call [`Node::allreduce_modelled`](super::Node::allreduce_modelled); when this node
+    /// would have found a ring neighbour unreachable, [`Node::peer_unreachable`](super::Node::peer_unreachable).
+    ModelledAllReduce(ModelledAllReduce),
     /// The member stopped. `rejoin`: the node's supervisor restarts it with a new incarnation
     /// after a heartbeat interval ([`Node::restart`](super::Node::restart)); otherwise the
     /// process exits.
@@ -76,6 +81,15 @@ pub enum Effect {
         /// Whether to restart and join again (an eviction, or the coordinator went silent).
         rejoin: bool,
     },
+}
+
+/// A virtual all-reduce whose time the executor models (see [`Effect::ModelledAllReduce`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelledAllReduce {
+    /// The release: epoch, op, ring order, shards.
+    pub start: AllReduceStart,
+    /// Per shard, its values and its pipelining unit in values.
+    pub shards: Vec<(usize, usize)>,
 }
 
 /// A copy of the outer state for a checkpoint.

@@ -58,8 +58,8 @@ mod effect;
 
 use effect::RoundJob;
 pub use effect::{
-    Check, Effect, NodeEvent, OuterJob, OuterKind, PreparedState, Snapshot, StateJob, VerifyResult,
-    Violation,
+    Check, Effect, ModelledAllReduce, NodeEvent, OuterJob, OuterKind, PreparedState, Snapshot,
+    StateJob, VerifyResult, Violation,
 };
 
 use crate::codec::CodecKind;
@@ -76,7 +76,7 @@ use crate::node::state::{
     StateAssembly, Verified, share_of, virtual_part_lens,
 };
 use crate::time::Time;
-use crate::transport::{Body, Frame, Header, StateAsk, StateHeader};
+use crate::transport::{Body, Frame, HEADER_WIRE_BYTES, Header, StateAsk, StateHeader};
 use bytes::Bytes;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -144,6 +144,12 @@ pub struct NodeConfig {
     pub row: RowIdentity,
     /// Mesh probe padding is virtual (the simulator) or real zero bytes.
     pub virtual_padding: bool,
+    /// The executor models the time of a virtual all-reduce itself (the simulator's event
+    /// executor at thousands of nodes): the rings send no frame; the machine asks with
+    /// [`Effect::ModelledAllReduce`] and the executor answers with
+    /// [`allreduce_modelled`](Node::allreduce_modelled) (or [`peer_unreachable`](Node::peer_unreachable)).
+    /// Real values always travel.
+    pub modelled_collectives: bool,
 }
 
 /// What the node is doing: the one phase of the machine.
@@ -210,6 +216,10 @@ pub struct Reducing {
     rings: ShardRings,
     /// This node reported the attempt failed.
     failed: bool,
+    /// The executor models this attempt's time ([`NodeConfig::modelled_collectives`]).
+    modelled: bool,
+    /// The executor said it is done while the node was suspended.
+    modelled_done: bool,
 }
 
 impl std::fmt::Debug for Reducing {
@@ -553,6 +563,19 @@ impl Node {
                 let _ = self.member.report_allreduce_failed(now, epoch, op);
             }
         }
+        self.pump(now);
+    }
+
+    /// The executor's model of the running attempt `(epoch, op)` says it is done here
+    /// ([`NodeConfig::modelled_collectives`]): the rings finish as if their frames had moved.
+    /// Any other attempt's answer is stale and ignored.
+    pub fn allreduce_modelled(&mut self, now: Time, epoch: Epoch, op: u64) {
+        if let Work::Reducing(r) = &mut self.work {
+            if r.modelled && r.rings.collective() == (epoch, op) {
+                r.modelled_done = true;
+            }
+        }
+        self.drive_rings(now);
         self.pump(now);
     }
 
@@ -1250,7 +1273,14 @@ impl Node {
                 return;
             }
         };
-        self.work = Work::Reducing(Box::new(Reducing { rings, failed: false }));
+        let modelled =
+            self.cfg.modelled_collectives && !rings.is_real() && rings.start().ring.len() > 1;
+        if modelled {
+            let m = ModelledAllReduce { start: rings.start().clone(), shards: rings.plan() };
+            self.effects.push_back(Effect::ModelledAllReduce(m));
+        }
+        let r = Reducing { rings, failed: false, modelled, modelled_done: false };
+        self.work = Work::Reducing(Box::new(r));
         // Frames that arrived before this node's release (a neighbour started first).
         let early = self.inbox.take_for((epoch, op));
         self.held.extend(early);
@@ -1269,8 +1299,15 @@ impl Node {
             }
         }
         let Work::Reducing(r) = &mut self.work else { return };
-        while let Some(t) = r.rings.poll_send() {
-            self.transmits.push_back(t);
+        if r.modelled {
+            if r.modelled_done && !r.failed && r.rings.complete_virtual() {
+                let s = r.rings.stats();
+                self.bytes_sent += s.body_bytes_sent + s.frames_sent * HEADER_WIRE_BYTES;
+            }
+        } else {
+            while let Some(t) = r.rings.poll_send() {
+                self.transmits.push_back(t);
+            }
         }
         if r.failed || !r.rings.is_done() {
             return;
@@ -1650,6 +1687,7 @@ mod tests {
             own_max: 0,
             row: RowIdentity { node: format!("n{id}"), node_id: id, offset_s: 0.0 },
             virtual_padding: false,
+            modelled_collectives: false,
         };
         Node::new(cfg, 1).unwrap()
     }
