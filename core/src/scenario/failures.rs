@@ -5,8 +5,9 @@
 //!
 //! - time to the next failure: Weibull with the entry's `shape` (1: exponential), scaled so
 //!   that its mean is `mtbf`; measured from the node's start (or `from`) and from each repair;
-//! - outage: exponential with mean `repair` (a node whose repair would end after `until` stays
-//!   down);
+//!   or one of the observed up times `up` (a trace's empirical distribution), each as likely;
+//! - outage: exponential with mean `repair`, or one of the observed outages `down` (a node
+//!   whose repair would end after `until` stays down);
 //! - every draw comes from the ChaCha stream of (the scenario's `seed`, the entry and the node,
 //!   [`Purpose::Failures`]): the same file gives the same events to both backends and to every
 //!   replay (`--seed` changes the run, not the file's events); `loco churn SCENARIO` prints them.
@@ -19,7 +20,7 @@
 
 use super::churn::Pending;
 use super::error::FieldPath;
-use super::raw::{RawArrivals, RawDiurnal, RawFailures};
+use super::raw::{RawArrivals, RawDiurnal, RawFailures, RawScalar};
 use super::validate::{
     R, conflict, duration, expected, missing, one_of_text, positive_duration, quoted, region_ref,
 };
@@ -56,6 +57,47 @@ enum Kind {
 const KINDS: [(&str, Kind); 3] =
     [("crash", Kind::Crash), ("leave", Kind::Leave), ("hang", Kind::Hang)];
 
+/// A distribution of durations, in seconds.
+enum Draw {
+    /// Weibull of this scale and shape (inverse CDF).
+    Weibull { scale: f64, shape: f64 },
+    /// Exponential of this mean.
+    Exponential(f64),
+    /// One of these observed durations, each as likely (a trace's empirical distribution).
+    Observed(Vec<f64>),
+}
+
+impl Draw {
+    fn draw(&self, rng: &mut impl Rng) -> f64 {
+        // One uniform draw each, so that a Weibull or exponential entry expands as it always has.
+        let u: f64 = rng.random::<f64>();
+        match self {
+            // 1 - u lies in (0, 1].
+            Draw::Weibull { scale, shape } => scale * (-(1.0 - u).ln()).powf(1.0 / shape),
+            Draw::Exponential(mean) => -mean * (1.0 - u).ln(),
+            Draw::Observed(v) => v[((u * v.len() as f64) as usize).min(v.len() - 1)],
+        }
+    }
+}
+
+/// Most durations a trace (`up`, `down`) may list.
+const MAX_OBSERVED: usize = 100_000;
+
+/// The durations of a trace: at least one, each positive.
+fn observed(p: &FieldPath, raw: &[RawScalar]) -> R<Vec<f64>> {
+    if raw.is_empty() || raw.len() > MAX_OBSERVED {
+        return Err(expected(
+            p,
+            format!("a list of 1 to {MAX_OBSERVED} observed durations, like [\"3h\", \"40min\"]"),
+            format!("{} values", raw.len()),
+        ));
+    }
+    raw.iter()
+        .enumerate()
+        .map(|(i, r)| positive_duration(&p.index(i), r).map(|d| d.as_secs_f64()))
+        .collect()
+}
+
 /// Expands every `[[failures]]` entry into its events (unsorted), with the paths to blame.
 pub(super) fn failures(
     raw: &[RawFailures],
@@ -74,29 +116,72 @@ pub(super) fn failures(
                 expected(&p.key("kind"), one_of_text(&names), quoted(k))
             })?,
         };
-        let mtbf = match &f.mtbf {
-            Some(m) => positive_duration(&p.key("mtbf"), m)?,
-            None => {
+        // Up times: Weibull of mean `mtbf`, or drawn from the observed ones (`up`).
+        let up = match (&f.mtbf, &f.up) {
+            (Some(_), Some(_)) => {
+                return Err(expected(
+                    &p.key("up"),
+                    "either `mtbf` (and `shape`) or `up`, not both",
+                    "both".to_owned(),
+                ));
+            }
+            (Some(m), None) => {
+                let mtbf = positive_duration(&p.key("mtbf"), m)?;
+                let shape = f.shape.unwrap_or(1.0);
+                if !(shape.is_finite() && (0.1..=20.0).contains(&shape)) {
+                    return Err(expected(
+                        &p.key("shape"),
+                        "a Weibull shape in [0.1, 20] (1: exponential)",
+                        shape.to_string(),
+                    ));
+                }
+                // The Weibull scale whose mean is `mtbf`: mean = scale * Gamma(1 + 1 / shape).
+                let scale = mtbf.as_secs_f64() / gamma(1.0 + 1.0 / shape);
+                Draw::Weibull { scale, shape }
+            }
+            (None, Some(trace)) => {
+                if f.shape.is_some() {
+                    return Err(expected(
+                        &p.key("shape"),
+                        "no Weibull shape with observed up times (`up`)",
+                        f.shape.unwrap_or_default().to_string(),
+                    ));
+                }
+                Draw::Observed(observed(&p.key("up"), trace)?)
+            }
+            (None, None) => {
                 return Err(missing(
                     &p.key("mtbf"),
-                    r#"the mean time between failures, like "6h""#,
+                    r#"the mean time between failures, like "6h" (or observed up times, `up`)"#,
                 ));
             }
         };
-        let repair = match &f.repair {
-            Some(r) => positive_duration(&p.key("repair"), r)?,
-            None => {
-                return Err(missing(&p.key("repair"), r#"the mean time to repair, like "10min""#));
+        // Outages: exponential of mean `repair`, or drawn from the observed ones (`down`).
+        let down = match (&f.repair, &f.down) {
+            (Some(_), Some(_)) => {
+                return Err(expected(
+                    &p.key("down"),
+                    "either `repair` or `down`, not both",
+                    "both".to_owned(),
+                ));
+            }
+            (Some(r), None) => {
+                Draw::Exponential(positive_duration(&p.key("repair"), r)?.as_secs_f64())
+            }
+            (None, Some(trace)) => Draw::Observed(observed(&p.key("down"), trace)?),
+            (None, None) => {
+                return Err(missing(
+                    &p.key("repair"),
+                    r#"the mean time to repair, like "10min" (or observed outages, `down`)"#,
+                ));
             }
         };
-        let shape = f.shape.unwrap_or(1.0);
-        if !(shape.is_finite() && (0.1..=20.0).contains(&shape)) {
-            return Err(expected(
-                &p.key("shape"),
-                "a Weibull shape in [0.1, 20] (1: exponential)",
-                shape.to_string(),
-            ));
-        }
+        let rate_field = if f.up.is_some() { "up" } else { "mtbf" };
+        let rate_given = || match (&f.mtbf, &f.up) {
+            (Some(m), _) => m.to_string(),
+            (_, Some(u)) => format!("{} observed up times", u.len()),
+            _ => String::new(),
+        };
         let from =
             f.from.as_ref().map(|x| duration(&p.key("from"), x)).transpose()?.unwrap_or_default();
         let until = match (&f.until, stop_time) {
@@ -114,8 +199,6 @@ pub(super) fn failures(
             ));
         }
         let chosen = select(&p, f.nodes.as_deref(), f.region.as_deref(), nodes, regions)?;
-        // The Weibull scale whose mean is `mtbf`: mean = scale * Gamma(1 + 1 / shape).
-        let scale = mtbf.as_secs_f64() / gamma(1.0 + 1.0 / shape);
         for id in chosen {
             let node = &nodes[id.0 as usize];
             let subject = (u64::from(id.0) << 32) | i as u64;
@@ -124,13 +207,11 @@ pub(super) fn failures(
             let end = until.as_secs_f64();
             let mut count = 0usize;
             loop {
-                let u: f64 = rng.random::<f64>();
-                // Inverse of the Weibull CDF; 1 - u lies in (0, 1].
-                t += scale * (-(1.0 - u).ln()).powf(1.0 / shape);
+                t += up.draw(&mut rng);
                 if t >= end {
                     break;
                 }
-                let down: f64 = -repair.as_secs_f64() * (1.0 - rng.random::<f64>()).ln();
+                let outage = down.draw(&mut rng);
                 let (fail, back) = match kind {
                     Kind::Crash => (ChurnAction::Crash(vec![id]), ChurnAction::Restart(vec![id])),
                     Kind::Leave => (ChurnAction::Leave(vec![id]), ChurnAction::Restart(vec![id])),
@@ -139,10 +220,10 @@ pub(super) fn failures(
                 // Whole milliseconds: the events print and read back as written.
                 let at = ms(t);
                 if out.len() >= MAX_EVENTS {
-                    return Err(too_many(&p, "mtbf", super::units::format_duration(mtbf)));
+                    return Err(too_many(&p, rate_field, rate_given()));
                 }
                 out.push(pending(at, fail, EventSource::Failures(i), &p));
-                t += down.max(0.001);
+                t += outage.max(0.001);
                 count += 1;
                 if t >= end {
                     break;
@@ -151,12 +232,12 @@ pub(super) fn failures(
                 out.push(pending(back_at, back, EventSource::Failures(i), &p));
                 if count >= MAX_EVENTS_PER_NODE {
                     return Err(expected(
-                        &p.key("mtbf"),
+                        &p.key(rate_field),
                         format!(
                             "a longer time between failures: node {:?} fails more than {MAX_EVENTS_PER_NODE} times before `until`",
                             node.name
                         ),
-                        super::units::format_duration(mtbf),
+                        rate_given(),
                     ));
                 }
             }

@@ -256,6 +256,8 @@ pub(crate) struct RawFailures {
     pub(crate) mtbf: Option<RawScalar>,
     pub(crate) shape: Option<f64>,
     pub(crate) repair: Option<RawScalar>,
+    pub(crate) up: Option<Vec<RawScalar>>,
+    pub(crate) down: Option<Vec<RawScalar>>,
     pub(crate) from: Option<RawScalar>,
     pub(crate) until: Option<RawScalar>,
 }

@@ -1391,6 +1391,52 @@ fn failures_other_kinds_and_errors() {
     assert!(e.contains("failures[0]") && e.contains("cannot crash node \"eu\""), "{e}");
 }
 
+/// Up times and outages from a trace: each draw is one of the observed values, each as likely.
+#[test]
+fn failures_from_a_trace_draw_the_observed_durations() {
+    let src = with_failures(
+        "[[failures]]\nup = [\"1h\", \"3h\"]\ndown = [\"1min\", \"5min\", \"10min\"]\n",
+    )
+    .replace("count = 2", "count = 50");
+    let s = ok(&src);
+    let (mut ups, mut downs) = (Vec::new(), Vec::new());
+    let mut last: std::collections::BTreeMap<NodeId, Duration> = Default::default();
+    let mut crashed: std::collections::BTreeMap<NodeId, Duration> = Default::default();
+    for e in s.churn() {
+        match &e.action {
+            ChurnAction::Crash(ids) => {
+                ups.push(e.at - last.get(&ids[0]).copied().unwrap_or_default());
+                crashed.insert(ids[0], e.at);
+            }
+            ChurnAction::Restart(ids) => {
+                downs.push(e.at - crashed[&ids[0]]);
+                last.insert(ids[0], e.at);
+            }
+            _ => {}
+        }
+    }
+    let minutes = |v: &[Duration]| -> std::collections::BTreeSet<u64> {
+        v.iter().map(|d| (d.as_secs_f64() / 60.0).round() as u64).collect()
+    };
+    // Every up time is one of the trace's (in whole minutes; events are in whole milliseconds).
+    assert_eq!(minutes(&ups), [60, 180].into_iter().collect(), "{:?}", minutes(&ups));
+    assert_eq!(minutes(&downs), [1, 5, 10].into_iter().collect());
+    // Each as likely: about half of the up times are the short one.
+    let short = ups.iter().filter(|d| d.as_secs() < 2 * 3600).count() as f64 / ups.len() as f64;
+    assert!(ups.len() > 1000 && (0.45..0.55).contains(&short), "{} {short}", ups.len());
+    // A trace and a distribution for the same thing, a shape without one, an empty trace.
+    for (extra, needle) in [
+        ("[[failures]]\nmtbf = \"1h\"\nup = [\"1h\"]\nrepair = \"1h\"\n", "failures[0].up"),
+        ("[[failures]]\nup = [\"1h\"]\nshape = 2.0\nrepair = \"1h\"\n", "failures[0].shape"),
+        ("[[failures]]\nup = []\nrepair = \"1h\"\n", "failures[0].up"),
+        ("[[failures]]\nup = [\"1h\", \"0s\"]\nrepair = \"1h\"\n", "failures[0].up[1]"),
+        ("[[failures]]\nmtbf = \"1h\"\nrepair = \"1h\"\ndown = [\"1h\"]\n", "failures[0].down"),
+    ] {
+        let e = err(&with_failures(extra)).to_string();
+        assert!(e.contains(needle), "{extra}: {e}");
+    }
+}
+
 #[test]
 fn diurnal_windows_take_nodes_offline_every_day() {
     let s = ok(&with_failures(
