@@ -179,7 +179,9 @@ impl Conn {
         bytes: f64,
     ) -> f64 {
         if let Some(t) = self.idle_since.filter(|_| tcp.restart_after_idle) {
-            if now.saturating_since(t).as_secs_f64() > rtt + tcp.rto_min {
+            // In nanoseconds: this runs for every frame of a modelled ring.
+            let idle = now.as_nanos().saturating_sub(t.as_nanos()) as f64;
+            if idle > (rtt + tcp.rto_min) * 1e9 {
                 self.window = tcp.initial_window;
             }
         }

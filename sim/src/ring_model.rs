@@ -115,15 +115,13 @@ pub(crate) fn finish_times(
     let mut lane_free = vec![0u64; w * g];
     let mut cpu_free = vec![0u64; w];
     let mut last_arrival = vec![0u64; w];
-    let link_at = |t: u64| -> &RingLinks {
-        let i = links.partition_point(|l| l.from.as_nanos() <= t);
-        &links[i.saturating_sub(1)]
-    };
-    let single = (links.len() == 1).then(|| &links[0]);
-    // Per shard and chunk, its segments' values; and the cost and wire bytes of a segment of so
-    // many values for each kind of step (the codec's work differs at the first step of each
-    // phase), computed once per distinct length.
-    let chunk_segs: Vec<Vec<Vec<u64>>> = plan
+    let link_at =
+        |t: u64| -> usize { links.partition_point(|l| l.from.as_nanos() <= t).saturating_sub(1) };
+    // Per shard and chunk, its segments (as indices into `sizes`, their distinct lengths); per
+    // length the codec's work for each kind of step (it differs at the first step of each phase)
+    // and the wire bytes.
+    let mut sizes: Vec<u64> = Vec::new();
+    let chunk_segs: Vec<Vec<Vec<usize>>> = plan
         .shards
         .iter()
         .map(|&(len, seg)| {
@@ -131,28 +129,53 @@ pub(crate) fn finish_times(
                 .map(|c| {
                     let chunk = chunk_range(len, w, c);
                     (0..segment_count(chunk.len(), seg))
-                        .map(|j| segment_range(&chunk, seg, j).len() as u64)
+                        .map(|j| {
+                            let v = segment_range(&chunk, seg, j).len() as u64;
+                            sizes.iter().position(|&x| x == v).unwrap_or_else(|| {
+                                sizes.push(v);
+                                sizes.len() - 1
+                            })
+                        })
                         .collect()
                 })
                 .collect()
         })
         .collect();
-    let mut costs: Vec<(u64, [u64; 4], f64)> = Vec::new();
-    let mut cost_of = |values: u64| -> ([u64; 4], f64) {
-        if let Some(c) = costs.iter().find(|c| c.0 == values) {
-            return (c.1, c.2);
-        }
-        let kinds = [
-            nanos(work(Phase::ReduceScatter, 0, values)),
-            nanos(work(Phase::ReduceScatter, 1, values)),
-            nanos(work(Phase::AllGather, 0, values)),
-            nanos(work(Phase::AllGather, 1, values)),
-        ];
-        let bytes =
-            (HEADER_WIRE_BYTES + plan.codec.codec().encoded_len(values as usize) as u64) as f64;
-        costs.push((values, kinds, bytes));
-        (kinds, bytes)
-    };
+    let kinds: Vec<[u64; 4]> = sizes
+        .iter()
+        .map(|&v| {
+            [
+                nanos(work(Phase::ReduceScatter, 0, v)),
+                nanos(work(Phase::ReduceScatter, 1, v)),
+                nanos(work(Phase::AllGather, 0, v)),
+                nanos(work(Phase::AllGather, 1, v)),
+            ]
+        })
+        .collect();
+    let wire: Vec<f64> = sizes
+        .iter()
+        .map(|&v| (HEADER_WIRE_BYTES + plan.codec.codec().encoded_len(v as usize) as u64) as f64)
+        .collect();
+    let n = sizes.len();
+    // Per links in force: each lane's send time of each length, and each edge's latency when
+    // it is fixed.
+    let sends: Vec<Vec<u64>> = links
+        .iter()
+        .map(|l| {
+            (0..w * g * n)
+                .map(|i| {
+                    let rate = l.rates[i / n];
+                    let secs =
+                        if rate.is_finite() && rate > 0.0 { wire[i % n] / rate } else { 0.0 };
+                    (secs * 1e9).ceil() as u64
+                })
+                .collect()
+        })
+        .collect();
+    let fixed: Vec<Vec<Option<u64>>> = links
+        .iter()
+        .map(|l| l.latency.iter().map(|&(lo, hi)| (hi <= lo).then(|| nanos(lo))).collect())
+        .collect();
     for k in 0..2 * (w - 1) {
         let (phase, step) =
             if k < w - 1 { (Phase::ReduceScatter, k) } else { (Phase::AllGather, k - (w - 1)) };
@@ -169,10 +192,9 @@ pub(crate) fn finish_times(
             };
             let to = (r + 1) % w;
             for (s, segs) in chunk_segs.iter().enumerate() {
-                for (j, &values) in segs[c].iter().enumerate() {
+                for (j, &size) in segs[c].iter().enumerate() {
                     let avail = if k == 0 { start[r] } else { prev[r * per_rank + offsets[s] + j] };
-                    let (kinds, bytes) = cost_of(values);
-                    let cost = kinds[kind];
+                    let cost = kinds[size][kind];
                     let ready = if cost == 0 {
                         avail
                     } else {
@@ -183,22 +205,29 @@ pub(crate) fn finish_times(
                     let mut begin = ready.max(lane_free[lane]);
                     // TCP's start-up, evaluated when the flow takes its turn in its lane (at
                     // its making, or at the end of the lane's previous flow).
-                    let pipe = tcp.as_deref_mut().and_then(|t| Some((t.pipes[lane]?, t)));
-                    if let Some(((rtt, per_stream), t)) = pipe {
-                        let turn = Time::from_nanos(avail.max(lane_free[lane]));
-                        let extra = t.conns[lane].extra(&t.tcp, turn, rtt, per_stream, bytes);
-                        begin = begin.saturating_add((extra * 1e9).ceil() as u64);
+                    if let Some(t) = tcp.as_deref_mut() {
+                        if let Some((rtt, per_stream)) = t.pipes[lane] {
+                            let turn = Time::from_nanos(avail.max(lane_free[lane]));
+                            let extra =
+                                t.conns[lane].extra(&t.tcp, turn, rtt, per_stream, wire[size]);
+                            if extra > 0.0 {
+                                begin = begin.saturating_add((extra * 1e9).ceil() as u64);
+                            }
+                        }
                     }
-                    let l = single.unwrap_or_else(|| link_at(begin));
-                    let rate = l.rates[lane];
-                    let secs = if rate.is_finite() && rate > 0.0 { bytes / rate } else { 0.0 };
-                    let end = begin.saturating_add((secs * 1e9).ceil() as u64);
+                    let e = if links.len() == 1 { 0 } else { link_at(begin) };
+                    let end = begin.saturating_add(sends[e][lane * n + size]);
                     lane_free[lane] = end;
                     if let Some(t) = tcp.as_deref_mut() {
                         t.conns[lane].idle_from(Time::from_nanos(end));
                     }
-                    let (lo, hi) = l.latency[r];
-                    let lat = if hi <= lo { nanos(lo) } else { nanos(draw_latency(rng, lo, hi)) };
+                    let lat = match fixed[e][r] {
+                        Some(ns) => ns,
+                        None => {
+                            let (lo, hi) = links[e].latency[r];
+                            nanos(draw_latency(rng, lo, hi))
+                        }
+                    };
                     let arrive = end.saturating_add(lat).max(last_arrival[r]);
                     last_arrival[r] = arrive;
                     next[to * per_rank + offsets[s] + j] = arrive;
