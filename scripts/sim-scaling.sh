@@ -5,7 +5,8 @@
 # the given simulated hours by `loco bench sim`. Prints nodes x simulated hours against wall
 # time, peak memory, events and outer steps.
 #   scripts/sim-scaling.sh [NODES...]          (default: 16 32 64 128)
-# HOURS (default 1) sets the simulated hours, EXECUTOR (default events) the executor;
+# HOURS (default 1) sets the simulated hours, EXECUTOR (default events) the executor,
+# COLLECTIVES (default: the scenario's, by size) how the event executor runs all-reduces;
 # LOCO_BIN runs a prebuilt binary instead of `cargo run --release`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +16,8 @@ if [[ -n "${LOCO_BIN:-}" ]]; then loco=("$LOCO_BIN"); else
 fi
 hours="${HOURS:-1}"
 executor="${EXECUTOR:-events}"
+extra=()
+[[ -z "${COLLECTIVES:-}" ]] || extra=(--collectives "$COLLECTIVES")
 nodes=("$@")
 [[ ${#nodes[@]} -gt 0 ]] || nodes=(16 32 64 128)
 dir="$(mktemp -d)"
@@ -57,13 +60,14 @@ for i, x in enumerate(r):
 s += '[[failures]]\nmtbf = "24h"\nshape = 0.8\nrepair = "20min"\n[stop]\ntime = "1h"\n'
 open(path, "w").write(s)
 PY
-  "${loco[@]}" bench sim "$f" --hours "$hours" --executor "$executor" --json > "$dir/out.json"
+  "${loco[@]}" bench sim "$f" --hours "$hours" --executor "$executor" "${extra[@]}" --json > "$dir/out.json"
   python3 - "$dir/out.json" "$n" "$regions" "$hours" <<'PY'
 import json, sys
 f = json.load(open(sys.argv[1]))
 mem = f"{f['peak_rss_bytes'] / 1e6:.0f} MB" if f.get("peak_rss_bytes") else "unknown"
 steps = f["events"] if f["executor"] == "events" else f"{f['ticks']} ticks"
-print(f"| {sys.argv[2]} | {sys.argv[3]} | {sys.argv[4]} | {f['executor']} | {f['wall_seconds']:.2f} | {mem} | "
+ex = f"{f['executor']}, {f['collectives']}" if f["executor"] == "events" else f["executor"]
+print(f"| {sys.argv[2]} | {sys.argv[3]} | {sys.argv[4]} | {ex} | {f['wall_seconds']:.2f} | {mem} | "
       f"{steps} | {f['outer_steps']} | {'ok' if f['invariants_ok'] else 'BROKEN'} |")
 PY
 done
