@@ -201,3 +201,23 @@ fn sizes_an_executor_cannot_run_are_refused_up_front() {
     assert_eq!(out.summary.extra["executor"], "events");
     assert_eq!(out.summary.extra["collectives"], "modelled");
 }
+
+/// The thousand-node scenario `loco bench sim` is held to (docs/simulator.md) loads, runs on
+/// the event executor with modelled all-reduces, admits its thousand nodes and keeps its
+/// invariants over its first simulated half hour.
+#[test]
+fn the_thousand_node_scenario_runs_with_modelled_all_reduces() {
+    let s = load("thousand-nodes.toml");
+    assert_eq!(s.nodes().len(), 1000);
+    let opts = ReplayOptions {
+        max_time: Some(std::time::Duration::from_secs(1800)),
+        ..Default::default()
+    };
+    let out = replay(&s, opts).unwrap_or_else(|e| panic!("{e}"));
+    assert!(out.summary.invariants.ok, "{:?}", out.summary.invariants.violations);
+    assert_eq!(out.summary.extra["executor"], "events");
+    assert_eq!(out.summary.extra["collectives"], "modelled");
+    assert!(out.summary.outer_steps >= 1, "{}", out.summary.outer_steps);
+    let admitted = out.events.iter().filter(|e| e.kind == EventKind::Admit).count();
+    assert!(admitted >= 1000, "{admitted}");
+}
