@@ -8,6 +8,8 @@
 //!   simulated time, latency, partitions, crashes and restarts and polls every host at every
 //!   tick; or the event executor (`events.rs`), which jumps from one event to the next (the
 //!   default above 32 nodes; `[sim] executor`). Both seed their randomness from the run's seed.
+//!   Above 128 nodes the event executor models each ring all-reduce whole (`ring_model.rs`,
+//!   `[sim] collectives`) instead of moving its 2(N-1) frames per node.
 //! - **Bandwidth** ([`bandwidth`]), which turmoil lacks: a fluid model in which every frame body
 //!   is a flow over the sender's egress NIC, the directed node pair (`streams` connections of
 //!   `bandwidth`) and the receiver's ingress NIC, rates shared max-min fairly. The transport

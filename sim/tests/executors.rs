@@ -30,6 +30,17 @@ fn story(out: &RunOutput) -> BTreeMap<String, Vec<EventKind>> {
     m
 }
 
+/// The six fidelity scenarios: a crash, a join, a partition and its heal, a degrade and its
+/// restore, three regions.
+const FIDELITY: [&str; 6] = [
+    "fidelity/steady.toml",
+    "fidelity/crash.toml",
+    "fidelity/join.toml",
+    "fidelity/partition.toml",
+    "fidelity/degrade.toml",
+    "fidelity/three-regions.toml",
+];
+
 /// Both executors on `name`: the same story and steps; the relative difference of the median
 /// all-reduce (events against turmoil).
 fn compare(name: &str, steps: Option<u64>) -> f64 {
@@ -47,14 +58,7 @@ fn compare(name: &str, steps: Option<u64>) -> f64 {
 /// a partition and its heal, a degrade and its restore all happen by then).
 #[test]
 fn on_the_fidelity_scenarios_both_executors_tell_one_story_and_agree_within_one_percent() {
-    for name in [
-        "fidelity/steady.toml",
-        "fidelity/crash.toml",
-        "fidelity/join.toml",
-        "fidelity/partition.toml",
-        "fidelity/degrade.toml",
-        "fidelity/three-regions.toml",
-    ] {
+    for name in FIDELITY {
         let d = compare(name, Some(8));
         assert!(
             d.abs() <= 0.01,
@@ -118,14 +122,7 @@ fn virtual_copy(name: &str) -> Scenario {
 /// steps, and median all-reduces within 1% (measured: 0.0-0.5%).
 #[test]
 fn modelled_all_reduces_tell_the_story_of_frames_within_one_percent() {
-    for name in [
-        "fidelity/steady.toml",
-        "fidelity/crash.toml",
-        "fidelity/join.toml",
-        "fidelity/partition.toml",
-        "fidelity/degrade.toml",
-        "fidelity/three-regions.toml",
-    ] {
+    for name in FIDELITY {
         let mut s = virtual_copy(name);
         s.set_collectives(CollectiveModel::Frames);
         let frames = run(&s, ExecutorKind::Events, Some(8));
