@@ -73,6 +73,8 @@ struct Modelled {
     /// When each rank is done (empty until scheduled), and whether it has been told.
     finish: Vec<Time>,
     told: Vec<bool>,
+    /// Ranks not told yet.
+    untold: usize,
     /// Bumped at each schedule: the done events of an older one are dropped.
     version: u64,
     /// TCP's state on the ring's lanes when it was first scheduled (each schedule starts from
@@ -144,6 +146,7 @@ impl Core {
             links: Vec::new(),
             finish: Vec::new(),
             told: Vec::new(),
+            untold: 0,
             version: 0,
             tcp: None,
             broken_at: None,
@@ -224,6 +227,7 @@ impl Core {
         let Some(x) = self.collectives.get_mut(&key) else { return };
         x.version += 1;
         x.told.resize(finish.len(), false);
+        x.untold = x.told.iter().filter(|t| !**t).count();
         x.finish = finish;
         let (version, ring, finish, told) =
             (x.version, x.ring.clone(), x.finish.clone(), x.told.clone());
@@ -537,13 +541,19 @@ impl EventExec {
                 let now = self.now();
                 let due = {
                     let mut c = self.core.borrow_mut();
+                    // The news of this schedule's version is this rank's last word, given or
+                    // not (a break before it drops it): the attempt is forgotten once every
+                    // rank has had it.
                     let current = c.collectives.get_mut(&key).and_then(|x| {
                         let r = x.ring.iter().position(|n| *n == to)?;
-                        let ok = x.version == version && x.broken_at.is_none_or(|t| now <= t);
-                        if ok {
-                            x.told[r] = true;
+                        if x.version != version {
+                            return Some((false, false));
                         }
-                        Some((ok, x.told.iter().all(|t| *t)))
+                        if !x.told[r] {
+                            x.told[r] = true;
+                            x.untold = x.untold.saturating_sub(1);
+                        }
+                        Some((x.broken_at.is_none_or(|t| now <= t), x.untold == 0))
                     });
                     if let Some((_, true)) = current {
                         c.collectives.remove(&key);
