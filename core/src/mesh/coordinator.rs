@@ -502,7 +502,8 @@ impl Coordinator {
         let cur = self.state.epoch;
         let k = self.state.outer_step;
         let behind = epoch.is_none_or(|e| e < cur);
-        let members = self.state.member_ids();
+        // The member list goes into the rare repairs only (a heartbeat's usual answer is none):
+        // collected there, not for every heartbeat of a thousand members.
         let Some(info) = self.state.members.get_mut(&from) else { return };
         if synced {
             info.synced = true;
@@ -521,6 +522,7 @@ impl Coordinator {
                             self.send(from, MeshMsg::Commit { epoch: e, outer_step });
                         }
                         Some(Outcome::Skipped { outer_step: s, attempts }) if s == outer_step => {
+                            let members = self.state.member_ids();
                             let msg = MeshMsg::Skip { epoch: cur, outer_step, members, attempts };
                             self.send(from, msg);
                         }
@@ -542,12 +544,14 @@ impl Coordinator {
                 // nothing: it misses the barrier and is evicted at its deadline.
                 MemberPhase::Joining if info.synced => {
                     let incarnation = info.incarnation;
+                    let members = self.state.member_ids();
                     let view = MeshMsg::View { epoch: cur, outer_step: k, members, incarnation };
                     self.send(from, view);
                 }
                 MemberPhase::Joining => {}
                 _ if behind => {
                     let incarnation = info.incarnation;
+                    let members = self.state.member_ids();
                     let view = MeshMsg::View { epoch: cur, outer_step: k, members, incarnation };
                     self.send(from, view)
                 }
@@ -556,6 +560,7 @@ impl Coordinator {
             Phase::Sync { .. } => {
                 if behind || phase == MemberPhase::Joining {
                     let transfers = self.state.transfers.clone();
+                    let members = self.state.member_ids();
                     let incarnations = self.incarnations(&members);
                     let (epoch, outer_step) = (cur, k);
                     let msg = MeshMsg::Sync { epoch, outer_step, members, incarnations, transfers };
