@@ -13,7 +13,8 @@ use loco_core::metrics::{EventKind, MfuBasis, RunMeta, sort_events, sort_outer_s
 use loco_core::rng::{Purpose, derive};
 use loco_core::scenario::links::{LatencySetting, Links};
 use loco_core::scenario::{
-    ChurnAction, CollectiveModel, Cut, ExecutorKind, Numerics, RegionId, Scenario, TcpKind,
+    ChurnAction, CollectiveModel, Cut, ExecutorKind, FaultPhase, Numerics, RegionId, Scenario,
+    TcpKind,
 };
 use loco_core::{NodeId, Time};
 use std::cell::{Cell, RefCell};
@@ -430,7 +431,21 @@ pub(crate) fn replay(scenario: &Scenario, mut opts: ReplayOptions) -> Result<Run
         })
         .collect();
     let executor = opts.executor.unwrap_or_else(|| s.sim().executor_for(s.nodes().len()));
-    let collectives = s.sim().collectives_for(s.nodes().len(), executor);
+    // A crash armed for a phase of the all-reduce strikes when the node sends that phase's
+    // frames: modelled all-reduces send none, so such a scenario moves frames.
+    let phase_faults = s
+        .churn()
+        .iter()
+        .any(|e| matches!(e.during, Some(FaultPhase::ReduceScatter | FaultPhase::AllGather)));
+    let collectives = match s.sim().collectives {
+        None if phase_faults => CollectiveModel::Frames,
+        _ => s.sim().collectives_for(s.nodes().len(), executor),
+    };
+    if phase_faults && collectives == CollectiveModel::Modelled {
+        return Err(SimError::Scenario(
+            "sim.collectives: \"modelled\" moves no collective frame, so a crash `during` the reduce-scatter or all-gather would never strike; set sim.collectives = \"frames\"".into(),
+        ));
+    }
     let modelled_collectives = match (collectives, executor) {
         (CollectiveModel::Frames, _) => false,
         (CollectiveModel::Modelled, ExecutorKind::Events) => true,

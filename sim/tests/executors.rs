@@ -218,3 +218,25 @@ fn the_thousand_node_scenario_runs_with_modelled_all_reduces() {
     let admitted = out.events.iter().filter(|e| e.kind == EventKind::Admit).count();
     assert!(admitted >= 1000, "{admitted}");
 }
+
+/// A crash armed for a phase of the all-reduce strikes when its frames are sent: modelled
+/// all-reduces send none, so such a scenario moves frames by default and is refused when it
+/// asks for modelled ones.
+#[test]
+fn crashes_armed_in_the_all_reduce_keep_its_frames() {
+    let crash =
+        "[[churn]]\nat = \"1s\"\nkind = \"crash\"\nnode = \"n-3\"\nduring = \"all-gather\"\n";
+    let opts = || ReplayOptions {
+        executor: Some(ExecutorKind::Events),
+        max_time: Some(std::time::Duration::from_secs(5)),
+        ..Default::default()
+    };
+    let out = replay(&nodes(200, crash), opts()).expect("runs with frames");
+    assert_eq!(out.summary.extra["collectives"], "frames");
+    let out = replay(&nodes(200, ""), opts()).expect("runs modelled");
+    assert_eq!(out.summary.extra["collectives"], "modelled");
+    let e = replay(&nodes(200, &format!("{crash}[sim]\ncollectives = \"modelled\"\n")), opts())
+        .expect_err("refused")
+        .to_string();
+    assert!(e.contains("sim.collectives") && e.contains("all-gather"), "{e}");
+}
