@@ -431,19 +431,21 @@ pub(crate) fn replay(scenario: &Scenario, mut opts: ReplayOptions) -> Result<Run
         })
         .collect();
     let executor = opts.executor.unwrap_or_else(|| s.sim().executor_for(s.nodes().len()));
-    // A crash armed for a phase of the all-reduce strikes when the node sends that phase's
-    // frames: modelled all-reduces send none, so such a scenario moves frames.
-    let phase_faults = s
-        .churn()
-        .iter()
-        .any(|e| matches!(e.during, Some(FaultPhase::ReduceScatter | FaultPhase::AllGather)));
+    // What a modelled all-reduce does not model, so that such a scenario moves frames: a crash
+    // armed for a phase of the all-reduce strikes when the node sends that phase's frames
+    // (modelled all-reduces send none), and a hung member holds the ring's frames until it
+    // resumes (the model has no pause).
+    let phase_faults = s.churn().iter().any(|e| {
+        matches!(e.during, Some(FaultPhase::ReduceScatter | FaultPhase::AllGather))
+            || matches!(e.action, ChurnAction::Hang(_))
+    });
     let collectives = match s.sim().collectives {
         None if phase_faults => CollectiveModel::Frames,
         _ => s.sim().collectives_for(s.nodes().len(), executor),
     };
     if phase_faults && collectives == CollectiveModel::Modelled {
         return Err(SimError::Scenario(
-            "sim.collectives: \"modelled\" moves no collective frame, so a crash `during` the reduce-scatter or all-gather would never strike; set sim.collectives = \"frames\"".into(),
+            "sim.collectives: \"modelled\" models neither a crash `during` the reduce-scatter or all-gather (it sends no frame to strike at) nor a hung member holding the ring; set sim.collectives = \"frames\"".into(),
         ));
     }
     let modelled_collectives = match (collectives, executor) {

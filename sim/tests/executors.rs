@@ -219,11 +219,11 @@ fn the_thousand_node_scenario_runs_with_modelled_all_reduces() {
     assert!(admitted >= 1000, "{admitted}");
 }
 
-/// A crash armed for a phase of the all-reduce strikes when its frames are sent: modelled
-/// all-reduces send none, so such a scenario moves frames by default and is refused when it
-/// asks for modelled ones.
+/// A crash armed for a phase of the all-reduce strikes when its frames are sent, and a hung
+/// member holds them: modelled all-reduces model neither, so such a scenario moves frames by
+/// default and is refused when it asks for modelled ones.
 #[test]
-fn crashes_armed_in_the_all_reduce_keep_its_frames() {
+fn crashes_armed_in_the_all_reduce_and_hangs_keep_its_frames() {
     let crash =
         "[[churn]]\nat = \"1s\"\nkind = \"crash\"\nnode = \"n-3\"\nduring = \"all-gather\"\n";
     let opts = || ReplayOptions {
@@ -239,4 +239,7 @@ fn crashes_armed_in_the_all_reduce_keep_its_frames() {
         .expect_err("refused")
         .to_string();
     assert!(e.contains("sim.collectives") && e.contains("all-gather"), "{e}");
+    let hang = "[[churn]]\nat = \"1s\"\nkind = \"hang\"\nnode = \"n-3\"\nfor = \"2s\"\n";
+    let out = replay(&nodes(200, hang), opts()).expect("runs with frames");
+    assert_eq!(out.summary.extra["collectives"], "frames");
 }
