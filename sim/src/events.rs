@@ -179,16 +179,15 @@ impl Core {
         let Some(x) = self.collectives.get(&key) else {
             return RingLinks { from, rates: Vec::new(), latency: Vec::new() };
         };
-        let w = x.ring.len();
-        let g = x.shards.len().max(1);
-        let edge = |r: usize| (x.ring[r], x.ring[(r + 1) % w]);
-        let flows: Vec<(NodeId, NodeId)> = (0..w * g).map(|i| edge(i / g)).collect();
+        let lanes = self.ring_lanes(key);
+        let flows: Vec<(NodeId, NodeId)> = lanes.iter().map(|&(a, b, _)| (a, b)).collect();
         let rates = self.run.net.bandwidth.borrow().fair_rates(&flows);
-        let latency = (0..w)
-            .map(|r| {
-                let (a, b) = edge(r);
-                self.latency.get(&unordered(a, b)).copied().unwrap_or_default()
-            })
+        // Each rank's edge: its first lane's pair (its shards share the pair).
+        let g = x.shards.len().max(1);
+        let latency = flows
+            .iter()
+            .step_by(g)
+            .map(|&(a, b)| self.latency.get(&unordered(a, b)).copied().unwrap_or_default())
             .collect();
         RingLinks { from, rates, latency }
     }
@@ -215,7 +214,7 @@ impl Core {
         let codec = self.run.scenario.diloco().codec;
         let sim = self.run.scenario.sim();
         let work = |phase, step, values| sim.frame_work(codec, phase, step, values);
-        let plan = RingPlan { ring_len: x.ring.len(), shards: &x.shards, codec, starts: &starts };
+        let plan = RingPlan { shards: &x.shards, codec, starts: &starts };
         let subject = mix64(key.0.0) ^ key.1.rotate_left(32);
         let mut rng = stream(self.run.seed, subject, Purpose::RingModel);
         let mut tcp = x.tcp.clone();
@@ -229,13 +228,12 @@ impl Core {
         x.told.resize(finish.len(), false);
         x.untold = x.told.iter().filter(|t| !**t).count();
         x.finish = finish;
-        let (version, ring, finish, told) =
-            (x.version, x.ring.clone(), x.finish.clone(), x.told.clone());
-        for (r, to) in ring.into_iter().enumerate() {
-            if !told[r] {
-                let life = self.life(to);
-                self.push(finish[r], Ev::Modelled { to, life, key, version });
-            }
+        let version = x.version;
+        let due: Vec<(Time, NodeId)> =
+            (0..x.ring.len()).filter(|&r| !x.told[r]).map(|r| (x.finish[r], x.ring[r])).collect();
+        for (at, to) in due {
+            let life = self.life(to);
+            self.push(at, Ev::Modelled { to, life, key, version });
         }
     }
 

@@ -61,13 +61,11 @@ pub(crate) fn draw_latency(rng: &mut impl Rng, min: Duration, max: Duration) -> 
 
 /// One ring all-reduce to schedule.
 pub(crate) struct RingPlan<'a> {
-    /// Members, in ring order.
-    pub ring_len: usize,
     /// Per shard, its values and its pipelining unit.
     pub shards: &'a [(usize, usize)],
     /// How values travel.
     pub codec: CodecKind,
-    /// When each rank started the attempt (its release).
+    /// When each member started the attempt (its release), in ring order.
     pub starts: &'a [Time],
 }
 
@@ -86,32 +84,13 @@ pub(crate) fn finish_times(
     mut tcp: Option<&mut LaneTcp>,
     rng: &mut impl Rng,
 ) -> Vec<Time> {
-    let w = plan.ring_len;
+    let w = plan.starts.len();
     let g = plan.shards.len().max(1);
     let start: Vec<u64> = plan.starts.iter().map(|t| t.as_nanos()).collect();
     let mut finish = start.clone();
     if w < 2 || links.is_empty() {
         return finish.into_iter().map(Time::from_nanos).collect();
     }
-    // Per shard, the most segments of a chunk: arrivals are kept per (rank, shard, segment).
-    let max_segs: Vec<usize> = plan
-        .shards
-        .iter()
-        .map(|&(len, seg)| {
-            (0..w).map(|c| segment_count(chunk_range(len, w, c).len(), seg)).max().unwrap_or(0)
-        })
-        .collect();
-    let offsets: Vec<usize> = max_segs
-        .iter()
-        .scan(0, |acc, &m| {
-            let o = *acc;
-            *acc += m;
-            Some(o)
-        })
-        .collect();
-    let per_rank: usize = max_segs.iter().sum();
-    let mut prev = vec![0u64; w * per_rank];
-    let mut next = vec![0u64; w * per_rank];
     let mut lane_free = vec![0u64; w * g];
     let mut cpu_free = vec![0u64; w];
     let mut last_arrival = vec![0u64; w];
@@ -141,6 +120,20 @@ pub(crate) fn finish_times(
                 .collect()
         })
         .collect();
+    // Per shard, the most segments of a chunk: arrivals are kept per (rank, shard, segment).
+    let max_segs: Vec<usize> =
+        chunk_segs.iter().map(|chunks| chunks.iter().map(Vec::len).max().unwrap_or(0)).collect();
+    let offsets: Vec<usize> = max_segs
+        .iter()
+        .scan(0, |acc, &m| {
+            let o = *acc;
+            *acc += m;
+            Some(o)
+        })
+        .collect();
+    let per_rank: usize = max_segs.iter().sum();
+    let mut prev = vec![0u64; w * per_rank];
+    let mut next = vec![0u64; w * per_rank];
     let kinds: Vec<[u64; 4]> = sizes
         .iter()
         .map(|&v| {
@@ -261,8 +254,7 @@ mod tests {
         // 10 ms: every hop takes 4.064 ms + 10 ms, and each of the 6 steps waits for the last.
         let starts = vec![Time::ZERO; 4];
         let shards = [(4000, 1 << 20)];
-        let plan =
-            RingPlan { ring_len: 4, shards: &shards, codec: CodecKind::Fp32, starts: &starts };
+        let plan = RingPlan { shards: &shards, codec: CodecKind::Fp32, starts: &starts };
         let mut rng = ChaCha8Rng::seed_from_u64(1);
         let f = finish_times(&plan, &links(4, 1, 1e6, 10), &no_work, None, &mut rng);
         let hop = 4064_000 + 10_000_000;
@@ -275,8 +267,7 @@ mod tests {
     fn segments_pipeline_and_a_late_rank_delays_the_others() {
         let shards = [(4000, 250)];
         let starts = vec![Time::ZERO; 4];
-        let plan =
-            RingPlan { ring_len: 4, shards: &shards, codec: CodecKind::Fp32, starts: &starts };
+        let plan = RingPlan { shards: &shards, codec: CodecKind::Fp32, starts: &starts };
         let mut rng = ChaCha8Rng::seed_from_u64(1);
         let piped = finish_times(&plan, &links(4, 1, 1e6, 10), &no_work, None, &mut rng);
         // Four segments of a chunk pipeline: faster than whole chunks hop by hop.
@@ -293,8 +284,7 @@ mod tests {
     fn a_slower_link_from_a_time_on_slows_what_starts_after_it() {
         let shards = [(4000, 1 << 20)];
         let starts = vec![Time::ZERO; 4];
-        let plan =
-            RingPlan { ring_len: 4, shards: &shards, codec: CodecKind::Fp32, starts: &starts };
+        let plan = RingPlan { shards: &shards, codec: CodecKind::Fp32, starts: &starts };
         let mut rng = ChaCha8Rng::seed_from_u64(1);
         let fast = finish_times(&plan, &links(4, 1, 1e6, 10), &no_work, None, &mut rng);
         let mut two = links(4, 1, 1e6, 10);
@@ -314,8 +304,7 @@ mod tests {
     fn codec_work_is_charged_one_frame_at_a_time() {
         let shards = [(4000, 1 << 20)];
         let starts = vec![Time::ZERO; 4];
-        let plan =
-            RingPlan { ring_len: 4, shards: &shards, codec: CodecKind::Fp32, starts: &starts };
+        let plan = RingPlan { shards: &shards, codec: CodecKind::Fp32, starts: &starts };
         let mut rng = ChaCha8Rng::seed_from_u64(1);
         let work = |_: Phase, _: u16, _: u64| Duration::from_millis(1);
         let f = finish_times(&plan, &links(4, 1, 1e6, 10), &work, None, &mut rng);
