@@ -295,7 +295,10 @@ fn route(
                         seq += 1;
                         heap.push(Reverse(Due { at, seq, from, to: ti, bytes: pkt.to_vec() }));
                     }
-                    Verdict::Full => st.dropped_full += 1,
+                    Verdict::Full => {
+                        st.dropped_full += 1;
+                        tracing::trace!(at = ?now, %from, %to, flow, len = n, "a queue is full");
+                    }
                     Verdict::Cut => st.dropped_cut += 1,
                     Verdict::NoLink => {}
                 }

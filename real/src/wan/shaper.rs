@@ -1,19 +1,31 @@
 //! When a packet between two emulated hosts arrives, or that it is dropped: the scenario's links
 //! as queues, with time injected (no clock, no I/O).
 //!
-//! A packet from node `a` to node `b` crosses, in order:
+//! A packet from node `a` to node `b` crosses, in the order of a real path:
 //!
-//! 1. its connection's queue, served at the link's `bandwidth` (the rate of one connection);
-//! 2. the pair's queue, served at `bandwidth x streams` (binding only when more connections than
+//! 1. `a`'s egress NIC (`nic`, when the node has one);
+//! 2. its connection's queue, served at the link's `bandwidth` (the rate of one connection);
+//! 3. the pair's queue, served at `bandwidth x streams` (binding only when more connections than
 //!    `streams` share the pair);
-//! 3. `a`'s egress NIC and 4. `b`'s ingress NIC (`nic`, when the node has one);
+//! 4. the link's one-way latency, plus a jitter drawn uniformly in `[0, jitter]` from the run's
+//!    seed;
+//! 5. `b`'s ingress NIC (`nic`, when the node has one).
 //!
-//! then the link's one-way latency, plus a jitter drawn uniformly in `[0, jitter]` from the
-//! run's seed. Arrivals keep their order on a pair (jitter never reorders a TCP stream: real
-//! paths rarely do, and the simulator's messages do not). Each queue holds at most about one
-//! round trip of its rate (a buffer of one bandwidth-delay product, at least [`MIN_BUFFER`]):
-//! a packet that would wait longer is dropped, as a router's tail-drop would, so TCP finds the
-//! link's rate the way it does on the internet.
+//! Arrivals keep their order on a pair (jitter never reorders a TCP stream: real paths rarely
+//! do, and the simulator's messages do not). Each queue holds at most about one round trip of
+//! its rate (a buffer of one bandwidth-delay product, at least [`MIN_BUFFER`]): a packet that
+//! would wait longer is dropped, as a router's tail-drop would, so TCP finds the link's rate the
+//! way it does on the internet.
+//!
+//! The shaper is asked about a packet when its sender hands it over, so the stages that only
+//! one sender feeds (1-3) see their packets in the order they arrive and serve them first come,
+//! first served. The receiver's NIC is fed by every pair, each after its own queues and
+//! latency: packets reach it in another order than they are handed over, so it keeps the
+//! intervals it is busy ([`Calendar`]) and serves each packet in the first gap at or after its
+//! arrival. Served in hand-over order instead, a packet still queued upstream (or still on a
+//! long link) would hold the NIC before it got there, and another pair's packets that reach
+//! the NIC first would wait behind it, or be dropped (a receiver's acknowledgements, behind the
+//! queue of the data it receives on another link).
 //!
 //! Traffic to and from the coordinator takes the latency only, as in the simulator (control
 //! messages skip its bandwidth model). A cut (`partition`) drops every packet it covers until
@@ -90,6 +102,77 @@ impl Server {
     }
 }
 
+/// A server fed out of arrival order (the receiver's NIC): the intervals it is busy from the
+/// earliest that may still matter, sorted and disjoint. A packet takes the first gap, at or
+/// after its arrival, that holds its serialisation.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Calendar {
+    busy: std::collections::VecDeque<(Time, Time)>,
+}
+
+impl Calendar {
+    /// Serves `len` bytes at `rate` (bytes per second) for a packet whose first byte arrives at
+    /// `p.start` and last at `p.done`, handed over at `now` (no arrival is earlier): `None`,
+    /// and nothing booked, when it would wait more than `buffer` for a gap.
+    fn serve(
+        &mut self,
+        now: Time,
+        p: Passage,
+        len: usize,
+        rate: f64,
+        buffer: Duration,
+    ) -> Option<Passage> {
+        if !rate.is_finite() {
+            return Some(p);
+        }
+        // Arrivals are never earlier than the hand-over: what ended before it is past.
+        while self.busy.front().is_some_and(|&(_, end)| end <= now) {
+            self.busy.pop_front();
+        }
+        // Lengths are at most 64 KiB: exact in f64.
+        let took = Duration::from_secs_f64(len as f64 / rate.max(1.0));
+        let mut start = p.start;
+        let mut at = self.busy.len();
+        for (i, &(a, b)) in self.busy.iter().enumerate() {
+            if b <= start {
+                continue;
+            }
+            if start + took <= a {
+                at = i;
+                break;
+            }
+            start = b;
+        }
+        if start - p.start > buffer {
+            return None;
+        }
+        let end = start + took;
+        // Merge with the neighbours it touches: back-to-back packets keep one interval.
+        let joins_prev = at > 0 && self.busy.get(at - 1).is_some_and(|&(_, b)| b == start);
+        let joins_next = self.busy.get(at).is_some_and(|&(a, _)| a == end);
+        match (joins_prev, joins_next) {
+            (true, true) => {
+                let next_end = self.busy.remove(at).map_or(end, |(_, b)| b);
+                if let Some(prev) = self.busy.get_mut(at - 1) {
+                    prev.1 = next_end;
+                }
+            }
+            (true, false) => {
+                if let Some(prev) = self.busy.get_mut(at - 1) {
+                    prev.1 = end;
+                }
+            }
+            (false, true) => {
+                if let Some(next) = self.busy.get_mut(at) {
+                    next.0 = start;
+                }
+            }
+            (false, false) => self.busy.insert(at, (start, end)),
+        }
+        Some(Passage { start, done: p.done.max(end) })
+    }
+}
+
 /// The scenario's links as queues. See the module documentation.
 pub struct Shaper {
     links: Links,
@@ -104,7 +187,7 @@ pub struct Shaper {
     flows: HashMap<(NodeId, NodeId, u64), Server>,
     pairs: BTreeMap<(NodeId, NodeId), Server>,
     egress: BTreeMap<NodeId, Server>,
-    ingress: BTreeMap<NodeId, Server>,
+    ingress: BTreeMap<NodeId, Calendar>,
     last_arrival: BTreeMap<(NodeId, NodeId), Time>,
     jitter: ChaCha8Rng,
 }
@@ -235,48 +318,53 @@ impl Shaper {
         let buffer = (lo * 2).max(MIN_BUFFER);
         let mut t = Passage { start: now, done: now };
         let control = p.from == NodeId::COORDINATOR || p.to == NodeId::COORDINATOR;
+        let nic = |n: NodeId| self.nic.get(&n).copied();
+        let mut stages = None;
         if !control {
             let Some(caps) = self.links.pair_caps(p.from, p.to) else { return Verdict::NoLink };
             // Every server on the way serves a copy; only a packet that all of them take is
             // charged to them (a packet dropped downstream must not hold an upstream queue).
-            let nic = |n: NodeId| self.nic.get(&n).copied();
-            let mut stages: [(Server, f64); 4] = [
-                (
-                    self.flows.get(&(p.from, p.to, p.flow)).copied().unwrap_or_default(),
-                    caps.per_stream,
-                ),
-                (self.pairs.get(&(p.from, p.to)).copied().unwrap_or_default(), caps.total()),
+            let mut servers: [(Server, f64); 3] = [
                 (
                     self.egress.get(&p.from).copied().unwrap_or_default(),
                     nic(p.from).unwrap_or(f64::INFINITY),
                 ),
                 (
-                    self.ingress.get(&p.to).copied().unwrap_or_default(),
-                    nic(p.to).unwrap_or(f64::INFINITY),
+                    self.flows.get(&(p.from, p.to, p.flow)).copied().unwrap_or_default(),
+                    caps.per_stream,
                 ),
+                (self.pairs.get(&(p.from, p.to)).copied().unwrap_or_default(), caps.total()),
             ];
-            for (server, rate) in &mut stages {
+            for (server, rate) in &mut servers {
                 let Some(x) = server.serve(t, p.len, *rate, buffer) else {
                     return Verdict::Full;
                 };
                 t = x;
             }
-            let [flow, pair, egress, ingress] = stages.map(|(s, _)| s);
+            stages = Some(servers.map(|(s, _)| s));
+        }
+        let spread = hi.saturating_sub(lo);
+        let jitter =
+            if spread.is_zero() { Duration::ZERO } else { spread.mul_f64(self.jitter.random()) };
+        let last = self.last_arrival.get(&(p.from, p.to)).copied().unwrap_or(Time::ZERO);
+        let done = (t.done + lo + jitter).max(last);
+        let mut reach = Passage { start: (t.start + lo + jitter).min(done), done };
+        if let (Some(rate), false) = (nic(p.to), control) {
+            let cal = self.ingress.entry(p.to).or_default();
+            let Some(x) = cal.serve(now, reach, p.len, rate, buffer) else {
+                return Verdict::Full;
+            };
+            reach = x;
+        }
+        if let Some([egress, flow, pair]) = stages {
             self.flows.insert((p.from, p.to, p.flow), flow);
             self.pairs.insert((p.from, p.to), pair);
             if nic(p.from).is_some() {
                 self.egress.insert(p.from, egress);
             }
-            if nic(p.to).is_some() {
-                self.ingress.insert(p.to, ingress);
-            }
         }
-        let spread = hi.saturating_sub(lo);
-        let jitter =
-            if spread.is_zero() { Duration::ZERO } else { spread.mul_f64(self.jitter.random()) };
-        let last = self.last_arrival.entry((p.from, p.to)).or_insert(Time::ZERO);
-        let arrival = (t.done + lo + jitter).max(*last);
-        *last = arrival;
+        let arrival = reach.done.max(last);
+        self.last_arrival.insert((p.from, p.to), arrival);
         Verdict::Deliver(arrival)
     }
 

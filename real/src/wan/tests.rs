@@ -163,22 +163,73 @@ fn the_coordinators_traffic_takes_the_latency_only() {
 /// waited behind packets that never left (and were judged against the wrong wait).
 #[test]
 fn a_packet_dropped_downstream_holds_no_upstream_queue() {
-    // The eu node's NIC at 2 Mbit/s (250 kB/s) behind a 1 MB/s link; queues hold 80 ms.
-    let text = SCENARIO.replace("nic = \"16Mbit/s\"", "nic = \"2Mbit/s\"");
+    // The eu node's NIC at 2 Mbit/s (250 kB/s) behind a 1 MB/s link of 40 ms without jitter;
+    // queues hold 80 ms.
+    let text = SCENARIO
+        .replace("nic = \"16Mbit/s\"", "nic = \"2Mbit/s\"")
+        .replace("jitter = \"4ms\"\n", "");
     let mut s = Shaper::new(&Scenario::from_toml_str(&text, "wan.toml").expect("valid"), 5);
-    // A burst of 80 packets of 1 kB: the connection's queue (1 ms a packet) takes all 80; the
-    // NIC (4 ms a packet) takes those that wait at most 80 ms there: the first 27.
+    // A burst of 80 packets of 1 kB: the connection's queue (1 ms a packet) takes all 80; 40 ms
+    // later the NIC (4 ms a packet) takes those that wait at most 80 ms there: the first 27.
     let through = (0..80)
         .filter(|_| matches!(s.admit(Time::ZERO, pkt(0, 2, 1, 1_000)), Verdict::Deliver(_)))
         .count();
     assert_eq!(through, 27);
-    // 5 ms later: the connection's queue holds 27 packets (free at 27 ms), the NIC is free at
-    // 108 ms, so the next packet would wait 81 ms at the NIC: dropped. Charged with the 53
-    // packets the NIC dropped, the connection's queue would be free only at 80 ms, and the
-    // packet, judged from there, would pass.
+    // 5 ms later: the connection's queue holds 27 packets (free at 27 ms), so the next packet
+    // reaches the NIC at 68 ms, which is busy until 148 ms: it would wait 80+ ms, dropped.
+    // Charged with the 53 packets the NIC dropped, the connection's queue would be free only at
+    // 80 ms, and the packet, judged from there, would pass.
     let late = s.admit(Time::from_secs_f64(0.005), pkt(0, 2, 1, 1_000));
     assert_eq!(late, Verdict::Full);
-    // At 40 ms it waits 68 ms at the NIC: through, at 108 + 4 + 40 ms and up to 4 ms of jitter.
+    // At 40 ms it reaches the NIC at 81 ms and waits 67 ms there: through, at 148 + 4 ms.
     let t = at(s.admit(Time::from_secs_f64(0.040), pkt(0, 2, 1, 1_000))).as_secs_f64();
-    assert!((0.152..=0.156).contains(&t), "{t}");
+    assert!((t - 0.152).abs() < 1e-9, "{t}");
+}
+
+/// Two eu nodes with NICs of 2 MB/s, and no jitter: node 0 (us) reaches node 2 over 1 MB/s and
+/// 40 ms, node 3 over 80 Mbit/s and 5 ms.
+fn two_eu_nodes() -> Shaper {
+    let text = SCENARIO
+        .replace("jitter = \"4ms\"\n", "")
+        .replace("name = \"eu\"\nregion", "name = \"eu\"\ncount = 2\nregion");
+    Shaper::new(&Scenario::from_toml_str(&text, "wan.toml").expect("valid"), 5)
+}
+
+/// The receiver's NIC serves packets when they reach it, whichever pair they come over: a
+/// packet from a near peer is not held behind another pair's packets that are still queued on
+/// a slower, longer link (as a receiver's acknowledgements were, behind the data it received
+/// over its slowest link, until they were dropped).
+#[test]
+fn a_receivers_nic_serves_packets_when_they_reach_it() {
+    let mut s = two_eu_nodes();
+    // 60 packets of 1 kB from node 0: its connection queue holds them for up to 60 ms, then
+    // they take 40 ms to reach node 2's NIC.
+    for _ in 0..60 {
+        assert!(matches!(s.admit(Time::ZERO, pkt(0, 2, 1, 1_000)), Verdict::Deliver(_)));
+    }
+    // Node 3's packet reaches the NIC at 5 ms, long before the first of those: through at
+    // once, in the NIC's 0.5 ms.
+    let t = at(s.admit(Time::ZERO, pkt(3, 2, 2, 1_000))).as_secs_f64();
+    assert!((t - 0.0055).abs() < 1e-9, "{t}");
+    // And the burst's packets still take the NIC when they come: the last one at 100 ms.
+    let t = at(s.admit(Time::from_secs_f64(0.0601), pkt(0, 2, 1, 1_000))).as_secs_f64();
+    assert!((t - 0.1011).abs() < 1e-9, "{t}");
+}
+
+/// The sender's NIC comes before its links: what it sends one peer over a slow link queues on
+/// that link, not in the NIC, and its packets to another peer wait only for the NIC's own
+/// backlog.
+#[test]
+fn a_senders_nic_is_not_held_by_one_of_its_links() {
+    let mut s = two_eu_nodes();
+    // 15 packets of 1 kB from node 2 to node 0: 7.5 ms of its NIC (2 MB/s), then 15 ms of
+    // the 1 MB/s link.
+    for _ in 0..15 {
+        assert!(matches!(s.admit(Time::ZERO, pkt(2, 0, 1, 1_000)), Verdict::Deliver(_)));
+    }
+    // A packet to node 3 waits out the NIC's 7.5 ms (within the 10 ms its queue holds for a
+    // link of 5 ms) and its own 0.5 ms there, then 5 ms. Behind the slow link's queue it would
+    // have waited 15 ms, and been dropped.
+    let t = at(s.admit(Time::ZERO, pkt(2, 3, 2, 1_000))).as_secs_f64();
+    assert!((t - 0.013).abs() < 1e-9, "{t}");
 }
