@@ -132,8 +132,9 @@ impl Driver<'_> {
         let mut bw = self.run.net.bandwidth.borrow_mut();
         for s in l {
             self.exec.set_latency(s.a, s.b, s.min, s.max);
-            // Both directions take the pair's latency, half-way between min and max on average.
-            bw.set_rtt(s.a, s.b, s.min + s.max);
+            // Both directions take the pair's latency, half-way between min and max on average;
+            // the bottleneck's queue holds the round trip without jitter (the emulation's).
+            bw.set_path(s.a, s.b, s.min + s.max, s.min * 2);
         }
     }
 

@@ -92,6 +92,7 @@ pub(crate) fn finish_times(
         return finish.into_iter().map(Time::from_nanos).collect();
     }
     let mut lane_free = vec![0u64; w * g];
+    let mut lane_floor = vec![0u64; w * g];
     let mut cpu_free = vec![0u64; w];
     let mut last_arrival = vec![0u64; w];
     let link_at =
@@ -195,6 +196,15 @@ pub(crate) fn finish_times(
                         cpu_free[r]
                     };
                     let lane = r * g + s;
+                    // Its bytes are written at `ready`: a burst in TCP's start-up.
+                    if let Some(t) = tcp.as_deref_mut() {
+                        if let Some(path) = t.paths[lane] {
+                            let at = Time::from_nanos(ready);
+                            if let Some(f) = t.conns[lane].write(&t.tcp, at, path, wire[size]) {
+                                lane_floor[lane] = lane_floor[lane].max(f.as_nanos());
+                            }
+                        }
+                    }
                     let mut begin = ready.max(lane_free[lane]);
                     // TCP's start-up, evaluated when the flow takes its turn in its lane (at
                     // its making, or at the end of the lane's previous flow).
@@ -214,6 +224,9 @@ pub(crate) fn finish_times(
                     if let Some(t) = tcp.as_deref_mut() {
                         t.conns[lane].idle_from(Time::from_nanos(end));
                     }
+                    // TCP delivers in order: no sooner than a repair its burst, or an earlier
+                    // one, waits for.
+                    let end = end.max(lane_floor[lane]);
                     let lat = match fixed[e][r] {
                         Some(ns) => ns,
                         None => {

@@ -208,8 +208,11 @@
 //! tcp = "cubic"                # default "cubic" (Linux's), or "bbr", or "none": the nodes'
 //!                              # TCP congestion control. New connections start from 10
 //!                              # segments doubling each round trip; with cubic, so does one
-//!                              # idle past its retransmission timeout. `loco launch` sets it
-//!                              # in the emulated network; "none" models no start-up at all
+//!                              # idle past its retransmission timeout; a BBR connection still
+//!                              # in its start-up paces each burst at 2.885x its rate and loses
+//!                              # the tail of one that would fill the bottleneck's queue (one
+//!                              # round trip), repaired a round trip later. `loco launch` sets
+//!                              # it in the emulated network; "none" models no start-up at all
 //!
 //! [real]                       # real backend only
 //! device = "cpu"               # default "cpu"; or "cuda" / "cuda:N"
@@ -1041,7 +1044,9 @@ pub enum TcpKind {
     /// from the initial window (`tcp_slow_start_after_idle`).
     #[default]
     Cubic,
-    /// BBR: after an idle time a connection resumes at the rate it had measured.
+    /// BBR: after an idle time a connection resumes at the rate it had measured; until it
+    /// leaves its start-up it paces each burst at 2.885 times that rate, and a burst that
+    /// would fill the bottleneck's queue loses its tail (docs/fidelity.md).
     Bbr,
     /// No start-up at all: flows run at their share from their first byte (the fluid model
     /// alone); the emulated network keeps the host's congestion control.
