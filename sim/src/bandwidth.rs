@@ -833,18 +833,15 @@ impl BandwidthModel {
                 }
             }
         }
-        let gone: Vec<FlowId> = self
-            .delivering
-            .iter()
-            .filter(|(_, d)| d.from == node || d.to == node)
-            .map(|(i, _)| *i)
-            .collect();
-        for id in gone {
-            if let Some(mut d) = self.delivering.remove(&id) {
-                self.deliveries.remove(&(d.at, id));
-                if let Some(w) = d.waker.take() {
-                    w.wake();
-                }
+        // Those through but waiting for a repair are cancelled with them.
+        let (gone, kept): (BTreeMap<_, _>, BTreeMap<_, _>) = std::mem::take(&mut self.delivering)
+            .into_iter()
+            .partition(|(_, d)| d.from == node || d.to == node);
+        self.delivering = kept;
+        for (id, mut d) in gone {
+            self.deliveries.remove(&(d.at, id));
+            if let Some(w) = d.waker.take() {
+                w.wake();
             }
         }
         self.lanes.retain(|l, _| l.0 != node && l.1 != node);
