@@ -94,13 +94,15 @@ impl Relays {
             flows: AtomicU64::new(0),
         });
         // Each node's own address: a free port, released for the worker to bind (as `loco
-        // bench allreduce` does for its ranks).
+        // bench allreduce` does for its ranks). The reservations are held until every relay
+        // listens, so that no relay's own port is one of them (a worker then failed to listen).
         let mut listen = BTreeMap::new();
+        let mut reserved = Vec::with_capacity(ids.len());
         for &id in &ids {
             let l = std::net::TcpListener::bind(("127.0.0.1", 0))
-                .and_then(|l| l.local_addr())
                 .map_err(spawn_err("reserving a loopback port"))?;
-            listen.insert(id, l);
+            listen.insert(id, l.local_addr().map_err(spawn_err("reserving a loopback port"))?);
+            reserved.push(l);
         }
         let mut via = BTreeMap::new();
         for &from in &ids {
@@ -117,6 +119,7 @@ impl Relays {
                 runtime.spawn(accept(l, from, to, target, shared));
             }
         }
+        drop(reserved);
         Ok(Relays { runtime: Some(runtime), shared, listen, via })
     }
 
