@@ -233,3 +233,51 @@ fn a_senders_nic_is_not_held_by_one_of_its_links() {
     let t = at(s.admit(Time::ZERO, pkt(2, 3, 2, 1_000))).as_secs_f64();
     assert!((t - 0.013).abs() < 1e-9, "{t}");
 }
+
+proptest::proptest! {
+    /// The receiver's NIC books each packet in the first gap at or after its arrival that holds
+    /// it, never two at once, whatever order the packets are handed over in (a brute-force
+    /// first fit over the packets booked so far says where).
+    #[test]
+    fn a_receivers_nic_books_the_first_gap_and_never_overlaps(
+        packets in proptest::collection::vec((0u64..50, 0u64..200, 1usize..20_000), 1..60)
+    ) {
+        let mut cal = Calendar::default();
+        let mut booked: Vec<(Time, Time)> = Vec::new();
+        let rate = 10e6;
+        let buffer = Duration::from_millis(30);
+        for (k, &(handed, delay, len)) in packets.iter().enumerate() {
+            // Hand-over times never go back; arrivals follow them by up to 200 ms.
+            let now =
+                Time::from_nanos(packets[..=k].iter().map(|p| p.0).max().unwrap_or(0) * 1_000_000);
+            let arrive = now + Duration::from_millis(delay) + Duration::from_millis(handed % 3);
+            let took = Duration::from_secs_f64(len as f64 / rate);
+            // First fit among the bookings that still matter.
+            let mut want = arrive;
+            let mut live: Vec<(Time, Time)> =
+                booked.iter().copied().filter(|&(_, end)| end > now).collect();
+            live.sort();
+            for &(a, b) in &live {
+                if b <= want {
+                    continue;
+                }
+                if want + took <= a {
+                    break;
+                }
+                want = b;
+            }
+            let got = cal.serve(now, Passage { start: arrive, done: arrive }, len, rate, buffer);
+            if want - arrive > buffer {
+                proptest::prop_assert!(got.is_none());
+                continue;
+            }
+            let got = got.expect("a gap within the buffer");
+            proptest::prop_assert_eq!(got.start, want);
+            proptest::prop_assert_eq!(got.done, want + took);
+            for &(a, b) in &booked {
+                proptest::prop_assert!(want + took <= a || b <= want, "overlap");
+            }
+            booked.push((want, want + took));
+        }
+    }
+}
