@@ -87,8 +87,7 @@ struct Flow {
 /// A flow whose bytes are through, waiting to be delivered.
 struct Delivering {
     at: Time,
-    from: NodeId,
-    to: NodeId,
+    /// Its connection (whose sender and receiver are its first two fields).
     conn: LaneKey,
     waker: Option<Waker>,
 }
@@ -242,7 +241,7 @@ impl Burst {
     /// loses its tail, the time (nanoseconds) before which they cannot all have arrived in
     /// order.
     fn write(&mut self, t: u64, bytes: f64, gain: f64, path: Path) -> Option<u64> {
-        let Path { rate, rtt, queue } = path;
+        let Path { rate, rtt, queue, .. } = path;
         if !(rate.is_finite() && rate > 0.0 && gain > 1.0) {
             return None;
         }
@@ -274,12 +273,14 @@ impl Burst {
 /// The least a bottleneck's queue holds, in seconds of its rate (the emulation's floor).
 const MIN_QUEUE_SECS: f64 = 0.005;
 
-/// What a connection's bursts meet: the bottleneck's rate (bytes per second), the round trip
-/// and the bottleneck's queue (seconds of its rate: the emulation's is the round trip without
+/// What a connection meets: one connection's rate, the round trip, and for its bursts the
+/// bottleneck's rate and queue (seconds of its rate: the emulation's is the round trip without
 /// jitter).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Path {
-    /// Bytes per second.
+    /// One connection's rate on the pair, bytes per second (slow start's pipe).
+    pub per_stream: f64,
+    /// The bottleneck's rate: `per_stream` capped by the two NICs, bytes per second.
     pub rate: f64,
     /// Seconds.
     pub rtt: f64,
@@ -370,18 +371,16 @@ impl Conn {
     }
 }
 
-/// TCP's start-up on a modelled ring's lanes: the congestion control, and per lane its round
-/// trip and per-connection rate (`None`: a pair without them, no start-up) and its connection.
+/// TCP's start-up on a modelled ring's lanes: the congestion control, and per lane its path
+/// (`None`: a pair without a rate or round trip, no start-up) and its connection.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct LaneTcp {
     /// The congestion control.
     pub tcp: TcpParams,
-    /// Per lane: round trip in seconds and bytes per second of one connection.
-    pub pipes: Vec<Option<(f64, f64)>>,
+    /// Per lane: what its connection meets.
+    pub paths: Vec<Option<Path>>,
     /// Per lane: its connection's state.
     pub conns: Vec<Conn>,
-    /// Per lane: what its bursts meet (`None`: a pair without it).
-    pub paths: Vec<Option<Path>>,
 }
 
 /// The extra time slow start adds to sending `bytes` at `rate` over a round trip `rtt` from a
@@ -496,7 +495,12 @@ impl BandwidthModel {
     fn path(&self, from: NodeId, to: NodeId) -> Option<Path> {
         let caps = self.pairs.get(&(from, to))?;
         let &(rtt, queue) = self.rtt.get(&(from, to))?;
-        Some(Path { rate: self.bottleneck(from, to, *caps), rtt, queue })
+        Some(Path {
+            per_stream: caps.per_stream,
+            rate: self.bottleneck(from, to, *caps),
+            rtt,
+            queue,
+        })
     }
 
     /// When a flow of `bytes` from `from` to `to` that starts being served at `now` on
@@ -504,14 +508,11 @@ impl BandwidthModel {
     /// the connection is new or was idle longer than its retransmission timeout.
     fn hold_for(&mut self, conn: LaneKey, from: NodeId, to: NodeId, bytes: f64) -> Time {
         let now = self.now;
-        let (Some(tcp), Some(&(rtt, _)), Some(caps)) =
-            (self.tcp, self.rtt.get(&(from, to)), self.pairs.get(&(from, to)))
-        else {
+        let (Some(tcp), Some(p)) = (self.tcp, self.path(from, to)) else {
             return now;
         };
-        let per_stream = caps.per_stream;
         let c = self.conns.entry(conn).or_insert_with(|| Conn::new(&tcp));
-        now + Duration::from_secs_f64(c.extra(&tcp, now, rtt, per_stream, bytes))
+        now + Duration::from_secs_f64(c.extra(&tcp, now, p.rtt, p.per_stream, bytes))
     }
 
     /// [`hold_for`](Self::hold_for) for a flow whose bytes are ready at `ready`: TCP's hold
@@ -529,17 +530,11 @@ impl BandwidthModel {
         ready.max(now) + extra
     }
 
-    /// The bytes of a flow are written to connection `conn` at `ready`: the time before which
-    /// they cannot be delivered, when their burst overflows the bottleneck's queue
-    /// ([`Conn::write`]), else `Time::ZERO`.
-    fn write_burst(
-        &mut self,
-        ready: Time,
-        conn: LaneKey,
-        from: NodeId,
-        to: NodeId,
-        bytes: f64,
-    ) -> Time {
+    /// The bytes of a flow are written to connection `conn` (from `conn.0` to `conn.1`) at
+    /// `ready`: the time before which they cannot be delivered, when their burst overflows the
+    /// bottleneck's queue ([`Conn::write`]), else `Time::ZERO`.
+    fn write_burst(&mut self, ready: Time, conn: LaneKey, bytes: f64) -> Time {
+        let (from, to, _) = conn;
         let (Some(tcp), Some(path)) = (self.tcp, self.path(from, to)) else {
             return Time::ZERO;
         };
@@ -639,7 +634,7 @@ impl BandwidthModel {
             self.users[r].push(id);
         }
         let conn = Self::conn_of(from, to, lane);
-        let deliver_after = self.write_burst(ready, conn, from, to, bytes as f64);
+        let deliver_after = self.write_burst(ready, conn, bytes as f64);
         let hold =
             if busy { Time::ZERO } else { self.hold_after(ready, conn, from, to, bytes as f64) };
         self.flows.insert(
@@ -706,10 +701,7 @@ impl BandwidthModel {
     /// model charges no start-up (`[sim] tcp = "none"`).
     pub(crate) fn lane_tcp(&self, lanes: &[LaneKey]) -> Option<LaneTcp> {
         let tcp = self.tcp?;
-        let pipes = lanes
-            .iter()
-            .map(|&(a, b, _)| Some((self.rtt.get(&(a, b))?.0, self.pairs.get(&(a, b))?.per_stream)))
-            .collect();
+        let paths = lanes.iter().map(|&(a, b, _)| self.path(a, b)).collect();
         let conns = lanes
             .iter()
             .map(|&(a, b, k)| {
@@ -719,8 +711,7 @@ impl BandwidthModel {
                     .unwrap_or_else(|| Conn::new(&tcp))
             })
             .collect();
-        let paths = lanes.iter().map(|&(a, b, _)| self.path(a, b)).collect();
-        Some(LaneTcp { tcp, pipes, conns, paths })
+        Some(LaneTcp { tcp, paths, conns })
     }
 
     /// Writes back the connections of `lanes` after a modelled ring ran on them.
@@ -836,7 +827,7 @@ impl BandwidthModel {
         // Those through but waiting for a repair are cancelled with them.
         let (gone, kept): (BTreeMap<_, _>, BTreeMap<_, _>) = std::mem::take(&mut self.delivering)
             .into_iter()
-            .partition(|(_, d)| d.from == node || d.to == node);
+            .partition(|(_, d)| d.conn.0 == node || d.conn.1 == node);
         self.delivering = kept;
         for (id, mut d) in gone {
             self.deliveries.remove(&(d.at, id));
@@ -928,8 +919,7 @@ impl BandwidthModel {
                         self.conn_floor.insert(conn, at);
                         self.deliveries.insert((at, id));
                         let waker = f.waker.take();
-                        self.delivering
-                            .insert(id, Delivering { at, from: f.from, to: f.to, conn, waker });
+                        self.delivering.insert(id, Delivering { at, conn, waker });
                     } else {
                         if let Some(w) = f.waker.take() {
                             w.wake();

@@ -619,11 +619,11 @@ pub(crate) fn replay(scenario: &Scenario, mut opts: ReplayOptions) -> Result<Run
             stop_reason = "every node stopped".to_owned();
             break;
         }
-        let lost_all = !d.coordinator_alive && {
-            let running: Vec<NodeId> =
-                ids.iter().copied().filter(|&id| d.node_running(id)).collect();
-            running.iter().all(|&id| rec.borrow().has_lost_coordinator(id))
-        };
+        let lost_all = !d.coordinator_alive
+            && ids
+                .iter()
+                .filter(|&&id| d.node_running(id))
+                .all(|&id| rec.borrow().has_lost_coordinator(id));
         if lost_all {
             // No coordinator comes back (there is no standby): every node has stopped its member
             // cleanly; their supervisors would go on restarting them in vain.

@@ -209,10 +209,10 @@ pub(crate) fn finish_times(
                     // TCP's start-up, evaluated when the flow takes its turn in its lane (at
                     // its making, or at the end of the lane's previous flow).
                     if let Some(t) = tcp.as_deref_mut() {
-                        if let Some((rtt, per_stream)) = t.pipes[lane] {
+                        if let Some(p) = t.paths[lane] {
                             let turn = Time::from_nanos(avail.max(lane_free[lane]));
                             let extra =
-                                t.conns[lane].extra(&t.tcp, turn, rtt, per_stream, wire[size]);
+                                t.conns[lane].extra(&t.tcp, turn, p.rtt, p.per_stream, wire[size]);
                             if extra > 0.0 {
                                 begin = begin.saturating_add((extra * 1e9).ceil() as u64);
                             }
