@@ -14,15 +14,20 @@
 //!   state machine per node, which the executors drive;
 //! - [`synthetic`]: the synthetic objective both backends train without a model (the
 //!   simulator's real numerics, the real backend's `--synthetic-params`);
+//! - [`process`]: the process around a node across its memberships (incarnations, the rejoin
+//!   policy, restart and exit timing, the stop rows): what every executor drives;
+//! - [`config`]: the one translation of a scenario into a node's settings;
 //! - [`acct`]: step accounting: where a node's wall time went in one outer step, closed into one
 //!   [`OuterStepRow`](crate::metrics::OuterStepRow).
 //!
 //! The simulator and the real backend execute these; neither re-implements them.
 
 pub mod acct;
+pub mod config;
 pub mod digest;
 pub mod events;
 pub mod machine;
+pub mod process;
 pub mod rings;
 pub mod state;
 pub mod synthetic;

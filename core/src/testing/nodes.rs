@@ -4,8 +4,8 @@
 //! Each host runs its node's effects at once: inner steps take a fixed `compute` time and move
 //! the weights halfway to a node-specific target (real numerics: every byte of the rings, the
 //! outer step and the state transfer is real), jobs complete on the spot, and a stopped node
-//! with `rejoin` restarts with a new incarnation after a heartbeat interval, as a supervisor
-//! would. Collective and state frames are serialised per directed link at its bandwidth and
+//! is restarted by its [`Process`] (a new incarnation after a heartbeat interval), as in every
+//! executor. Collective and state frames are serialised per directed link at its bandwidth and
 //! arrive after a latency, in order per link (membership frames take the latency only); the only randomness (loss) comes from a seeded stream. Each
 //! [`NodeNet::step`] jumps to the earliest event (a delivery, a timer, a compute's end, a
 //! restart) and handles that one; runs are bounded ([`Livelock`]).
@@ -18,6 +18,7 @@ use crate::mesh::{Coordinator, CoordinatorAction, LeaveReason, MeshConfig, MeshE
 use crate::metrics::OuterStepRow;
 use crate::node::acct::RowIdentity;
 use crate::node::machine::{Check, Effect, Node, NodeConfig, NodeEvent, Numerics, StatePieces};
+use crate::node::process::{Output, Process};
 use crate::time::Time;
 use crate::transport::{Frame, Header};
 use rand::{Rng, SeedableRng};
@@ -57,7 +58,7 @@ pub struct Record {
 }
 
 struct Host {
-    node: Option<Node>,
+    process: Option<Process>,
     incarnation: u64,
     params: Vec<f32>,
     target: Vec<f32>,
@@ -65,7 +66,6 @@ struct Host {
     computing: Option<(Time, u64)>,
     /// Compute time left when it hung.
     paused_left: Option<Duration>,
-    restart_at: Option<Time>,
     hung: bool,
     /// An outer step whose inner weights come out NaN (a diverged inner loop).
     diverge_at: Option<u64>,
@@ -77,7 +77,6 @@ enum Due {
     Coordinator,
     Node(NodeId),
     Compute(NodeId),
-    Restart(NodeId),
 }
 
 /// The in-memory network of node machines. See the module documentation.
@@ -165,7 +164,7 @@ impl NodeNet {
 
     /// A node's machine, unless crashed or unknown.
     pub fn node(&self, id: NodeId) -> Option<&Node> {
-        self.hosts.get(&id).and_then(|h| h.node.as_ref())
+        self.hosts.get(&id).and_then(|h| h.process.as_ref().map(Process::node))
     }
 
     /// Everything recorded so far.
@@ -259,28 +258,27 @@ impl NodeNet {
     /// Starts node `id` (a new incarnation if it ran before), which joins now.
     pub fn add(&mut self, id: NodeId) {
         let incarnation = self.hosts.get(&id).map_or(0, |h| h.incarnation + 1);
-        let node = match Node::new(self.config(id), incarnation) {
-            Ok(n) => n,
+        let process = match Process::new(self.config(id), incarnation) {
+            Ok(p) => p,
             Err(e) => {
                 self.note(id, Seen::Violation(format!("cannot start: {e}")));
                 return;
             }
         };
         let host = Host {
-            node: Some(node),
+            process: Some(process),
             incarnation,
             params: vec![0.5; self.params],
             target: target(id, self.params),
             computing: None,
             paused_left: None,
-            restart_at: None,
             hung: false,
             diverge_at: None,
         };
         self.hosts.insert(id, host);
         let now = self.now;
-        if let Some(n) = self.hosts.get_mut(&id).and_then(|h| h.node.as_mut()) {
-            let _ = n.join(now);
+        if let Some(p) = self.process_mut(id) {
+            let _ = p.start(now);
         }
         self.drain(id);
     }
@@ -296,9 +294,8 @@ impl NodeNet {
     /// SIGKILL: the node vanishes; frames to it are lost.
     pub fn crash(&mut self, id: NodeId) {
         if let Some(h) = self.hosts.get_mut(&id) {
-            h.node = None;
+            h.process = None;
             h.computing = None;
-            h.restart_at = None;
         }
         self.note(id, Seen::Fault("crash".into()));
     }
@@ -312,8 +309,8 @@ impl NodeNet {
     /// The node leaves with its deathrattle.
     pub fn leave(&mut self, id: NodeId) {
         let now = self.now;
-        if let Some(n) = self.hosts.get_mut(&id).and_then(|h| h.node.as_mut()) {
-            n.leave(now, LeaveReason::Graceful);
+        if let Some(p) = self.process_mut(id) {
+            p.leave(now, LeaveReason::Graceful);
         }
         self.note(id, Seen::Fault("leave".into()));
         self.drain(id);
@@ -324,8 +321,8 @@ impl NodeNet {
         let now = self.now;
         if let Some(h) = self.hosts.get_mut(&id) {
             h.hung = hung;
-            if let Some(n) = h.node.as_mut() {
-                if hung { n.suspend(now) } else { n.resume(now) }
+            if let Some(p) = h.process.as_mut() {
+                if hung { p.suspend(now) } else { p.resume(now) }
             }
             // A hang pauses the compute: it ends that much later.
             match (hung, h.computing, h.paused_left) {
@@ -395,24 +392,29 @@ impl NodeNet {
         self.inflight.insert((done + self.latency, self.seq), (from, to, frame));
     }
 
-    fn node_mut(&mut self, id: NodeId) -> Option<&mut Node> {
-        self.hosts.get_mut(&id).and_then(|h| h.node.as_mut())
+    fn process_mut(&mut self, id: NodeId) -> Option<&mut Process> {
+        self.hosts.get_mut(&id).and_then(|h| h.process.as_mut())
     }
 
-    /// Carries out a node's effects and sends its transmits until it has none.
+    /// Carries out a process's outputs until it has none.
     fn drain(&mut self, id: NodeId) {
-        loop {
-            let mut any = false;
-            while let Some(e) = self.node_mut(id).and_then(Node::poll_effect) {
-                any = true;
-                self.effect(id, e);
-            }
-            while let Some((to, f)) = self.node_mut(id).and_then(Node::poll_transmit) {
-                any = true;
-                self.enqueue(id, to, f);
-            }
-            if !any {
-                return;
+        let now = self.now;
+        while let Some(out) = self.process_mut(id).and_then(|p| p.poll(now)) {
+            match out {
+                Output::Effect(e) => self.effect(id, e),
+                Output::Transmit(to, f) => self.enqueue(id, to, f),
+                Output::Stopped(s) => {
+                    if let Some(h) = self.hosts.get_mut(&id) {
+                        h.computing = None;
+                    }
+                    self.note(id, Seen::Stop { reason: s.reason.to_string(), rejoin: s.rejoin });
+                }
+                Output::Restarted { .. } => self.note(id, Seen::Fault("restart".into())),
+                Output::Exit => {
+                    if let Some(h) = self.hosts.get_mut(&id) {
+                        h.process = None;
+                    }
+                }
             }
         }
     }
@@ -420,9 +422,8 @@ impl NodeNet {
     fn effect(&mut self, id: NodeId, e: Effect) {
         let now = self.now;
         let compute = self.compute;
-        let heartbeat = self.mesh.heartbeat_interval;
         let Some(h) = self.hosts.get_mut(&id) else { return };
-        let Some(node) = h.node.as_mut() else { return };
+        let Some(node) = h.process.as_mut().map(Process::node_mut) else { return };
         match e {
             Effect::Compute { outer_step, .. } => {
                 h.computing = Some((now + compute, outer_step));
@@ -452,13 +453,8 @@ impl NodeNet {
             }
             // The harness moves every frame (`modelled_collectives` is off).
             Effect::Check(_) | Effect::ModelledAllReduce(_) => {}
-            Effect::Stop { reason, rejoin } => {
-                h.computing = None;
-                if rejoin {
-                    h.restart_at = Some(now + heartbeat);
-                }
-                self.note(id, Seen::Stop { reason: reason.to_string(), rejoin });
-            }
+            // The process carries out the stop ([`Output::Stopped`]).
+            Effect::Stop { .. } => {}
         }
     }
 
@@ -493,14 +489,11 @@ impl NodeNet {
             consider(t, Due::Coordinator);
         }
         for (&id, h) in &self.hosts {
-            if let Some(t) = h.node.as_ref().and_then(Node::poll_timeout) {
+            if let Some(t) = h.process.as_ref().and_then(Process::poll_timeout) {
                 consider(t, Due::Node(id));
             }
             if let (Some((t, _)), false) = (h.computing, h.hung) {
                 consider(t, Due::Compute(id));
-            }
-            if let Some(t) = h.restart_at {
-                consider(t, Due::Restart(id));
             }
         }
         best
@@ -522,8 +515,8 @@ impl NodeNet {
                     }
                     return true;
                 }
-                if let Some(n) = self.hosts.get_mut(&to).and_then(|h| h.node.as_mut()) {
-                    n.handle_frame(now, from, frame);
+                if let Some(p) = self.process_mut(to) {
+                    p.handle_frame(now, from, frame);
                 }
                 self.drain(to);
             }
@@ -534,14 +527,15 @@ impl NodeNet {
                 self.pump_coordinator();
             }
             Due::Node(id) => {
-                if let Some(n) = self.hosts.get_mut(&id).and_then(|h| h.node.as_mut()) {
-                    n.handle_timeout(now);
+                if let Some(p) = self.process_mut(id) {
+                    p.handle_timeout(now);
                 }
                 self.drain(id);
             }
             Due::Compute(id) => {
                 if let Some(h) = self.hosts.get_mut(&id) {
-                    if let (Some((_, step)), Some(n)) = (h.computing.take(), h.node.as_mut()) {
+                    let n = h.process.as_mut().map(Process::node_mut);
+                    if let (Some((_, step)), Some(n)) = (h.computing.take(), n) {
                         // Halfway to this node's target: a pseudo-gradient that differs per node.
                         for (w, t) in h.params.iter_mut().zip(&h.target) {
                             *w += 0.5 * (*t - *w);
@@ -561,22 +555,6 @@ impl NodeNet {
                         n.computed(now, step, Some(inner), Some(loss));
                     }
                 }
-                self.drain(id);
-            }
-            Due::Restart(id) => {
-                if let Some(h) = self.hosts.get_mut(&id) {
-                    h.restart_at = None;
-                    h.incarnation += 1;
-                    let inc = h.incarnation;
-                    if let Some(n) = h.node.as_mut() {
-                        n.restart(inc);
-                        if h.hung {
-                            n.suspend(now);
-                        }
-                        let _ = n.join(now);
-                    }
-                }
-                self.note(id, Seen::Fault("restart".into()));
                 self.drain(id);
             }
         }
