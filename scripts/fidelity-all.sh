@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Runs `loco fidelity` on every scenario of scenarios/fidelity/ and prints the README's table:
-# per scenario, the simulator's error on the median all-reduce, the mean outer step and the
-# utilisation against the real run, whether the bytes and the membership story agree.
+# Runs `loco fidelity` on every scenario of scenarios/fidelity/ and prints the table of
+# docs/fidelity.md: per scenario, the simulator's error on the median all-reduce, the mean outer
+# step and the utilisation against the real run, whether the bytes and the membership story agree.
 #   scripts/fidelity-all.sh [OUT_DIR]      (needs root for the emulated network)
 # LOCO_BIN runs a prebuilt binary instead of `cargo run --release`; NETWORK=relay runs the real
 # side through the userspace relays (no root needed) against the simulator's fluid model.

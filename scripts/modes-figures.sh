@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's table of DiLoCo modes: replays the three INTELLECT-1 settings (30 outer steps of
+# The table of DiLoCo modes in docs/benchmarks.md: replays the three INTELLECT-1 settings (30 outer steps of
 # H = 100 inner steps each, seed 42) in sync, overlap (also with `--sync-delay 25`) and
 # streaming mode (`--mode`, 4 fragments), on the same links, and prints for each: compute utilisation (compute / wall),
 # the median all-reduce (release to commit), the bytes a node sends per all-reduce (the median row's), and the

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Regenerates the figures and the Table-2 comparison shown in the README: replays the three
-# INTELLECT-1 scenarios and the 4-of-12 drop, draws their reports, and copies the plots into
-# docs/figures/. Deterministic: the same seeds give the same files.
+# Regenerates the figures and the Table-2 comparison of the README and docs/fidelity.md:
+# replays the three INTELLECT-1 scenarios and the 4-of-12 drop, draws their reports, and copies
+# the plots into docs/figures/. Deterministic: the same seeds give the same files.
 #   usage: scripts/readme-figures.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
