@@ -315,26 +315,11 @@ pub(crate) fn worker(a: &crate::cli::WorkerArgs) -> Result<()> {
         std::thread::sleep(Duration::from_secs_f64(wait));
     }
     let opts = WorkerOptions {
+        scenario: std::sync::Arc::new(s.clone()),
         id: node.id,
-        name: node.name.clone(),
-        names: s.nodes().iter().map(|n| (n.id, n.name.clone())).collect(),
         incarnation: a.incarnation,
         coordinator: a.coordinator,
         listen: a.listen,
-        mesh: s.mesh().clone(),
-        inner_steps: u32::try_from(s.diloco().round_steps()).unwrap_or(u32::MAX),
-        mode: s.diloco().mode,
-        fragments: s.diloco().fragments,
-        mix: s.diloco().mix as f32,
-        sync_every: s.diloco().sync_every(),
-        codec: s.diloco().codec,
-        outer: loco_core::diloco::OuterConfig {
-            lr: s.diloco().outer_lr as f32,
-            momentum: s.diloco().outer_momentum as f32,
-            nesterov: s.diloco().nesterov,
-        },
-        segment_elems: s.diloco().segment_elems(),
-        shards: u16::try_from(node.gpus.max(1)).unwrap_or(u16::MAX),
         tcp: TcpConfig {
             dial_via: a.dial_via.iter().map(|&(n, addr)| (NodeId(n), addr)).collect(),
             ..tcp_config(&s, a.congestion.clone())

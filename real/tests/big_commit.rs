@@ -8,8 +8,6 @@
 //! worker: the inner weights and the outer state's weights, momentum and pseudo-gradient; 3
 //! workers hold about 10 GB).
 
-use loco_core::codec::CodecKind;
-use loco_core::diloco::OuterConfig;
 use loco_core::ids::NodeId;
 use loco_core::mesh::{MeshConfig, StopReason};
 use loco_core::metrics::OuterStepRow;
@@ -80,6 +78,8 @@ impl InnerLoop for Flat {
         Ok(InnerStats { loss: Some(loss / k.max(1) as f64), tokens: k })
     }
 }
+
+mod common;
 
 fn mesh() -> MeshConfig {
     MeshConfig {
@@ -157,30 +157,20 @@ async fn commit_work_longer_than_the_heartbeat_timeout_evicts_nobody() {
     });
     let addr = rx.await.unwrap();
     let mut ws = Vec::new();
+    let scenario = common::scenario(WORKERS, 1, 2, "uint8", None, mesh());
     for id in 0..WORKERS {
         let o = WorkerOptions {
+            scenario: scenario.clone(),
             id: NodeId(id),
-            name: format!("w{id}"),
             incarnation: 1,
             coordinator: addr,
             listen: "127.0.0.1:0".parse().unwrap(),
-            mesh: mesh(),
-            inner_steps: 2,
-            mode: loco_core::diloco::Mode::Sync,
-            fragments: 1,
-            mix: 0.0,
-            sync_every: 1,
-            codec: CodecKind::Uint8,
-            outer: OuterConfig::default(),
-            segment_elems: None,
-            shards: 1,
             tcp: TcpConfig::default(),
             metrics: Some(dir.path().join(format!("w{id}.jsonl"))),
             time_offset_s: 0.0,
             checkpoint: None,
             resume: None,
             faults: Vec::new(),
-            names: Default::default(),
             status: None,
         };
         // Built on a blocking thread: filling 2e8 values is not for the runtime's threads.

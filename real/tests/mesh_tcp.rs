@@ -1,8 +1,6 @@
 //! Real processes' protocol in one test process: a coordinator and workers over loopback TCP,
 //! with the synthetic inner loop (no libtorch). Every wait is bounded.
 
-use loco_core::codec::CodecKind;
-use loco_core::diloco::OuterConfig;
 use loco_core::ids::NodeId;
 use loco_core::mesh::{MeshConfig, StopReason};
 use loco_real::coord::{CoordinatorOptions, bind, run_coordinator};
@@ -27,30 +25,30 @@ fn mesh() -> MeshConfig {
     }
 }
 
+mod common;
+
 fn worker(id: u32, coordinator: std::net::SocketAddr, dir: &std::path::Path) -> WorkerOptions {
+    worker_in(common::scenario(4, 1, 5, "uint8", Some(1000), mesh()), id, coordinator, dir)
+}
+
+fn worker_in(
+    scenario: std::sync::Arc<loco_core::scenario::Scenario>,
+    id: u32,
+    coordinator: std::net::SocketAddr,
+    dir: &std::path::Path,
+) -> WorkerOptions {
     WorkerOptions {
+        scenario,
         id: NodeId(id),
-        name: format!("w{id}"),
         incarnation: 1,
         coordinator,
         listen: "127.0.0.1:0".parse().unwrap(),
-        mesh: mesh(),
-        inner_steps: 5,
-        mode: loco_core::diloco::Mode::Sync,
-        fragments: 1,
-        mix: 0.0,
-        sync_every: 1,
-        codec: CodecKind::Uint8,
-        outer: OuterConfig::default(),
-        segment_elems: Some(1000),
-        shards: 1,
         tcp: TcpConfig::default(),
         metrics: Some(dir.join(format!("w{id}.jsonl"))),
         time_offset_s: 0.0,
         checkpoint: None,
         resume: None,
         faults: Vec::new(),
-        names: Default::default(),
         status: None,
     }
 }
@@ -235,8 +233,12 @@ async fn a_non_blocking_joiner_replays_the_steps_committed_while_a_large_state_a
     m.join_mode = loco_core::mesh::JoinMode::NonBlocking;
     let (addr, coord) = start_coordinator(dir.path(), m.clone(), 40).await;
     let start = |id: u32| {
-        let mut o = worker(id, addr, dir.path());
-        o.mesh = m.clone();
+        let mut o = worker_in(
+            common::scenario(4, 1, 5, "uint8", Some(1000), m.clone()),
+            id,
+            addr,
+            dir.path(),
+        );
         let inner = Slow(Quadratic::new(2_000, 1, id), Duration::from_millis(5), PAD);
         tokio::spawn(run_worker(o, inner, std::future::pending()))
     };
@@ -273,8 +275,8 @@ async fn two_shards_per_worker_keep_the_replicas_identical() {
     let (addr, coord) = start_coordinator(dir.path(), mesh(), 3).await;
     let mut ws = Vec::new();
     for id in 0..3 {
-        let mut o = worker(id, addr, dir.path());
-        o.shards = 2;
+        let o =
+            worker_in(common::scenario(4, 2, 5, "uint8", Some(1000), mesh()), id, addr, dir.path());
         ws.push(tokio::spawn(run_worker(o, Quadratic::new(10_001, 1, id), std::future::pending())));
     }
     let reports = reports_of(ws, 60).await;
@@ -349,8 +351,12 @@ async fn a_state_frame_damaged_on_the_path_is_fetched_again() {
     let struck = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     tokio::spawn(damaging_proxy(proxy, joiner_addr, 5 << 20, struck.clone()));
     let start = |id: u32| {
-        let mut o = worker(id, addr, dir.path());
-        o.mesh = m.clone();
+        let mut o = worker_in(
+            common::scenario(4, 1, 5, "uint8", Some(1000), m.clone()),
+            id,
+            addr,
+            dir.path(),
+        );
         if id == 1 {
             o.listen = joiner_addr;
         } else {

@@ -55,8 +55,6 @@ pub struct RunCtx {
     pub mesh: MeshConfig,
     /// Parameters of the model (virtual numerics).
     pub params: u64,
-    /// Pipelining unit in values, when the scenario sets one.
-    pub segment_elems: Option<usize>,
     /// The event executor models each all-reduce whole (`[sim] collectives = "modelled"`).
     pub modelled_collectives: bool,
     /// Frames handed to the network by every host (a cost counter).

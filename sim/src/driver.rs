@@ -219,8 +219,8 @@ impl Driver<'_> {
                 for &id in nodes {
                     let ctl = run.node(id);
                     ctl.leave.set(true);
+                    // Its process writes the `leave` row when its member stops.
                     self.exec.notify(id);
-                    run.event(now, EventKind::Leave, Some(id), None, "graceful exit (deathrattle)");
                 }
             }
             ChurnAction::Crash(nodes) => {
@@ -403,7 +403,6 @@ pub(crate) fn replay(scenario: &Scenario, mut opts: ReplayOptions) -> Result<Run
             Some(RealSetup { initial: numerics::initial_weights(seed, n) })
         }
     };
-    let segment_elems = s.diloco().segment_elems();
     let net = NetShared::new();
     {
         let mut bw: std::cell::RefMut<'_, BandwidthModel> = net.bandwidth.borrow_mut();
@@ -468,7 +467,6 @@ pub(crate) fn replay(scenario: &Scenario, mut opts: ReplayOptions) -> Result<Run
         rec: rec.clone(),
         nodes,
         real,
-        segment_elems,
         frames: Cell::new(0),
         modelled_collectives,
         mesh_stopped: RefCell::new(None),

@@ -9,9 +9,9 @@
 //!   model (control messages skip the model, as under turmoil);
 //! - the news that a peer cannot be reached, for a sender whose peer is down or cut off, or
 //!   whose flow was cancelled by the peer's crash;
-//! - each host's next deadline (its machine's timers, the end of its work);
-//! - the bandwidth model's next change (a flow's end, a hold's end);
-//! - a supervisor's restart of a member, a stopping process's exit.
+//! - each host's next deadline (its process's timers: the machine's, a new membership's start,
+//!   the process's exit; the end of its work);
+//! - the bandwidth model's next change (a flow's end, a hold's end).
 //!
 //! What it keeps of turmoil's network: a message's latency is drawn as turmoil draws it (the
 //! link's minimum plus an exponential share of its range, rate 5, in whole milliseconds, capped
@@ -26,7 +26,7 @@ use crate::coord::CoordHost;
 use crate::ctx::RunCtx;
 use crate::exec::Exec;
 use crate::net::Lane;
-use crate::node::{DEATHRATTLE, Event, Node, Port};
+use crate::node::{Event, Node, Port};
 use crate::ring_model::{RingLinks, RingPlan, draw_latency, finish_times};
 use loco_core::node::machine::ModelledAllReduce;
 use loco_core::rng::{Purpose, mix64, stream};
@@ -34,7 +34,7 @@ use loco_core::transport::{Frame, TransportError};
 use loco_core::{Epoch, NodeId, Time};
 use rand_chacha::ChaCha8Rng;
 use std::cell::RefCell;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -50,10 +50,6 @@ enum Ev {
     Unreachable { to: NodeId, peer: NodeId, life: u64 },
     /// Host `host`'s deadline, armed as `version`.
     Wake { host: NodeId, version: u64 },
-    /// A supervisor restarts node `host`'s member.
-    Restart { host: NodeId, life: u64 },
-    /// A stopping node's process exits.
-    Down { host: NodeId, life: u64 },
     /// The bandwidth model's next change, armed as `version`.
     Flows { version: u64 },
     /// Member `to` (of life `life`) is done with the modelled all-reduce `key`, as scheduled in
@@ -341,13 +337,8 @@ impl Endpoint {
 
 /// Where a host stands.
 enum State {
-    /// A node in a membership: it takes inputs.
+    /// A node's process: it takes inputs (between memberships its process holds them).
     Member(Box<Node>),
-    /// A node between memberships (waiting for its supervisor's restart, or hung first): the
-    /// inputs wait in order, as in its transport's queue.
-    Between { node: Box<Node>, queued: VecDeque<Event>, restart_due: bool },
-    /// A node whose member stopped for good, about to exit: inputs are dropped.
-    Stopping,
     /// The coordinator.
     Coord(Box<CoordHost>),
     /// Not running (exited or crashed).
@@ -370,6 +361,8 @@ pub(crate) struct EventExec {
     events: u64,
     /// A host that could not start (the replay fails with it).
     failed: Option<String>,
+    /// A process exited while handling the last event.
+    exited: bool,
 }
 
 impl EventExec {
@@ -397,6 +390,7 @@ impl EventExec {
             clock: EventTime::start(),
             events: 0,
             failed: None,
+            exited: false,
         }
     }
 
@@ -406,40 +400,28 @@ impl EventExec {
 
     /// Carries out what host `id` has to do after an input, and arms its next deadline.
     fn settle(&mut self, id: NodeId) {
-        let now = self.now();
-        let life = self.core.borrow().life(id);
         let Some(slot) = self.hosts.get_mut(&id) else { return };
         let mut wake = Time::MAX;
-        let mut next = None;
+        let mut exited = false;
         match &mut slot.state {
-            State::Member(node) => match node.drain() {
-                None => wake = node.next_wake(),
-                Some(rejoin) if node.ended(rejoin) => {
-                    // Evicted, or the coordinator went silent: the supervisor restarts the
-                    // member a heartbeat interval after the node works again.
-                    let hung = node.hung();
-                    if !hung {
-                        let at = now + self.run.mesh.heartbeat_interval;
-                        self.core.borrow_mut().push(at, Ev::Restart { host: id, life });
-                    }
-                    next = Some(hung);
+            State::Member(node) => {
+                exited = node.drain();
+                if !exited {
+                    wake = node.next_wake();
                 }
-                Some(_) => {
-                    self.core.borrow_mut().push(now + DEATHRATTLE, Ev::Down { host: id, life });
-                    slot.state = State::Stopping;
-                }
-            },
+            }
             State::Coord(c) => {
                 c.drain();
                 wake = c.next_wake();
             }
-            State::Between { .. } | State::Stopping | State::Down => {}
+            State::Down => {}
         }
-        if let Some(hung) = next {
-            let old = std::mem::replace(&mut slot.state, State::Down);
-            if let State::Member(node) = old {
-                slot.state = State::Between { node, queued: VecDeque::new(), restart_due: !hung };
-            }
+        if exited {
+            // The process ended: it takes nothing more.
+            slot.state = State::Down;
+            self.core.borrow_mut().break_edge(None, id);
+            self.run.net.set_down(id, true);
+            self.exited = true;
         }
         if wake != slot.armed {
             slot.armed = wake;
@@ -456,16 +438,12 @@ impl EventExec {
         let Some(slot) = self.hosts.get_mut(&id) else { return };
         match &mut slot.state {
             State::Member(node) => node.input(ev),
-            State::Between { queued, .. } => {
-                queued.push_back(ev);
-                return;
-            }
             State::Coord(c) => match ev {
                 Event::Net(Ok((from, frame))) => c.frame(from, frame),
                 Event::Timer => c.timeout(),
                 Event::Net(Err(_)) | Event::Control | Event::Modelled { .. } => {}
             },
-            State::Stopping | State::Down => return,
+            State::Down => return,
         }
         self.settle(id);
     }
@@ -516,20 +494,6 @@ impl EventExec {
                     self.input(host, Event::Timer);
                 }
             }
-            Ev::Restart { host, life: l } => {
-                if l == life(self, host) {
-                    self.restart(host);
-                }
-            }
-            Ev::Down { host, life: l } => {
-                if l == life(self, host) {
-                    self.core.borrow_mut().break_edge(None, host);
-                    self.run.net.set_down(host, true);
-                    if let Some(s) = self.hosts.get_mut(&host) {
-                        s.state = State::Down;
-                    }
-                }
-            }
             Ev::Flows { version } => {
                 if self.core.borrow().flows_version == version {
                     self.core.borrow_mut().flows_armed = None;
@@ -562,24 +526,6 @@ impl EventExec {
                     self.input(to, Event::Modelled { epoch: key.0, op: key.1 });
                 }
             }
-        }
-    }
-
-    /// The supervisor's restart of node `id`'s member: it joins again, then takes the inputs
-    /// that waited.
-    fn restart(&mut self, id: NodeId) {
-        let Some(slot) = self.hosts.get_mut(&id) else { return };
-        let old = std::mem::replace(&mut slot.state, State::Down);
-        let State::Between { mut node, queued, .. } = old else {
-            slot.state = old;
-            return;
-        };
-        node.restart();
-        node.begin();
-        slot.state = State::Member(node);
-        self.settle(id);
-        for ev in queued {
-            self.input(id, ev);
         }
     }
 
@@ -648,20 +594,8 @@ impl Exec for EventExec {
     }
 
     fn notify(&mut self, id: NodeId) {
-        let now = self.now();
-        let life = self.core.borrow().life(id);
-        let Some(slot) = self.hosts.get_mut(&id) else { return };
-        match &mut slot.state {
-            State::Member(_) => self.input(id, Event::Control),
-            State::Between { node, restart_due, .. } => {
-                // Hung between memberships: the supervisor waits for the node to work again.
-                if !*restart_due && !node.hung() {
-                    *restart_due = true;
-                    let at = now + self.run.mesh.heartbeat_interval;
-                    self.core.borrow_mut().push(at, Ev::Restart { host: id, life });
-                }
-            }
-            State::Stopping | State::Coord(_) | State::Down => {}
+        if self.hosts.get(&id).is_some_and(|s| matches!(s.state, State::Member(_))) {
+            self.input(id, Event::Control);
         }
     }
 
@@ -707,14 +641,13 @@ impl Exec for EventExec {
                     self.clock.set(t);
                     let host = match &ev {
                         Ev::Deliver { to, .. } | Ev::Unreachable { to, .. } => Some(*to),
-                        Ev::Wake { host, .. }
-                        | Ev::Restart { host, .. }
-                        | Ev::Down { host, .. } => Some(*host),
+                        Ev::Wake { host, .. } => Some(*host),
                         Ev::Modelled { to, .. } => Some(*to),
                         Ev::Flows { .. } => None,
                     };
-                    let down = matches!(ev, Ev::Down { .. });
+                    self.exited = false;
                     self.handle(ev);
+                    let down = self.exited;
                     self.events += 1;
                     handled += 1;
                     // Back to the replay loop when it has something to look at: an outer step

@@ -1532,6 +1532,14 @@ impl Scenario {
         self.sim.tcp = tcp;
     }
 
+    /// Replaces the mesh settings (a harness's own timings), checked as the scenario's
+    /// `[mesh]` table would be.
+    pub fn set_mesh(&mut self, mesh: MeshConfig) -> Result<(), crate::mesh::MeshConfigError> {
+        mesh.validate()?;
+        self.mesh = mesh;
+        Ok(())
+    }
+
     /// Replaces the simulator's executor (`loco replay --executor`).
     pub fn set_executor(&mut self, executor: ExecutorKind) {
         self.sim.executor = Some(executor);

@@ -14,10 +14,10 @@
 //! step's jobs ([`OuterJob`]), encoding a state for a joiner (with the inner optimiser's
 //! export) and verifying a received one, a checkpoint's snapshot.
 //!
-//! The lifecycle is the machine's (docs/lifecycle.md): an eviction, or a lost coordinator, ends
-//! the membership with [`Effect::Stop`] `{ rejoin: true }`, and the worker starts a new member
-//! with a new incarnation in the same process and joins again (a bounded number of times); a
-//! leave, the end of the run or a mesh without its state ends the process.
+//! The lifecycle is core's [`Process`] (docs/lifecycle.md), as in every executor: an eviction,
+//! or a lost coordinator, ends the membership, and the process starts a new member with a new
+//! incarnation and joins again (a bounded number of times); a leave, the end of the run or a
+//! mesh without its state ends the process.
 
 mod jobs;
 
@@ -25,65 +25,41 @@ use crate::checkpoint::{CheckpointConfig, CheckpointError, Checkpointer};
 use crate::inner::{InnerError, InnerLoop};
 use crate::tcp::{TcpConfig, TcpError, TcpTransport};
 use jobs::{Held, InnerOut, InnerWork};
-use loco_core::codec::CodecKind;
-use loco_core::diloco::{DilocoError, Mode, OuterConfig, OuterState, Schedule, buckets_from_sizes};
+use loco_core::diloco::{DilocoError, OuterState, buckets_from_sizes};
 use loco_core::ids::{Epoch, NodeId};
-use loco_core::mesh::{LeaveReason, MeshConfig, MeshError, StopReason};
+use loco_core::mesh::{LeaveReason, MeshError, StopReason};
 use loco_core::metrics::{EventKind, EventRow, OuterStepRow};
-use loco_core::node::acct::RowIdentity;
+use loco_core::node::config::{ExecutorSide, UnknownNode, outer_config};
 use loco_core::node::machine::{
-    Check, Effect, Node as Machine, NodeConfig, NodeEvent, Numerics, OuterJob, PreparedState,
-    Snapshot, StatePieces, VerifyResult,
+    Check, Effect, NodeConfig, NodeEvent, Numerics, OuterJob, PreparedState, Snapshot, VerifyResult,
 };
-use loco_core::scenario::FaultPhase;
+use loco_core::node::process::{Output, Process, ProcessError, Stopped, fault_phase};
+use loco_core::scenario::{FaultPhase, Scenario};
 use loco_core::time::Time;
-use loco_core::transport::{Frame, Header, Phase, Transport};
+use loco_core::transport::{Frame, Transport};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::future::Future;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How a worker runs.
 #[derive(Clone, Debug)]
 pub struct WorkerOptions {
+    /// The scenario: the node's settings come from it ([`NodeConfig::for_node`]), as in the
+    /// simulator.
+    pub scenario: Arc<Scenario>,
     /// This node's id (its index in the scenario's node list).
     pub id: NodeId,
-    /// This node's name, for the metrics.
-    pub name: String,
-    /// The scenario's names of the other nodes, by id, for the events' details (a node missing
-    /// here is written as its id, `n3`).
-    pub names: BTreeMap<NodeId, String>,
     /// Distinguishes restarts of the same node.
     pub incarnation: u64,
     /// Where the coordinator listens.
     pub coordinator: SocketAddr,
     /// Where this worker listens for its peers (port 0: any).
     pub listen: SocketAddr,
-    /// Mesh settings.
-    pub mesh: MeshConfig,
-    /// Inner steps per outer step (DiLoCo's H; per round in streaming mode, H / P).
-    pub inner_steps: u32,
-    /// The DiLoCo mode.
-    pub mode: Mode,
-    /// Streaming DiLoCo's fragments (1 in the other modes): cut between parameter tensors.
-    pub fragments: u32,
-    /// The merge's mix (overlap and streaming modes).
-    pub mix: f32,
-    /// Rounds from one sync to the next (`[diloco] sync_delay` shorter than a round; 1
-    /// otherwise).
-    pub sync_every: u64,
-    /// Codec of the all-reduce.
-    pub codec: CodecKind,
-    /// The outer optimiser.
-    pub outer: OuterConfig,
-    /// Pipelining unit of the all-reduce, in values (`None`: the all-reduce picks).
-    pub segment_elems: Option<usize>,
-    /// Local shards: this node runs one ring per shard over 1/G of the vector each, all in one
-    /// epoch (the scenario's `gpus`).
-    pub shards: u16,
     /// TCP settings.
     pub tcp: TcpConfig,
     /// Where to append this worker's metrics (JSON lines of [`MetricsLine`]).
@@ -192,6 +168,12 @@ pub enum WorkerError {
     /// The outer state.
     #[error("outer state: {0}")]
     Diloco(#[from] DilocoError),
+    /// The node's process.
+    #[error(transparent)]
+    Process(#[from] ProcessError),
+    /// The node is not in the scenario.
+    #[error(transparent)]
+    UnknownNode(#[from] UnknownNode),
     /// The transport closed under the worker.
     #[error("transport: {0}")]
     Transport(#[from] loco_core::transport::TransportError),
@@ -305,23 +287,17 @@ impl Clock {
     }
 }
 
-/// Memberships one process starts after its first, at most (each eviction or loss of the
-/// coordinator starts one).
-const MAX_REJOINS: u64 = 32;
-/// A node that keeps losing the coordinator stops rejoining once it has been without one for
-/// this many coordinator timeouts (the coordinator died; a launcher or supervisor restarts the
-/// run from the checkpoints).
-const LOST_FOR_TIMEOUTS: u32 = 2;
-
 type InnerTask<L> = tokio::task::JoinHandle<(Held<L>, Result<InnerOut, WorkerError>)>;
 
 struct Worker<L: InnerLoop> {
     opts: WorkerOptions,
+    /// This node's name in the scenario.
+    name: String,
     clock: Clock,
     t: TcpTransport,
-    machine: Machine,
-    /// Memberships started in this process after the first.
-    session: u64,
+    process: Process,
+    /// Why the last membership stopped.
+    last_stop: Option<StopReason>,
     /// The inner loop and the checkpointer; away while a job holds them.
     held: Option<Held<L>>,
     /// The job on the inner loop, running on a blocking thread.
@@ -346,8 +322,6 @@ struct Worker<L: InnerLoop> {
     stale: u64,
     stale_written: u64,
     metrics: Option<MetricsFile>,
-    /// Since when the coordinator has been lost (reset by an admission).
-    lost_since: Option<Time>,
 }
 
 /// Runs a worker until it stops (the run ends, it leaves, the mesh lost its state, or it gave up
@@ -358,6 +332,10 @@ pub async fn run_worker<L: InnerLoop>(
     shutdown: impl Future<Output = ()>,
 ) -> Result<WorkerReport, WorkerError> {
     let clock = Clock { start: tokio::time::Instant::now(), offset_s: opts.time_offset_s };
+    let name = match opts.scenario.node(opts.id) {
+        Some(n) => n.name.clone(),
+        None => return Err(UnknownNode(opts.id, opts.scenario.nodes().len()).into()),
+    };
     let mut t = TcpTransport::bind(opts.id, opts.listen, opts.tcp.clone()).await?;
     t.set_peer_addr(NodeId::COORDINATOR, opts.coordinator);
     let metrics = MetricsFile::open(opts.metrics.as_deref())?;
@@ -365,9 +343,9 @@ pub async fn run_worker<L: InnerLoop>(
         Some(plan) => Some((Checkpointer::new(plan.config.clone())?, plan.every.max(1))),
         None => None,
     };
-    tracing::info!(node = %opts.name, incarnation = opts.incarnation, "worker started");
+    tracing::info!(node = %name, incarnation = opts.incarnation, "worker started");
     let resumed = match opts.resume.clone() {
-        Some(path) => Some((resume(&opts, &mut inner, &path)?, path)),
+        Some(path) => Some((resume(&opts, &name, &mut inner, &path)?, path)),
         None => None,
     };
     // The initial weights, before the node joins and has heartbeats to keep (a joiner's are
@@ -381,26 +359,34 @@ pub async fn run_worker<L: InnerLoop>(
         }
     };
     let layers: Vec<usize> = inner.param_layout().into_iter().map(|(_, n)| n).collect();
-    let cfg = node_config(&opts, initial, &layers, inner.max_optimizer_bytes());
-    let mut machine = Machine::new(cfg, opts.incarnation)?;
+    let side = ExecutorSide {
+        numerics: Numerics::Real { initial },
+        layers,
+        own_max: inner.max_optimizer_bytes(),
+        offset_s: opts.time_offset_s,
+        checkpoints: opts.checkpoint.is_some(),
+        virtual_padding: false,
+        modelled_collectives: false,
+    };
+    let cfg = NodeConfig::for_node(&opts.scenario, opts.id, side)?;
+    let mut process = Process::new(cfg, opts.incarnation)?;
+    if let Some((o, _)) = &resumed {
+        let o = OuterState::restore(
+            outer_config(&opts.scenario),
+            o.outer().to_vec(),
+            o.momentum().to_vec(),
+            Vec::new(),
+            o.steps(),
+        )?;
+        process.node_mut().resume_from(o)?;
+    }
     let mut w = Worker {
         clock,
         t,
-        machine: {
-            if let Some((o, _)) = &resumed {
-                let o = OuterState::restore(
-                    opts.outer,
-                    o.outer().to_vec(),
-                    o.momentum().to_vec(),
-                    Vec::new(),
-                    o.steps(),
-                )?;
-                machine.resume_from(o)?;
-            }
-            machine
-        },
+        process,
+        name,
         opts,
-        session: 0,
+        last_stop: None,
         held: Some(Held { inner, checkpointer }),
         inner_job: None,
         queue: VecDeque::new(),
@@ -414,7 +400,6 @@ pub async fn run_worker<L: InnerLoop>(
         stale: 0,
         stale_written: 0,
         metrics,
-        lost_since: None,
     };
     if let Some((o, path)) = &resumed {
         let detail = format!(
@@ -425,20 +410,21 @@ pub async fn run_worker<L: InnerLoop>(
         );
         w.event(EventKind::Start, None, detail)?;
     }
-    w.machine.join(w.clock.now())?;
+    w.process.start(w.clock.now())?;
     w.run(shutdown).await
 }
 
 /// Loads a checkpoint into the inner loop and returns its outer state.
 fn resume<L: InnerLoop>(
     opts: &WorkerOptions,
+    name: &str,
     inner: &mut L,
     path: &std::path::Path,
 ) -> Result<OuterState, WorkerError> {
     let ck = crate::checkpoint::load(path)?;
     let bad = |what: String| WorkerError::Resume { path: path.to_path_buf(), what };
-    if ck.meta.node != opts.name {
-        return Err(bad(format!("it is node {:?}'s, not {:?}'s", ck.meta.node, opts.name)));
+    if ck.meta.node != name {
+        return Err(bad(format!("it is node {:?}'s, not {name:?}'s", ck.meta.node)));
     }
     let layout = inner.param_layout();
     if ck.snapshot.layout != layout {
@@ -453,45 +439,12 @@ fn resume<L: InnerLoop>(
     inner.load_state(&ck.snapshot.trainer_state(), &ck.snapshot.data_position)?;
     let snap = ck.snapshot;
     Ok(OuterState::restore(
-        opts.outer,
+        outer_config(&opts.scenario),
         snap.outer,
         snap.momentum,
         buckets_from_sizes(layout),
         snap.outer_step,
     )?)
-}
-
-/// The machine's settings for this worker.
-fn node_config(
-    opts: &WorkerOptions,
-    initial: Vec<f32>,
-    layers: &[usize],
-    own_max: u64,
-) -> NodeConfig {
-    NodeConfig {
-        schedule: Schedule::new(opts.mode, initial.len(), layers, opts.fragments, opts.mix)
-            .with_sync_every(opts.sync_every),
-        id: opts.id,
-        mesh: opts.mesh.clone(),
-        shards: opts.shards.max(1),
-        codec: opts.codec,
-        segment: opts.segment_elems,
-        outer: opts.outer,
-        numerics: Numerics::Real { initial },
-        inner_steps: u64::from(opts.inner_steps),
-        // The rows count the tokens the inner loop reports ([`Machine::computed_tokens`]).
-        batch_tokens: 0,
-        checkpoint_every: opts.checkpoint.as_ref().map(|p| p.every.max(1)),
-        state_pieces: StatePieces::Clamped,
-        own_max,
-        row: RowIdentity {
-            node: opts.name.clone(),
-            node_id: opts.id.0,
-            offset_s: opts.time_offset_s,
-        },
-        virtual_padding: false,
-        modelled_collectives: false,
-    }
 }
 
 impl<L: InnerLoop> Worker<L> {
@@ -501,29 +454,16 @@ impl<L: InnerLoop> Worker<L> {
     ) -> Result<WorkerReport, WorkerError> {
         let mut shutdown = std::pin::pin!(shutdown);
         let mut shutting_down = false;
-        // A stopped membership waiting to start again: when, and why it stopped.
-        let mut rejoin: Option<(tokio::time::Instant, StopReason)> = None;
         loop {
-            if let Some((reason, again)) = self.drain().await? {
-                let again = again && !shutting_down && self.may_rejoin(&reason);
-                self.on_stop(&reason, !again).await?;
-                if !again {
-                    return Ok(self.report(reason));
-                }
-                let at = tokio::time::Instant::now() + self.opts.mesh.heartbeat_interval;
-                rejoin = Some((at, reason));
+            if let Some(report) = self.drain().await? {
+                return Ok(report);
             }
             self.start_inner();
-            let deadline = match &rejoin {
-                Some((at, _)) => Some(*at),
-                None => self.machine.poll_timeout().map(|t| self.clock.instant(t)),
-            };
+            let deadline = self.process.poll_timeout().map(|t| self.clock.instant(t));
             tokio::select! {
                 r = self.t.recv() => {
                     let (from, frame) = r?;
-                    if rejoin.is_none() {
-                        self.machine.handle_frame(self.clock.now(), from, frame);
-                    }
+                    self.process.handle_frame(self.clock.now(), from, frame);
                 }
                 done = join(&mut self.inner_job), if self.inner_job.is_some() => {
                     self.inner_job = None;
@@ -534,114 +474,71 @@ impl<L: InnerLoop> Worker<L> {
                 done = join(&mut self.outer_job), if self.outer_job.is_some() => {
                     self.outer_job = None;
                     let job = done.map_err(|e| panicked("an outer job", e))?;
-                    self.machine.outer_done(self.clock.now(), job);
+                    self.process.node_mut().outer_done(self.clock.now(), job);
                 }
                 Some(done) = self.preparing.join_next(), if !self.preparing.is_empty() => {
                     let p = done.map_err(|e| panicked("preparing a state", e))?;
-                    self.machine.state_prepared(self.clock.now(), p);
+                    self.process.node_mut().state_prepared(self.clock.now(), p);
                 }
                 Some(done) = self.verifying.join_next(), if !self.verifying.is_empty() => {
                     let r = done.map_err(|e| panicked("verifying a state", e))?;
                     self.on_verified(r);
                 }
                 () = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if deadline.is_some() => {
-                    let now = self.clock.now();
-                    match rejoin.take() {
-                        // As a supervisor would: a new member, a new incarnation, a new join.
-                        Some((_, reason)) => {
-                            self.session += 1;
-                            let inc = (self.opts.incarnation << 16) | self.session;
-                            tracing::info!(node = %self.opts.name, incarnation = inc, "joining again after: {reason}");
-                            self.machine.restart(inc);
-                            self.machine.join(now)?;
-                        }
-                        None => self.machine.handle_timeout(now),
-                    }
+                    self.process.handle_timeout(self.clock.now());
                 }
                 () = &mut shutdown, if !shutting_down => {
                     shutting_down = true;
-                    match rejoin.take() {
-                        Some((_, reason)) => {
-                            self.on_stop(&reason, true).await?;
-                            return Ok(self.report(reason));
-                        }
-                        None => self.machine.leave(self.clock.now(), LeaveReason::Signal),
-                    }
+                    self.process.leave(self.clock.now(), LeaveReason::Signal);
                 }
             }
         }
     }
 
-    /// Whether a membership that stopped for `reason` (an eviction, a lost coordinator) starts
-    /// again: at most [`MAX_REJOINS`] times per process, and not once the coordinator has been
-    /// silent for [`LOST_FOR_TIMEOUTS`] of its timeouts.
-    fn may_rejoin(&mut self, reason: &StopReason) -> bool {
-        if self.session >= MAX_REJOINS {
-            tracing::warn!(node = %self.opts.name, "not joining again: {MAX_REJOINS} memberships in this process");
-            return false;
-        }
-        if self.opts.incarnation > u64::MAX >> 16 {
-            // Its rejoins' incarnations (`incarnation << 16 | n`) would not be above it.
-            tracing::warn!(node = %self.opts.name, "not joining again: incarnation {} leaves no room for a rejoin's", self.opts.incarnation);
-            return false;
-        }
-        if let StopReason::CoordinatorLost { .. } = reason {
-            let now = self.clock.now();
-            let since = *self.lost_since.get_or_insert(now);
-            if now - since >= self.opts.mesh.coordinator_timeout * LOST_FOR_TIMEOUTS {
-                tracing::warn!(node = %self.opts.name, "not joining again: the coordinator is gone");
-                return false;
-            }
-        }
-        true
-    }
-
-    /// Carries out the machine's effects and sends its transmits until it has none; `Some` when
-    /// the member stopped (why, and whether to join again).
-    async fn drain(&mut self) -> Result<Option<(StopReason, bool)>, WorkerError> {
-        let mut stop = None;
-        loop {
-            let mut any = false;
-            while let Some(e) = self.machine.poll_effect() {
-                any = true;
-                if let Some(s) = self.effect(e)? {
-                    stop = Some(s);
+    /// Carries out the process's outputs until it has none; `Some` when the process ended.
+    async fn drain(&mut self) -> Result<Option<WorkerReport>, WorkerError> {
+        let now = self.clock.now();
+        while let Some(out) = self.process.poll(now) {
+            match out {
+                Output::Effect(e) => self.effect(e)?,
+                Output::Transmit(to, frame) => self.transmit(to, frame).await?,
+                Output::Stopped(s) => {
+                    self.on_stop(&s).await?;
+                    self.last_stop = Some(s.reason);
+                }
+                Output::Restarted { incarnation, after } => {
+                    tracing::info!(node = %self.name, incarnation, "joined again after: {after}");
+                }
+                Output::Exit => {
+                    let node = self.name.clone();
+                    self.write(&MetricsLine::Resources { node, peak_rss_bytes: peak_rss_bytes() })?;
+                    let stop = self.last_stop.take().unwrap_or(StopReason::Shutdown);
+                    return Ok(Some(self.report(stop)));
                 }
             }
-            while let Some((to, frame)) = self.machine.poll_transmit() {
-                any = true;
-                self.transmit(to, frame).await?;
-            }
-            if !any {
-                return Ok(stop);
-            }
         }
+        Ok(None)
     }
 
     /// Sends one frame; a peer the transport cannot reach is the machine's to know.
     async fn transmit(&mut self, to: NodeId, frame: Frame) -> Result<(), WorkerError> {
-        let phase = match &frame.header {
-            Header::Collective(h) if h.phase == Phase::AllGather => Some(FaultPhase::AllGather),
-            Header::Collective(_) => Some(FaultPhase::ReduceScatter),
-            Header::State(_) => Some(FaultPhase::StateSend),
-            Header::Mesh(_) | Header::StateAsk(_) => None,
-        };
+        let phase = fault_phase(&frame.header);
         match self.t.send(to, frame).await {
             Ok(()) => {
                 if let Some(p) = phase {
-                    self.strike(p, self.machine.outer_step().unwrap_or(0))?;
+                    self.strike(p, self.process.node().outer_step().unwrap_or(0))?;
                 }
             }
             Err(e) => {
-                tracing::debug!(node = %self.opts.name, peer = %to, "send failed: {e}");
-                self.machine.peer_unreachable(self.clock.now(), to);
+                tracing::debug!(node = %self.name, peer = %to, "send failed: {e}");
+                self.process.peer_unreachable(self.clock.now(), to);
             }
         }
         Ok(())
     }
 
-    /// Carries out one effect; `Some` for a stop.
-    fn effect(&mut self, e: Effect) -> Result<Option<(StopReason, bool)>, WorkerError> {
+    /// Carries out one effect.
+    fn effect(&mut self, e: Effect) -> Result<(), WorkerError> {
         match e {
             Effect::Compute { outer_step, inner_steps, .. } => {
                 let crash = self.armed(FaultPhase::Compute, outer_step);
@@ -655,7 +552,7 @@ impl<L: InnerLoop> Worker<L> {
             Effect::SetParams(p) => self.pending.params = Some(p),
             Effect::Outer(mut job) => {
                 // One thread per shard of this node's rings (its GPUs).
-                let shards = usize::from(self.opts.shards.max(1));
+                let shards = usize::from(self.process.node().config().shards.max(1));
                 self.outer_job = Some(tokio::task::spawn_blocking(move || {
                     job.run_sharded(shards);
                     job
@@ -685,13 +582,14 @@ impl<L: InnerLoop> Worker<L> {
             }
             Effect::Event(ev) => self.node_event(ev)?,
             Effect::Check(c) => self.check(c),
-            Effect::Stop { reason, rejoin } => return Ok(Some((reason, rejoin))),
+            // The process carries out the stop ([`Output::Stopped`]).
+            Effect::Stop { .. } => {}
             // Real runs move every frame (`modelled_collectives` is off here).
             Effect::ModelledAllReduce(_) => {
                 tracing::warn!(target: "loco_real", "a modelled all-reduce was asked of a real node");
             }
         }
-        Ok(None)
+        Ok(())
     }
 
     /// Starts the next job on the inner loop when it is free.
@@ -711,7 +609,7 @@ impl<L: InnerLoop> Worker<L> {
         match out {
             InnerOut::Computed { outer_step, result } => {
                 let (inner, loss, tokens) = result?;
-                self.machine.computed_tokens(now, outer_step, Some(inner), loss, tokens);
+                self.process.node_mut().computed_tokens(now, outer_step, Some(inner), loss, tokens);
             }
             InnerOut::Exported(job, own) => {
                 let own = own?;
@@ -743,7 +641,7 @@ impl<L: InnerLoop> Worker<L> {
             self.verified_own = v.own.take();
             v
         });
-        self.machine.state_verified(self.clock.now(), r);
+        self.process.node_mut().state_verified(self.clock.now(), r);
     }
 
     /// Queues a checkpoint of the outer state of `steps` steps (when one is written and not
@@ -752,7 +650,7 @@ impl<L: InnerLoop> Worker<L> {
         if self.opts.checkpoint.is_none() || steps == 0 || self.checkpointed == Some(steps) {
             return;
         }
-        let Some(o) = self.machine.outer() else { return };
+        let Some(o) = self.process.node().outer() else { return };
         if o.steps() != steps {
             return;
         }
@@ -769,35 +667,24 @@ impl<L: InnerLoop> Worker<L> {
     }
 
     /// The membership stopped: the outer state and the inner loop come back, a node that holds
-    /// the mesh's state checkpoints its last commit, and the counters are written. `last`: the
-    /// process ends.
-    async fn on_stop(&mut self, reason: &StopReason, last: bool) -> Result<(), WorkerError> {
+    /// the mesh's state checkpoints its last commit, and the counters are written.
+    async fn on_stop(&mut self, s: &Stopped) -> Result<(), WorkerError> {
         let now = self.clock.now();
         if let Some(h) = self.outer_job.take() {
             let job = h.await.map_err(|e| panicked("an outer job", e))?;
-            self.machine.outer_done(now, job);
+            self.process.node_mut().outer_done(now, job);
         }
-        self.preparing.abort_all();
-        self.verifying.abort_all();
+        // Aborted and gone before the next membership: none of their results is for it.
+        self.preparing.shutdown().await;
+        self.verifying.shutdown().await;
         self.queue.clear();
         self.verified_own = None;
         self.wait_inner().await?;
-        let kind = loco_core::node::events::stop_kind(reason);
-        // The machine wrote the loss of the coordinator (once per loss).
-        if kind != EventKind::CoordinatorLost {
-            let epoch = matches!(reason, StopReason::Evicted(_))
-                .then(|| self.machine.member().epoch())
-                .flatten();
-            self.event(kind, epoch, reason.to_string())?;
+        if let Some(row) = &s.row {
+            self.event(row.kind, row.epoch, row.detail.clone())?;
         }
-        // An evicted node, or one that never held the mesh's state, has nothing to keep.
-        let holds = self.machine.is_synced()
-            && !matches!(
-                reason,
-                StopReason::Evicted(_) | StopReason::NoSyncedMember { synced: false, .. }
-            );
-        if holds {
-            if let Some(steps) = self.machine.outer().map(OuterState::steps) {
+        if s.holds_state {
+            if let Some(steps) = self.process.node().outer().map(OuterState::steps) {
                 self.checkpoint(steps, self.dirty, None);
                 self.start_inner();
                 self.wait_inner().await?;
@@ -805,14 +692,7 @@ impl<L: InnerLoop> Worker<L> {
         }
         self.pending = jobs::Pending::default();
         self.flush_checkpoints()?;
-        self.write_counters(true)?;
-        if last {
-            let node = self.opts.name.clone();
-            self.write(&MetricsLine::Resources { node, peak_rss_bytes: peak_rss_bytes() })?;
-            // Let the deathrattle and the last frames leave before the process exits.
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        Ok(())
+        self.write_counters(true)
     }
 
     /// Waits for the job on the inner loop; only a checkpoint's outcome is kept.
@@ -828,19 +708,19 @@ impl<L: InnerLoop> Worker<L> {
 
     /// The scenario's name of node `n`, or its id where the scenario does not name it.
     fn peer_name(&self, n: NodeId) -> String {
-        self.opts.names.get(&n).cloned().unwrap_or_else(|| n.to_string())
+        self.opts.scenario.node(n).map_or_else(|| n.to_string(), |s| s.name.clone())
     }
 
     fn node_event(&mut self, ev: NodeEvent) -> Result<(), WorkerError> {
         match &ev {
-            NodeEvent::Admitted { .. } => self.lost_since = None,
             // The state is taken: its own part goes to the inner loop before its next job.
             NodeEvent::RecoveryDone { .. } => {
                 if let Some(own) = self.verified_own.take() {
                     self.pending.own = Some(own);
                 }
             }
-            NodeEvent::RecoveryStart { .. }
+            NodeEvent::Admitted { .. }
+            | NodeEvent::RecoveryStart { .. }
             | NodeEvent::CoordinatorLost { .. }
             | NodeEvent::Withheld { .. } => {}
         }
@@ -852,7 +732,7 @@ impl<L: InnerLoop> Worker<L> {
         match c {
             Check::StaleFrame => self.stale += 1,
             Check::Violation(v) => {
-                tracing::warn!(node = %self.opts.name, "{}", v.describe(self.opts.id, &|n| self.peer_name(n)))
+                tracing::warn!(node = %self.name, "{}", v.describe(self.opts.id, &|n| self.peer_name(n)))
             }
             Check::View { .. } | Check::AllReduceWeights { .. } | Check::WeightsAfter { .. } => {}
         }
@@ -891,7 +771,7 @@ impl<L: InnerLoop> Worker<L> {
                 ),
             ),
             Err(e) => {
-                tracing::warn!(node = %self.opts.name, "checkpoint failed: {e}");
+                tracing::warn!(node = %self.name, "checkpoint failed: {e}");
                 self.event(EventKind::Checkpoint, None, format!("checkpoint failed: {e}"))
             }
         }
@@ -917,14 +797,14 @@ impl<L: InnerLoop> Worker<L> {
         }
         self.stale_written = self.stale;
         self.write(&MetricsLine::Counters {
-            node: self.opts.name.clone(),
+            node: self.name.clone(),
             incarnation: self.opts.incarnation,
             stale_frames_rejected: self.stale,
         })
     }
 
     fn report(&self, stop: StopReason) -> WorkerReport {
-        let (committed, weights_hash) = match self.machine.outer() {
+        let (committed, weights_hash) = match self.process.node().outer() {
             Some(o) => (o.steps(), weights_digest(o.outer())),
             None => (0, String::new()),
         };
@@ -947,12 +827,11 @@ impl<L: InnerLoop> Worker<L> {
         epoch: Option<Epoch>,
         detail: String,
     ) -> Result<(), WorkerError> {
-        let mut e =
-            EventRow::new(self.clock.secs(), kind).node(self.opts.name.clone()).detail(detail);
+        let mut e = EventRow::new(self.clock.secs(), kind).node(self.name.clone()).detail(detail);
         if let Some(ep) = epoch {
             e = e.epoch(ep.0);
         }
-        tracing::info!(node = %self.opts.name, kind = kind.as_str(), "{}", e.detail);
+        tracing::info!(node = %self.name, kind = kind.as_str(), "{}", e.detail);
         self.write(&MetricsLine::Event(e))
     }
 }

@@ -8,25 +8,24 @@
 //! the inner steps take and what they do ([`numerics`]), the hang and the crashes armed for a
 //! phase (fault injection), the recorder, and the restart of an evicted node.
 //!
-//! A hung node keeps its member's heartbeats going and nothing else ([`MachineNode::suspend`]):
-//! its compute stops, its rings neither send nor receive. An evicted node, or one cut off from
-//! the coordinator, starts a new member with a new incarnation after a heartbeat interval and
-//! joins again, as a supervisor would restart it (the machine's [`Effect::Stop`] says which);
-//! a node that left or was shut down stops.
+//! A hung node keeps its member's heartbeats going and nothing else ([`Process::suspend`]):
+//! its compute stops, its rings neither send nor receive. The lifecycle (a new membership after
+//! an eviction or a lost coordinator, the end of the process, the stop rows) is core's
+//! [`Process`], as in every executor.
 
 use crate::clock;
 use crate::ctx::RunCtx;
 use crate::net::SimTransport;
 use crate::numerics::{self, Synthetic};
-use loco_core::mesh::{LeaveReason, StopReason};
-use loco_core::metrics::EventKind;
-use loco_core::node::acct::RowIdentity;
+use loco_core::mesh::LeaveReason;
+use loco_core::node::config::ExecutorSide;
 use loco_core::node::machine::{
-    Check, Effect, Node as MachineNode, NodeConfig, NodeEvent, Numerics, OuterJob, OuterKind,
-    PreparedState, StatePieces, VerifyResult,
+    Check, Effect, NodeConfig, NodeEvent, Numerics, OuterJob, OuterKind, PreparedState,
+    VerifyResult,
 };
+use loco_core::node::process::{Output, Process, Stopped, fault_phase};
 use loco_core::scenario::FaultPhase;
-use loco_core::transport::{Frame, Header, Phase, TransportError};
+use loco_core::transport::{Frame, Header, TransportError};
 use loco_core::{NodeId, Time};
 use std::rc::Rc;
 use std::time::Duration;
@@ -101,18 +100,12 @@ impl Computing {
     }
 }
 
-/// How long a stopping node's process lives on after its member stopped, for its writers to
-/// put the last frames (the deathrattle) on the wire.
-pub(crate) const DEATHRATTLE: Duration = Duration::from_millis(50);
-
 /// One node's host software. See the module documentation.
 pub(crate) struct Node {
     run: Rc<RunCtx>,
     id: NodeId,
-    inc: u64,
-    session: u64,
     net: Port,
-    machine: MachineNode,
+    process: Process,
     computing: Option<Computing>,
     /// A commit's O(model) work under way (`[sim] outer_cost` per parameter): the job, already
     /// run, goes back to the machine when its time is up.
@@ -143,27 +136,25 @@ impl Node {
     /// A node's process whose frames go through `net`.
     pub(crate) fn with_port(run: Rc<RunCtx>, id: NodeId, net: Port) -> std::io::Result<Node> {
         let inc = run.node(id).incarnation.get();
-        let cfg = node_config(&run, id, run.real.as_ref().map(|r| r.initial.clone()));
-        let (machine, model) = match MachineNode::new(cfg, inc << 16) {
-            Ok(m) => {
+        let cfg = node_config(&run, id, run.real.as_ref().map(|r| r.initial.clone()))?;
+        let (process, model) = match Process::new(cfg, inc) {
+            Ok(p) => {
                 let model =
                     run.real.as_ref().map(|r| Synthetic::new(run.seed, id.0, r.initial.clone()));
-                (m, model)
+                (p, model)
             }
             Err(e) => {
                 tracing::warn!(target: "loco_sim", "{id}: no real numerics: {e}");
-                let m = MachineNode::new(node_config(&run, id, None), inc << 16)
+                let p = Process::new(node_config(&run, id, None)?, inc)
                     .map_err(std::io::Error::other)?;
-                (m, None)
+                (p, None)
             }
         };
         Ok(Node {
             run,
             id,
-            inc,
-            session: 0,
             net,
-            machine,
+            process,
             computing: None,
             outer: None,
             preparing: Vec::new(),
@@ -194,7 +185,7 @@ impl Node {
 
     /// Deferred work of `cost` begun at `now`: running unless the node is hung.
     fn deferred(&self, now: Time, cost: Duration) -> Computing {
-        let step = self.machine.outer_step().unwrap_or(0);
+        let step = self.process.node().outer_step().unwrap_or(0);
         Computing { step, remaining: cost, since: (!self.hung()).then_some(now) }
     }
 
@@ -202,7 +193,7 @@ impl Node {
         clock::now()
     }
 
-    /// Whether the node is hung now (its supervisor restarts no member before it resumes).
+    /// Whether the node is hung now.
     pub(crate) fn hung(&self) -> bool {
         self.run.node(self.id).hung.get()
     }
@@ -220,62 +211,24 @@ impl Node {
         for c in self.busy() {
             c.since = None;
         }
-        self.machine.suspend(Self::now());
+        self.process.suspend(Self::now());
     }
 
-    /// Runs the process until it stops for good.
+    /// Runs the process until it ends.
     pub(crate) async fn run(mut self) -> turmoil::Result {
-        loop {
-            self.begin();
-            let rejoin = self.session().await;
-            if !self.ended(rejoin) {
-                break;
-            }
-            // Evicted, or the coordinator went silent: as a supervisor would, restart the member
-            // (once the node works again) after a heartbeat interval and join afresh.
-            while self.hung() {
-                self.run.node(self.id).wake.notified().await;
-            }
-            tokio::time::sleep(self.run.mesh.heartbeat_interval).await;
-            self.restart();
+        self.begin();
+        while !self.drain() {
+            let ev = self.next_event().await;
+            self.input(ev);
         }
-        // Let the writer tasks put the last frames (the deathrattle) on the wire.
-        tokio::time::sleep(DEATHRATTLE).await;
         self.run.net.set_down(self.id, true);
         Ok(())
     }
 
-    /// Joins the mesh: the node's first member, or a restarted one.
+    /// Starts the process's first membership.
     pub(crate) fn begin(&mut self) {
-        if let Err(e) = self.machine.join(Self::now()) {
+        if let Err(e) = self.process.start(Self::now()) {
             tracing::warn!(target: "loco_sim", "{}: join refused: {e}", self.id);
-        }
-    }
-
-    /// The member stopped (`rejoin`: as the machine said): whether the node's supervisor
-    /// starts a new one ([`restart`](Self::restart), once the node works again, after a
-    /// heartbeat interval).
-    pub(crate) fn ended(&self, rejoin: bool) -> bool {
-        self.run.node(self.id).member.set(false);
-        rejoin && !self.run.node(self.id).leave.get()
-    }
-
-    /// A new member with a new incarnation, as a supervisor restarts it; [`begin`](Self::begin)
-    /// joins it.
-    pub(crate) fn restart(&mut self) {
-        self.session += 1;
-        self.drop_work();
-        self.machine.restart((self.inc << 16) | self.session);
-    }
-
-    /// One membership, from join to stop; returns whether to join again.
-    async fn session(&mut self) -> bool {
-        loop {
-            if let Some(rejoin) = self.drain() {
-                return rejoin;
-            }
-            let ev = self.next_event().await;
-            self.input(ev);
         }
     }
 
@@ -289,20 +242,20 @@ impl Node {
             }
             Event::Timer => {
                 let now = Self::now();
-                self.machine.handle_timeout(now);
+                self.process.handle_timeout(now);
                 now
             }
             Event::Net(Ok((from, frame))) => {
-                self.machine.handle_frame(Self::now(), from, frame);
+                self.process.handle_frame(Self::now(), from, frame);
                 return;
             }
             Event::Net(Err(TransportError::Unreachable(peer))) => {
-                self.machine.peer_unreachable(Self::now(), peer);
+                self.process.peer_unreachable(Self::now(), peer);
                 return;
             }
             Event::Net(Err(_)) => return,
             Event::Modelled { epoch, op } => {
-                self.machine.allreduce_modelled(Self::now(), epoch, op);
+                self.process.allreduce_modelled(Self::now(), epoch, op);
                 return;
             }
         };
@@ -311,7 +264,7 @@ impl Node {
         }
         if self.outer.as_ref().is_some_and(|(_, c)| c.done(now)) {
             if let Some((job, _)) = self.outer.take() {
-                self.machine.outer_done(now, job);
+                self.process.node_mut().outer_done(now, job);
             }
         }
         // Prepared states in the order they were asked for (the same seed, the same bytes).
@@ -319,47 +272,44 @@ impl Node {
         while i < self.preparing.len() {
             if self.preparing[i].1.done(now) {
                 let (p, _) = self.preparing.remove(i);
-                self.machine.state_prepared(now, p);
+                self.process.node_mut().state_prepared(now, p);
             } else {
                 i += 1;
             }
         }
         if self.verifying.as_ref().is_some_and(|(_, c)| c.done(now)) {
             if let Some((r, _)) = self.verifying.take() {
-                self.machine.state_verified(now, r);
+                self.process.node_mut().state_verified(now, r);
             }
         }
     }
 
-    /// Carries out the machine's effects and sends its transmits until it has none; `Some`
-    /// when the member stopped (whether to join again).
-    pub(crate) fn drain(&mut self) -> Option<bool> {
-        let mut stop = None;
-        loop {
-            let mut any = false;
-            while let Some(e) = self.machine.poll_effect() {
-                any = true;
-                if let Some(rejoin) = self.effect(e) {
-                    stop = Some(rejoin);
-                }
+    /// Carries out the process's outputs until it has none; true when the process ended.
+    pub(crate) fn drain(&mut self) -> bool {
+        let now = Self::now();
+        while let Some(out) = self.process.poll(now) {
+            match out {
+                Output::Effect(e) => self.effect(e),
+                Output::Transmit(to, frame) => self.transmit(to, frame),
+                Output::Stopped(s) => self.stopped(now, s),
+                Output::Restarted { .. } => {}
+                Output::Exit => return true,
             }
-            while let Some((to, frame)) = self.machine.poll_transmit() {
-                any = true;
-                self.transmit(to, frame);
-            }
-            if !any {
-                return stop;
-            }
+        }
+        false
+    }
+
+    /// The membership stopped: its work is dropped, and its row written.
+    fn stopped(&mut self, now: Time, s: Stopped) {
+        self.run.node(self.id).member.set(false);
+        self.drop_work();
+        if let Some(row) = s.row {
+            self.run.event(now, row.kind, Some(self.id), row.epoch, row.detail);
         }
     }
 
     fn transmit(&mut self, to: NodeId, frame: Frame) {
-        let phase = match &frame.header {
-            Header::Collective(h) if h.phase == Phase::AllGather => Some(FaultPhase::AllGather),
-            Header::Collective(_) => Some(FaultPhase::ReduceScatter),
-            Header::State(_) => Some(FaultPhase::StateSend),
-            Header::Mesh(_) | Header::StateAsk(_) => None,
-        };
+        let phase = fault_phase(&frame.header);
         self.run.frames.set(self.run.frames.get() + 1);
         let work = match &frame.header {
             Header::Collective(h) if to != self.id => {
@@ -378,12 +328,12 @@ impl Node {
             self.net.enqueue_ready(to, frame, ready);
         }
         if let Some(p) = phase {
-            self.strike(p, self.machine.outer_step());
+            self.strike(p, self.process.node().outer_step());
         }
     }
 
-    /// Carries out one effect; `Some` for a stop.
-    fn effect(&mut self, e: Effect) -> Option<bool> {
+    /// Carries out one effect.
+    fn effect(&mut self, e: Effect) {
         let now = Self::now();
         match e {
             Effect::Compute { outer_step, .. } => {
@@ -417,7 +367,7 @@ impl Node {
                     OuterKind::PseudoGradient | OuterKind::Skip => Duration::ZERO,
                 };
                 if cost.is_zero() {
-                    self.machine.outer_done(now, job);
+                    self.process.node_mut().outer_done(now, job);
                 } else {
                     let since = (!self.hung()).then_some(now);
                     let step = job.outer_step();
@@ -431,7 +381,7 @@ impl Node {
                 let p = job.prepare(None);
                 let cost = self.run.scenario.sim().state_prepare_time(p.bytes());
                 if cost.is_zero() {
-                    self.machine.state_prepared(now, p);
+                    self.process.node_mut().state_prepared(now, p);
                 } else {
                     let c = self.deferred(now, cost);
                     self.preparing.push((p, c));
@@ -446,7 +396,7 @@ impl Node {
                 let start = self.fetch_start.unwrap_or(now);
                 let wait = (start + self.run.scenario.sim().state_receive_time(bytes)) - now;
                 if wait.is_zero() {
-                    self.machine.state_verified(now, r);
+                    self.process.node_mut().state_verified(now, r);
                 } else {
                     let c = self.deferred(now, wait);
                     self.verifying = Some((r, c));
@@ -468,18 +418,9 @@ impl Node {
             Effect::Row(row) => self.run.rec.borrow_mut().row(row),
             Effect::Event(ev) => self.event(now, ev),
             Effect::Check(c) => self.check(c),
-            Effect::Stop { reason, rejoin } => {
-                // As a real worker writes it: an evicted node learns it and says so (its
-                // other stops are written by the driver, or once by the machine).
-                if let StopReason::Evicted(_) = &reason {
-                    let epoch = self.machine.member().epoch();
-                    self.run.event(now, EventKind::Evict, Some(self.id), epoch, reason.to_string());
-                }
-                self.drop_work();
-                return Some(rejoin);
-            }
+            // The process carries out the stop ([`Output::Stopped`]).
+            Effect::Stop { .. } => {}
         }
-        None
     }
 
     fn event(&mut self, now: Time, ev: NodeEvent) {
@@ -528,7 +469,7 @@ impl Node {
     /// When the node next has something to do without an input: the machine's timer or the
     /// end of work under way (`Time::MAX` for never).
     pub(crate) fn next_wake(&mut self) -> Time {
-        let mut wake = self.machine.poll_timeout().unwrap_or(Time::MAX);
+        let mut wake = self.process.poll_timeout().unwrap_or(Time::MAX);
         for c in self.busy() {
             if let Some(due) = c.due() {
                 wake = wake.min(due);
@@ -554,7 +495,7 @@ impl Node {
         let now = Self::now();
         let ctl = self.run.node(self.id);
         if ctl.leave.get() {
-            self.machine.leave(now, LeaveReason::Graceful);
+            self.process.leave(now, LeaveReason::Graceful);
         }
         let hung = ctl.hung.get();
         for c in self.busy() {
@@ -568,9 +509,9 @@ impl Node {
             }
         }
         if hung {
-            self.machine.suspend(now);
+            self.process.suspend(now);
         } else {
-            self.machine.resume(now);
+            self.process.resume(now);
         }
     }
 
@@ -579,12 +520,12 @@ impl Node {
         let h = self.run.scenario.diloco().round_steps();
         let (inner, loss) = match &mut self.model {
             Some(m) => {
-                let loss = m.inner_steps(self.inc, c.step, h);
+                let loss = m.inner_steps(self.process.base_incarnation(), c.step, h);
                 (Some(m.inner.clone()), Some(loss))
             }
             None => (None, None),
         };
-        self.machine.computed(now, c.step, inner, loss);
+        self.process.node_mut().computed(now, c.step, inner, loss);
     }
 
     fn compute_duration(&self, step: u64) -> Duration {
@@ -592,7 +533,7 @@ impl Node {
         numerics::outer_step_compute(
             self.run.seed,
             self.id.0,
-            (self.inc << 16) | self.session,
+            self.process.incarnation(),
             step,
             self.run.scenario.diloco().round_steps(),
             spec.step_time,
@@ -602,40 +543,21 @@ impl Node {
 }
 
 /// The machine's settings for node `id` of the run (`initial`: real numerics).
-fn node_config(run: &RunCtx, id: NodeId, initial: Option<Vec<f32>>) -> NodeConfig {
-    let spec = &run.node(id).spec;
-    let d = run.scenario.diloco();
-    let real = run.scenario.real();
-    let len = match &initial {
-        Some(w) => w.len(),
-        None => usize::try_from(run.params).unwrap_or(usize::MAX),
+fn node_config(run: &RunCtx, id: NodeId, initial: Option<Vec<f32>>) -> std::io::Result<NodeConfig> {
+    let numerics = match initial {
+        Some(initial) => Numerics::Real { initial },
+        None => Numerics::Virtual { params: run.params },
     };
-    let shards = run
-        .nodes
-        .iter()
-        .enumerate()
-        .map(|(i, n)| (NodeId(i as u32), u16::try_from(n.spec.gpus.max(1)).unwrap_or(u16::MAX)))
-        .collect();
-    NodeConfig {
-        id,
-        mesh: run.mesh.clone(),
-        shards: u16::try_from(spec.gpus.max(1)).unwrap_or(u16::MAX),
-        codec: d.codec,
-        segment: run.segment_elems,
-        outer: numerics::outer_config(&run.scenario),
-        numerics: match initial {
-            Some(initial) => Numerics::Real { initial },
-            None => Numerics::Virtual { params: run.params },
-        },
-        inner_steps: d.round_steps(),
+    let side = ExecutorSide {
+        numerics,
         // The synthetic model and virtual lengths have no layers: fragments cut anywhere.
-        schedule: d.schedule(len, &[]),
-        batch_tokens: d.batch_tokens,
-        checkpoint_every: real.checkpoint_dir.is_some().then_some(real.checkpoint_every),
-        state_pieces: StatePieces::PerJoinerShard { shards },
+        layers: Vec::new(),
+        // The synthetic model has no inner optimiser state.
         own_max: 0,
-        row: RowIdentity { node: spec.name.clone(), node_id: id.0, offset_s: 0.0 },
+        offset_s: 0.0,
+        checkpoints: run.scenario.real().checkpoint_dir.is_some(),
         virtual_padding: true,
         modelled_collectives: run.modelled_collectives,
-    }
+    };
+    NodeConfig::for_node(&run.scenario, id, side).map_err(std::io::Error::other)
 }
