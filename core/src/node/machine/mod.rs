@@ -1,11 +1,20 @@
 //! The node machine: everything one member of the mesh decides, sans-IO, in the style of
-//! quinn-proto's `Connection` and raft-rs's `RawNode` (STYLE.md items 1 and 8).
+//! quinn-proto's `Connection` and raft-rs's `RawNode`: the executor owns all I/O and time, and
+//! the machine only answers inputs with effects and frames to send, so that the simulator and
+//! the real backend drive the very same decisions.
 //!
 //! A [`Node`] owns the mesh [`Member`], the `G` per-shard rings of the running all-reduce
 //! ([`ShardRings`]) and the door of collective frames ([`Inbox`]), the DiLoCo [`OuterState`]
 //! (real `f32` values, or lengths only with virtual numerics), live recovery (the joiner's
-//! [`StateAssembly`] and [`ReplayLog`], the sender's piece plan) and the step accounting
-//! ([`StepAcct`]). What the node is doing is one enum, [`Work`].
+//! [`StateAssembly`](crate::node::state::StateAssembly) and
+//! [`ReplayLog`](crate::node::state::ReplayLog), the sender's piece plan) and the step
+//! accounting ([`StepAcct`]). What the node is doing is one enum, [`Work`].
+//!
+//! This module holds the types, the contract below and the dispatch of the inputs; the work
+//! behind them lives in its submodules: `steps` (the DiLoCo step cycle: compute, outer jobs,
+//! barrier, commit or skip), `rings` (driving the rings of an all-reduce attempt), `rows` (the
+//! row and step accounting) and `recovery` (live recovery, on the sender's and the joiner's
+//! side).
 //!
 //! # The contract
 //!
@@ -55,29 +64,32 @@
 //! actions other than sends wait.
 
 mod effect;
+mod recovery;
+mod rings;
+mod rows;
+mod steps;
 
-use effect::RoundJob;
 pub use effect::{
     Check, Effect, ModelledAllReduce, NodeEvent, OuterJob, OuterKind, PreparedState, Snapshot,
     StateJob, VerifyResult, Violation,
 };
+pub use recovery::is_fault;
+
+use recovery::{Fetch, Serving};
+use rows::Closing;
+use steps::{Ahead, Computed, Returned};
 
 use crate::codec::CodecKind;
 use crate::diloco::{OuterConfig, OuterState, Schedule};
 use crate::ids::{Epoch, NodeId};
 use crate::mesh::{
-    AllReduceStart, JoinMode, LeaveReason, Member, MemberAction, MemberPhase, MeshConfig,
-    MeshError, StopReason, padded_frame,
+    JoinMode, LeaveReason, Member, MemberAction, MeshConfig, MeshError, StopReason, padded_frame,
 };
 use crate::node::acct::{RowIdentity, Span, StepAcct};
-use crate::node::rings::{Admission, Inbox, RingCounters, ShardRings, Values};
-use crate::node::state::{
-    EarlyPieces, Expect, PartDigests, PieceRule, Progress, Refused, ReplayLog, Share, SharedState,
-    StateAssembly, Verified, share_of, virtual_part_lens,
-};
+use crate::node::rings::{Inbox, RingCounters, ShardRings};
+use crate::node::state::{EarlyPieces, PartDigests, Verified};
 use crate::time::Time;
-use crate::transport::{Body, Frame, HEADER_WIRE_BYTES, Header, StateAsk, StateHeader};
-use bytes::Bytes;
+use crate::transport::{Frame, Header, StateAsk};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
@@ -100,10 +112,11 @@ pub enum Numerics {
 /// How a sender cuts the parts of a state it sends into pieces.
 #[derive(Clone, Debug, PartialEq)]
 pub enum StatePieces {
-    /// [`PieceRule::Clamped`]: pieces of a bounded size.
+    /// [`PieceRule::Clamped`](crate::node::state::PieceRule::Clamped): pieces of a bounded size.
     Clamped,
-    /// [`PieceRule::Count`] of `joiner shards x state_senders` pieces (as many parallel flows as
-    /// the joiner has GPUs per sender); joiners not listed have one shard.
+    /// [`PieceRule::Count`](crate::node::state::PieceRule::Count) of
+    /// `joiner shards x state_senders` pieces (as many parallel flows as the joiner has GPUs per
+    /// sender); joiners not listed have one shard.
     PerJoinerShard {
         /// Shards (GPUs) of each node.
         shards: BTreeMap<NodeId, u16>,
@@ -229,61 +242,6 @@ impl std::fmt::Debug for Reducing {
             .field("failed", &self.failed)
             .finish()
     }
-}
-
-/// A state transfer being received.
-#[derive(Debug)]
-struct Fetch {
-    assembly: StateAssembly,
-    /// Results committed here while the state is on the way (non-blocking), replayed onto it.
-    log: ReplayLog,
-    /// A complete copy is with the executor for verification.
-    verifying: bool,
-    /// When to ask the senders for the pieces still missing: set by each piece stored (no
-    /// piece for `state_resend_after`), cleared while nothing is missing.
-    ask_at: Option<Time>,
-    /// Asks sent so far (at most [`MAX_ASKS`]).
-    asks: u32,
-}
-
-/// The most times a joiner asks its senders for missing pieces in one fetch, and a sender
-/// answers one joiner's asks in one assignment; past it `sync_timeout` decides.
-const MAX_ASKS: u32 = 8;
-
-/// The inner steps of a round in overlap and streaming modes, started by the machine (as the
-/// node arrives at the previous round's barrier, or when the member asks for a first round).
-#[derive(Debug)]
-struct Ahead {
-    outer_step: u64,
-    /// They started from weights of the mesh's state (a synced node).
-    valid: bool,
-    /// Their result, when it came before the member asked for the step (the previous commit
-    /// had not come yet).
-    result: Option<Computed>,
-}
-
-/// What inner steps returned.
-#[derive(Debug)]
-struct Computed {
-    inner: Option<Vec<f32>>,
-    loss: Option<f64>,
-    tokens: u64,
-}
-
-/// Overlap modes: the row of a round whose time ended (the next round computes) and whose
-/// all-reduce has not committed yet: written at its commit, with the weights after it.
-#[derive(Debug)]
-struct Closing {
-    acct: StepAcct,
-    end: Time,
-    bytes: u64,
-}
-
-/// A transfer this node sends (its joiner may ask for pieces again).
-struct Serving {
-    epoch: Epoch,
-    senders: Vec<NodeId>,
-    asks: u32,
 }
 
 /// One node's machine. See the module documentation.
@@ -666,31 +624,6 @@ impl Node {
         self.pump(now);
     }
 
-    /// The inner steps of `outer_step`, the step the node computes, are done: the
-    /// pseudo-gradient's job (with the merge of the previous fragment in overlap modes).
-    fn round_done(&mut self, now: Time, outer_step: u64, done: Computed) {
-        // The inner loop moved: the next compute starts from parameters set again.
-        self.params_current = false;
-        if let Some(a) = &mut self.acct {
-            a.trained(done.tokens, done.loss);
-        }
-        let valid = match self.ahead.take() {
-            Some(a) if a.outer_step == outer_step => a.valid,
-            _ => self.grad_step == Some(outer_step),
-        };
-        let round = self.round_job(outer_step, true);
-        match self.lend(OuterKind::PseudoGradient, outer_step, now) {
-            Some(mut job) => {
-                job.values = done.inner;
-                job.valid = valid;
-                job.round = round;
-                self.work = Work::Outer { then: AfterOuter::Barrier { outer_step } };
-                self.effects.push_back(Effect::Outer(job));
-            }
-            None => self.work = Work::Idle,
-        }
-    }
-
     /// An [`OuterJob`] comes back (run or not: it is run here if the executor did not).
     pub fn outer_done(&mut self, now: Time, mut job: OuterJob) {
         job.run();
@@ -702,82 +635,23 @@ impl Node {
                 return;
             }
         };
-        let average = job.values.take();
-        let valid = job.valid;
-        let nonfinite = job.nonfinite;
-        let of = job.outer.len();
-        let digest = job.digest.take();
-        let copy = job.copy.take();
-        let snapshot = job.snapshot.take();
+        let back = Returned {
+            average: job.values.take(),
+            valid: job.valid,
+            nonfinite: job.nonfinite,
+            of: job.outer.len(),
+            digest: job.digest.take(),
+            copy: job.copy.take(),
+            snapshot: job.snapshot.take(),
+        };
         self.outer = Some(job.outer);
         match then {
-            AfterOuter::Barrier { outer_step } => {
-                self.ring_input = copy;
-                self.work = Work::Barrier;
-                if self.overlaps() {
-                    // The next round computes while this one's all-reduce runs.
-                    self.grad_step = (valid && self.synced).then_some(outer_step);
-                    self.start_ahead(now, outer_step + 1, average);
-                } else {
-                    self.enter(Span::Barrier, now);
-                }
-                if nonfinite > 0 {
-                    // A diverged inner loop: averaging it would spread NaN (fp32, fp16) or hide
-                    // it (uint8, int8-block). The node asks for weight 0 and takes the average.
-                    self.member.withhold(outer_step);
-                    let epoch = self.member.epoch();
-                    let ev = NodeEvent::Withheld { epoch, outer_step, values: nonfinite, of };
-                    self.effects.push_back(Effect::Event(ev));
-                }
-                if let Err(e) = self.member.barrier_arrive(now, outer_step) {
-                    tracing::debug!(target: "loco_core", "{}: barrier refused: {e}", self.cfg.id);
-                }
-            }
+            AfterOuter::Barrier { outer_step } => self.arrive(now, outer_step, back),
             AfterOuter::Commit { epoch, outer_step } => {
-                self.work = Work::Idle;
-                let fragment = self.cfg.schedule.fragment(outer_step);
-                let hash = digest.unwrap_or_default();
-                if !hash.is_empty() {
-                    let c = Check::WeightsAfter { outer_step, hash: hash.clone() };
-                    self.effects.push_back(Effect::Check(c));
-                }
-                self.last_digest.clone_from(&hash);
-                if let Some(a) = self.step_row(outer_step) {
-                    a.set_epoch(epoch);
-                }
-                if self.overlaps() {
-                    // The inner weights are this node's trajectory: the merge at the end of the
-                    // round under way takes the update. The round's row, whose time ended at its
-                    // barrier, is written now with the weights after its step.
-                    let avg = average.filter(|a| a.len() == fragment.len());
-                    self.log_fragment(outer_step, fragment.start, avg);
-                    self.emit_closing(outer_step, hash);
-                } else {
-                    self.set_params_from(copy);
-                    let len = self.outer.as_ref().map(|o| o.len());
-                    self.log_result(outer_step, average.filter(|a| Some(a.len()) == len));
-                    self.close_row(outer_step, now, hash);
-                }
-                if self.checkpoint_due(outer_step) {
-                    self.effects.push_back(Effect::Checkpoint { outer_step, snapshot });
-                }
-                self.digest_ahead();
+                self.committed(now, epoch, outer_step, back)
             }
             AfterOuter::Skip { epoch, outer_step, attempts } => {
-                self.work = Work::Idle;
-                self.released_at = None;
-                self.log_result(outer_step, None);
-                if let Some(a) = self.step_row(outer_step) {
-                    a.set_epoch(epoch);
-                    a.set_retries(attempts.saturating_sub(1));
-                }
-                if self.overlaps() {
-                    let hash = self.last_digest.clone();
-                    self.emit_closing(outer_step, hash);
-                } else {
-                    self.set_params_from(copy);
-                    self.close_row(outer_step, now, digest.unwrap_or_default());
-                }
+                self.skipped(now, epoch, outer_step, attempts, back)
             }
         }
         // A state that completed, or was verified, while the outer state was away.
@@ -802,39 +676,6 @@ impl Node {
         self.transmits.extend(p.frames().map(|f| (to, f)));
     }
 
-    /// Which snapshot the outer state is (`None` while it is lent to a job).
-    fn snapshot_key(&self) -> Option<effect::SnapshotKey> {
-        let o = self.outer.as_ref()?;
-        Some((o.steps(), o.outer().as_ptr() as usize, o.momentum().as_ptr() as usize))
-    }
-
-    /// Digests the replicated part's pieces ahead of any joiner (off the event loop, while the
-    /// inner steps run), so that a sender's first piece leaves at once when one comes.
-    fn digest_ahead(&mut self) {
-        if !self.synced {
-            return;
-        }
-        let (Some(key), Some(outer)) = (self.snapshot_key(), &self.outer) else { return };
-        if self.digest_cache.as_ref().is_some_and(|(k, _)| *k == key) {
-            return;
-        }
-        let me = self.cfg.id;
-        let job = StateJob {
-            epoch: self.member.epoch().unwrap_or_default(),
-            to: me,
-            share: Share { index: 0, of: 1, sends_own: false },
-            rule: self.state_rule(me),
-            outer_step: outer.steps(),
-            shared: self.real.then(|| SharedState::from_outer(outer)),
-            virtual_lens: virtual_part_lens(self.params()),
-            only: None,
-            key: Some(key),
-            known: None,
-            ahead: true,
-        };
-        self.effects.push_back(Effect::PrepareState(job));
-    }
-
     /// The verification asked by [`Effect::VerifyState`] is done.
     pub fn state_verified(&mut self, now: Time, result: VerifyResult) {
         let Some(f) = &mut self.fetch else { return };
@@ -856,7 +697,7 @@ impl Node {
         self.pump(now);
     }
 
-    // ----- internals -----
+    // ----- internals shared by the submodules -----
 
     fn params(&self) -> u64 {
         match &self.cfg.numerics {
@@ -876,188 +717,6 @@ impl Node {
 
     fn violation(&mut self, v: Violation) {
         self.effects.push_back(Effect::Check(Check::Violation(v)));
-    }
-
-    fn lend(&mut self, kind: OuterKind, outer_step: u64, now: Time) -> Option<OuterJob> {
-        let outer = self.outer.take()?;
-        self.enter(Span::Outer, now);
-        let mut job = OuterJob::new(outer, kind, outer_step, self.params());
-        job.want_digest = self.real && self.synced && kind != OuterKind::PseudoGradient;
-        // Overlap modes set no parameters after a commit or a skip: no copy of the weights.
-        job.want_copy = self.real && (kind == OuterKind::PseudoGradient || !self.overlaps());
-        job.want_snapshot =
-            self.real && kind == OuterKind::Commit && self.checkpoint_due(outer_step);
-        Some(job)
-    }
-
-    /// Whether the commit of `outer_step` is followed by a checkpoint.
-    fn checkpoint_due(&self, outer_step: u64) -> bool {
-        self.cfg.checkpoint_every.is_some_and(|k| (outer_step + 1).is_multiple_of(k.max(1)))
-    }
-
-    fn set_params(&mut self) {
-        if let (true, Some(o)) = (self.real, &self.outer) {
-            self.effects.push_back(Effect::SetParams(o.outer().to_vec()));
-        }
-        self.params_current = true;
-    }
-
-    /// [`set_params`](Self::set_params) with the copy of the outer weights a job made.
-    fn set_params_from(&mut self, copy: Option<Vec<f32>>) {
-        let len = self.outer.as_ref().map(OuterState::len);
-        match copy {
-            Some(w) if self.real && Some(w.len()) == len => {
-                self.effects.push_back(Effect::SetParams(w));
-                self.params_current = true;
-            }
-            _ => self.set_params(),
-        }
-    }
-
-    fn log_result(&mut self, outer_step: u64, avg: Option<Vec<f32>>) {
-        match &mut self.fetch {
-            Some(f) => f.log.push(outer_step, avg),
-            None => self.early.clear(),
-        }
-    }
-
-    /// [`log_result`](Self::log_result) of a fragment's average from `offset` on.
-    fn log_fragment(&mut self, outer_step: u64, offset: usize, avg: Option<Vec<f32>>) {
-        match &mut self.fetch {
-            Some(f) => f.log.push_fragment(outer_step, offset, avg),
-            None => self.early.clear(),
-        }
-    }
-
-    /// Overlap modes: the round job of `step` (with the merge of the fragment before it for a
-    /// round's end); `None` in sync mode.
-    fn round_job(&self, step: u64, merge: bool) -> Option<RoundJob> {
-        let s = &self.cfg.schedule;
-        self.overlaps().then(|| RoundJob {
-            merge: if merge { s.merged(step) } else { None },
-            fragment: s.fragment(step),
-            mix: s.mix,
-        })
-    }
-
-    /// Whether the inner steps go on while the all-reduce runs (overlap, streaming).
-    fn overlaps(&self) -> bool {
-        self.cfg.schedule.mode.overlaps()
-    }
-
-    /// Whether the inner steps of a round are running (overlap modes): the row stays in its
-    /// compute span whatever the mesh does meanwhile.
-    fn computing_ahead(&self) -> bool {
-        self.ahead.as_ref().is_some_and(|a| a.result.is_none())
-    }
-
-    /// The node starts `span` in its row, unless its inner steps run beside it.
-    fn enter(&mut self, span: Span, now: Time) {
-        if span != Span::Compute && self.computing_ahead() {
-            return;
-        }
-        if let Some(a) = &mut self.acct {
-            a.enter(span, now);
-        }
-    }
-
-    /// Overlap modes: the inner steps are done and the node waits; its row enters the span of
-    /// what it waits for.
-    fn wait_span(&mut self, now: Time) {
-        let span = match self.work {
-            Work::Barrier => Some(Span::Barrier),
-            Work::Reducing(_) | Work::Reduced { .. } => Some(Span::AllReduce),
-            Work::Outer { .. } => Some(Span::Outer),
-            Work::Idle | Work::Computing { .. } | Work::Stopped => None,
-        };
-        if let Some(a) = &mut self.acct {
-            match span {
-                Some(s) if !self.suspended => a.enter(s, now),
-                _ => a.leave(now),
-            }
-        }
-    }
-
-    /// Overlap modes: the inner steps of `step` start now, from `params` (the merged weights of
-    /// the round that ended; `None`: as set), before the member asks for them. The row of the
-    /// round that ended closes here and `step`'s opens: rows tile the node's time.
-    fn start_ahead(&mut self, now: Time, step: u64, params: Option<Vec<f32>>) {
-        let len = self.outer.as_ref().map(OuterState::len);
-        match params {
-            Some(p) if self.real && Some(p.len()) == len => {
-                self.effects.push_back(Effect::SetParams(p));
-            }
-            _ => self.set_params(),
-        }
-        // The inner weights are a local trajectory, not the global weights.
-        self.params_current = false;
-        if let Some(mut a) = self.acct.take() {
-            // The round's time ends here; its row waits for its all-reduce's commit.
-            if let Some(c) = self.closing.take() {
-                let hash = self.last_digest.clone();
-                let row = c.acct.close(c.end, c.bytes, &self.cfg.row, hash);
-                self.effects.push_back(Effect::Row(row));
-            }
-            a.leave(now);
-            self.closing = Some(Closing { acct: a, end: now, bytes: self.bytes_queued() });
-        }
-        self.open_row(step, now);
-        self.ahead = Some(Ahead { outer_step: step, valid: self.synced, result: None });
-        if !self.suspended {
-            self.enter(Span::Compute, now);
-        }
-        let epoch = self.member.epoch().unwrap_or_default();
-        let inner_steps = self.cfg.inner_steps;
-        self.effects.push_back(Effect::Compute { epoch, outer_step: step, inner_steps });
-    }
-
-    /// The row that accounts `step`'s all-reduce: the open one, or in overlap modes the row
-    /// of a round waiting for its commit.
-    fn step_row(&mut self, step: u64) -> Option<&mut StepAcct> {
-        if self.closing.as_ref().is_some_and(|c| c.acct.step() == step) {
-            return self.closing.as_mut().map(|c| &mut c.acct);
-        }
-        self.acct.as_mut().filter(|a| a.step() == step)
-    }
-
-    /// Writes the row of `step` parked by [`start_ahead`](Self::start_ahead), with `hash`.
-    fn emit_closing(&mut self, step: u64, hash: String) {
-        if self.closing.as_ref().is_none_or(|c| c.acct.step() != step) {
-            return;
-        }
-        if let Some(c) = self.closing.take() {
-            let row = c.acct.close(c.end, c.bytes, &self.cfg.row, hash);
-            self.effects.push_back(Effect::Row(row));
-        }
-    }
-
-    fn open_row(&mut self, step: u64, now: Time) {
-        if self.acct.as_ref().is_some_and(|a| a.step() == step) {
-            return;
-        }
-        if self.overlaps() {
-            // A row left open by a round whose commit never came here (a fresh start).
-            if let Some(prev) = self.outer_step() {
-                let hash = self.last_digest.clone();
-                self.close_row(prev, now, hash);
-            }
-        }
-        let epoch = self.member.epoch().unwrap_or_default();
-        self.acct = Some(StepAcct::open(step, now, epoch, self.bytes_queued()));
-    }
-
-    /// Bytes sent so far, counting the frames queued (they go out at this instant).
-    fn bytes_queued(&self) -> u64 {
-        self.bytes_sent
-    }
-
-    fn close_row(&mut self, step: u64, now: Time, hash: String) {
-        let Some(a) = self.acct.take() else { return };
-        if a.step() != step {
-            return;
-        }
-        let row = a.close(now, self.bytes_queued(), &self.cfg.row, hash);
-        self.effects.push_back(Effect::Row(row));
     }
 
     /// Drains the member: sends go out at once; other actions wait while suspended or while
@@ -1116,25 +775,10 @@ impl Node {
                 self.just_admitted = false;
                 self.start_allreduce(s, now);
             }
-            MemberAction::AbortAllReduce { epoch, op } => {
-                let running = match &self.work {
-                    Work::Reducing(r) => Some(r.rings.collective()),
-                    Work::Reduced { epoch, op, .. } => Some((*epoch, *op)),
-                    _ => None,
-                };
-                if running == Some((epoch, op)) {
-                    self.work = Work::Idle;
-                }
-                self.inbox.abort(epoch, op);
-            }
+            MemberAction::AbortAllReduce { epoch, op } => self.abort_allreduce(epoch, op),
             MemberAction::Commit { epoch, outer_step } => self.commit(epoch, outer_step, now),
             MemberAction::SkipStep { epoch, outer_step, attempts } => {
-                if let Some(mut job) = self.lend(OuterKind::Skip, outer_step, now) {
-                    job.round = self.round_job(outer_step, false);
-                    self.work =
-                        Work::Outer { then: AfterOuter::Skip { epoch, outer_step, attempts } };
-                    self.effects.push_back(Effect::Outer(job));
-                }
+                self.skip(epoch, outer_step, attempts, now)
             }
             MemberAction::Stop(reason) => self.on_stop(reason),
         }
@@ -1158,640 +802,5 @@ impl Node {
             StopReason::Left(_) | StopReason::Shutdown | StopReason::NoSyncedMember { .. } => false,
         };
         self.effects.push_back(Effect::Stop { reason, rejoin });
-    }
-
-    fn start_compute(&mut self, epoch: Epoch, step: u64, now: Time) {
-        if self.just_admitted {
-            // Admitted by the formation of a mesh: every founding member starts from the same
-            // initial weights.
-            self.just_admitted = false;
-            self.synced = true;
-        }
-        if self.report_sync {
-            self.report_sync = false;
-            if let Err(e) = self.member.report_sync_done(now) {
-                tracing::debug!(target: "loco_core", "{}: sync report refused: {e}", self.cfg.id);
-            }
-        }
-        if self.overlaps() {
-            if let Some(a) = self.ahead.as_mut().filter(|a| a.outer_step == step) {
-                // Running since the barrier of the step before (or done already).
-                let result = a.result.take();
-                if let Some(acct) = &mut self.acct {
-                    acct.set_epoch(epoch);
-                }
-                self.work = Work::Computing { outer_step: step };
-                if let Some(done) = result {
-                    self.round_done(now, step, done);
-                }
-                return;
-            }
-            // A fresh start (a founding member, a joiner, a node whose round was lost): the
-            // local trajectory starts at the global weights.
-            if let (true, Some(o)) = (self.real, self.outer.as_mut()) {
-                o.anchor_here();
-            }
-            self.ahead = Some(Ahead { outer_step: step, valid: self.synced, result: None });
-        }
-        self.grad_step = self.synced.then_some(step);
-        if !self.params_current {
-            self.set_params();
-        }
-        self.open_row(step, now);
-        if let Some(a) = &mut self.acct {
-            a.set_epoch(epoch);
-        }
-        if !self.suspended {
-            self.enter(Span::Compute, now);
-        }
-        self.work = Work::Computing { outer_step: step };
-        let inner_steps = self.cfg.inner_steps;
-        self.effects.push_back(Effect::Compute { epoch, outer_step: step, inner_steps });
-    }
-
-    fn commit(&mut self, epoch: Epoch, step: u64, now: Time) {
-        let result = match std::mem::replace(&mut self.work, Work::Idle) {
-            Work::Reduced { epoch: e, average, .. } if e == epoch => Some(average),
-            _ => None,
-        };
-        if result.is_none() {
-            self.violation(Violation::CommitWithoutResult { outer_step: step, epoch });
-        }
-        // The all-reduce from its first release to this commit, whether the node waited for
-        // it or (overlap modes) computed beside it; not for the empty all-reduce of a round
-        // between two syncs (`sync_delay` shorter than a round), which carries no values.
-        let empty = self.cfg.schedule.fragment(step).is_empty();
-        if let Some(t0) = self.released_at.take().filter(|_| !empty) {
-            if let Some(a) = self.step_row(step) {
-                a.set_allreduce_wall(now.saturating_since(t0));
-            }
-        }
-        let Some(mut job) = self.lend(OuterKind::Commit, step, now) else { return };
-        job.values = result.flatten();
-        job.round = self.round_job(step, false);
-        self.work = Work::Outer { then: AfterOuter::Commit { epoch, outer_step: step } };
-        self.effects.push_back(Effect::Outer(job));
-    }
-
-    fn start_allreduce(&mut self, start: AllReduceStart, now: Time) {
-        self.work = Work::Idle;
-        self.check_release(&start);
-        self.enter(Span::AllReduce, now);
-        if let Some(a) = self.step_row(start.outer_step) {
-            let world = u32::try_from(start.ring.len()).unwrap_or(u32::MAX);
-            a.ring(start.epoch, world, f64::from(start.weight.get()), start.attempt);
-        }
-        self.released_at.get_or_insert(now);
-        let input = self.ring_input.take();
-        // The values this round reduces: every value (one fragment), or its fragment.
-        let fragment = self.cfg.schedule.fragment(start.outer_step);
-        let values = match (&self.outer, self.real) {
-            // The copy the pseudo-gradient's job made (a retry copies again).
-            (Some(o), true) => match input {
-                Some(g) if g.len() == fragment.len() => Values::Real(g),
-                _ => Values::Real(
-                    o.pseudo_gradient()
-                        .get(fragment.clone())
-                        .map(<[f32]>::to_vec)
-                        .unwrap_or_default(),
-                ),
-            },
-            _ => Values::Virtual(fragment.len()),
-        };
-        let (epoch, op) = (start.epoch, start.op);
-        let rings = match ShardRings::new(
-            start,
-            self.cfg.id,
-            self.cfg.codec,
-            values,
-            self.cfg.segment,
-        ) {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::warn!(target: "loco_core", "{}: cannot start the all-reduce: {}", self.cfg.id, e.source);
-                let _ = self.member.report_allreduce_failed(now, epoch, op);
-                return;
-            }
-        };
-        let modelled =
-            self.cfg.modelled_collectives && !rings.is_real() && rings.start().ring.len() > 1;
-        if modelled {
-            let m = ModelledAllReduce { start: rings.start().clone(), shards: rings.plan() };
-            self.effects.push_back(Effect::ModelledAllReduce(m));
-        }
-        let r = Reducing { rings, failed: false, modelled, modelled_done: false };
-        self.work = Work::Reducing(Box::new(r));
-        // Frames that arrived before this node's release (a neighbour started first).
-        let early = self.inbox.take_for((epoch, op));
-        self.held.extend(early);
-        self.drive_rings(now);
-    }
-
-    /// Feeds the held frames, drains the rings' sends and finishes the attempt when it is done.
-    fn drive_rings(&mut self, now: Time) {
-        if self.suspended || !matches!(self.work, Work::Reducing(_)) {
-            return;
-        }
-        while let Some((from, f)) = self.held.pop_front() {
-            self.feed(now, from, f);
-            if !matches!(self.work, Work::Reducing(_)) {
-                return;
-            }
-        }
-        let Work::Reducing(r) = &mut self.work else { return };
-        if r.modelled {
-            if r.modelled_done && !r.failed && r.rings.complete_virtual() {
-                let s = r.rings.stats();
-                self.bytes_sent += s.body_bytes_sent + s.frames_sent * HEADER_WIRE_BYTES;
-            }
-        } else {
-            while let Some(t) = r.rings.poll_send() {
-                self.transmits.push_back(t);
-            }
-        }
-        if r.failed || !r.rings.is_done() {
-            return;
-        }
-        let Work::Reducing(r) = std::mem::replace(&mut self.work, Work::Idle) else { return };
-        let s = r.rings.start().clone();
-        if s.ring.len() > 1 {
-            let what = format!("outer step {} attempt {} ({})", s.outer_step, s.attempt, s.epoch);
-            let c = Check::AllReduceWeights {
-                what,
-                sums: r.rings.weight_sums().to_vec(),
-                total: f64::from(s.total_weight),
-            };
-            self.effects.push_back(Effect::Check(c));
-        }
-        if let Err(e) = self.member.report_allreduce_done(now, s.epoch, s.op) {
-            tracing::debug!(target: "loco_core", "{}: done refused: {e}", self.cfg.id);
-        }
-        // Virtual values reduce to an empty average (the step is counted all the same).
-        let average = Some(r.rings.into_values().unwrap_or_default());
-        self.work = Work::Reduced { epoch: s.epoch, op: s.op, average };
-    }
-
-    /// One collective frame through the inbox into the running rings.
-    fn feed(&mut self, now: Time, from: NodeId, f: Frame) {
-        let running = match &self.work {
-            Work::Reducing(r) => Some(r.rings.collective()),
-            _ => None,
-        };
-        let f = match self.inbox.admit(self.member.epoch(), running, from, f) {
-            Admission::Feed(f) => f,
-            Admission::Stale => {
-                self.effects.push_back(Effect::Check(Check::StaleFrame));
-                return;
-            }
-            Admission::Held | Admission::Refused | Admission::Dropped => return,
-        };
-        let Work::Reducing(r) = &mut self.work else { return };
-        if let Err(e) = r.rings.handle_frame(from, &f) {
-            let (epoch, op) = r.rings.collective();
-            let first = !r.failed;
-            r.failed = true;
-            self.violation(Violation::RingRefused { epoch, op, from, error: e.to_string() });
-            if first {
-                let _ = self.member.report_allreduce_failed(now, epoch, op);
-            }
-        }
-    }
-
-    /// Checks the release against what this node knows: the ring is the epoch's membership (for
-    /// the executor's check), and its weight is 1 exactly when it holds a pseudo-gradient.
-    fn check_release(&mut self, s: &AllReduceStart) {
-        let c = Check::View { epoch: s.epoch, members: s.ring.clone(), what: "release" };
-        self.effects.push_back(Effect::Check(c));
-        let holds =
-            self.grad_step == Some(s.outer_step) && self.member.withheld() != Some(s.outer_step);
-        let w = s.weight.get();
-        if (w == 1.0) != holds || (w != 0.0 && w != 1.0) {
-            let v = Violation::WrongWeight {
-                weight: w,
-                outer_step: s.outer_step,
-                attempt: s.attempt,
-                holds,
-            };
-            self.violation(v);
-        }
-    }
-
-    // ----- live recovery -----
-
-    fn state_rule(&self, to: NodeId) -> PieceRule {
-        match &self.cfg.state_pieces {
-            StatePieces::Clamped => PieceRule::Clamped,
-            StatePieces::PerJoinerShard { shards } => {
-                let g = u64::from(shards.get(&to).copied().unwrap_or(1).max(1));
-                PieceRule::Count(g.saturating_mul(self.cfg.mesh.state_senders.max(1) as u64))
-            }
-        }
-    }
-
-    /// Sends this node's share of its state to a joiner (see [`share_of`]): in blocking mode the
-    /// senders share out the replicated part's pieces; in non-blocking mode each sends a whole
-    /// copy of its latest state. The first sender also sends the own part.
-    fn send_state(&mut self, epoch: Epoch, to: NodeId, senders: &[NodeId]) {
-        self.serving.insert(to, Serving { epoch, senders: senders.to_vec(), asks: 0 });
-        self.prepare_state(epoch, to, senders, None);
-    }
-
-    /// Answers the joiners' asks for pieces (once the outer state is here to snapshot): a
-    /// joiner this node sends to, under the assignment it sends under, within [`MAX_ASKS`]
-    /// and [`StateAsk::MAX_RANGES`]; other asks are dropped.
-    fn answer_asks(&mut self) {
-        while self.outer.is_some() {
-            let Some((from, ask)) = self.asked.pop_front() else { return };
-            let me = self.cfg.id;
-            let Some(s) = self.serving.get_mut(&from) else {
-                tracing::debug!(target: "loco_core", "{me}: dropped an ask from {from}, which it does not send to");
-                continue;
-            };
-            let (n, bad) = (ask.ranges.len(), ask.epoch != s.epoch);
-            if bad || n == 0 || n > StateAsk::MAX_RANGES || s.asks >= MAX_ASKS {
-                tracing::debug!(target: "loco_core", "{me}: dropped an ask from {from} ({n} ranges, epoch {}, asks {})", ask.epoch, s.asks);
-                continue;
-            }
-            s.asks += 1;
-            let senders = s.senders.clone();
-            tracing::info!(target: "loco_core", "{me}: {from} asks again for {n} range(s) of its state");
-            self.prepare_state(ask.epoch, from, &senders, Some(ask.ranges));
-        }
-    }
-
-    /// Prepares this node's share of its state for `to` (only the pieces overlapping `only`).
-    fn prepare_state(
-        &mut self,
-        epoch: Epoch,
-        to: NodeId,
-        senders: &[NodeId],
-        only: Option<Vec<(u32, u64, u64)>>,
-    ) {
-        let Some(share) = share_of(senders, self.cfg.id, self.blocking()) else {
-            tracing::debug!(target: "loco_core", "{}: not among the senders to {to}", self.cfg.id);
-            return;
-        };
-        let (Some(key), Some(outer)) = (self.snapshot_key(), &self.outer) else { return };
-        let known = self.digest_cache.as_ref().filter(|(k, _)| *k == key).map(|(_, d)| d.clone());
-        let job = StateJob {
-            epoch,
-            to,
-            share,
-            rule: self.state_rule(to),
-            outer_step: outer.steps(),
-            shared: self.real.then(|| SharedState::from_outer(outer)),
-            virtual_lens: virtual_part_lens(self.params()),
-            only,
-            key: Some(key),
-            known,
-            ahead: false,
-        };
-        self.effects.push_back(Effect::PrepareState(job));
-    }
-
-    /// `FetchState`: a new fetch (the pieces that came before it are fed), or new senders for
-    /// the one under way (one died: every piece already held is kept).
-    fn fetch_state(&mut self, epoch: Epoch, senders: Vec<NodeId>, now: Time) {
-        let (kept, refused) = match &mut self.fetch {
-            Some(f) => {
-                let r = f.assembly.reassign(epoch, senders.clone());
-                (Some(r.kept_bytes), r.fed.refused)
-            }
-            None => {
-                let expect = match self.real {
-                    true => Expect::real(self.params_len(), self.cfg.own_max),
-                    false => Expect::virtual_params(self.params()),
-                };
-                let mut assembly =
-                    StateAssembly::new(epoch, senders.clone(), self.blocking(), expect);
-                // A blocking joiner computes nothing until the state is here, which replaces
-                // its outer state: the state is written into that state's buffers, not into
-                // memory allocated for it (given back should the fetch end without it).
-                if self.real && self.blocking() && !self.synced {
-                    if let Some([o, m]) = self.outer.as_mut().and_then(OuterState::take_buffers) {
-                        assembly.lend(o, m);
-                    }
-                }
-                let fed = assembly.feed(&mut self.early);
-                self.fetch = Some(Fetch {
-                    assembly,
-                    log: ReplayLog::default(),
-                    verifying: false,
-                    ask_at: None,
-                    asks: 0,
-                });
-                (None, fed.refused)
-            }
-        };
-        let ev = NodeEvent::RecoveryStart { epoch, senders, kept_bytes: kept };
-        self.effects.push_back(Effect::Event(ev));
-        for r in refused {
-            self.refused(None, r);
-        }
-        if matches!(self.member.phase(), MemberPhase::Syncing { .. }) {
-            if let Some(a) = &mut self.acct {
-                a.enter(Span::Recovery, now);
-            }
-        }
-        self.take_state(now);
-    }
-
-    /// A state piece: into the fetch's assembly, or held until the `FetchState` (the
-    /// coordinator tells the senders and this node separately).
-    fn on_state_part(&mut self, now: Time, from: NodeId, h: StateHeader, body: Body) {
-        let Some(f) = &mut self.fetch else {
-            if !self.synced {
-                if let Err(r) = self.early.hold(from, h, body) {
-                    tracing::debug!(target: "loco_core", "{}: early state piece dropped: {r}", self.cfg.id);
-                }
-            }
-            return;
-        };
-        match f.assembly.put(from, &h, &body) {
-            Ok(p) => {
-                if matches!(p, Progress::Stored { .. }) {
-                    f.ask_at = Some(now + self.cfg.mesh.state_resend_after);
-                }
-                if p.is_complete() {
-                    f.ask_at = None;
-                    self.take_state(now);
-                }
-            }
-            Err(r) => {
-                // A piece damaged on its way is asked for again at once, from its senders.
-                if let Refused::PieceDigest { part, offset, len } = r {
-                    self.ask(now, vec![(part, offset, offset.saturating_add(len))]);
-                }
-                self.refused(Some(from), r);
-            }
-        }
-    }
-
-    /// Asks the current senders for the pieces the fetch lacks (each sends those of its
-    /// share), and again after twice the wait, up to [`MAX_ASKS`] times.
-    fn ask_missing(&mut self, now: Time) {
-        let Some(f) = &mut self.fetch else { return };
-        f.ask_at = None;
-        let ranges = f.assembly.missing();
-        self.ask(now, ranges);
-    }
-
-    /// Asks the current senders for `ranges` (each sends the pieces of its share that overlap
-    /// them), and for what is missing again after twice the wait, up to [`MAX_ASKS`] times.
-    fn ask(&mut self, now: Time, ranges: Vec<(u32, u64, u64)>) {
-        let Some(f) = &mut self.fetch else { return };
-        if ranges.is_empty() || f.verifying || f.asks >= MAX_ASKS {
-            return;
-        }
-        f.asks += 1;
-        let wait = self.cfg.mesh.state_resend_after.saturating_mul(1 << f.asks.min(16));
-        f.ask_at = Some(now + wait);
-        let (epoch, senders) = (f.assembly.epoch(), f.assembly.senders().to_vec());
-        tracing::info!(target: "loco_core", "{}: asks {senders:?} again for {} range(s) of its state", self.cfg.id, ranges.len());
-        for s in senders {
-            let ask = StateAsk { epoch, ranges: ranges.clone() };
-            let frame = Frame { header: Header::StateAsk(ask), body: Body::Bytes(Bytes::new()) };
-            self.transmits.push_back((s, frame));
-        }
-    }
-
-    /// A piece refused: a violation when a sender or the grid is at fault, else a late piece.
-    fn refused(&mut self, from: Option<NodeId>, r: Refused) {
-        if !is_fault(&r) {
-            tracing::debug!(target: "loco_core", "{}: state piece refused: {r}", self.cfg.id);
-            return;
-        }
-        self.violation(Violation::PieceRefused { from, refused: r });
-    }
-
-    /// Hands a complete state to the executor for verification (one at a time).
-    fn take_state(&mut self, _now: Time) {
-        if self.outer.is_none() {
-            return; // taken when the outer state is back
-        }
-        // The model's count: the outer state's buffers may be lent to the fetch.
-        let params = self.params_len();
-        let Some(f) = &mut self.fetch else { return };
-        if f.verifying {
-            return;
-        }
-        let Some(received) = f.assembly.take_complete() else { return };
-        f.verifying = true;
-        self.effects.push_back(Effect::VerifyState { received, params });
-    }
-
-    /// Takes a verified state: the outer state from it, the steps committed here meanwhile
-    /// replayed onto it (non-blocking mode), this step's pseudo-gradient carried over.
-    fn install(&mut self, now: Time, v: Verified) {
-        let Some(f) = self.fetch.take() else { return };
-        let Some(current) = self.outer.as_mut() else {
-            self.fetch = Some(f);
-            self.verified = Some(v);
-            return;
-        };
-        self.early.clear();
-        self.digest_cache = None;
-        let cfg = current.config();
-        let restored = match (v.shared, self.real) {
-            (Some(s), true) => s.into_outer(cfg, Vec::new()).map_err(|e| e.to_string()),
-            (None, false) => {
-                OuterState::restore(cfg, Vec::new(), Vec::new(), Vec::new(), v.outer_step)
-                    .map_err(|e| e.to_string())
-            }
-            (Some(_), false) => Err("bytes where virtual numerics expect none".to_owned()),
-            (None, true) => Err("no bytes where real numerics expect them".to_owned()),
-        };
-        let replayed = restored.and_then(|mut outer| {
-            let n = f.log.replay_onto(&mut outer).map_err(|e| e.to_string())?;
-            Ok((outer, n))
-        });
-        let (mut outer, replayed) = match replayed {
-            Ok(x) => x,
-            Err(error) => {
-                self.violation(Violation::StateUnusable { outer_step: v.outer_step, error });
-                return;
-            }
-        };
-        // The pseudo-gradient of the step under way carries over to the received state.
-        let g = current.take_pseudo_gradient();
-        if g.len() == outer.len() {
-            let _ = outer.put_pseudo_gradient(g);
-        }
-        let weights = self.real.then(|| crate::node::digest::weights_digest(outer.outer()));
-        *current = outer;
-        self.set_params();
-        self.synced = true;
-        self.digest_ahead();
-        let ev = NodeEvent::RecoveryDone {
-            epoch: f.assembly.epoch(),
-            bytes: v.bytes,
-            from: v.own_from,
-            outer_step: v.outer_step,
-            weights,
-            replayed,
-        };
-        self.effects.push_back(Effect::Event(ev));
-        if matches!(self.member.phase(), MemberPhase::Syncing { .. }) {
-            if let Some(a) = &mut self.acct {
-                a.enter(Span::Barrier, now);
-            }
-            if let Err(e) = self.member.report_sync_done(now) {
-                tracing::debug!(target: "loco_core", "{}: sync report refused: {e}", self.cfg.id);
-            }
-        } else {
-            self.report_sync = true;
-        }
-    }
-}
-
-/// Whether a refusal means that a sender (or the piece grid) is wrong, rather than a piece that
-/// was merely overtaken: a late piece of a dropped sender, of an older copy or an older fetch.
-pub fn is_fault(r: &Refused) -> bool {
-    !matches!(
-        r,
-        Refused::NotAssigned { .. }
-            | Refused::OldEpoch { .. }
-            | Refused::StaleDigest { .. }
-            | Refused::HoldingFull { .. }
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::node::state::{PART_SHARED, encoded_len};
-
-    #[test]
-    fn only_faults_of_a_sender_or_the_grid_are_violations() {
-        assert!(!is_fault(&Refused::NotAssigned { from: NodeId(1), part: 0 }));
-        assert!(!is_fault(&Refused::StaleDigest { part: 0, got: 1, held: 2 }));
-        assert!(!is_fault(&Refused::OldEpoch { got: Epoch(1), first: Epoch(2) }));
-        assert!(is_fault(&Refused::Overlap { part: 0, offset: 0, len: 1 }));
-        assert!(is_fault(&Refused::UnexpectedBytes));
-    }
-
-    fn node(id: u32) -> Node {
-        let cfg = NodeConfig {
-            id: NodeId(id),
-            mesh: MeshConfig::default(),
-            shards: 1,
-            codec: CodecKind::Fp32,
-            segment: None,
-            outer: OuterConfig::default(),
-            numerics: Numerics::Real { initial: vec![0.5; 1000] },
-            inner_steps: 10,
-            schedule: Schedule::sync(1000),
-            batch_tokens: 100,
-            checkpoint_every: None,
-            state_pieces: StatePieces::Clamped,
-            own_max: 0,
-            row: RowIdentity { node: format!("n{id}"), node_id: id, offset_s: 0.0 },
-            virtual_padding: false,
-            modelled_collectives: false,
-        };
-        Node::new(cfg, 1).unwrap()
-    }
-
-    fn ask(n: &mut Node, from: u32, epoch: u64, ranges: Vec<(u32, u64, u64)>) -> Vec<StateJob> {
-        let header = Header::StateAsk(StateAsk { epoch: Epoch(epoch), ranges });
-        n.handle_frame(Time::ZERO, NodeId(from), Frame { header, body: Body::Bytes(Bytes::new()) });
-        std::iter::from_fn(|| n.poll_effect())
-            .filter_map(|e| match e {
-                Effect::PrepareState(job) => Some(job),
-                _ => None,
-            })
-            .collect()
-    }
-
-    /// A joiner's ask is answered only by a node that sends to it, under that assignment,
-    /// within the bounds on ranges and asks, and only with the pieces asked for.
-    #[test]
-    fn asks_are_answered_only_for_a_joiner_served_and_within_bounds() {
-        let mut n = node(1);
-        let whole = vec![(PART_SHARED, 0, u64::MAX)];
-        assert!(ask(&mut n, 7, 3, whole.clone()).is_empty(), "it sends to nobody");
-        n.send_state(Epoch(3), NodeId(7), &[NodeId(1), NodeId(2)]);
-        assert!(matches!(n.poll_effect(), Some(Effect::PrepareState(j)) if j.only.is_none()));
-        assert!(ask(&mut n, 8, 3, whole.clone()).is_empty(), "another joiner");
-        assert!(ask(&mut n, 7, 4, whole.clone()).is_empty(), "another assignment");
-        assert!(ask(&mut n, 7, 3, Vec::new()).is_empty(), "no range");
-        let many = vec![(PART_SHARED, 0, 1); StateAsk::MAX_RANGES + 1];
-        assert!(ask(&mut n, 7, 3, many).is_empty(), "too many ranges");
-        let some = vec![(PART_SHARED, 100, 200)];
-        for _ in 0..MAX_ASKS {
-            let jobs = ask(&mut n, 7, 3, some.clone());
-            assert_eq!(jobs.len(), 1);
-            assert_eq!(jobs[0].only.as_deref(), Some(some.as_slice()));
-            assert_eq!((jobs[0].to(), jobs[0].epoch), (NodeId(7), Epoch(3)));
-        }
-        assert!(ask(&mut n, 7, 3, some).is_empty(), "beyond the asks an assignment allows");
-    }
-
-    /// A synced node digests its snapshot ahead of any joiner (nothing is sent); a joiner's
-    /// job of that snapshot then hashes nothing of the replicated part, and its pieces carry
-    /// the digests computed ahead. Once is enough per snapshot; an outer step makes another.
-    #[test]
-    fn the_snapshot_is_digested_ahead_and_a_joiners_job_hashes_nothing_again() {
-        let mut n = node(1);
-        n.digest_ahead();
-        assert!(n.poll_effect().is_none(), "not synced: nothing to send anyone");
-        n.synced = true;
-        n.digest_ahead();
-        let Some(Effect::PrepareState(job)) = n.poll_effect() else { panic!("a job ahead") };
-        assert!(job.ahead);
-        let p = job.prepare(None);
-        assert_eq!(p.bytes(), encoded_len(1000), "the replicated part, hashed");
-        assert_eq!(p.frames().count(), 0);
-        let ahead = p.shared_digests().expect("real bytes").1;
-        n.state_prepared(Time::ZERO, p);
-        assert!(n.transmits.is_empty());
-        n.digest_ahead();
-        assert!(n.poll_effect().is_none(), "digested already");
-        n.send_state(Epoch(3), NodeId(7), &[NodeId(1)]);
-        let Some(Effect::PrepareState(j)) = n.poll_effect() else { panic!("a job") };
-        let p = j.prepare(None);
-        assert_eq!(p.bytes(), 0, "nothing hashed before the first piece (an empty own part)");
-        let frames: Vec<_> = p.frames().collect();
-        for f in &frames {
-            let (Header::State(h), Body::Bytes(b)) = (&f.header, &f.body) else { panic!() };
-            if h.part == PART_SHARED {
-                assert_eq!(h.digest, ahead.digest);
-                assert_eq!(h.piece, crate::node::state::piece_digest(b));
-            }
-        }
-        assert!(frames.len() > 1);
-        if let Some(o) = n.outer.as_mut() {
-            o.apply_outer_step();
-        }
-        n.digest_ahead();
-        assert!(matches!(n.poll_effect(), Some(Effect::PrepareState(j)) if j.ahead));
-    }
-
-    /// A resend of the same snapshot reuses the digest the first preparation computed (the
-    /// whole part is not hashed again for a few pieces); an outer step makes a new snapshot.
-    #[test]
-    fn a_resend_of_the_same_snapshot_reuses_its_digest() {
-        let mut n = node(1);
-        n.send_state(Epoch(3), NodeId(7), &[NodeId(1)]);
-        let Some(Effect::PrepareState(first)) = n.poll_effect() else { panic!("a job") };
-        assert!(first.known.is_none());
-        let p = first.prepare(None);
-        let digests = p.shared_digests().expect("real bytes").1;
-        let digest = digests.digest.clone();
-        n.state_prepared(Time::ZERO, p);
-        let again = ask(&mut n, 7, 3, vec![(PART_SHARED, 0, 10)]);
-        assert_eq!(again[0].known.as_ref(), Some(&digests));
-        let frames: Vec<_> = again.into_iter().next().unwrap().prepare(None).frames().collect();
-        assert!(!frames.is_empty());
-        for f in &frames {
-            let Header::State(h) = &f.header else { panic!("a state frame") };
-            assert!(h.part != PART_SHARED || h.digest == digest);
-        }
-        // After an outer step the snapshot is another: its digest is computed afresh.
-        if let Some(o) = n.outer.as_mut() {
-            o.apply_outer_step();
-        }
-        let fresh = ask(&mut n, 7, 3, vec![(PART_SHARED, 0, 10)]);
-        assert!(fresh[0].known.is_none());
     }
 }
