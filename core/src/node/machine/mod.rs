@@ -116,7 +116,8 @@ pub enum StatePieces {
     Clamped,
     /// [`PieceRule::Count`](crate::node::state::PieceRule::Count) of
     /// `joiner shards x state_senders` pieces (as many parallel flows as the joiner has GPUs per
-    /// sender); joiners not listed have one shard.
+    /// sender), with real values none above [`PIECE_MAX`](crate::node::state::PIECE_MAX) bytes;
+    /// joiners not listed have one shard. The one rule of [`NodeConfig::for_node`].
     PerJoinerShard {
         /// Shards (GPUs) of each node.
         shards: BTreeMap<NodeId, u16>,

@@ -10,8 +10,8 @@ use crate::ids::{Epoch, NodeId};
 use crate::mesh::MemberPhase;
 use crate::node::acct::Span;
 use crate::node::state::{
-    Expect, PieceRule, Progress, Refused, ReplayLog, Share, SharedState, StateAssembly, Verified,
-    share_of, virtual_part_lens,
+    Expect, PIECE_MAX, PieceRule, Progress, Refused, ReplayLog, Share, SharedState, StateAssembly,
+    Verified, share_of, virtual_part_lens,
 };
 use crate::time::Time;
 use crate::transport::{Body, Frame, Header, StateAsk, StateHeader};
@@ -83,7 +83,13 @@ impl Node {
             StatePieces::Clamped => PieceRule::Clamped,
             StatePieces::PerJoinerShard { shards } => {
                 let g = u64::from(shards.get(&to).copied().unwrap_or(1).max(1));
-                PieceRule::Count(g.saturating_mul(self.cfg.mesh.state_senders.max(1) as u64))
+                let count = g.saturating_mul(self.cfg.mesh.state_senders.max(1) as u64);
+                // Real bytes are buffered a piece at a time: no piece above PIECE_MAX.
+                if self.real {
+                    PieceRule::CountAtMost { count, max_len: PIECE_MAX }
+                } else {
+                    PieceRule::Count(count)
+                }
             }
         }
     }

@@ -30,6 +30,14 @@ pub enum PieceRule {
     /// GB, or one flow per joiner GPU). It must not change within one fetch: a reassignment's
     /// pieces have to line up with those already held. 0 counts as 1.
     Count(u64),
+    /// [`Count`](Self::Count) pieces, cut smaller where they would exceed `max_len` bytes (real
+    /// bytes: as many flows as asked, none holding more than a piece's worth in a buffer).
+    CountAtMost {
+        /// Pieces at least.
+        count: u64,
+        /// Bytes per piece at most (0 counts as 1).
+        max_len: u64,
+    },
 }
 
 impl PieceRule {
@@ -38,6 +46,9 @@ impl PieceRule {
         match self {
             PieceRule::Clamped => (total / CLAMPED_PIECES).clamp(PIECE_MIN, PIECE_MAX),
             PieceRule::Count(c) => total.div_ceil(c.max(1)).max(1),
+            PieceRule::CountAtMost { count, max_len } => {
+                total.div_ceil(count.max(1)).min(max_len).max(1)
+            }
         }
     }
 
