@@ -6,7 +6,7 @@ use super::member::MemberPhase;
 use super::probe::ProbePlan;
 use super::state::{Joiner, MemberInfo, MeshState, Outcome, Phase};
 use super::timer::TimerTable;
-use super::{EvictReason, MeshConfig, MeshMsg};
+use super::{EvictReason, MeshConfig, MeshMsg, ProbeResult};
 use crate::ids::{Epoch, NodeId, Weight};
 use crate::time::Time;
 use std::collections::VecDeque;
@@ -319,20 +319,7 @@ impl Coordinator {
     /// A message from `from` arrived at `now` (the coordinator's clock).
     pub fn handle_message(&mut self, now: Time, from: NodeId, msg: MeshMsg) {
         if self.stopped {
-            // The run is over: a member's message (not its deathrattle) gets the final word again.
-            let to_us = matches!(
-                msg,
-                MeshMsg::Join { .. }
-                    | MeshMsg::Heartbeat { .. }
-                    | MeshMsg::Barrier { .. }
-                    | MeshMsg::Done { .. }
-                    | MeshMsg::Failed { .. }
-                    | MeshMsg::Synced { .. }
-                    | MeshMsg::ProbeReport { .. }
-            );
-            if let (true, Some(m)) = (to_us, self.farewell.clone()) {
-                self.send(from, m);
-            }
+            self.answer_after_stop(from, &msg);
             return;
         }
         // A heartbeat from a live member that changes nothing but its liveness changes no
@@ -346,27 +333,8 @@ impl Coordinator {
                 .cloned(),
             _ => None,
         };
-        // Liveness: stamped with our own receive time, whatever the message.
-        if let Some(m) = self.state.members.get_mut(&from) {
-            m.last_seen = m.last_seen.max(now);
-        }
-        if let Some(j) = self.state.queue.iter_mut().find(|j| j.id == from) {
-            j.last_seen = j.last_seen.max(now);
-        }
+        self.seen(now, from, &msg);
         let is_member = self.state.members.contains_key(&from);
-        // Only a process that knows it was admitted sends these (see `MemberInfo::confirmed`).
-        let confirms = matches!(
-            msg,
-            MeshMsg::Heartbeat { epoch: Some(_), .. }
-                | MeshMsg::Barrier { .. }
-                | MeshMsg::Done { .. }
-                | MeshMsg::Failed { .. }
-                | MeshMsg::Synced { .. }
-                | MeshMsg::ProbeReport { .. }
-        );
-        if let (true, Some(m)) = (confirms, self.state.members.get_mut(&from)) {
-            m.confirmed = true;
-        }
         match msg {
             MeshMsg::Join { incarnation } => self.on_join(now, from, incarnation),
             MeshMsg::Heartbeat { epoch, phase, synced, withheld, .. } => {
@@ -383,19 +351,7 @@ impl Coordinator {
                 }
             }
             MeshMsg::Barrier { outer_step, withheld } if is_member => {
-                let cur = self.state.outer_step;
-                match &mut self.state.phase {
-                    Phase::Compute { barrier_opened, .. } if outer_step == cur => {
-                        barrier_opened.get_or_insert(now);
-                        if let Some(m) = self.state.members.get_mut(&from) {
-                            m.arrived = Some(outer_step);
-                            if withheld {
-                                m.withheld = Some(outer_step);
-                            }
-                        }
-                    }
-                    _ => self.stale(from, MeshMsg::Barrier { outer_step, withheld }),
-                }
+                self.on_barrier(now, from, outer_step, withheld)
             }
             MeshMsg::Done { epoch, outer_step, attempt } if is_member => {
                 if self.is_current_round(epoch, outer_step, attempt) {
@@ -407,17 +363,7 @@ impl Coordinator {
                 }
             }
             MeshMsg::Failed { epoch, outer_step, attempt } if is_member => {
-                if self.is_current_round(epoch, outer_step, attempt) {
-                    if let Some(m) = self.state.members.get_mut(&from) {
-                        m.failed = true;
-                    }
-                    if let Phase::Reduce { failed_at, .. } = &mut self.state.phase {
-                        failed_at.get_or_insert(now);
-                    }
-                    self.event(MeshEvent::AllReduceFailed { node: from, epoch, attempt });
-                } else {
-                    self.stale(from, MeshMsg::Failed { epoch, outer_step, attempt });
-                }
+                self.on_failed(now, from, epoch, outer_step, attempt)
             }
             MeshMsg::Synced { .. } if is_member => {
                 if let Some(m) = self.state.members.get_mut(&from) {
@@ -425,17 +371,7 @@ impl Coordinator {
                 }
             }
             MeshMsg::ProbeReport { round, results } if is_member => {
-                self.probes.on_report(from, round);
-                for r in results {
-                    if r.peer != from && r.bytes_per_sec.is_finite() && r.bytes_per_sec > 0.0 {
-                        self.state.bandwidth.set(from, r.peer, r.bytes_per_sec);
-                        self.event(MeshEvent::BandwidthMeasured {
-                            from,
-                            to: r.peer,
-                            bytes_per_sec: r.bytes_per_sec,
-                        });
-                    }
-                }
+                self.on_probe_report(from, round, results)
             }
             MeshMsg::Leave { reason } => {
                 if let Some(m) = self.state.members.get_mut(&from) {
@@ -468,24 +404,116 @@ impl Coordinator {
             | MeshMsg::Probe { .. }
             | MeshMsg::ProbeAck { .. } => {}
         }
-        // A quiet heartbeat: a live member's, which changed nothing of its record but when it
-        // was last seen, while no deadline is due. `decide` depends on a member's last sighting
-        // only through its silence (it was not silent and is not), and on time only through the
-        // deadlines in `timers` (none has passed since the last decision), so it would wait as
-        // it did: skip it. The heartbeat-expiry deadline stays where it was, earlier than the
-        // true one, and recomputes when it comes. At a thousand members this spares an O(members)
-        // decision for each of the hundreds of heartbeats a second.
-        let quiet = before.is_some_and(|mut b| {
+        if !self.quiet(now, from, before) {
+            self.step(now);
+        }
+    }
+
+    /// The run is over: a member's message (not its deathrattle) gets the final word again.
+    fn answer_after_stop(&mut self, from: NodeId, msg: &MeshMsg) {
+        let to_us = matches!(
+            msg,
+            MeshMsg::Join { .. }
+                | MeshMsg::Heartbeat { .. }
+                | MeshMsg::Barrier { .. }
+                | MeshMsg::Done { .. }
+                | MeshMsg::Failed { .. }
+                | MeshMsg::Synced { .. }
+                | MeshMsg::ProbeReport { .. }
+        );
+        if let (true, Some(m)) = (to_us, self.farewell.clone()) {
+            self.send(from, m);
+        }
+    }
+
+    /// Any message from `from` at `now`: its liveness, stamped with our own receive time, and
+    /// whether it shows that the member knows it was admitted.
+    fn seen(&mut self, now: Time, from: NodeId, msg: &MeshMsg) {
+        if let Some(m) = self.state.members.get_mut(&from) {
+            m.last_seen = m.last_seen.max(now);
+        }
+        if let Some(j) = self.state.queue.iter_mut().find(|j| j.id == from) {
+            j.last_seen = j.last_seen.max(now);
+        }
+        // Only a process that knows it was admitted sends these (see `MemberInfo::confirmed`).
+        let confirms = matches!(
+            msg,
+            MeshMsg::Heartbeat { epoch: Some(_), .. }
+                | MeshMsg::Barrier { .. }
+                | MeshMsg::Done { .. }
+                | MeshMsg::Failed { .. }
+                | MeshMsg::Synced { .. }
+                | MeshMsg::ProbeReport { .. }
+        );
+        if let (true, Some(m)) = (confirms, self.state.members.get_mut(&from)) {
+            m.confirmed = true;
+        }
+    }
+
+    /// A member arrived at the barrier of `outer_step` (stale unless that step computes).
+    fn on_barrier(&mut self, now: Time, from: NodeId, outer_step: u64, withheld: bool) {
+        let cur = self.state.outer_step;
+        match &mut self.state.phase {
+            Phase::Compute { barrier_opened, .. } if outer_step == cur => {
+                barrier_opened.get_or_insert(now);
+                if let Some(m) = self.state.members.get_mut(&from) {
+                    m.arrived = Some(outer_step);
+                    if withheld {
+                        m.withheld = Some(outer_step);
+                    }
+                }
+            }
+            _ => self.stale(from, MeshMsg::Barrier { outer_step, withheld }),
+        }
+    }
+
+    /// A member's all-reduce attempt failed (stale unless it is the current round's).
+    fn on_failed(&mut self, now: Time, from: NodeId, epoch: Epoch, outer_step: u64, attempt: u32) {
+        if self.is_current_round(epoch, outer_step, attempt) {
+            if let Some(m) = self.state.members.get_mut(&from) {
+                m.failed = true;
+            }
+            if let Phase::Reduce { failed_at, .. } = &mut self.state.phase {
+                failed_at.get_or_insert(now);
+            }
+            self.event(MeshEvent::AllReduceFailed { node: from, epoch, attempt });
+        } else {
+            self.stale(from, MeshMsg::Failed { epoch, outer_step, attempt });
+        }
+    }
+
+    /// A member's bandwidths to its peers, measured in probe `round`.
+    fn on_probe_report(&mut self, from: NodeId, round: u64, results: Vec<ProbeResult>) {
+        self.probes.on_report(from, round);
+        for r in results {
+            if r.peer != from && r.bytes_per_sec.is_finite() && r.bytes_per_sec > 0.0 {
+                self.state.bandwidth.set(from, r.peer, r.bytes_per_sec);
+                self.event(MeshEvent::BandwidthMeasured {
+                    from,
+                    to: r.peer,
+                    bytes_per_sec: r.bytes_per_sec,
+                });
+            }
+        }
+    }
+
+    /// Whether a message was a quiet heartbeat (`before`: the live member's record before it):
+    /// one that changed nothing of its record but when it was last seen, while no deadline is
+    /// due. `decide` depends on a member's last sighting only through its silence (it was not
+    /// silent and is not), and on time only through the deadlines in `timers` (none has passed
+    /// since the last decision), so it would wait as it did: the decision is skipped. The
+    /// heartbeat-expiry deadline stays where it was, earlier than the true one, and recomputes
+    /// when it comes. At a thousand members this spares an O(members) decision for each of the
+    /// hundreds of heartbeats a second.
+    fn quiet(&self, now: Time, from: NodeId, before: Option<MemberInfo>) -> bool {
+        before.is_some_and(|mut b| {
             b.confirmed = true;
             let after = self.state.members.get(&from);
             after.is_some_and(|a| {
                 b.last_seen = a.last_seen;
                 *a == b
             })
-        }) && self.timers.next_timeout().is_none_or(|t| t > now);
-        if !quiet {
-            self.step(now);
-        }
+        }) && self.timers.next_timeout().is_none_or(|t| t > now)
     }
 
     /// Compares a member's reported state with ours and repairs what a lost message broke:

@@ -448,27 +448,7 @@ pub fn decide(now: Time, s: &MeshState, cfg: &MeshConfig) -> Decision {
         return Decision::NoSyncedMember { unsynced: without(&ids, &dead), evicted: dead };
     }
     match &s.phase {
-        Phase::Forming => {
-            let live = live_joiners(now, s, cfg);
-            if live.is_empty() {
-                return Decision::Wait(Reason::NoJoiners);
-            }
-            if live.len() < cfg.min_members {
-                return Decision::Wait(Reason::TooFewJoiners {
-                    joined: live.len(),
-                    need: cfg.min_members,
-                });
-            }
-            let first = live.iter().map(|j| j.queued_at).min().unwrap_or(now);
-            let until = first + cfg.join_window;
-            if now < until {
-                return Decision::Wait(Reason::JoinWindow { until });
-            }
-            let admitted: Vec<NodeId> = live.iter().map(|j| j.id).collect();
-            let mut members = admitted.clone();
-            members.sort();
-            plan(s, members, admitted, Vec::new(), Then::Compute)
-        }
+        Phase::Forming => form(now, s, cfg),
         Phase::Compute { since, barrier_opened } => {
             if !dead.is_empty() {
                 let members = without(&ids, &dead);
@@ -557,6 +537,27 @@ pub fn decide(now: Time, s: &MeshState, cfg: &MeshConfig) -> Decision {
             })
         }
     }
+}
+
+/// Forming: the first epoch, of every live joiner, once enough have joined and the join window
+/// since the first of them has passed.
+fn form(now: Time, s: &MeshState, cfg: &MeshConfig) -> Decision {
+    let live = live_joiners(now, s, cfg);
+    if live.is_empty() {
+        return Decision::Wait(Reason::NoJoiners);
+    }
+    if live.len() < cfg.min_members {
+        return Decision::Wait(Reason::TooFewJoiners { joined: live.len(), need: cfg.min_members });
+    }
+    let first = live.iter().map(|j| j.queued_at).min().unwrap_or(now);
+    let until = first + cfg.join_window;
+    if now < until {
+        return Decision::Wait(Reason::JoinWindow { until });
+    }
+    let admitted: Vec<NodeId> = live.iter().map(|j| j.id).collect();
+    let mut members = admitted.clone();
+    members.sort();
+    plan(s, members, admitted, Vec::new(), Then::Compute)
 }
 
 /// The boundary of the current step: every member arrived or the rest is evicted. Admits all

@@ -697,42 +697,10 @@ impl Member {
             MeshMsg::Queued { .. } => self.queued = true,
             MeshMsg::HeartbeatAck => {}
             MeshMsg::View { epoch, outer_step, members, incarnation } => {
-                if incarnation != self.incarnation {
-                    return; // meant for this node's previous process
-                }
-                let joining = self.phase == MemberPhase::Joining;
-                if joining && !members.contains(&self.id) {
-                    return; // formed without us: we are still queued
-                }
-                let Some(changed) = self.accept_epoch(epoch) else { return };
-                self.admit_if_joining(epoch, outer_step);
-                self.set_members(epoch, members, changed);
-                if joining {
-                    // Admitted into a forming mesh: every member starts from the same state.
-                    self.synced = true;
-                    self.compute(epoch, outer_step);
-                }
+                self.on_view(epoch, outer_step, members, incarnation)
             }
             MeshMsg::Sync { epoch, outer_step, members, incarnations, transfers } => {
-                if !self.addressed_to_me(&members, &incarnations) {
-                    return; // meant for this node's previous process
-                }
-                let joining = self.phase == MemberPhase::Joining;
-                if joining && !members.contains(&self.id) {
-                    return;
-                }
-                let Some(changed) = self.accept_epoch(epoch) else { return };
-                self.admit_if_joining(epoch, outer_step);
-                self.set_members(epoch, members, changed);
-                if joining {
-                    let me = self.id;
-                    self.phase = if transfers.iter().any(|t| t.joiner == me) {
-                        MemberPhase::Syncing { outer_step }
-                    } else {
-                        MemberPhase::AtBarrier { outer_step }
-                    };
-                }
-                self.transfers(epoch, &transfers);
+                self.on_sync(epoch, outer_step, members, &incarnations, &transfers)
             }
             MeshMsg::Release {
                 epoch,
@@ -777,36 +745,9 @@ impl Member {
                     shards: self.shards,
                 }));
             }
-            MeshMsg::Commit { epoch, outer_step } => {
-                // The epoch is the collective's (the membership may have moved on since).
-                let finished = matches!(
-                    self.phase,
-                    MemberPhase::Reducing { outer_step: s, done: true, .. } if s == outer_step
-                );
-                if finished && self.collective.is_some_and(|(e, _)| e == epoch) {
-                    self.collective = None;
-                    self.last_committed = Some(outer_step);
-                    self.actions.push_back(MemberAction::Commit { epoch, outer_step });
-                    let current = self.epoch.unwrap_or(epoch);
-                    self.compute(current, outer_step + 1);
-                }
-            }
+            MeshMsg::Commit { epoch, outer_step } => self.on_commit(epoch, outer_step),
             MeshMsg::Skip { epoch, outer_step, members, attempts } => {
-                let at_step = match self.phase {
-                    MemberPhase::Reducing { outer_step: s, .. }
-                    | MemberPhase::AtBarrier { outer_step: s }
-                    | MemberPhase::Syncing { outer_step: s }
-                    | MemberPhase::Computing { outer_step: s } => s == outer_step,
-                    _ => false,
-                };
-                if !at_step || !members.contains(&self.id) {
-                    return;
-                }
-                self.abort_running();
-                let Some(changed) = self.accept_epoch(epoch) else { return };
-                self.set_members(epoch, members, changed);
-                self.actions.push_back(MemberAction::SkipStep { epoch, outer_step, attempts });
-                self.compute(epoch, outer_step + 1);
+                self.on_skip(epoch, outer_step, members, attempts)
             }
             MeshMsg::Evicted { reason } => self.stop(StopReason::Evicted(reason)),
             MeshMsg::ProbeRequest { round, peers } => {
@@ -832,6 +773,92 @@ impl Member {
             | MeshMsg::Probe { .. }
             | MeshMsg::ProbeAck { .. } => {}
         }
+    }
+
+    /// `View`: a new epoch while members compute; a joiner named in it is admitted into a
+    /// forming mesh.
+    fn on_view(&mut self, epoch: Epoch, outer_step: u64, members: Vec<NodeId>, incarnation: u64) {
+        if incarnation != self.incarnation {
+            return; // meant for this node's previous process
+        }
+        let joining = self.phase == MemberPhase::Joining;
+        if joining && !members.contains(&self.id) {
+            return; // formed without us: we are still queued
+        }
+        let Some(changed) = self.accept_epoch(epoch) else { return };
+        self.admit_if_joining(epoch, outer_step);
+        self.set_members(epoch, members, changed);
+        if joining {
+            // Admitted into a forming mesh: every member starts from the same state.
+            self.synced = true;
+            self.compute(epoch, outer_step);
+        }
+    }
+
+    /// `Sync` (blocking mode): a new epoch whose joiners first receive the state.
+    fn on_sync(
+        &mut self,
+        epoch: Epoch,
+        outer_step: u64,
+        members: Vec<NodeId>,
+        incarnations: &[u64],
+        transfers: &[Transfer],
+    ) {
+        if !self.addressed_to_me(&members, incarnations) {
+            return; // meant for this node's previous process
+        }
+        let joining = self.phase == MemberPhase::Joining;
+        if joining && !members.contains(&self.id) {
+            return;
+        }
+        let Some(changed) = self.accept_epoch(epoch) else { return };
+        self.admit_if_joining(epoch, outer_step);
+        self.set_members(epoch, members, changed);
+        if joining {
+            let me = self.id;
+            self.phase = if transfers.iter().any(|t| t.joiner == me) {
+                MemberPhase::Syncing { outer_step }
+            } else {
+                MemberPhase::AtBarrier { outer_step }
+            };
+        }
+        self.transfers(epoch, transfers);
+    }
+
+    /// `Commit`: a member whose attempt finished applies the outer update and computes the
+    /// next step.
+    fn on_commit(&mut self, epoch: Epoch, outer_step: u64) {
+        // The epoch is the collective's (the membership may have moved on since).
+        let finished = matches!(
+            self.phase,
+            MemberPhase::Reducing { outer_step: s, done: true, .. } if s == outer_step
+        );
+        if finished && self.collective.is_some_and(|(e, _)| e == epoch) {
+            self.collective = None;
+            self.last_committed = Some(outer_step);
+            self.actions.push_back(MemberAction::Commit { epoch, outer_step });
+            let current = self.epoch.unwrap_or(epoch);
+            self.compute(current, outer_step + 1);
+        }
+    }
+
+    /// `Skip`: retries are exhausted; a member at that step skips its outer update.
+    fn on_skip(&mut self, epoch: Epoch, outer_step: u64, members: Vec<NodeId>, attempts: u32) {
+        let at_step = match self.phase {
+            MemberPhase::Reducing { outer_step: s, .. }
+            | MemberPhase::AtBarrier { outer_step: s }
+            | MemberPhase::Syncing { outer_step: s }
+            | MemberPhase::Computing { outer_step: s } => s == outer_step,
+            _ => false,
+        };
+        if !at_step || !members.contains(&self.id) {
+            return;
+        }
+        self.abort_running();
+        let Some(changed) = self.accept_epoch(epoch) else { return };
+        self.set_members(epoch, members, changed);
+        self.actions.push_back(MemberAction::SkipStep { epoch, outer_step, attempts });
+        self.compute(epoch, outer_step + 1);
     }
 
     fn peer_message(&mut self, now: Time, from: NodeId, msg: MeshMsg) {

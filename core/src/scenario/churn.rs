@@ -125,7 +125,66 @@ pub(super) fn churn(
     let mut joined_by: BTreeMap<usize, usize> = BTreeMap::new();
 
     for (i, c) in raw.iter().enumerate() {
-        let cp = p.index(i);
+        let e = Entry::parse(i, p.index(i), c, &names)?;
+        let out = &mut pending;
+        match e.kind {
+            Kind::Join => {
+                let ids = e.join(nodes, start_given, &mut joined_by, &p)?;
+                e.push_start(out, ChurnAction::Join(ids));
+            }
+            Kind::Leave => e.push_start(out, ChurnAction::Leave(e.node_ids()?)),
+            Kind::Crash => e.push_start(out, ChurnAction::Crash(e.node_ids()?)),
+            Kind::Resume => e.push_start(out, ChurnAction::Resume(e.node_ids()?)),
+            Kind::Restart => e.push_start(out, ChurnAction::Restart(e.node_ids()?)),
+            Kind::Hang => {
+                let ids = e.node_ids()?;
+                e.push_start(out, ChurnAction::Hang(ids.clone()));
+                e.push_end(out, ChurnAction::Resume(ids));
+            }
+            Kind::Partition | Kind::Heal => e.cut(regions, out)?,
+            Kind::Degrade | Kind::Restore => e.link(regions, links, out)?,
+            Kind::CoordinatorCrash => e.push_start(out, ChurnAction::CoordinatorCrash),
+        }
+    }
+
+    let g = generators;
+    // Joins of nodes whose `start` is later than 0, one event per [[nodes]] entry, first.
+    let mut starts = node_starts(nodes, start_given);
+    starts.extend(pending);
+    // Arrivals set their nodes' starts; then the processes run from each node's start.
+    starts.extend(super::failures::arrivals(g.arrivals, nodes, start_given, regions, g.seed)?);
+    starts.extend(super::failures::failures(g.failures, nodes, regions, g.seed, g.stop_time)?);
+    starts.extend(super::failures::diurnal(g.diurnal, nodes, regions, g.seed, g.stop_time)?);
+    let mut all = starts;
+    all.sort_by_key(|e| e.event.at);
+    play(&all, nodes, regions)?;
+    Ok(all.into_iter().map(|e| e.event).collect())
+}
+
+/// One `[[churn]]` entry with the fields every kind shares checked and resolved.
+struct Entry<'a> {
+    /// Its index in `[[churn]]`.
+    i: usize,
+    /// Its path.
+    cp: FieldPath,
+    c: &'a RawChurn,
+    at: Duration,
+    kind: Kind,
+    during: Option<FaultPhase>,
+    from_step: Option<u64>,
+    /// When its `for` ends.
+    end_at: Option<Duration>,
+    /// It names `node` or `nodes`.
+    has_nodes: bool,
+    /// The nodes named, with the path of each name.
+    ids: Vec<NodeId>,
+    node_paths: Vec<FieldPath>,
+}
+
+impl<'a> Entry<'a> {
+    /// Checks the fields of entry `i` (at `cp`) that do not depend on its kind's meaning, and
+    /// resolves its node names among `names`.
+    fn parse(i: usize, cp: FieldPath, c: &'a RawChurn, names: &[String]) -> R<Entry<'a>> {
         let at = match &c.at {
             Some(a) => duration(&cp.key("at"), a)?,
             None => return Err(missing(&cp.key("at"), r#"the time of the event, like "3h""#)),
@@ -137,27 +196,7 @@ pub(super) fn churn(
             })?,
             None => return Err(missing(&cp.key("kind"), "the kind of event, like \"crash\"")),
         };
-        let present = [
-            ("node", c.node.is_some()),
-            ("nodes", c.nodes.is_some()),
-            ("from", c.from.is_some()),
-            ("to", c.to.is_some()),
-            ("oneway", c.oneway.is_some()),
-            ("bandwidth", c.bandwidth.is_some()),
-            ("latency", c.latency.is_some()),
-            ("jitter", c.jitter.is_some()),
-            ("for", c.for_.is_some()),
-            ("during", c.during.is_some()),
-            ("step", c.step.is_some()),
-        ];
-        for (field, given) in present {
-            if given && !kind.accepts(field) {
-                return Err(conflict(
-                    &cp.key(field),
-                    format!("`{field}` does not apply to a {} event", kind.name()),
-                ));
-            }
-        }
+        check_fields(&cp, c, kind)?;
         let during = match &c.during {
             Some(d) => Some(FaultPhase::parse(d).ok_or_else(|| {
                 let names: Vec<&str> = FaultPhase::ALL.iter().map(|(n, _)| *n).collect();
@@ -171,7 +210,6 @@ pub(super) fn churn(
                 "the phase the crash strikes in (`step` arms a crash with `during`)",
             ));
         }
-        let from_step = c.step;
         let for_ = c.for_.as_ref().map(|f| positive_duration(&cp.key("for"), f)).transpose()?;
         let end_at = match for_ {
             Some(d) => Some(at.checked_add(d).ok_or_else(|| {
@@ -187,226 +225,239 @@ pub(super) fn churn(
         let mut node_paths = Vec::new();
         let mut ids = Vec::new();
         if has_nodes {
-            for (id, np) in node_list(&cp, c, &names)? {
+            for (id, np) in node_list(&cp, c, names)? {
                 ids.push(id);
                 node_paths.push(np);
             }
         }
-        let region_pair = |required: bool| -> R<Option<(RegionId, RegionId, bool)>> {
-            match (&c.from, &c.to) {
-                (Some(f), Some(t)) => {
-                    let from = region_ref(&cp.key("from"), f, regions)?;
-                    let to = region_ref(&cp.key("to"), t, regions)?;
-                    Ok(Some((from, to, c.oneway.unwrap_or(false))))
-                }
-                (Some(_), None) => Err(missing(&cp.key("to"), "the other region")),
-                (None, Some(_)) => Err(missing(&cp.key("from"), "the other region")),
-                (None, None) if required => {
-                    Err(missing(&cp.key("from"), "a region name (with to)"))
-                }
-                (None, None) => Ok(None),
-            }
+        let from_step = c.step;
+        Ok(Entry { i, cp, c, at, kind, during, from_step, end_at, has_nodes, ids, node_paths })
+    }
+
+    /// Queues an event of this entry.
+    fn push(
+        &self,
+        out: &mut Vec<Pending>,
+        action: ChurnAction,
+        source: EventSource,
+        path: FieldPath,
+        at: Duration,
+    ) {
+        // The end of a `for` blames the `for` itself, not the node names.
+        let node_paths = match source {
+            EventSource::ChurnEnd(_) => Vec::new(),
+            _ => self.node_paths.clone(),
         };
-        let mut push = |action: ChurnAction, source: EventSource, path: FieldPath, at: Duration| {
-            // The end of a `for` blames the `for` itself, not the node names.
-            let node_paths = match source {
-                EventSource::ChurnEnd(_) => Vec::new(),
-                _ => node_paths.clone(),
-            };
-            let (during, from_step) = match source {
-                EventSource::Churn(_) => (during, from_step),
-                _ => (None, None),
-            };
-            let event = ChurnEvent { at, action, source, during, from_step };
-            pending.push(Pending { event, path, node_paths });
+        let (during, from_step) = match source {
+            EventSource::Churn(_) => (self.during, self.from_step),
+            _ => (None, None),
         };
-        let node_kind = |ids: &Vec<NodeId>| -> R<Vec<NodeId>> {
-            if ids.is_empty() {
-                Err(missing(&cp.key("node"), r#"node = "name" or nodes = ["a", "b"]"#))
-            } else {
-                Ok(ids.clone())
-            }
-        };
-        match kind {
-            Kind::Join => {
-                let ids = node_kind(&ids)?;
-                if at.is_zero() {
-                    return Err(expected(
-                        &cp.key("at"),
-                        "a time after 0s (nodes present from the start need no join event)",
-                        c.at.as_ref().map_or(String::new(), |a| a.to_string()),
-                    ));
-                }
-                for (id, np) in ids.iter().zip(&node_paths) {
-                    let k = id.0 as usize;
-                    if start_given[k] {
-                        let entry =
-                            FieldPath::root().key("nodes").index(nodes[k].entry).key("start");
-                        return Err(conflict(
-                            np,
-                            format!(
-                                "node {:?} already has a start ({entry} = {}); a join event cannot start it again (restart brings back a node that crashed or left)",
-                                nodes[k].name,
-                                format_duration(nodes[k].start)
-                            ),
-                        ));
-                    }
-                    if let Some(first) = joined_by.insert(k, i) {
-                        return Err(conflict(
-                            np,
-                            format!(
-                                "node {:?} already joins at {} ({})",
-                                nodes[k].name,
-                                format_duration(nodes[k].start),
-                                p.index(first)
-                            ),
-                        ));
-                    }
-                    nodes[k].start = at;
-                }
-                push(ChurnAction::Join(ids), EventSource::Churn(i), cp.clone(), at);
-            }
-            Kind::Leave => {
-                push(ChurnAction::Leave(node_kind(&ids)?), EventSource::Churn(i), cp.clone(), at)
-            }
-            Kind::Crash => {
-                push(ChurnAction::Crash(node_kind(&ids)?), EventSource::Churn(i), cp.clone(), at)
-            }
-            Kind::Resume => {
-                push(ChurnAction::Resume(node_kind(&ids)?), EventSource::Churn(i), cp.clone(), at)
-            }
-            Kind::Restart => {
-                push(ChurnAction::Restart(node_kind(&ids)?), EventSource::Churn(i), cp.clone(), at)
-            }
-            Kind::Hang => {
-                let ids = node_kind(&ids)?;
-                push(ChurnAction::Hang(ids.clone()), EventSource::Churn(i), cp.clone(), at);
-                if let Some(end) = end_at {
-                    push(ChurnAction::Resume(ids), EventSource::ChurnEnd(i), cp.key("for"), end);
-                }
-            }
-            Kind::Partition | Kind::Heal => {
-                let pair = region_pair(false)?;
-                let cut = match (pair, has_nodes) {
-                    (Some(_), true) => {
-                        let field = if c.nodes.is_some() { "nodes" } else { "node" };
-                        return Err(conflict(
-                            &cp.key(field),
-                            "give regions (from, to) or nodes, not both",
-                        ));
-                    }
-                    (Some((from, to, oneway)), false) => {
-                        if from == to {
-                            return Err(expected(
-                                &cp.key("to"),
-                                "a region other than `from`",
-                                quoted(&regions[to.0 as usize].name),
-                            ));
-                        }
-                        Some(normal_cut(Cut::Regions { from, to, oneway }))
-                    }
-                    (None, true) => {
-                        if c.oneway.is_some() {
-                            return Err(conflict(
-                                &cp.key("oneway"),
-                                "`oneway` applies to a partition between regions",
-                            ));
-                        }
-                        Some(normal_cut(Cut::Nodes(ids.clone())))
-                    }
-                    (None, false) => None,
-                };
-                if kind == Kind::Heal {
-                    push(ChurnAction::Heal(cut), EventSource::Churn(i), cp.clone(), at);
-                } else {
-                    let Some(cut) = cut else {
-                        return Err(missing(
-                            &cp.key("from"),
-                            "two regions (from, to) or node/nodes to cut off",
-                        ));
-                    };
-                    push(
-                        ChurnAction::Partition(cut.clone()),
-                        EventSource::Churn(i),
-                        cp.clone(),
-                        at,
-                    );
-                    if let Some(end) = end_at {
-                        push(
-                            ChurnAction::Heal(Some(cut)),
-                            EventSource::ChurnEnd(i),
-                            cp.key("for"),
-                            end,
-                        );
-                    }
-                }
-            }
-            Kind::Degrade | Kind::Restore => {
-                let Some((from, to, oneway)) = region_pair(true)? else {
-                    return Err(missing(&cp.key("from"), "a region name (with to)"));
-                };
-                for (x, y) in if oneway { vec![(from, to)] } else { vec![(from, to), (to, from)] } {
-                    if !links.iter().any(|l| l.serves(x, y)) {
-                        return Err(PathError::new(
-                            cp.key("from"),
-                            ErrorKind::NoLink {
-                                from: regions[x.0 as usize].name.clone(),
-                                to: regions[y.0 as usize].name.clone(),
-                                needed_by: format!("needed by this {} event", kind.name()),
-                            },
-                        ));
-                    }
-                }
-                if kind == Kind::Restore {
-                    push(
-                        ChurnAction::Restore { from, to, oneway },
-                        EventSource::Churn(i),
-                        cp.clone(),
-                        at,
-                    );
-                } else {
-                    let bandwidth = c
-                        .bandwidth
-                        .as_ref()
-                        .map(|b| varying(&cp.key("bandwidth"), b, rate))
-                        .transpose()?;
-                    let latency = c
-                        .latency
-                        .as_ref()
-                        .map(|l| varying(&cp.key("latency"), l, duration))
-                        .transpose()?;
-                    let jitter =
-                        c.jitter.as_ref().map(|j| duration(&cp.key("jitter"), j)).transpose()?;
-                    if bandwidth.is_none() && latency.is_none() && jitter.is_none() {
-                        return Err(missing(
-                            &cp.key("bandwidth"),
-                            "bandwidth, latency or jitter: what the link changes to",
-                        ));
-                    }
-                    push(
-                        ChurnAction::Degrade { from, to, oneway, bandwidth, latency, jitter },
-                        EventSource::Churn(i),
-                        cp.clone(),
-                        at,
-                    );
-                    if let Some(end) = end_at {
-                        push(
-                            ChurnAction::Restore { from, to, oneway },
-                            EventSource::ChurnEnd(i),
-                            cp.key("for"),
-                            end,
-                        );
-                    }
-                }
-            }
-            Kind::CoordinatorCrash => {
-                push(ChurnAction::CoordinatorCrash, EventSource::Churn(i), cp.clone(), at)
-            }
+        let event = ChurnEvent { at, action, source, during, from_step };
+        out.push(Pending { event, path, node_paths });
+    }
+
+    /// Queues the event the entry describes, at its `at`.
+    fn push_start(&self, out: &mut Vec<Pending>, action: ChurnAction) {
+        self.push(out, action, EventSource::Churn(self.i), self.cp.clone(), self.at);
+    }
+
+    /// Queues the event that ends it when its `for` is over, if it has one.
+    fn push_end(&self, out: &mut Vec<Pending>, action: ChurnAction) {
+        if let Some(end) = self.end_at {
+            self.push(out, action, EventSource::ChurnEnd(self.i), self.cp.key("for"), end);
         }
     }
 
-    let g = generators;
-    // Joins of nodes whose `start` is later than 0, one event per [[nodes]] entry, first.
+    /// The nodes of a kind that needs some.
+    fn node_ids(&self) -> R<Vec<NodeId>> {
+        if self.ids.is_empty() {
+            Err(missing(&self.cp.key("node"), r#"node = "name" or nodes = ["a", "b"]"#))
+        } else {
+            Ok(self.ids.clone())
+        }
+    }
+
+    /// `from` and `to` resolved to regions (`None` when neither is given and not `required`),
+    /// with `oneway`.
+    fn region_pair(
+        &self,
+        regions: &[Region],
+        required: bool,
+    ) -> R<Option<(RegionId, RegionId, bool)>> {
+        let (cp, c) = (&self.cp, self.c);
+        match (&c.from, &c.to) {
+            (Some(f), Some(t)) => {
+                let from = region_ref(&cp.key("from"), f, regions)?;
+                let to = region_ref(&cp.key("to"), t, regions)?;
+                Ok(Some((from, to, c.oneway.unwrap_or(false))))
+            }
+            (Some(_), None) => Err(missing(&cp.key("to"), "the other region")),
+            (None, Some(_)) => Err(missing(&cp.key("from"), "the other region")),
+            (None, None) if required => Err(missing(&cp.key("from"), "a region name (with to)")),
+            (None, None) => Ok(None),
+        }
+    }
+
+    /// A `join`: its nodes start at its `at` (a time after 0), each once, and none that has a
+    /// `start` of its own. `p` is the path of `[[churn]]`.
+    fn join(
+        &self,
+        nodes: &mut [NodeSpec],
+        start_given: &[bool],
+        joined_by: &mut BTreeMap<usize, usize>,
+        p: &FieldPath,
+    ) -> R<Vec<NodeId>> {
+        let ids = self.node_ids()?;
+        if self.at.is_zero() {
+            return Err(expected(
+                &self.cp.key("at"),
+                "a time after 0s (nodes present from the start need no join event)",
+                self.c.at.as_ref().map_or(String::new(), |a| a.to_string()),
+            ));
+        }
+        for (id, np) in ids.iter().zip(&self.node_paths) {
+            let k = id.0 as usize;
+            if start_given[k] {
+                let entry = FieldPath::root().key("nodes").index(nodes[k].entry).key("start");
+                return Err(conflict(
+                    np,
+                    format!(
+                        "node {:?} already has a start ({entry} = {}); a join event cannot start it again (restart brings back a node that crashed or left)",
+                        nodes[k].name,
+                        format_duration(nodes[k].start)
+                    ),
+                ));
+            }
+            if let Some(first) = joined_by.insert(k, self.i) {
+                return Err(conflict(
+                    np,
+                    format!(
+                        "node {:?} already joins at {} ({})",
+                        nodes[k].name,
+                        format_duration(nodes[k].start),
+                        p.index(first)
+                    ),
+                ));
+            }
+            nodes[k].start = self.at;
+        }
+        Ok(ids)
+    }
+
+    /// A `partition` (healed at the end of its `for`) or a `heal` (of every partition when it
+    /// names no cut): between two regions, or of nodes from the rest.
+    fn cut(&self, regions: &[Region], out: &mut Vec<Pending>) -> R<()> {
+        let (cp, c) = (&self.cp, self.c);
+        let pair = self.region_pair(regions, false)?;
+        let cut = match (pair, self.has_nodes) {
+            (Some(_), true) => {
+                let field = if c.nodes.is_some() { "nodes" } else { "node" };
+                return Err(conflict(&cp.key(field), "give regions (from, to) or nodes, not both"));
+            }
+            (Some((from, to, oneway)), false) => {
+                if from == to {
+                    return Err(expected(
+                        &cp.key("to"),
+                        "a region other than `from`",
+                        quoted(&regions[to.0 as usize].name),
+                    ));
+                }
+                Some(normal_cut(Cut::Regions { from, to, oneway }))
+            }
+            (None, true) => {
+                if c.oneway.is_some() {
+                    return Err(conflict(
+                        &cp.key("oneway"),
+                        "`oneway` applies to a partition between regions",
+                    ));
+                }
+                Some(normal_cut(Cut::Nodes(self.ids.clone())))
+            }
+            (None, false) => None,
+        };
+        if self.kind == Kind::Heal {
+            self.push_start(out, ChurnAction::Heal(cut));
+        } else {
+            let Some(cut) = cut else {
+                return Err(missing(
+                    &cp.key("from"),
+                    "two regions (from, to) or node/nodes to cut off",
+                ));
+            };
+            self.push_start(out, ChurnAction::Partition(cut.clone()));
+            self.push_end(out, ChurnAction::Heal(Some(cut)));
+        }
+        Ok(())
+    }
+
+    /// A `degrade` of a link (restored at the end of its `for`) or its `restore`: the link
+    /// must exist in each direction it changes.
+    fn link(&self, regions: &[Region], links: &[LinkSpec], out: &mut Vec<Pending>) -> R<()> {
+        let (cp, c, kind) = (&self.cp, self.c, self.kind);
+        let Some((from, to, oneway)) = self.region_pair(regions, true)? else {
+            return Err(missing(&cp.key("from"), "a region name (with to)"));
+        };
+        for (x, y) in if oneway { vec![(from, to)] } else { vec![(from, to), (to, from)] } {
+            if !links.iter().any(|l| l.serves(x, y)) {
+                return Err(PathError::new(
+                    cp.key("from"),
+                    ErrorKind::NoLink {
+                        from: regions[x.0 as usize].name.clone(),
+                        to: regions[y.0 as usize].name.clone(),
+                        needed_by: format!("needed by this {} event", kind.name()),
+                    },
+                ));
+            }
+        }
+        if kind == Kind::Restore {
+            self.push_start(out, ChurnAction::Restore { from, to, oneway });
+            return Ok(());
+        }
+        let bandwidth =
+            c.bandwidth.as_ref().map(|b| varying(&cp.key("bandwidth"), b, rate)).transpose()?;
+        let latency =
+            c.latency.as_ref().map(|l| varying(&cp.key("latency"), l, duration)).transpose()?;
+        let jitter = c.jitter.as_ref().map(|j| duration(&cp.key("jitter"), j)).transpose()?;
+        if bandwidth.is_none() && latency.is_none() && jitter.is_none() {
+            return Err(missing(
+                &cp.key("bandwidth"),
+                "bandwidth, latency or jitter: what the link changes to",
+            ));
+        }
+        self.push_start(out, ChurnAction::Degrade { from, to, oneway, bandwidth, latency, jitter });
+        self.push_end(out, ChurnAction::Restore { from, to, oneway });
+        Ok(())
+    }
+}
+
+/// Rejects the optional fields of entry `c` (at `cp`) that its `kind` does not take.
+fn check_fields(cp: &FieldPath, c: &RawChurn, kind: Kind) -> R<()> {
+    let present = [
+        ("node", c.node.is_some()),
+        ("nodes", c.nodes.is_some()),
+        ("from", c.from.is_some()),
+        ("to", c.to.is_some()),
+        ("oneway", c.oneway.is_some()),
+        ("bandwidth", c.bandwidth.is_some()),
+        ("latency", c.latency.is_some()),
+        ("jitter", c.jitter.is_some()),
+        ("for", c.for_.is_some()),
+        ("during", c.during.is_some()),
+        ("step", c.step.is_some()),
+    ];
+    for (field, given) in present {
+        if given && !kind.accepts(field) {
+            return Err(conflict(
+                &cp.key(field),
+                format!("`{field}` does not apply to a {} event", kind.name()),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The joins of the nodes whose `start` is later than 0: one event per `[[nodes]]` entry.
+fn node_starts(nodes: &[NodeSpec], start_given: &[bool]) -> Vec<Pending> {
     let mut starts: Vec<Pending> = Vec::new();
     for (k, n) in nodes.iter().enumerate() {
         if !start_given[k] || n.start.is_zero() {
@@ -433,15 +484,7 @@ pub(super) fn churn(
             }),
         }
     }
-    starts.extend(pending);
-    // Arrivals set their nodes' starts; then the processes run from each node's start.
-    starts.extend(super::failures::arrivals(g.arrivals, nodes, start_given, regions, g.seed)?);
-    starts.extend(super::failures::failures(g.failures, nodes, regions, g.seed, g.stop_time)?);
-    starts.extend(super::failures::diurnal(g.diurnal, nodes, regions, g.seed, g.stop_time)?);
-    let mut all = starts;
-    all.sort_by_key(|e| e.event.at);
-    play(&all, nodes, regions)?;
-    Ok(all.into_iter().map(|e| e.event).collect())
+    starts
 }
 
 /// Resolves `node` or `nodes` of a churn entry to ids, with the path of each name.
@@ -502,62 +545,12 @@ fn play(events: &[Pending], nodes: &[NodeSpec], regions: &[Region]) -> R<()> {
     let mut coordinator_crashed: Option<Duration> = None;
     let rname = |r: RegionId| regions[r.0 as usize].name.clone();
     for e in events {
+        if play_nodes(e, nodes, &mut state)? {
+            continue;
+        }
         let at = e.event.at;
         let t = format_duration(at);
-        let step = |ids: &[NodeId],
-                    verb: &str,
-                    ok: fn(State) -> bool,
-                    next: State,
-                    state: &mut Vec<State>|
-         -> R<()> {
-            for (j, id) in ids.iter().enumerate() {
-                let k = id.0 as usize;
-                if !ok(state[k]) {
-                    let path = e.node_paths.get(j).unwrap_or(&e.path);
-                    return Err(conflict(
-                        path,
-                        format!(
-                            "cannot {verb} node {:?} at {t}: {}",
-                            nodes[k].name,
-                            state[k].describe(nodes[k].start)
-                        ),
-                    ));
-                }
-                state[k] = next;
-            }
-            Ok(())
-        };
         match &e.event.action {
-            ChurnAction::Join(ids) => {
-                step(ids, "start", |s| s == State::NotStarted, State::Running, &mut state)?
-            }
-            ChurnAction::Leave(ids) => {
-                step(ids, "stop", |s| s == State::Running, State::Left(at), &mut state)?
-            }
-            ChurnAction::Crash(ids) => {
-                step(
-                    ids,
-                    "crash",
-                    |s| matches!(s, State::Running | State::Hung(_)),
-                    State::Crashed(at),
-                    &mut state,
-                )?;
-            }
-            ChurnAction::Hang(ids) => {
-                step(ids, "hang", |s| s == State::Running, State::Hung(at), &mut state)?
-            }
-            ChurnAction::Resume(ids) => {
-                step(ids, "resume", |s| matches!(s, State::Hung(_)), State::Running, &mut state)?;
-            }
-            ChurnAction::Restart(ids) => {
-                step(
-                    ids,
-                    "restart",
-                    |s| matches!(s, State::Crashed(_) | State::Left(_)),
-                    State::Running,
-                    &mut state,
-                )?;
-            }
             ChurnAction::Partition(cut) => {
                 if cuts.contains(cut) {
                     return Err(conflict(
@@ -613,7 +606,79 @@ fn play(events: &[Pending], nodes: &[NodeSpec], regions: &[Region]) -> R<()> {
                 }
                 coordinator_crashed = Some(at);
             }
+            // Played by `play_nodes`.
+            ChurnAction::Join(_)
+            | ChurnAction::Leave(_)
+            | ChurnAction::Crash(_)
+            | ChurnAction::Hang(_)
+            | ChurnAction::Resume(_)
+            | ChurnAction::Restart(_) => {}
         }
     }
     Ok(())
+}
+
+/// Plays an event on nodes (join, leave, crash, hang, resume, restart) against the nodes'
+/// `state`, rejecting it when a node is not in a state it applies to; `Ok(false)` for an
+/// event of another kind.
+fn play_nodes(e: &Pending, nodes: &[NodeSpec], state: &mut [State]) -> R<bool> {
+    let at = e.event.at;
+    let t = format_duration(at);
+    let step = |ids: &[NodeId],
+                verb: &str,
+                ok: fn(State) -> bool,
+                next: State,
+                state: &mut [State]|
+     -> R<()> {
+        for (j, id) in ids.iter().enumerate() {
+            let k = id.0 as usize;
+            if !ok(state[k]) {
+                let path = e.node_paths.get(j).unwrap_or(&e.path);
+                return Err(conflict(
+                    path,
+                    format!(
+                        "cannot {verb} node {:?} at {t}: {}",
+                        nodes[k].name,
+                        state[k].describe(nodes[k].start)
+                    ),
+                ));
+            }
+            state[k] = next;
+        }
+        Ok(())
+    };
+    match &e.event.action {
+        ChurnAction::Join(ids) => {
+            step(ids, "start", |s| s == State::NotStarted, State::Running, state)?
+        }
+        ChurnAction::Leave(ids) => {
+            step(ids, "stop", |s| s == State::Running, State::Left(at), state)?
+        }
+        ChurnAction::Crash(ids) => {
+            step(
+                ids,
+                "crash",
+                |s| matches!(s, State::Running | State::Hung(_)),
+                State::Crashed(at),
+                state,
+            )?;
+        }
+        ChurnAction::Hang(ids) => {
+            step(ids, "hang", |s| s == State::Running, State::Hung(at), state)?
+        }
+        ChurnAction::Resume(ids) => {
+            step(ids, "resume", |s| matches!(s, State::Hung(_)), State::Running, state)?;
+        }
+        ChurnAction::Restart(ids) => {
+            step(
+                ids,
+                "restart",
+                |s| matches!(s, State::Crashed(_) | State::Left(_)),
+                State::Running,
+                state,
+            )?;
+        }
+        _ => return Ok(false),
+    }
+    Ok(true)
 }

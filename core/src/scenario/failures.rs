@@ -116,66 +116,8 @@ pub(super) fn failures(
                 expected(&p.key("kind"), one_of_text(&names), quoted(k))
             })?,
         };
-        // Up times: Weibull of mean `mtbf`, or drawn from the observed ones (`up`).
-        let up = match (&f.mtbf, &f.up) {
-            (Some(_), Some(_)) => {
-                return Err(expected(
-                    &p.key("up"),
-                    "either `mtbf` (and `shape`) or `up`, not both",
-                    "both".to_owned(),
-                ));
-            }
-            (Some(m), None) => {
-                let mtbf = positive_duration(&p.key("mtbf"), m)?;
-                let shape = f.shape.unwrap_or(1.0);
-                if !(shape.is_finite() && (0.1..=20.0).contains(&shape)) {
-                    return Err(expected(
-                        &p.key("shape"),
-                        "a Weibull shape in [0.1, 20] (1: exponential)",
-                        shape.to_string(),
-                    ));
-                }
-                // The Weibull scale whose mean is `mtbf`: mean = scale * Gamma(1 + 1 / shape).
-                let scale = mtbf.as_secs_f64() / gamma(1.0 + 1.0 / shape);
-                Draw::Weibull { scale, shape }
-            }
-            (None, Some(trace)) => {
-                if f.shape.is_some() {
-                    return Err(expected(
-                        &p.key("shape"),
-                        "no Weibull shape with observed up times (`up`)",
-                        f.shape.unwrap_or_default().to_string(),
-                    ));
-                }
-                Draw::Observed(observed(&p.key("up"), trace)?)
-            }
-            (None, None) => {
-                return Err(missing(
-                    &p.key("mtbf"),
-                    r#"the mean time between failures, like "6h" (or observed up times, `up`)"#,
-                ));
-            }
-        };
-        // Outages: exponential of mean `repair`, or drawn from the observed ones (`down`).
-        let down = match (&f.repair, &f.down) {
-            (Some(_), Some(_)) => {
-                return Err(expected(
-                    &p.key("down"),
-                    "either `repair` or `down`, not both",
-                    "both".to_owned(),
-                ));
-            }
-            (Some(r), None) => {
-                Draw::Exponential(positive_duration(&p.key("repair"), r)?.as_secs_f64())
-            }
-            (None, Some(trace)) => Draw::Observed(observed(&p.key("down"), trace)?),
-            (None, None) => {
-                return Err(missing(
-                    &p.key("repair"),
-                    r#"the mean time to repair, like "10min" (or observed outages, `down`)"#,
-                ));
-            }
-        };
+        let up = up_times(&p, f)?;
+        let down = outages(&p, f)?;
         let rate_field = if f.up.is_some() { "up" } else { "mtbf" };
         let rate_given = || match (&f.mtbf, &f.up) {
             (Some(m), _) => m.to_string(),
@@ -244,6 +186,72 @@ pub(super) fn failures(
         }
     }
     Ok(out)
+}
+
+/// Up times of entry `f` (at `p`): Weibull of mean `mtbf`, or drawn from the observed ones
+/// (`up`).
+fn up_times(p: &FieldPath, f: &RawFailures) -> R<Draw> {
+    Ok(match (&f.mtbf, &f.up) {
+        (Some(_), Some(_)) => {
+            return Err(expected(
+                &p.key("up"),
+                "either `mtbf` (and `shape`) or `up`, not both",
+                "both".to_owned(),
+            ));
+        }
+        (Some(m), None) => {
+            let mtbf = positive_duration(&p.key("mtbf"), m)?;
+            let shape = f.shape.unwrap_or(1.0);
+            if !(shape.is_finite() && (0.1..=20.0).contains(&shape)) {
+                return Err(expected(
+                    &p.key("shape"),
+                    "a Weibull shape in [0.1, 20] (1: exponential)",
+                    shape.to_string(),
+                ));
+            }
+            // The Weibull scale whose mean is `mtbf`: mean = scale * Gamma(1 + 1 / shape).
+            let scale = mtbf.as_secs_f64() / gamma(1.0 + 1.0 / shape);
+            Draw::Weibull { scale, shape }
+        }
+        (None, Some(trace)) => {
+            if f.shape.is_some() {
+                return Err(expected(
+                    &p.key("shape"),
+                    "no Weibull shape with observed up times (`up`)",
+                    f.shape.unwrap_or_default().to_string(),
+                ));
+            }
+            Draw::Observed(observed(&p.key("up"), trace)?)
+        }
+        (None, None) => {
+            return Err(missing(
+                &p.key("mtbf"),
+                r#"the mean time between failures, like "6h" (or observed up times, `up`)"#,
+            ));
+        }
+    })
+}
+
+/// Outages of entry `f` (at `p`): exponential of mean `repair`, or drawn from the observed
+/// ones (`down`).
+fn outages(p: &FieldPath, f: &RawFailures) -> R<Draw> {
+    Ok(match (&f.repair, &f.down) {
+        (Some(_), Some(_)) => {
+            return Err(expected(
+                &p.key("down"),
+                "either `repair` or `down`, not both",
+                "both".to_owned(),
+            ));
+        }
+        (Some(r), None) => Draw::Exponential(positive_duration(&p.key("repair"), r)?.as_secs_f64()),
+        (None, Some(trace)) => Draw::Observed(observed(&p.key("down"), trace)?),
+        (None, None) => {
+            return Err(missing(
+                &p.key("repair"),
+                r#"the mean time to repair, like "10min" (or observed outages, `down`)"#,
+            ));
+        }
+    })
 }
 
 /// Expands every `[[diurnal]]` entry: each day, each of its nodes leaves at `offline_at` (plus

@@ -154,13 +154,8 @@ fn defaults_are_the_documented_ones() {
     assert_eq!((l.oneway, l.jitter, l.streams), (false, Duration::ZERO, 1));
 }
 
-#[test]
-fn every_section_parses() {
-    // Top-level keys first, then BASE's tables without its model, then every other section.
-    let src = "name = \"all\"\ndescription = \"all of it\"\nseed = 7\npublished = \"usa-europe\"\n"
-        .to_owned()
-        + &BASE.replacen("name = \"t\"\n", "", 1).replacen("[model]\npreset = \"tiny\"\n", "", 1)
-        + r#"
+/// Every other section of a scenario, each key given, for [`every_section_parses`].
+const EVERY_SECTION: &str = r#"
 [model]
 preset = "10b"
 seq_len = 2048
@@ -222,6 +217,14 @@ keep = 5
 secret_env = "MY_SECRET"
 network = "emulated"
 "#;
+
+#[test]
+fn every_section_parses() {
+    // Top-level keys first, then BASE's tables without its model, then every other section.
+    let src = "name = \"all\"\ndescription = \"all of it\"\nseed = 7\npublished = \"usa-europe\"\n"
+        .to_owned()
+        + &BASE.replacen("name = \"t\"\n", "", 1).replacen("[model]\npreset = \"tiny\"\n", "", 1)
+        + EVERY_SECTION;
     let s = ok(&src);
     assert_eq!(s.name(), "all");
     assert_eq!(s.description(), Some("all of it"));

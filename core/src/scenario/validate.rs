@@ -400,103 +400,13 @@ fn diloco(d: &RawDiloco) -> R<DilocoSpec> {
     };
     let inner_steps =
         at_least_one(&p.key("inner_steps"), d.inner_steps.unwrap_or(def.inner_steps))?;
-    let fragments = match (mode, d.fragments) {
-        (Mode::Streaming, f) => {
-            let f = at_least_one(&p.key("fragments"), f.unwrap_or(STREAMING_FRAGMENTS))?;
-            if !inner_steps.is_multiple_of(u64::from(f)) {
-                return Err(expected(
-                    &p.key("fragments"),
-                    format!(
-                        "a divisor of inner_steps ({inner_steps}): a round is inner_steps / fragments inner steps"
-                    ),
-                    f,
-                ));
-            }
-            f
-        }
-        (_, Some(f)) if f != 1 => {
-            return Err(expected(
-                &p.key("fragments"),
-                "1, or mode = \"streaming\" (fragments are streaming DiLoCo's)",
-                f,
-            ));
-        }
-        _ => 1,
-    };
-    let mix = match d.mix {
-        Some(x) if mode == Mode::Sync => {
-            return Err(expected(
-                &p.key("mix"),
-                "no mix with mode = \"sync\" (it weighs the merge of overlap and streaming)",
-                x,
-            ));
-        }
-        Some(x) => unit_interval(&p.key("mix"), x)?,
-        None => def.mix,
-    };
+    let fragments = fragments(&p, mode, d.fragments, inner_steps)?;
+    let mix = mix(&p, mode, d.mix, def.mix)?;
     let period = inner_steps / u64::from(fragments);
-    let sync_delay = match d.sync_delay {
-        Some(t) if mode == Mode::Sync => {
-            return Err(expected(
-                &p.key("sync_delay"),
-                "no sync_delay with mode = \"sync\" (it shortens the delay of overlap and \
-                 streaming)",
-                t,
-            ));
-        }
-        Some(t) if t == 0 || !period.is_multiple_of(t) => {
-            return Err(expected(
-                &p.key("sync_delay"),
-                format!(
-                    "a divisor of a round ({period} inner steps: inner_steps / fragments), at \
-                     least 1"
-                ),
-                t,
-            ));
-        }
-        Some(t) => t,
-        None => period,
-    };
-    let betas = match &d.betas {
-        Some(b) if b.len() == 2 => (
-            unit_interval(&p.key("betas").index(0), b[0])?,
-            unit_interval(&p.key("betas").index(1), b[1])?,
-        ),
-        Some(b) => {
-            return Err(expected(
-                &p.key("betas"),
-                "two numbers [beta1, beta2]",
-                format!("{} numbers", b.len()),
-            ));
-        }
-        None => def.betas,
-    };
+    let sync_delay = sync_delay(&p, mode, d.sync_delay, period)?;
+    let betas = betas(&p, d.betas.as_deref(), def.betas)?;
     let warmup_steps = d.warmup_steps.unwrap_or(def.warmup_steps);
-    let decay = match (d.decay_start, d.decay_steps) {
-        (Some(start), Some(steps)) => {
-            if start < warmup_steps {
-                return Err(expected(
-                    &p.key("decay_start"),
-                    format!("a step >= warmup_steps ({warmup_steps})"),
-                    start,
-                ));
-            }
-            Some(Decay { start, steps: at_least_one(&p.key("decay_steps"), steps)? })
-        }
-        (Some(_), None) => {
-            return Err(missing(
-                &p.key("decay_steps"),
-                "the length of the decay in inner steps (with decay_start)",
-            ));
-        }
-        (None, Some(_)) => {
-            return Err(missing(
-                &p.key("decay_start"),
-                "the inner step the decay starts at (with decay_steps)",
-            ));
-        }
-        (None, None) => None,
-    };
+    let decay = decay(&p, d.decay_start, d.decay_steps, warmup_steps)?;
     Ok(DilocoSpec {
         inner_steps,
         mode,
@@ -541,17 +451,144 @@ fn diloco(d: &RawDiloco) -> R<DilocoSpec> {
             &p.key("batch_tokens"),
             d.batch_tokens.unwrap_or(def.batch_tokens),
         )?,
-        segment: match &d.segment {
-            Some(s) => {
-                let sp = p.key("segment");
-                let bytes = size(&sp, s)?;
-                if bytes == 0 {
-                    return Err(expected(&sp, "a size above 0", s));
-                }
-                Some(bytes)
+        segment: segment(&p, d.segment.as_ref())?,
+    })
+}
+
+/// `fragments`: streaming DiLoCo's, a divisor of `inner_steps`; 1 in the other modes.
+fn fragments(p: &FieldPath, mode: Mode, fragments: Option<u32>, inner_steps: u64) -> R<u32> {
+    Ok(match (mode, fragments) {
+        (Mode::Streaming, f) => {
+            let f = at_least_one(&p.key("fragments"), f.unwrap_or(STREAMING_FRAGMENTS))?;
+            if !inner_steps.is_multiple_of(u64::from(f)) {
+                return Err(expected(
+                    &p.key("fragments"),
+                    format!(
+                        "a divisor of inner_steps ({inner_steps}): a round is inner_steps / fragments inner steps"
+                    ),
+                    f,
+                ));
             }
-            None => None,
-        },
+            f
+        }
+        (_, Some(f)) if f != 1 => {
+            return Err(expected(
+                &p.key("fragments"),
+                "1, or mode = \"streaming\" (fragments are streaming DiLoCo's)",
+                f,
+            ));
+        }
+        _ => 1,
+    })
+}
+
+/// `mix`: the weight of the merge in overlap and streaming modes (`def` unless given); none
+/// in sync mode.
+fn mix(p: &FieldPath, mode: Mode, mix: Option<f64>, def: f64) -> R<f64> {
+    Ok(match mix {
+        Some(x) if mode == Mode::Sync => {
+            return Err(expected(
+                &p.key("mix"),
+                "no mix with mode = \"sync\" (it weighs the merge of overlap and streaming)",
+                x,
+            ));
+        }
+        Some(x) => unit_interval(&p.key("mix"), x)?,
+        None => def,
+    })
+}
+
+/// `sync_delay`: in overlap and streaming modes, a divisor of a round of `period` inner steps
+/// (the whole round unless given); none in sync mode.
+fn sync_delay(p: &FieldPath, mode: Mode, sync_delay: Option<u64>, period: u64) -> R<u64> {
+    Ok(match sync_delay {
+        Some(t) if mode == Mode::Sync => {
+            return Err(expected(
+                &p.key("sync_delay"),
+                "no sync_delay with mode = \"sync\" (it shortens the delay of overlap and \
+                 streaming)",
+                t,
+            ));
+        }
+        Some(t) if t == 0 || !period.is_multiple_of(t) => {
+            return Err(expected(
+                &p.key("sync_delay"),
+                format!(
+                    "a divisor of a round ({period} inner steps: inner_steps / fragments), at \
+                     least 1"
+                ),
+                t,
+            ));
+        }
+        Some(t) => t,
+        None => period,
+    })
+}
+
+/// `betas`: two numbers in [0, 1] (`def` unless given).
+fn betas(p: &FieldPath, betas: Option<&[f64]>, def: (f64, f64)) -> R<(f64, f64)> {
+    Ok(match betas {
+        Some(b) if b.len() == 2 => (
+            unit_interval(&p.key("betas").index(0), b[0])?,
+            unit_interval(&p.key("betas").index(1), b[1])?,
+        ),
+        Some(b) => {
+            return Err(expected(
+                &p.key("betas"),
+                "two numbers [beta1, beta2]",
+                format!("{} numbers", b.len()),
+            ));
+        }
+        None => def,
+    })
+}
+
+/// `decay_start` and `decay_steps`: both or neither; the decay starts after the warmup.
+fn decay(
+    p: &FieldPath,
+    decay_start: Option<u64>,
+    decay_steps: Option<u64>,
+    warmup_steps: u64,
+) -> R<Option<Decay>> {
+    Ok(match (decay_start, decay_steps) {
+        (Some(start), Some(steps)) => {
+            if start < warmup_steps {
+                return Err(expected(
+                    &p.key("decay_start"),
+                    format!("a step >= warmup_steps ({warmup_steps})"),
+                    start,
+                ));
+            }
+            Some(Decay { start, steps: at_least_one(&p.key("decay_steps"), steps)? })
+        }
+        (Some(_), None) => {
+            return Err(missing(
+                &p.key("decay_steps"),
+                "the length of the decay in inner steps (with decay_start)",
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(missing(
+                &p.key("decay_start"),
+                "the inner step the decay starts at (with decay_steps)",
+            ));
+        }
+        (None, None) => None,
+    })
+}
+
+/// `segment`: a size above 0, when given.
+fn segment(p: &FieldPath, segment: Option<&RawScalar>) -> R<Option<u64>> {
+    Ok(match segment {
+        Some(s) => {
+            let sp = p.key("segment");
+            let bytes = size(&sp, s)?;
+            if bytes == 0 {
+                return Err(expected(&sp, "a size above 0", s));
+            }
+            Some(bytes)
+        }
+        None => None,
     })
 }
 
