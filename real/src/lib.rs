@@ -1,6 +1,6 @@
 //! # loco-real
 //!
-//! loco's real backend: TCP transport, libtorch trainer, checkpoints, launcher. (Being built: issue 6.)
+//! loco's real backend: TCP transport, libtorch trainer, checkpoints, launcher.
 #![warn(missing_docs)]
 
 pub mod checkpoint;

@@ -1,5 +1,5 @@
 //! Replaying the 10B global scenario with virtual numerics stays far under 200 MB of resident
-//! memory (issue 4): bodies are lengths, never buffers. Alone in its test binary, so the peak is
+//! memory: bodies are lengths, never buffers. Alone in its test binary, so the peak is
 //! this replay's.
 
 use loco_core::scenario::Scenario;

@@ -1,5 +1,5 @@
 //! A churn-free ring all-reduce over the simulator's transport takes the closed-form time of a
-//! ring: `2(W-1)/W x payload / bottleneck bandwidth + 2(W-1) x latency` (issue 4).
+//! ring: `2(W-1)/W x payload / bottleneck bandwidth + 2(W-1) x latency`.
 
 use loco_core::allreduce::{RingConfig, run_ring};
 use loco_core::codec::CodecKind;

@@ -1,4 +1,4 @@
-//! `loco bench quality`: does DiLoCo train as the papers say, in small? (issue 6)
+//! `loco bench quality`: does DiLoCo train as the papers say, in small?
 //!
 //! One process, no network, deterministic on the CPU (one libtorch thread): the `tiny` preset
 //! (131,392 parameters, byte-level vocabulary 256, sequences of 64 bytes) trained on a text file
@@ -125,7 +125,7 @@ pub(crate) struct QualityReport {
     pub(crate) also_vs_fp32: Vec<AlsoCodec>,
     /// Each `--mode` run against sync DiLoCo fp32 (claim (c)).
     pub(crate) modes: Vec<ModeClaim>,
-    /// The claims of issue 6.
+    /// The claims checked (DiLoCo against plain data parallelism, the codecs, the modes).
     pub(crate) claims: Claims,
     /// Wall time of the whole benchmark.
     pub(crate) seconds: f64,
@@ -198,7 +198,7 @@ pub(crate) struct CurvePoint {
     pub(crate) eval_loss: f64,
 }
 
-/// The claims of issue 6, checked on the final eval losses.
+/// The claims checked on the final eval losses.
 #[derive(Clone, Copy, Debug, Serialize)]
 #[cfg_attr(not(feature = "torch"), allow(dead_code))]
 pub(crate) struct Claims {

@@ -7,8 +7,8 @@
 //! [`CollectiveHeader::shard`]. [`ShardRings`] owns them for one attempt.
 //!
 //! Every collective frame a node receives goes through [`classify`] first, against the member's
-//! epoch and the collective running here (STYLE.md item 6: stale frames are rejected in one
-//! function and counted):
+//! epoch and the collective running here (stale frames are rejected in one function, and
+//! counted, so that no other path can let one through):
 //!
 //! - [`FrameClass::Current`]: it belongs to the running collective: feed it
 //!   ([`ShardRings::handle_frame`]);

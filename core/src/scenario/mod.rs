@@ -5,7 +5,7 @@
 //! sections. The simulator and the real backend read the same file; a field only one backend uses
 //! is carried by the other, which logs that it ignores it.
 //!
-//! Loading has two layers (STYLE.md item 11): a serde layer that mirrors the file and rejects
+//! Loading has two layers, so that every error names its file and field: a serde layer that mirrors the file and rejects
 //! unknown keys, then validation into a [`Scenario`] of typed values ([`Duration`]s, [`Rate`]s in
 //! bits per second, [`CodecKind`], [`MeshConfig`], [`NodeId`]s, [`RegionId`]s). Parsing works on a
 //! string ([`Scenario::from_toml_str`]); [`Scenario::load`] is the one function of loco-core that
