@@ -117,7 +117,7 @@ fn run(cli: Cli) -> Result<Outcome> {
                     86_400.0 / f.simulated_per_wall_second.max(1e-9)
                 )?;
                 writeln!(out, "  nodes            {}", f.nodes)?;
-                if f.executor == "events" {
+                if f.executor == loco_core::scenario::ExecutorKind::Events {
                     writeln!(
                         out,
                         "  frames, events   {}, {} (event executor, {} all-reduces)",
@@ -309,39 +309,38 @@ pub(crate) fn print_summary(s: &loco_core::metrics::Summary, dir: &std::path::Pa
         "scenario            {} ({} backend, seed {})",
         s.scenario, s.backend, s.seed
     );
-    let mode = s.extra.get("diloco_mode").and_then(|m| m.as_str()).unwrap_or("sync");
-    let number = |k: &str| s.extra.get(k).and_then(serde_json::Value::as_u64);
-    let fragments = number("fragments").unwrap_or(1);
-    let rounds = number("rounds_per_step").unwrap_or(fragments);
-    let merged = match number("sync_delay") {
-        Some(d) if rounds > fragments => {
-            format!(", each average merged {d} inner steps into the next round")
-        }
-        _ => String::new(),
+    let d = &s.diloco;
+    let fragments = u64::from(d.fragments.max(1));
+    let rounds = d.rounds_per_step.max(fragments);
+    let merged = if rounds > fragments {
+        format!(", each average merged {} inner steps into the next round", d.sync_delay)
+    } else {
+        String::new()
     };
-    match mode {
-        "streaming" => {
+    use loco_core::diloco::Mode;
+    match d.mode {
+        Mode::Streaming => {
             let _ = writeln!(
                 out,
                 "outer steps         {} rounds of streaming DiLoCo ({fragments} fragments, {rounds} rounds per outer step{merged})",
                 s.outer_steps
             );
         }
-        "overlap" if rounds > 1 => {
+        Mode::Overlap if rounds > 1 => {
             let _ = writeln!(
                 out,
                 "outer steps         {} rounds of overlapped DiLoCo ({rounds} rounds per outer step{merged})",
                 s.outer_steps
             );
         }
-        "overlap" => {
+        Mode::Overlap => {
             let _ = writeln!(
                 out,
                 "outer steps         {} (overlap: each all-reduce beside the next step's compute)",
                 s.outer_steps
             );
         }
-        _ => {
+        Mode::Sync => {
             let _ = writeln!(out, "outer steps         {}", s.outer_steps);
         }
     }

@@ -440,6 +440,7 @@ mod tests {
             inner_steps_per_outer: None,
             mfu_basis: None,
             violations: vec![],
+            diloco: Default::default(),
             extra: Default::default(),
         };
         let summary: Summary = loco_core::metrics::summarize(&meta, &rows, &events);

@@ -112,6 +112,7 @@ fn meta(scenario: &str) -> RunMeta {
             gpus_per_node: 8,
         }),
         violations: Vec::new(),
+        diloco: Default::default(),
         extra: BTreeMap::from([("link_model".to_owned(), serde_json::json!("fair-share"))]),
     }
 }

@@ -697,10 +697,6 @@ pub(crate) fn replay(scenario: &Scenario, mut opts: ReplayOptions) -> Result<Run
     for (k, v) in d.exec.figures() {
         extra.insert(k.to_owned(), v);
     }
-    extra.insert("diloco_mode".to_owned(), serde_json::json!(s.diloco().mode.as_str()));
-    extra.insert("fragments".to_owned(), serde_json::json!(s.diloco().fragments));
-    extra.insert("sync_delay".to_owned(), serde_json::json!(s.diloco().round_steps()));
-    extra.insert("rounds_per_step".to_owned(), serde_json::json!(s.diloco().rounds_per_step()));
     extra.insert("frames_sent".to_owned(), serde_json::json!(run.frames.get()));
     extra.insert("bandwidth_recomputes".to_owned(), serde_json::json!(bw.recomputes()));
     extra.insert("stale_frames_rejected".to_owned(), serde_json::json!(stale));
@@ -717,8 +713,9 @@ pub(crate) fn replay(scenario: &Scenario, mut opts: ReplayOptions) -> Result<Run
         inner_steps_per_outer: Some(s.diloco().round_steps()),
         mfu_basis,
         violations,
+        diloco: s.diloco().facts(),
         extra,
     };
     let summary = summarize(&meta, &rows, &events);
-    Ok(RunOutput { summary, rows, events })
+    Ok(RunOutput { summary, rows, events, executor })
 }

@@ -682,7 +682,7 @@ impl Exec for EventExec {
     fn figures(&self) -> Vec<(&'static str, serde_json::Value)> {
         let collectives = if self.run.modelled_collectives { "modelled" } else { "frames" };
         vec![
-            ("executor", serde_json::json!("events")),
+            ("executor", serde_json::json!(loco_core::scenario::ExecutorKind::Events)),
             ("events", serde_json::json!(self.events)),
             ("collectives", serde_json::json!(collectives)),
         ]

@@ -109,7 +109,7 @@ impl Exec for TurmoilExec<'_> {
 
     fn figures(&self) -> Vec<(&'static str, serde_json::Value)> {
         vec![
-            ("executor", serde_json::json!("turmoil")),
+            ("executor", serde_json::json!(loco_core::scenario::ExecutorKind::Turmoil)),
             ("tick_seconds", serde_json::json!(self.tick.as_secs_f64())),
             ("ticks", serde_json::json!(self.ticks)),
         ]

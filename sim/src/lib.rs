@@ -113,6 +113,8 @@ pub struct RunOutput {
     pub rows: Vec<OuterStepRow>,
     /// `events.csv`.
     pub events: Vec<EventRow>,
+    /// The executor that ran it.
+    pub executor: loco_core::scenario::ExecutorKind,
 }
 
 /// Why a replay could not run. Broken invariants are not errors: they are reported in
@@ -147,8 +149,8 @@ pub struct BenchFigures {
     pub outer_steps: u64,
     /// Nodes the scenario declares.
     pub nodes: usize,
-    /// The executor that ran it (`turmoil` or `events`).
-    pub executor: String,
+    /// The executor that ran it.
+    pub executor: loco_core::scenario::ExecutorKind,
     /// Events the event executor handled (0 under turmoil).
     pub events: u64,
     /// How the all-reduces ran: `frames`, or `modelled` whole (the event executor only).
@@ -188,13 +190,7 @@ pub fn bench(scenario: &Scenario, simulated_hours: f64) -> Result<BenchFigures, 
         simulated_per_wall_second: if wall > 0.0 { sim / wall } else { 0.0 },
         outer_steps: out.summary.outer_steps,
         nodes: scenario.nodes().len(),
-        executor: out
-            .summary
-            .extra
-            .get("executor")
-            .and_then(serde_json::Value::as_str)
-            .unwrap_or("turmoil")
-            .to_owned(),
+        executor: out.executor,
         events: extra_u64("events"),
         collectives: out
             .summary

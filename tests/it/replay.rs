@@ -139,7 +139,7 @@ fn replay_mode_overrides_the_scenarios_diloco_mode() {
     assert!(stdout(&o).contains("rounds of streaming DiLoCo (2 fragments"), "{}", stdout(&o));
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
-    assert_eq!(summary["extra"]["diloco_mode"], "streaming");
+    assert_eq!(summary["diloco"]["mode"], "streaming");
     let s = loco_core::scenario::Scenario::load(TestContext::repo().join("scenarios/small.toml"))
         .unwrap();
     let steps = s.stop().outer_steps.expect("small.toml stops after outer steps");

@@ -41,9 +41,10 @@ pub use csv_format::{
 pub use published::{PublishedRow, published_row, published_table2};
 pub use schema::{EventKind, EventRow, OuterStepRow, UnknownEventKind};
 pub use summary::{
-    ActivePoint, AllreduceStats, BREAKDOWN_NAMES, Invariants, Membership, MfuBasis, NodeTotals,
-    RunMeta, StepTotals, Summary, Utilization, active_nodes, allreduce_samples, allreduce_stats,
-    breakdown, flops_per_token, membership, node_totals, percentile, step_totals, summarize,
+    ActivePoint, AllreduceStats, BREAKDOWN_NAMES, DilocoFacts, Invariants, Membership, MfuBasis,
+    NodeTotals, RunMeta, StepTotals, Summary, Utilization, active_nodes, allreduce_samples,
+    allreduce_stats, breakdown, flops_per_token, membership, node_totals, percentile, step_totals,
+    summarize,
 };
 
 /// A metrics file that cannot be read. Lines are 1-based; the caller adds the file's name.

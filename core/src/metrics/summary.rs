@@ -28,6 +28,8 @@ pub struct RunMeta {
     pub mfu_basis: Option<MfuBasis>,
     /// Invariant violations found while the run went (empty: all held).
     pub violations: Vec<String>,
+    /// The DiLoCo schedule the run used.
+    pub diloco: DilocoFacts,
     /// Backend-specific figures, copied to [`Summary::extra`].
     pub extra: BTreeMap<String, serde_json::Value>,
 }
@@ -79,6 +81,20 @@ pub fn flops_per_token(
         + 12.0 * f64::from(layers) * f64::from(heads) * f64::from(head_dim) * f64::from(seq_len)
 }
 
+/// The DiLoCo schedule of a run, as its summary reports it (both backends take it from the
+/// scenario's `[diloco]` table).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DilocoFacts {
+    /// Sync, overlap or streaming.
+    pub mode: crate::diloco::Mode,
+    /// Streaming's fragments (1 in the other modes).
+    pub fragments: u32,
+    /// Inner steps of one round (the mesh's step).
+    pub sync_delay: u64,
+    /// Rounds (all-reduces) per outer step of `inner_steps`.
+    pub rounds_per_step: u64,
+}
+
 /// `summary.json`: the figures of one run. Keys are written in this order; maps are sorted.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
@@ -118,6 +134,9 @@ pub struct Summary {
     pub final_loss: Option<f64>,
     /// Mean `compute_s` of rows that computed, divided by H; `None` when H is unknown.
     pub inner_step_seconds: Option<f64>,
+    /// The DiLoCo schedule the run used.
+    #[serde(default)]
+    pub diloco: DilocoFacts,
     /// Backend-specific figures.
     pub extra: BTreeMap<String, serde_json::Value>,
 }
@@ -504,6 +523,7 @@ pub fn summarize(meta: &RunMeta, rows: &[OuterStepRow], events: &[EventRow]) -> 
         tokens_per_second,
         final_loss,
         inner_step_seconds,
+        diloco: meta.diloco,
         extra: meta.extra.clone(),
     }
 }

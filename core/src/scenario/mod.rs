@@ -432,6 +432,16 @@ impl DilocoSpec {
         (self.sync_period() / self.round_steps()).max(1)
     }
 
+    /// The schedule as a run's summary reports it.
+    pub fn facts(&self) -> crate::metrics::DilocoFacts {
+        crate::metrics::DilocoFacts {
+            mode: self.mode,
+            fragments: self.fragments,
+            sync_delay: self.round_steps(),
+            rounds_per_step: self.rounds_per_step(),
+        }
+    }
+
     /// The all-reduce [`Schedule`] over a model of `params` values whose layers have the
     /// lengths `layers` (empty: cut anywhere).
     pub fn schedule(&self, params: usize, layers: &[usize]) -> Schedule {

@@ -97,13 +97,10 @@ pub(crate) fn collect(
         // One device per worker (the real backend does not shard a node over G devices yet).
         mfu_basis: loco_core::metrics::MfuBasis::of_run(s, 1),
         violations,
+        diloco: s.diloco().facts(),
         extra: BTreeMap::from([
             ("peak_rss_bytes".to_string(), serde_json::json!(peaks)),
             ("stale_frames_rejected".to_string(), serde_json::json!(stale.values().sum::<u64>())),
-            ("diloco_mode".to_string(), serde_json::json!(s.diloco().mode.as_str())),
-            ("fragments".to_string(), serde_json::json!(s.diloco().fragments)),
-            ("sync_delay".to_string(), serde_json::json!(s.diloco().round_steps())),
-            ("rounds_per_step".to_string(), serde_json::json!(s.diloco().rounds_per_step())),
         ]),
     };
     let summary = summarize(&meta, &rows, &events);
