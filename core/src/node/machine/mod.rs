@@ -67,7 +67,7 @@ use crate::diloco::{OuterConfig, OuterState, Schedule};
 use crate::ids::{Epoch, NodeId};
 use crate::mesh::{
     AllReduceStart, JoinMode, LeaveReason, Member, MemberAction, MemberPhase, MeshConfig,
-    MeshError, StopReason, padded_frame,
+    MeshError, StopReason,
 };
 use crate::node::acct::{RowIdentity, Span, StepAcct};
 use crate::node::rings::{Admission, Inbox, RingCounters, ShardRings, Values};
@@ -76,7 +76,9 @@ use crate::node::state::{
     StateAssembly, Verified, share_of, virtual_part_lens,
 };
 use crate::time::Time;
-use crate::transport::{Body, Frame, HEADER_WIRE_BYTES, Header, StateAsk, StateHeader};
+use crate::transport::{
+    Body, Frame, HEADER_WIRE_BYTES, Header, StateAsk, StateHeader, padded_frame,
+};
 use bytes::Bytes;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
