@@ -17,7 +17,7 @@ pub(super) type R<T> = Result<T, PathError>;
 const MAX_KNOWN: usize = 16;
 
 const DURATION: &str = r#"a duration like "22.8s" or "38min""#;
-const RATE: &str = r#"a rate like "500Mbit/s""#;
+pub(super) const RATE: &str = r#"a rate like "500Mbit/s""#;
 const SIZE: &str = r#"a size like "4MiB""#;
 const NAME: &str = "a name of letters, digits, '-', '_' or '.'";
 
