@@ -6,6 +6,7 @@
 //! streams: the simulator for everything it randomises, the real backend's emulated network
 //! for its links.
 
+use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 /// What a stream is for. The discriminant is part of the key: never reorder.
@@ -20,7 +21,7 @@ pub enum Purpose {
     LinkBandwidth = 3,
     /// Draws of a link's varying latency (subject = node pair).
     LinkLatency = 4,
-    /// The initial weights (subject 0).
+    /// The initial weights (subject 0) and the synthetic objective's targets' centre (subject 1).
     InitialWeights = 5,
     /// turmoil's own RNG (message latency jitter).
     Turmoil = 6,
@@ -34,17 +35,28 @@ pub enum Purpose {
     RingModel = 10,
 }
 
-pub use crate::node::synthetic::mix64;
+/// SplitMix64's finaliser: a bijective mix of 64 bits.
+pub fn mix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
 
 /// The 64-bit key of the stream of (`seed`, `subject`, `purpose`).
 pub fn derive(seed: u64, subject: u64, purpose: Purpose) -> u64 {
     mix64(mix64(mix64(seed) ^ subject) ^ (purpose as u64).wrapping_mul(0xd6e8_feb8_6659_fd93))
 }
 
-/// The stream of (`seed`, `subject`, `purpose`): `crate::node::synthetic::stream`, which the
-/// synthetic objective shared with the real backend draws from too.
+/// The ChaCha8 stream of (`seed`, `subject`, `purpose`), keyed by [`derive`]. The synthetic
+/// objective shared with the real backend ([`crate::node::synthetic`]) draws from it too.
 pub fn stream(seed: u64, subject: u64, purpose: Purpose) -> ChaCha8Rng {
-    crate::node::synthetic::stream(seed, subject, purpose as u8)
+    let k = derive(seed, subject, purpose);
+    let mut key = [0u8; 32];
+    for (i, chunk) in key.chunks_mut(8).enumerate() {
+        chunk.copy_from_slice(&mix64(k ^ i as u64).to_le_bytes());
+    }
+    ChaCha8Rng::from_seed(key)
 }
 
 /// A subject id for a directed pair of nodes.

@@ -24,10 +24,10 @@ use crate::ids::NodeId;
 use crate::mesh::Member;
 use crate::mesh::{
     Command, Coordinator, CoordinatorAction, LeaveReason, MemberAction, MeshConfig, MeshError,
-    MeshEvent, padded_frame,
+    MeshEvent,
 };
 use crate::time::Time;
-use crate::transport::{Frame, Header};
+use crate::transport::{Frame, Header, padded_frame};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::{BTreeMap, BTreeSet};

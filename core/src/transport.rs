@@ -156,6 +156,24 @@ impl Frame {
     }
 }
 
+/// The frame for a mesh message to send ([`MemberAction::Send`](crate::mesh::MemberAction::Send),
+/// [`CoordinatorAction::Send`](crate::mesh::CoordinatorAction::Send)): `msg` with a body of
+/// `padding` bytes, virtual (a length only, for the simulator) or real zeros (for TCP). The
+/// padding is capped at [`PROBE_MAX_BYTES`](crate::mesh::PROBE_MAX_BYTES). Here rather than in
+/// [`crate::mesh`] so that the mesh protocol knows nothing of frames: the transport depends on
+/// the mesh (its [`Header::Mesh`]), not the other way round.
+pub fn padded_frame(msg: crate::mesh::MeshMsg, padding: u64, virtual_body: bool) -> Frame {
+    let padding = padding.min(crate::mesh::PROBE_MAX_BYTES);
+    let body = if padding == 0 {
+        Body::empty()
+    } else if virtual_body {
+        Body::Virtual(padding)
+    } else {
+        Body::Bytes(bytes::Bytes::from(vec![0u8; usize::try_from(padding).unwrap_or(0)]))
+    };
+    Frame { header: Header::Mesh(msg), body }
+}
+
 /// Bytes charged for a header on the wire (length prefix, checksum, serialised header).
 pub const HEADER_WIRE_BYTES: u64 = 64;
 

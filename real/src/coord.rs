@@ -8,11 +8,11 @@ use crate::node::{MetricsFile, MetricsLine};
 use crate::tcp::{TcpConfig, TcpError, TcpTransport};
 use loco_core::ids::NodeId;
 use loco_core::mesh::{
-    Coordinator, CoordinatorAction, EvictReason, MeshConfig, MeshEvent, MeshMsg, padded_frame,
+    Coordinator, CoordinatorAction, EvictReason, MeshConfig, MeshEvent, MeshMsg,
 };
 use loco_core::metrics::{EventKind, EventRow};
 use loco_core::time::Time;
-use loco_core::transport::{Header, Transport};
+use loco_core::transport::{Header, Transport, padded_frame};
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::SocketAddr;

@@ -16,6 +16,7 @@ pub mod launch;
 pub mod node;
 pub mod tcp;
 pub mod wan;
+pub mod worker_status;
 
 /// Facts about the libtorch this binary was built with, when built with the `torch` feature.
 #[cfg(feature = "torch")]

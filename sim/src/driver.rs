@@ -9,7 +9,7 @@ use crate::net::{NetShared, host_name};
 use crate::numerics;
 use crate::record::Recorder;
 use crate::{Progress, ReplayOptions, RunOutput, SimError};
-use loco_core::metrics::{EventKind, MfuBasis, RunMeta, sort_events, sort_outer_steps, summarize};
+use loco_core::metrics::{EventKind, RunMeta, sort_events, sort_outer_steps, summarize};
 use loco_core::rng::{Purpose, derive};
 use loco_core::scenario::links::{LatencySetting, Links};
 use loco_core::scenario::{
@@ -686,7 +686,7 @@ pub(crate) fn replay(scenario: &Scenario, mut opts: ReplayOptions) -> Result<Run
     sort_outer_steps(&mut rows);
     sort_events(&mut events);
     let gpus = s.nodes().first().map_or(1, |n| n.gpus);
-    let mfu_basis = MfuBasis::of_run(&s, gpus);
+    let mfu_basis = s.mfu_basis(gpus);
     let bw = run.net.bandwidth.borrow();
     let mut extra = BTreeMap::new();
     extra.insert("stop_reason".to_owned(), serde_json::json!(stop_reason));

@@ -9,3 +9,4 @@ mod launch;
 mod net;
 mod plan;
 mod replay;
+mod structure;

@@ -112,7 +112,7 @@ impl fmt::Display for StopReason {
 #[derive(Clone, Debug, PartialEq)]
 pub enum MemberAction {
     /// Send a control message to `to` (the coordinator or a peer), with a body of `padding`
-    /// bytes (only probes have one; see [`padded_frame`](super::padded_frame)).
+    /// bytes (only probes have one; see [`padded_frame`](crate::transport::padded_frame)).
     Send {
         /// Receiver.
         to: NodeId,

@@ -109,7 +109,6 @@
 //! standby (see [`StopReason::CoordinatorLost`]).
 
 use crate::ids::{Epoch, NodeId, Weight};
-use crate::transport::{Body, Frame, Header};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -211,7 +210,8 @@ pub struct ProbeResult {
     pub bytes_per_sec: f64,
 }
 
-/// A control-plane message of the mesh protocol (the header of a [`Frame`] with `Header::Mesh`).
+/// A control-plane message of the mesh protocol (the header of a
+/// [`Frame`](crate::transport::Frame) with `Header::Mesh`).
 /// Only `Probe` has a body (padding whose length is measured).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum MeshMsg {
@@ -391,21 +391,6 @@ pub enum MeshMsg {
         /// The sequence number echoed.
         seq: u32,
     },
-}
-
-/// The frame for a [`MemberAction::Send`] or [`CoordinatorAction::Send`]: `msg` with a body of
-/// `padding` bytes, virtual (a length only, for the simulator) or real zeros (for TCP). The
-/// padding is capped at [`PROBE_MAX_BYTES`].
-pub fn padded_frame(msg: MeshMsg, padding: u64, virtual_body: bool) -> Frame {
-    let padding = padding.min(PROBE_MAX_BYTES);
-    let body = if padding == 0 {
-        Body::empty()
-    } else if virtual_body {
-        Body::Virtual(padding)
-    } else {
-        Body::Bytes(bytes::Bytes::from(vec![0u8; usize::try_from(padding).unwrap_or(0)]))
-    };
-    Frame { header: Header::Mesh(msg), body }
 }
 
 /// The op id of a collective (see [`CollectiveHeader::op`](crate::transport::CollectiveHeader)):

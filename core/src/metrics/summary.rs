@@ -35,7 +35,8 @@ pub struct RunMeta {
 }
 
 /// The model and hardware figures that turn tokens per second into MFU (reference.md, "MFU as
-/// PRIME computed it").
+/// PRIME computed it"); a run's is its scenario's
+/// [`mfu_basis`](crate::scenario::Scenario::mfu_basis).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct MfuBasis {
     /// Training flops per token (see [`flops_per_token`]).
@@ -44,28 +45,6 @@ pub struct MfuBasis {
     pub peak_flops_per_gpu: f64,
     /// Accelerators per node (INTELLECT-1: 8).
     pub gpus_per_node: u32,
-}
-
-impl MfuBasis {
-    /// The one MFU basis of a run of `s`, for both backends: PRIME's flops per token of the
-    /// model at the sequence length the run trains with (`[real] seq_len` when set, else the
-    /// model's), the first node's `peak_flops`, and `gpus_per_node` accelerators per node (what
-    /// the backend runs each node on). `None` unless every node has `peak_flops`.
-    pub fn of_run(s: &crate::scenario::Scenario, gpus_per_node: u32) -> Option<MfuBasis> {
-        let nodes = s.nodes();
-        if nodes.is_empty() || !nodes.iter().all(|n| n.peak_flops.is_some()) {
-            return None;
-        }
-        let mut model = s.model().clone();
-        if let Some(len) = s.real().seq_len {
-            model.seq_len = len;
-        }
-        Some(MfuBasis {
-            flops_per_token: model.flops_per_token() as f64,
-            peak_flops_per_gpu: nodes[0].peak_flops.unwrap_or(0.0),
-            gpus_per_node: gpus_per_node.max(1),
-        })
-    }
 }
 
 /// PRIME's training flops per token: `6 * n_non_embedding + 12 * layers * heads * head_dim *

@@ -17,7 +17,8 @@
 //! Pure and deterministic: the same seed gives the same bits on every run.
 
 use super::digest::weights_digest;
-use rand::{Rng, SeedableRng};
+use crate::rng::{Purpose, mix64, stream};
+use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::StandardNormal;
 
@@ -28,39 +29,6 @@ pub const INNER_NOISE: f32 = 1e-3;
 /// Spread of the node targets around their centre.
 pub const TARGET_SPREAD: f32 = 0.5;
 
-/// What a seeded stream is for. The discriminant is part of the key: never reorder. The values
-/// are those of the simulator's `Purpose` (its streams for other purposes come from the same
-/// [`stream`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
-pub enum Purpose {
-    /// The objective of a node (its target, its noise).
-    Objective = 2,
-    /// The initial weights (subject 0) and the targets' centre (subject 1).
-    InitialWeights = 5,
-}
-
-/// SplitMix64's finaliser: a bijective mix of 64 bits.
-pub fn mix64(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-/// The ChaCha8 stream of (`seed`, `subject`, `purpose`), `purpose` a discriminant that is part
-/// of the key (adding a node or a purpose does not reshuffle the draws of the others).
-pub fn stream(seed: u64, subject: u64, purpose: u8) -> ChaCha8Rng {
-    let k = mix64(
-        mix64(mix64(seed) ^ subject) ^ u64::from(purpose).wrapping_mul(0xd6e8_feb8_6659_fd93),
-    );
-    let mut key = [0u8; 32];
-    for (i, chunk) in key.chunks_mut(8).enumerate() {
-        chunk.copy_from_slice(&mix64(k ^ i as u64).to_le_bytes());
-    }
-    ChaCha8Rng::from_seed(key)
-}
-
 fn normal(rng: &mut ChaCha8Rng) -> f32 {
     let z: f64 = rng.sample(StandardNormal);
     z as f32
@@ -68,14 +36,14 @@ fn normal(rng: &mut ChaCha8Rng) -> f32 {
 
 /// The initial outer weights every founding member starts from (`n` of them).
 pub fn initial_weights(seed: u64, n: usize) -> Vec<f32> {
-    let mut rng = stream(seed, 0, Purpose::InitialWeights as u8);
+    let mut rng = stream(seed, 0, Purpose::InitialWeights);
     (0..n).map(|_| normal(&mut rng)).collect()
 }
 
 /// The target of node `node` (the minimum of its objective).
 pub fn target(seed: u64, node: u32, n: usize) -> Vec<f32> {
-    let mut centre = stream(seed, 1, Purpose::InitialWeights as u8);
-    let mut own = stream(seed, u64::from(node), Purpose::Objective as u8);
+    let mut centre = stream(seed, 1, Purpose::InitialWeights);
+    let mut own = stream(seed, u64::from(node), Purpose::Objective);
     (0..n).map(|_| 2.0 * normal(&mut centre) + TARGET_SPREAD * normal(&mut own)).collect()
 }
 
@@ -106,7 +74,7 @@ impl Objective {
     /// The noise stream of an outer step whose inner loop starts from `start`.
     pub fn noise(&self, start: &[f32]) -> ChaCha8Rng {
         let key = u64::from_str_radix(&weights_digest(start), 16).expect("a hex digest");
-        stream(self.seed, mix64(u64::from(self.node)) ^ key, Purpose::Objective as u8)
+        stream(self.seed, mix64(u64::from(self.node)) ^ key, Purpose::Objective)
     }
 
     /// One inner step on `w` (as long as the target) with the outer step's `noise`; returns the

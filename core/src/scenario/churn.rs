@@ -3,12 +3,12 @@
 //! events played against each node's state so that an event that cannot happen is an error.
 
 use super::error::{ErrorKind, FieldPath, PathError};
+use super::fields::{
+    Pending, R, conflict, duration, expected, missing, one_of_text, positive_duration, quoted,
+    rate, region_ref, unknown, varying,
+};
 use super::raw::RawChurn;
 use super::units::format_duration;
-use super::validate::{
-    R, conflict, duration, expected, missing, one_of_text, positive_duration, quoted, rate,
-    region_ref, unknown, varying,
-};
 use super::{
     ChurnAction, ChurnEvent, Cut, EventSource, FaultPhase, LinkSpec, NodeSpec, Region, RegionId,
 };
@@ -90,13 +90,6 @@ impl State {
             State::Left(t) => format!("it left at {}", format_duration(t)),
         }
     }
-}
-
-/// An event before sorting, with the paths to blame: for each node, and for the event itself.
-pub(super) struct Pending {
-    pub(super) event: ChurnEvent,
-    pub(super) path: FieldPath,
-    pub(super) node_paths: Vec<FieldPath>,
 }
 
 /// What generates events besides the file's `[[churn]]`: its `[[failures]]` processes and

@@ -18,12 +18,12 @@
 //! The events join the file's own `[[churn]]` and are checked with them: a generated crash of a
 //! node the file has already stopped is an error that names both.
 
-use super::churn::Pending;
 use super::error::FieldPath;
-use super::raw::{RawArrivals, RawDiurnal, RawFailures, RawScalar};
-use super::validate::{
-    R, conflict, duration, expected, missing, one_of_text, positive_duration, quoted, region_ref,
+use super::fields::{
+    Pending, R, conflict, duration, expected, missing, one_of_text, positive_duration, quoted,
+    region_ref,
 };
+use super::raw::{RawArrivals, RawDiurnal, RawFailures, RawScalar};
 use super::{ChurnAction, ChurnEvent, EventSource, NodeSpec, Region};
 use crate::ids::NodeId;
 use crate::rng::{Purpose, stream};
@@ -444,7 +444,7 @@ fn select(
             for (j, name) in names.iter().enumerate() {
                 let Some(n) = nodes.iter().find(|n| n.name == *name) else {
                     let all = nodes.iter().map(|n| n.name.clone()).collect();
-                    return Err(super::validate::unknown(
+                    return Err(super::fields::unknown(
                         &p.key("nodes").index(j),
                         "node",
                         name,

@@ -277,6 +277,7 @@ use std::time::Duration;
 mod churn;
 mod error;
 mod failures;
+mod fields;
 pub mod links;
 mod model;
 mod raw;
@@ -1568,6 +1569,26 @@ impl Scenario {
     /// The total number of GPUs over all nodes.
     pub fn total_gpus(&self) -> u64 {
         self.nodes.iter().map(|n| u64::from(n.gpus)).sum()
+    }
+
+    /// The one MFU basis of a run of this scenario, for both backends: PRIME's flops per token of
+    /// the model at the sequence length the run trains with (`[real] seq_len` when set, else the
+    /// model's), the first node's `peak_flops`, and `gpus_per_node` accelerators per node (what
+    /// the backend runs each node on). `None` unless every node has `peak_flops`.
+    pub fn mfu_basis(&self, gpus_per_node: u32) -> Option<crate::metrics::MfuBasis> {
+        let nodes = self.nodes();
+        if nodes.is_empty() || !nodes.iter().all(|n| n.peak_flops.is_some()) {
+            return None;
+        }
+        let mut model = self.model().clone();
+        if let Some(len) = self.real().seq_len {
+            model.seq_len = len;
+        }
+        Some(crate::metrics::MfuBasis {
+            flops_per_token: model.flops_per_token() as f64,
+            peak_flops_per_gpu: nodes[0].peak_flops.unwrap_or(0.0),
+            gpus_per_node: gpus_per_node.max(1),
+        })
     }
 }
 

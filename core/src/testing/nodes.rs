@@ -467,9 +467,11 @@ impl NodeNet {
         }
         for a in out {
             match a {
-                CoordinatorAction::Send { to, msg } => {
-                    self.enqueue(NodeId::COORDINATOR, to, crate::mesh::padded_frame(msg, 0, true))
-                }
+                CoordinatorAction::Send { to, msg } => self.enqueue(
+                    NodeId::COORDINATOR,
+                    to,
+                    crate::transport::padded_frame(msg, 0, true),
+                ),
                 CoordinatorAction::Event(e) => self.note(NodeId::COORDINATOR, Seen::Mesh(e)),
             }
         }

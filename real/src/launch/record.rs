@@ -95,7 +95,7 @@ pub(crate) fn collect(
         published: None,
         inner_steps_per_outer: Some(s.diloco().round_steps()),
         // One device per worker (the real backend does not shard a node over G devices yet).
-        mfu_basis: loco_core::metrics::MfuBasis::of_run(s, 1),
+        mfu_basis: s.mfu_basis(1),
         violations,
         diloco: s.diloco().facts(),
         extra: BTreeMap::from([

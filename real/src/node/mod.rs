@@ -75,7 +75,7 @@ pub struct WorkerOptions {
     pub faults: Vec<Fault>,
     /// The launcher's status channel, when a launcher started this process: every metrics line
     /// is forwarded on it too.
-    pub status: Option<crate::launch::StatusSender>,
+    pub status: Option<crate::worker_status::StatusSender>,
 }
 
 /// When and where a worker writes its checkpoints.

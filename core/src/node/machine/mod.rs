@@ -82,14 +82,12 @@ use steps::{Ahead, Computed, Returned};
 use crate::codec::CodecKind;
 use crate::diloco::{OuterConfig, OuterState, Schedule};
 use crate::ids::{Epoch, NodeId};
-use crate::mesh::{
-    JoinMode, LeaveReason, Member, MemberAction, MeshConfig, MeshError, StopReason, padded_frame,
-};
+use crate::mesh::{JoinMode, LeaveReason, Member, MemberAction, MeshConfig, MeshError, StopReason};
 use crate::node::acct::{RowIdentity, Span, StepAcct};
 use crate::node::rings::{Inbox, RingCounters, ShardRings};
 use crate::node::state::{EarlyPieces, PartDigests, Verified};
 use crate::time::Time;
-use crate::transport::{Frame, Header, StateAsk};
+use crate::transport::{Frame, Header, StateAsk, padded_frame};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 

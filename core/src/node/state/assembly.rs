@@ -3,10 +3,11 @@
 //!
 //! See [`StateAssembly`] for the rules a piece must pass.
 
+use super::format::{SHARED_HEADER_LEN, encoded_len};
 use super::part::PartBytes;
 use super::plan::virtual_part_lens;
 use super::verify::{Received, ReceivedPart, VerifyFailed};
-use super::wire::{PieceDigest, SHARED_HEADER_LEN, encoded_len, part_digest, piece_digest};
+use super::wire::{PieceDigest, part_digest, piece_digest};
 use super::{PART_OWN, PART_SHARED};
 use crate::ids::{Epoch, NodeId};
 use crate::transport::{Body, StateAsk, StateHeader};

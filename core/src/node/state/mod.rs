@@ -46,6 +46,7 @@
 //! right. A non-blocking joiner then replays the steps committed meanwhile ([`ReplayLog`]).
 
 mod assembly;
+mod format;
 mod part;
 mod plan;
 mod replay;
@@ -55,6 +56,7 @@ mod wire;
 pub use assembly::{
     DEFAULT_EARLY_BYTES, EarlyPieces, Expect, Fed, Progress, Reassigned, Refused, StateAssembly,
 };
+pub use format::{SHARED_HEADER_LEN, SHARED_MAGIC, encoded_len, segments_digest, state_digest};
 pub use part::PartBytes;
 pub use plan::{
     PIECE_MAX, PIECE_MIN, PieceRule, Pieces, Share, VIRTUAL_BYTES_PER_PARAM, pieces, share_of,
@@ -63,8 +65,8 @@ pub use plan::{
 pub use replay::{DEFAULT_REPLAY_STEPS, ReplayLog};
 pub use verify::{PartFault, Received, ReceivedPart, Rejected, Verified, VerifyFailed};
 pub use wire::{
-    PartDigests, PieceDigest, SHARED_HEADER_LEN, SHARED_MAGIC, Segments, SharedState, StateError,
-    encode_outer_state, encoded_len, part_digest, piece_digest, segments_digest, state_digest,
+    PartDigests, PieceDigest, Segments, SharedState, StateError, encode_outer_state, part_digest,
+    piece_digest,
 };
 
 #[cfg(doc)]

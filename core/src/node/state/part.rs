@@ -2,7 +2,7 @@
 //! written into it where they belong; the replicated part is held as the vectors it decodes to,
 //! so that decoding moves them and a joiner never holds two whole copies of the state.
 
-use super::wire::{SHARED_HEADER_LEN, segments_digest};
+use super::format::{SHARED_HEADER_LEN, segments_digest};
 use std::ops::Range;
 
 /// One part's bytes: in one vector, or, for the replicated part on a little-endian machine, in

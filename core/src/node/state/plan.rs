@@ -5,7 +5,7 @@
 //! i + 2k, ...`; the ranges of all `k` senders tile `[0, total)` exactly once. A part of 0 bytes
 //! is one empty piece (`0..0`), sent by sender 0, so that the joiner learns of it.
 
-use super::wire::encoded_len;
+use super::format::encoded_len;
 use super::{PART_OWN, PART_SHARED};
 use crate::ids::NodeId;
 use std::ops::Range;

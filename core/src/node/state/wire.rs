@@ -13,16 +13,12 @@
 //! Every field sits at an offset known from `n` alone, so a sender can later produce any piece
 //! straight from its buffers, without a serialisation pass.
 
+use super::format::{SHARED_HEADER_LEN, SHARED_MAGIC, encoded_len, segments_digest};
 use super::part::PartBytes;
 use super::plan::{PieceRule, pieces};
 use crate::diloco::{Bucket, DilocoError, OuterConfig, OuterState};
 use bytes::Bytes;
 use std::sync::Arc;
-
-/// The first 8 bytes of an encoded [`SharedState`]: the format and its version.
-pub const SHARED_MAGIC: [u8; 8] = *b"locoSS01";
-/// Bytes before the floats: magic, outer steps, parameter count.
-pub const SHARED_HEADER_LEN: u64 = 24;
 
 /// Errors of decoding a state and of replaying steps onto one.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -81,34 +77,6 @@ pub enum StateError {
         /// The logged length.
         got: usize,
     },
-}
-
-/// Bytes of an encoded [`SharedState`] of `n` parameters (saturating: a length that does not
-/// fit in u64 is `u64::MAX`, which no transfer can have).
-pub const fn encoded_len(n: u64) -> u64 {
-    n.saturating_mul(8).saturating_add(SHARED_HEADER_LEN)
-}
-
-/// Parts this long or longer are hashed on every core (BLAKE3 is a tree: the digest is the same
-/// however it is computed).
-pub(crate) const PARALLEL_DIGEST_BYTES: usize = 1 << 20;
-
-/// The one digest of a state part: hex BLAKE3, full length (64 characters).
-pub fn state_digest(bytes: &[u8]) -> String {
-    segments_digest([bytes])
-}
-
-/// [`state_digest`] of the concatenation of `segments`, without concatenating them.
-pub fn segments_digest<'a>(segments: impl IntoIterator<Item = &'a [u8]>) -> String {
-    let mut h = blake3::Hasher::new();
-    for s in segments {
-        if s.len() >= PARALLEL_DIGEST_BYTES {
-            h.update_rayon(s);
-        } else {
-            h.update(s);
-        }
-    }
-    h.finalize().to_hex().to_string()
 }
 
 /// The BLAKE3 digest of one piece of a part, as its sender computed it from its buffers: the
@@ -221,7 +189,7 @@ impl Segments {
         self.len == 0
     }
 
-    /// The digest of the whole ([`state_digest`] of the concatenation).
+    /// The digest of the whole ([`state_digest`](super::state_digest) of the concatenation).
     pub fn digest(&self) -> String {
         segments_digest(self.bufs.iter().map(|(_, b)| b.as_ref()))
     }
@@ -476,6 +444,7 @@ fn read_f32s(b: &[u8]) -> Vec<f32> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::format::{PARALLEL_DIGEST_BYTES, state_digest};
     use super::*;
     use proptest::prelude::*;
 
