@@ -304,15 +304,14 @@ pub(crate) struct Endpoint {
     core: Rc<RefCell<Core>>,
 }
 
-impl Endpoint {
-    /// This host's member started the modelled all-reduce `m`.
-    pub(crate) fn model(&mut self, m: ModelledAllReduce) {
+impl crate::node::Wire for Endpoint {
+    fn model(&mut self, m: ModelledAllReduce) {
         self.core.borrow_mut().model(self.me, m);
     }
 
-    /// Queues `frame` for `to`: its body flows in the bandwidth model (no bandwidth before
-    /// `ready`), then it goes on the wire; a control message goes at once.
-    pub(crate) fn enqueue_ready(&mut self, to: NodeId, frame: Frame, ready: Time) {
+    /// Its body flows in the bandwidth model (no bandwidth before `ready`), then it goes on the
+    /// wire; a control message goes at once.
+    fn enqueue_ready(&mut self, to: NodeId, frame: Frame, ready: Time) {
         let mut c = self.core.borrow_mut();
         let now = c.now;
         if to == self.me {
@@ -395,7 +394,7 @@ impl EventExec {
     }
 
     fn port(&self, me: NodeId) -> Port {
-        Port::Events(Endpoint { me, core: self.core.clone() })
+        Port::Events(Box::new(Endpoint { me, core: self.core.clone() }))
     }
 
     /// Carries out what host `id` has to do after an input, and arms its next deadline.

@@ -47,12 +47,21 @@ pub(crate) enum Event {
     },
 }
 
+/// A network that takes a host's frames without turmoil (the event executor's), named by what
+/// the host needs of it, so that the host does not depend on the executor.
+pub(crate) trait Wire {
+    /// Queues `frame` for `to`; its flow gets no bandwidth before `ready`.
+    fn enqueue_ready(&mut self, to: NodeId, frame: Frame, ready: Time);
+    /// This host's member started the modelled all-reduce `m`.
+    fn model(&mut self, m: loco_core::node::machine::ModelledAllReduce);
+}
+
 /// Where a host's frames go: turmoil's transport, or the event executor's network.
 pub(crate) enum Port {
     /// turmoil TCP plus the bandwidth model.
     Turmoil(SimTransport),
     /// The event executor's network.
-    Events(crate::events::Endpoint),
+    Events(Box<dyn Wire>),
 }
 
 impl Port {
