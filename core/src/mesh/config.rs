@@ -40,6 +40,7 @@ pub enum RingOrder {
 /// | `join_mode` | blocking | PRIME's production mode |
 /// | `probe_duration` | 1 s | PRIME's iperf runs |
 /// | `coordinator_timeout` | 18 s | 3 x heartbeat timeout |
+/// | `rejoin_for` | 36 s | 2 x coordinator timeout |
 /// | `min_members` | 1 | loco |
 /// | `join_window` | 5 s | loco |
 /// | `sync_timeout` | 3600 s | PRIME's transfers took 30-60 min for 10B |
@@ -71,6 +72,13 @@ pub struct MeshConfig {
     /// Members notice a dead coordinator after this long without any message from it
     /// (default 3 x heartbeat_timeout).
     pub coordinator_timeout: Duration,
+    /// A node that keeps losing the coordinator stops rejoining, and its process ends, once it
+    /// has been without one for this long (default 2 x coordinator_timeout): long enough for a
+    /// coordinator restarted at once, short enough that a dead coordinator ends the run's
+    /// processes for a resume from checkpoints. A run that must outlast long partitions sets it
+    /// longer.
+    #[serde(default = "defaults::rejoin_for")]
+    pub rejoin_for: Duration,
     /// The first epoch forms only once this many joiners are queued (default 1).
     #[serde(default = "defaults::min_members")]
     pub min_members: usize,
@@ -137,6 +145,9 @@ mod defaults {
     pub(super) fn state_senders() -> usize {
         1
     }
+    pub(super) fn rejoin_for() -> Duration {
+        Duration::from_secs(36)
+    }
     pub(super) fn compute_timeout() -> Duration {
         Duration::from_secs(4 * 3600)
     }
@@ -152,6 +163,7 @@ impl Default for MeshConfig {
             join_mode: JoinMode::Blocking,
             probe_duration: Duration::from_secs(1),
             coordinator_timeout: Duration::from_secs(18),
+            rejoin_for: defaults::rejoin_for(),
             min_members: defaults::min_members(),
             join_window: defaults::join_window(),
             sync_timeout: defaults::sync_timeout(),
@@ -217,6 +229,7 @@ impl MeshConfig {
             ("barrier_timeout", self.barrier_timeout),
             ("probe_duration", self.probe_duration),
             ("coordinator_timeout", self.coordinator_timeout),
+            ("rejoin_for", self.rejoin_for),
             ("sync_timeout", self.sync_timeout),
             ("state_resend_after", self.state_resend_after),
             ("allreduce_timeout", self.allreduce_timeout),

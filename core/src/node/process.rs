@@ -7,10 +7,10 @@
 //!   (`n` = 0 for the first, then 1, 2, ...), so that every later membership of the node, in
 //!   this process or a restarted one, has a larger incarnation than every earlier one;
 //! - **the rejoin policy**: a membership that stopped with `rejoin` (an eviction, a lost
-//!   coordinator) is followed by a new one after a heartbeat interval, once the node works again
-//!   (not while it hangs), at most [`MAX_REJOINS`] times per process, and not once the
-//!   coordinator has been silent for [`LOST_FOR_TIMEOUTS`] coordinator timeouts (it died: the
-//!   run is resumed from checkpoints);
+//!   coordinator) is followed by a new one after a heartbeat interval: after at most
+//!   [`MAX_REJOINS`] evictions per process (a node the mesh keeps evicting stops), and while the
+//!   coordinator has been silent for less than the mesh's `rejoin_for` (past it, the coordinator
+//!   is taken for dead: the process ends and the run resumes from checkpoints);
 //! - **exit timing**: the process ends [`EXIT_GRACE`] after its last membership stopped, for the
 //!   last frames (the deathrattle) to leave;
 //! - **the stop rows** a node writes to `events.csv` ([`StopRow`]);
@@ -51,11 +51,10 @@ use std::time::Duration;
 /// How long a process lives on after its last membership stopped, for its last frames (the
 /// deathrattle) to leave.
 pub const EXIT_GRACE: Duration = Duration::from_millis(100);
-/// Memberships a process starts after its first, at most.
+/// Evictions a process rejoins after, at most.
 pub const MAX_REJOINS: u64 = 32;
-/// A node that keeps losing the coordinator stops rejoining once it has been without one for
-/// this many coordinator timeouts.
-pub const LOST_FOR_TIMEOUTS: u32 = 2;
+/// Memberships one process numbers (`p << 16 | n`, `n` below this).
+const MAX_SESSIONS: u64 = 0xFFFF;
 /// Network inputs held between two memberships, at most (the oldest are dropped past it).
 pub const MAX_WAITING_FRAMES: usize = 4096;
 
@@ -154,6 +153,8 @@ pub struct Process {
     base: u64,
     /// Memberships started after the first.
     session: u64,
+    /// Evictions so far.
+    evictions: u64,
     life: Life,
     /// The node's application side hangs (its heartbeats go on).
     hung: bool,
@@ -183,6 +184,7 @@ impl Process {
             node,
             base: incarnation,
             session: 0,
+            evictions: 0,
             life: Life::Member,
             hung: false,
             leaving: false,
@@ -429,13 +431,20 @@ impl Process {
 
     /// Whether a membership that stopped for `reason` is followed by another.
     fn may_rejoin(&mut self, now: Time, reason: &StopReason) -> bool {
-        if self.session >= MAX_REJOINS {
-            tracing::warn!(node = %self.node.id(), "not joining again: {MAX_REJOINS} memberships in this process");
+        if self.session >= MAX_SESSIONS {
+            tracing::warn!(node = %self.node.id(), "not joining again: {MAX_SESSIONS} memberships in this process");
             return false;
+        }
+        if let StopReason::Evicted(_) = reason {
+            self.evictions += 1;
+            if self.evictions > MAX_REJOINS {
+                tracing::warn!(node = %self.node.id(), "not joining again: evicted {} times", self.evictions);
+                return false;
+            }
         }
         if let StopReason::CoordinatorLost { .. } = reason {
             let since = *self.lost_since.get_or_insert(now);
-            let bound = self.node.config().mesh.coordinator_timeout * LOST_FOR_TIMEOUTS;
+            let bound = self.node.config().mesh.rejoin_for;
             if now - since >= bound {
                 tracing::warn!(node = %self.node.id(), "not joining again: the coordinator is gone");
                 return false;

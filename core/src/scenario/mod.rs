@@ -91,6 +91,7 @@
 //! join_mode = "blocking"       # default "blocking"; or "non-blocking"
 //! probe = "1s"                 # default 1s; > 0 (bandwidth probe per pair)
 //! coordinator_timeout = "18s"  # default 3 x heartbeat_timeout; > heartbeat
+//! rejoin_for = "36s"           # default 2 x coordinator_timeout; then a node stops rejoining
 //! coordinator_region = "us"    # default the first region
 //! min_members = 1              # default 1; the first epoch waits for this many joiners
 //! join_window = "5s"           # default 5s; the first epoch forms this long after the first join

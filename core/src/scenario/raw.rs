@@ -184,6 +184,7 @@ pub(crate) struct RawMesh {
     pub(crate) join_mode: Option<String>,
     pub(crate) probe: Option<RawScalar>,
     pub(crate) coordinator_timeout: Option<RawScalar>,
+    pub(crate) rejoin_for: Option<RawScalar>,
     pub(crate) coordinator_region: Option<String>,
     pub(crate) min_members: Option<u32>,
     pub(crate) join_window: Option<RawScalar>,

@@ -487,6 +487,7 @@ fn mesh(m: &RawMesh, regions: &[Region]) -> R<(MeshConfig, RegionId)> {
         join_mode,
         probe_duration: opt_pos("probe", &m.probe, def.probe_duration)?,
         coordinator_timeout,
+        rejoin_for: opt_pos("rejoin_for", &m.rejoin_for, coordinator_timeout.saturating_mul(2))?,
         min_members: usize_at_least_one("min_members", m.min_members, def.min_members)?,
         join_window: m
             .join_window

@@ -80,10 +80,9 @@ fn an_evicted_node_rejoins_as_a_new_membership_of_its_process() {
 fn without_a_coordinator_a_process_gives_up_and_exits() {
     let mut net = formed();
     net.crash_coordinator();
-    let timeout = MeshConfig::default().coordinator_timeout;
-    let interval = MeshConfig::default().heartbeat_interval;
-    // Lost after one timeout, then rejoining until it has been lost for LOST_FOR_TIMEOUTS.
-    let bound = (timeout + interval) * (LOST_FOR_TIMEOUTS + 2);
+    let m = MeshConfig::default();
+    // Lost after one timeout, then rejoining until it has been lost for `rejoin_for`.
+    let bound = m.coordinator_timeout * 2 + m.rejoin_for + m.heartbeat_interval * 2;
     let ok = net
         .run_until_cond(net.now() + bound, |net| (0..3).all(|n| net.node(NodeId(n)).is_none()))
         .unwrap();
