@@ -233,7 +233,7 @@ async fn a_non_blocking_joiner_replays_the_steps_committed_while_a_large_state_a
     m.join_mode = loco_core::mesh::JoinMode::NonBlocking;
     let (addr, coord) = start_coordinator(dir.path(), m.clone(), 40).await;
     let start = |id: u32| {
-        let mut o = worker_in(
+        let o = worker_in(
             common::scenario(4, 1, 5, "uint8", Some(1000), m.clone()),
             id,
             addr,
