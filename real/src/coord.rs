@@ -2,7 +2,8 @@
 //!
 //! It learns where members listen from their handshakes and sends each member the directory of
 //! the others before any message that may make it dial them. It ends the run (telling every
-//! member to stop) when the scenario's stop condition is reached.
+//! member to stop) when the scenario's stop condition is reached. Its metrics file holds its
+//! events and every epoch it formed (for the launch's invariant checker).
 
 use crate::node::{MetricsFile, MetricsLine};
 use crate::tcp::{TcpConfig, TcpError, TcpTransport};
@@ -82,15 +83,17 @@ pub async fn run_coordinator(
     let secs = || opts.time_offset_s + start.elapsed().as_secs_f64();
     let mut metrics = MetricsFile::open(opts.metrics.as_deref())?;
     let name = |n: NodeId| opts.names.get(&n).cloned().unwrap_or_else(|| n.to_string());
-    let mut write = |e: EventRow| -> Result<(), CoordinatorError> {
-        tracing::info!(
-            kind = e.kind.as_str(),
-            node = e.node.as_deref().unwrap_or(""),
-            "{}",
-            e.detail
-        );
+    let mut write = |l: MetricsLine| -> Result<(), CoordinatorError> {
+        if let MetricsLine::Event(e) = &l {
+            tracing::info!(
+                kind = e.kind.as_str(),
+                node = e.node.as_deref().unwrap_or(""),
+                "{}",
+                e.detail
+            );
+        }
         if let Some(f) = metrics.as_mut() {
-            f.write(&MetricsLine::Event(e))?;
+            f.write(&l)?;
         }
         Ok(())
     };
@@ -128,11 +131,16 @@ pub async fn run_coordinator(
                 CoordinatorAction::Event(ev) => {
                     let at = secs();
                     for r in loco_core::node::events::coordinator_rows(at, &ev, &name) {
-                        write(r)?;
+                        write(MetricsLine::Event(r))?;
                     }
                     match &ev {
-                        MeshEvent::EpochFormed { evicted, .. } => {
+                        MeshEvent::EpochFormed { epoch, members, evicted, .. } => {
                             epochs += 1;
+                            // For the launch's invariant checker: members' views must agree.
+                            write(MetricsLine::EpochFormed {
+                                epoch: *epoch,
+                                members: members.clone(),
+                            })?;
                             // A node silent for the heartbeat timeout is likely behind a
                             // partition: the connection to it would resume only at TCP's next
                             // backed-off retransmission after the heal. Dial afresh instead.
@@ -152,12 +160,14 @@ pub async fn run_coordinator(
                                  step {outer_step} (resume from checkpoints)"
                             );
                             // The run's end, as the simulator writes it: no epoch.
-                            write(EventRow::new(at, EventKind::Stop).detail(detail))?
+                            write(MetricsLine::Event(
+                                EventRow::new(at, EventKind::Stop).detail(detail),
+                            ))?
                         }
                         MeshEvent::JoinRefused { .. } => tracing::warn!("{ev}"),
-                        MeshEvent::Shutdown => {
-                            write(EventRow::new(at, EventKind::Stop).detail(ev.to_string()))?
-                        }
+                        MeshEvent::Shutdown => write(MetricsLine::Event(
+                            EventRow::new(at, EventKind::Stop).detail(ev.to_string()),
+                        ))?,
                         _ => tracing::debug!("{ev}"),
                     }
                 }

@@ -10,6 +10,8 @@
 //! - `summary.json`: the [`Summary`] from [`summarize`], written with `serde_json` (pretty; keys
 //!   in struct order, maps sorted).
 //!
+//! The run's invariants are checked by one [`InvariantChecker`], fed by either backend.
+//!
 //! Utilisation has two definitions, both in [`Utilization`]: loco's (compute / wall time) and
 //! INTELLECT-1 Table 2's (compute / (compute + all-reduce)). [`published_table2`] holds the
 //! published figures to compare with.
@@ -30,6 +32,7 @@
 //! ```
 
 mod csv_format;
+mod invariants;
 mod published;
 mod schema;
 mod summary;
@@ -38,6 +41,7 @@ pub use csv_format::{
     EVENTS_COLUMNS, OUTER_STEPS_COLUMNS, events_csv, format_f64, outer_steps_csv, parse_events_csv,
     parse_outer_steps_csv, sort_events, sort_outer_steps,
 };
+pub use invariants::{InvariantChecker, MAX_VIOLATIONS};
 pub use published::{PublishedRow, published_row, published_table2};
 pub use schema::{EventKind, EventRow, OuterStepRow, UnknownEventKind};
 pub use summary::{

@@ -1,9 +1,11 @@
 //! The record of a finished launch: the processes' metrics files merged, the invariants
-//! checked, the summary computed. The files are the record; the status channel is not read here.
+//! checked (core's [`InvariantChecker`] over the coordinator's formed epochs and the workers'
+//! checks, and the rows' digests per step), the summary computed. The files are the record; the status channel is not read here.
 
 use super::LaunchError;
-use crate::node::MetricsLine;
-use loco_core::metrics::{EventRow, OuterStepRow, RunMeta, Summary, summarize};
+use crate::node::{CheckLine, MetricsLine};
+use loco_core::ids::{Epoch, NodeId};
+use loco_core::metrics::{EventRow, InvariantChecker, OuterStepRow, RunMeta, Summary, summarize};
 use loco_core::scenario::Scenario;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -42,6 +44,8 @@ pub(crate) fn collect(
     let mut peaks: BTreeMap<String, u64> = BTreeMap::new();
     // Each process counts from 0: its last (largest) count, summed over processes.
     let mut stale: BTreeMap<(String, u64), u64> = BTreeMap::new();
+    let mut formed: Vec<(Epoch, Vec<NodeId>)> = Vec::new();
+    let mut checks: Vec<(NodeId, CheckLine)> = Vec::new();
     let io = |source| LaunchError::Io { action: "listing", path: nodes_dir.to_path_buf(), source };
     let mut files: Vec<PathBuf> = std::fs::read_dir(nodes_dir)
         .map_err(io)?
@@ -64,6 +68,8 @@ pub(crate) fn collect(
                         *p = (*p).max(b);
                     }
                 }
+                MetricsLine::EpochFormed { epoch, members } => formed.push((epoch, members)),
+                MetricsLine::Check { node, check } => checks.push((node, check)),
             }
         }
     }
@@ -74,7 +80,21 @@ pub(crate) fn collect(
     for r in rows.iter().filter(|r| !r.weights_hash.is_empty()) {
         by_step.entry(r.outer_step).or_default().insert(r.node.clone(), r.weights_hash.clone());
     }
-    let mut violations = Vec::new();
+    // The invariants both backends check: every epoch formed first, then the checks in order.
+    let names: BTreeMap<NodeId, String> = s
+        .nodes()
+        .iter()
+        .map(|n| (n.id, n.name.clone()))
+        .chain(std::iter::once((NodeId::COORDINATOR, "coordinator".to_owned())))
+        .collect();
+    let mut checker = InvariantChecker::new(names);
+    for (epoch, members) in &formed {
+        checker.epoch_formed(*epoch, members);
+    }
+    for (node, check) in &checks {
+        check.feed(*node, &mut checker);
+    }
+    let mut violations = checker.violations();
     for (step, hashes) in &by_step {
         let distinct: BTreeSet<&String> = hashes.values().collect();
         if distinct.len() > 1 {
@@ -121,6 +141,98 @@ mod tests {
 
     fn counters(node: &str, incarnation: u64, stale: u64) -> MetricsLine {
         MetricsLine::Counters { node: node.into(), incarnation, stale_frames_rejected: stale }
+    }
+
+    fn small() -> Scenario {
+        Scenario::load(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/small.toml"),
+        )
+        .unwrap()
+    }
+
+    fn formed(epoch: u64, members: &[NodeId]) -> MetricsLine {
+        MetricsLine::EpochFormed { epoch: Epoch(epoch), members: members.to_vec() }
+    }
+
+    fn check(node: NodeId, check: CheckLine) -> MetricsLine {
+        MetricsLine::Check { node, check }
+    }
+
+    /// A worker's view of an epoch that differs from the coordinator's fails the run's
+    /// invariants, whichever file is read first.
+    #[test]
+    fn a_view_that_differs_from_the_formed_epoch_is_a_violation() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = small();
+        let ids: Vec<NodeId> = s.nodes().iter().map(|n| n.id).collect();
+        assert!(ids.len() >= 2);
+        let (a, b) = (ids[0], ids[1]);
+        let name_a = s.nodes()[0].name.clone();
+        let view = |members: Vec<NodeId>| CheckLine::View {
+            epoch: Epoch(1),
+            members,
+            what: "view".into(),
+        };
+        // The worker's file sorts before the coordinator's: epochs are fed first all the same.
+        write(
+            &dir.path().join("a.jsonl"),
+            &[check(a, view(vec![a, b])), check(a, view(vec![a])), counters("a", 1, 0)],
+        );
+        write(&dir.path().join("coordinator.jsonl"), &[formed(1, &[b, a])]);
+        let r = collect(&s, dir.path(), Vec::new(), 1.0, &[]).unwrap();
+        assert!(!r.summary.invariants.ok);
+        let v = &r.summary.invariants.violations;
+        let want = format!(
+            "members disagree on epoch e1: {name_a} holds [{a}] (view), the coordinator formed [{a} {b}]"
+        );
+        assert!(v.contains(&want), "{v:?}");
+        assert_eq!(v.iter().filter(|m| m.contains("members disagree")).count(), 1, "{v:?}");
+    }
+
+    /// An all-reduce whose chunks did not carry the ring's total weight fails the invariants.
+    #[test]
+    fn a_bad_weight_sum_is_a_violation() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = small();
+        let a = s.nodes()[0].id;
+        let sums = |sums: Vec<f64>| CheckLine::AllReduceWeights {
+            what: "outer step 0 attempt 0 of e1".into(),
+            sums,
+            total: 2.0,
+        };
+        write(
+            &dir.path().join("a.jsonl"),
+            &[check(a, sums(vec![2.0, 2.0])), check(a, sums(vec![2.0, 1.0]))],
+        );
+        let r = collect(&s, dir.path(), Vec::new(), 1.0, &[]).unwrap();
+        assert!(!r.summary.invariants.ok);
+        let v = &r.summary.invariants.violations;
+        assert_eq!(
+            v.iter()
+                .filter(
+                    |m| m.contains("saw a chunk with weight sum 1 but the ring's weights sum to 2")
+                )
+                .count(),
+            1,
+            "{v:?}"
+        );
+    }
+
+    /// Files without checks or formed epochs (and torn lines) read as before.
+    #[test]
+    fn files_without_checks_have_no_check_violations() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = small();
+        write(&dir.path().join("a.jsonl"), &[counters("a", 1, 0)]);
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(dir.path().join("a.jsonl"))
+            .unwrap()
+            .write_all(b"{\"Check\":{\"node\":0,\"check\":{\"View\"")
+            .unwrap();
+        let r = collect(&s, dir.path(), Vec::new(), 1.0, &[]).unwrap();
+        // Only the run's own complaint: no rows at all.
+        assert_eq!(r.summary.invariants.violations, vec!["no outer step was committed".to_owned()]);
     }
 
     /// Each process writes its running count; the summary takes each process's last and sums

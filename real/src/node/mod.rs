@@ -38,7 +38,7 @@ use loco_core::scenario::{FaultPhase, Scenario};
 use loco_core::time::Time;
 use loco_core::transport::{Frame, Transport};
 use serde::{Deserialize, Serialize};
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
 use std::io::Write;
 use std::net::SocketAddr;
@@ -257,6 +257,72 @@ pub enum MetricsLine {
         /// Peak resident set size in bytes (Linux `VmHWM`), when known.
         peak_rss_bytes: Option<u64>,
     },
+    /// A check this worker's machine emitted, for the launch's invariant checker.
+    Check {
+        /// The node whose machine emitted it.
+        node: NodeId,
+        /// The check.
+        check: CheckLine,
+    },
+    /// The coordinator formed `epoch` with `members` (written by the coordinator).
+    EpochFormed {
+        /// The epoch.
+        epoch: Epoch,
+        /// Its members.
+        members: Vec<NodeId>,
+    },
+}
+
+/// A worker's [`Check`] as written to its metrics file (stale frames are counted in
+/// [`MetricsLine::Counters`] instead), read back by the launch and fed to core's
+/// [`loco_core::metrics::InvariantChecker`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum CheckLine {
+    /// [`Check::View`]: the node holds `members` as the membership of `epoch`.
+    View {
+        /// The epoch.
+        epoch: Epoch,
+        /// Its members as the node holds them.
+        members: Vec<NodeId>,
+        /// Where they came from (`view`, `release`, ...).
+        what: String,
+    },
+    /// [`Check::AllReduceWeights`]: the weight sums a finished all-reduce's chunks carried.
+    AllReduceWeights {
+        /// The step, attempt and epoch, in words.
+        what: String,
+        /// The sums seen (finite: a non-finite one is written as a [`CheckLine::Violation`]).
+        sums: Vec<f64>,
+        /// The ring's total weight.
+        total: f64,
+    },
+    /// [`Check::WeightsAfter`]: the outer weights after `outer_step` hash to `hash`.
+    WeightsAfter {
+        /// The step.
+        outer_step: u64,
+        /// The digest.
+        hash: String,
+    },
+    /// A violation the node saw, described in words.
+    Violation(String),
+}
+
+impl CheckLine {
+    /// Feeds this check of node `node` to `checker`.
+    pub fn feed(&self, node: NodeId, checker: &mut loco_core::metrics::InvariantChecker) {
+        match self {
+            CheckLine::View { epoch, members, what } => {
+                checker.member_view(node, *epoch, members, what)
+            }
+            CheckLine::AllReduceWeights { what, sums, total } => {
+                checker.allreduce_weights(node, what, sums, *total)
+            }
+            CheckLine::WeightsAfter { outer_step, hash } => {
+                checker.weights_after(node, *outer_step, hash)
+            }
+            CheckLine::Violation(msg) => checker.violation(msg.clone()),
+        }
+    }
 }
 
 /// Peak resident set size of this process in bytes (Linux: `VmHWM` of /proc/self/status).
@@ -581,7 +647,7 @@ impl<L: InnerLoop> Worker<L> {
                 }
             }
             Effect::Event(ev) => self.node_event(ev)?,
-            Effect::Check(c) => self.check(c),
+            Effect::Check(c) => self.check(c)?,
             // The process carries out the stop ([`Output::Stopped`]).
             Effect::Stop { .. } => {}
             // Real runs move every frame (`modelled_collectives` is off here).
@@ -728,14 +794,45 @@ impl<L: InnerLoop> Worker<L> {
         self.event(ev.kind(), ev.epoch(), detail)
     }
 
-    fn check(&mut self, c: Check) {
-        match c {
-            Check::StaleFrame => self.stale += 1,
-            Check::Violation(v) => {
-                tracing::warn!(node = %self.name, "{}", v.describe(self.opts.id, &|n| self.peer_name(n)))
+    /// Counts a stale frame; writes every other check for the launch's invariant checker (a
+    /// violation is logged too).
+    fn check(&mut self, c: Check) -> Result<(), WorkerError> {
+        let check = match c {
+            Check::StaleFrame => {
+                self.stale += 1;
+                return Ok(());
             }
-            Check::View { .. } | Check::AllReduceWeights { .. } | Check::WeightsAfter { .. } => {}
-        }
+            Check::Violation(v) => {
+                let msg = v.describe(self.opts.id, &|n| self.peer_name(n));
+                tracing::warn!(node = %self.name, "{msg}");
+                CheckLine::Violation(msg)
+            }
+            Check::View { epoch, members, what } => {
+                CheckLine::View { epoch, members, what: what.to_owned() }
+            }
+            Check::AllReduceWeights { what, sums, total }
+                if sums.iter().chain([&total]).all(|x| x.is_finite()) =>
+            {
+                CheckLine::AllReduceWeights { what, sums, total }
+            }
+            Check::AllReduceWeights { what, sums, total } => {
+                // JSON has no NaN or infinity: judge it here, in the checker's words.
+                let names = BTreeMap::from([(self.opts.id, self.name.clone())]);
+                let mut checker = loco_core::metrics::InvariantChecker::new(names);
+                checker.allreduce_weights(self.opts.id, &what, &sums, total);
+                for msg in checker.violations() {
+                    self.write(&MetricsLine::Check {
+                        node: self.opts.id,
+                        check: CheckLine::Violation(msg),
+                    })?;
+                }
+                return Ok(());
+            }
+            Check::WeightsAfter { outer_step, hash } => {
+                CheckLine::WeightsAfter { outer_step, hash }
+            }
+        };
+        self.write(&MetricsLine::Check { node: self.opts.id, check })
     }
 
     /// Whether a fault armed for `phase` strikes now.

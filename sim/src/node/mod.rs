@@ -458,21 +458,7 @@ impl Node {
     }
 
     fn check(&mut self, c: Check) {
-        let mut rec = self.run.rec.borrow_mut();
-        match c {
-            Check::View { epoch, members, what } => rec.member_view(self.id, epoch, &members, what),
-            Check::AllReduceWeights { what, sums, total } => {
-                rec.allreduce_weights(self.id, &what, &sums, total)
-            }
-            Check::WeightsAfter { outer_step, hash } => {
-                rec.weights_after(self.id, outer_step, &hash)
-            }
-            Check::StaleFrame => rec.stale(1),
-            Check::Violation(v) => {
-                let msg = v.describe(self.id, &|n| rec.name(n));
-                rec.violation(msg);
-            }
-        }
+        self.run.rec.borrow_mut().check(self.id, &c);
     }
 
     /// When the node next has something to do without an input: the machine's timer or the
