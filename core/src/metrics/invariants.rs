@@ -1,7 +1,7 @@
 //! The run invariants both backends check, in one place.
 //!
 //! An executor feeds an [`InvariantChecker`] the memberships the coordinator formed
-//! ([`InvariantChecker::epoch_formed`]) and every node's [`Check`]
+//! ([`InvariantChecker::epoch_formed`]) and every node's [`Check`](crate::node::machine::Check)
 //! ([`InvariantChecker::check`]); the checker keeps the violations (at most
 //! [`MAX_VIOLATIONS`] verbatim, the rest counted) for the run's `invariants`. The simulator
 //! feeds it as it runs; the real launch feeds it from the workers' and the coordinator's
@@ -16,7 +16,6 @@
 //! - whatever the node machine itself saw broken ([`Check::Violation`]).
 
 use crate::ids::{Epoch, NodeId};
-use crate::node::machine::Check;
 use std::collections::BTreeMap;
 
 /// Largest number of violations kept verbatim (the rest are counted).
@@ -173,29 +172,12 @@ impl InvariantChecker {
     pub fn allreduces_checked(&self) -> u64 {
         self.allreduces_checked
     }
-
-    /// Feeds one [`Check`] node `node`'s machine emitted. Views are compared with the epochs
-    /// formed so far, so feed [`InvariantChecker::epoch_formed`] first.
-    pub fn check(&mut self, node: NodeId, c: &Check) {
-        match c {
-            Check::View { epoch, members, what } => self.member_view(node, *epoch, members, what),
-            Check::AllReduceWeights { what, sums, total } => {
-                self.allreduce_weights(node, what, sums, *total)
-            }
-            Check::WeightsAfter { outer_step, hash } => self.weights_after(node, *outer_step, hash),
-            Check::StaleFrame => self.stale(1),
-            Check::Violation(v) => {
-                let msg = v.describe(node, &|n| self.name(n));
-                self.violation(msg);
-            }
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::node::machine::Violation;
+    use crate::node::machine::{Check, Violation};
 
     fn checker() -> InvariantChecker {
         InvariantChecker::new((0..4).map(|i| (NodeId(i), format!("n-{i}"))).collect())

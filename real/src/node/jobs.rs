@@ -111,7 +111,7 @@ fn compute<L: InnerLoop>(
         loss = s.loss;
         tokens = tokens.saturating_add(s.tokens);
         if crash {
-            super::kill_self();
+            super::record::kill_self();
         }
     }
     let mut p = vec![0.0f32; inner.num_params()];

@@ -772,6 +772,27 @@ impl fmt::Display for Violation {
 /// What [`Node::state_verified`](super::Node::state_verified) takes.
 pub type VerifyResult = Result<Verified, Box<VerifyFailed>>;
 
+/// The node machine's checks, fed to the run's invariants (here, so that the metrics do not
+/// depend on the node).
+impl crate::metrics::InvariantChecker {
+    /// Feeds one [`Check`] node `node`'s machine emitted. Views are compared with the epochs
+    /// formed so far, so feed [`InvariantChecker::epoch_formed`] first.
+    pub fn check(&mut self, node: NodeId, c: &Check) {
+        match c {
+            Check::View { epoch, members, what } => self.member_view(node, *epoch, members, what),
+            Check::AllReduceWeights { what, sums, total } => {
+                self.allreduce_weights(node, what, sums, *total)
+            }
+            Check::WeightsAfter { outer_step, hash } => self.weights_after(node, *outer_step, hash),
+            Check::StaleFrame => self.stale(1),
+            Check::Violation(v) => {
+                let msg = v.describe(node, &|n| self.name(n));
+                self.violation(msg);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,125 @@
+//! How a worker runs: its options, its checkpoint plan and the faults injected into it.
+
+use crate::checkpoint::CheckpointConfig;
+use crate::tcp::TcpConfig;
+use loco_core::ids::NodeId;
+use loco_core::scenario::{FaultPhase, Scenario};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// How a worker runs.
+#[derive(Clone, Debug)]
+pub struct WorkerOptions {
+    /// The scenario: the node's settings come from it ([`NodeConfig::for_node`]), as in the
+    /// simulator.
+    pub scenario: Arc<Scenario>,
+    /// This node's id (its index in the scenario's node list).
+    pub id: NodeId,
+    /// Distinguishes restarts of the same node.
+    pub incarnation: u64,
+    /// Where the coordinator listens.
+    pub coordinator: SocketAddr,
+    /// Where this worker listens for its peers (port 0: any).
+    pub listen: SocketAddr,
+    /// TCP settings.
+    pub tcp: TcpConfig,
+    /// Where to append this worker's metrics (JSON lines of [`MetricsLine`]).
+    pub metrics: Option<PathBuf>,
+    /// Offset added to this process's clock in the metrics, so that all processes of a launch
+    /// share one time base (seconds since the launch started).
+    pub time_offset_s: f64,
+    /// Checkpoints to write, if any.
+    pub checkpoint: Option<CheckpointPlan>,
+    /// A checkpoint directory (`.../<node>/step-<N>`) to start from instead of the initial model.
+    pub resume: Option<PathBuf>,
+    /// Faults to inject into this process (tests and fault drills).
+    pub faults: Vec<Fault>,
+    /// The launcher's status channel, when a launcher started this process: every metrics line
+    /// is forwarded on it too.
+    pub status: Option<crate::worker_status::StatusSender>,
+}
+
+/// When and where a worker writes its checkpoints.
+#[derive(Clone, Debug)]
+pub struct CheckpointPlan {
+    /// Where, how many to keep, the remote copy.
+    pub config: CheckpointConfig,
+    /// Every this many outer steps (at least 1).
+    pub every: u64,
+}
+
+/// A fault injected into a worker: the process kills itself (SIGKILL) when it next enters
+/// `phase` at or after `after_s` seconds since it started, in outer step `from_step` or later.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Fault {
+    /// Where it strikes.
+    pub phase: FaultPhase,
+    /// Armed from this time on (seconds since this process started).
+    pub after_s: f64,
+    /// And only in this outer step or a later one (0: any).
+    pub from_step: u64,
+}
+
+impl Fault {
+    /// Whether it strikes on entering `phase` at `now_s` (seconds since the process started)
+    /// in `outer_step`.
+    pub fn strikes(&self, phase: FaultPhase, now_s: f64, outer_step: u64) -> bool {
+        self.phase == phase && now_s >= self.after_s && outer_step >= self.from_step
+    }
+}
+
+impl std::fmt::Display for Fault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}@{}", self.phase, self.after_s)?;
+        if self.from_step > 0 {
+            write!(f, ",step={}", self.from_step)?;
+        }
+        Ok(())
+    }
+}
+
+impl std::str::FromStr for Fault {
+    type Err = String;
+    /// `PHASE@SECONDS[,step=N]`, like `reduce-scatter@3.5` or `compute@1.5,step=4`.
+    fn from_str(s: &str) -> Result<Fault, String> {
+        let (s, from_step) = match s.split_once(",step=") {
+            Some((rest, n)) => {
+                let n = n.parse().map_err(|_| format!("{n:?} is not an outer step (0, 1, ...)"))?;
+                (rest, n)
+            }
+            None => (s, 0),
+        };
+        let (phase, at) = s.split_once('@').unwrap_or((s, "0"));
+        let phase = FaultPhase::parse(phase).ok_or_else(|| {
+            let names: Vec<&str> = FaultPhase::ALL.iter().map(|(n, _)| *n).collect();
+            format!("unknown phase {phase:?}; expected one of {}", names.join(", "))
+        })?;
+        let after_s: f64 = at
+            .parse()
+            .ok()
+            .filter(|t: &f64| t.is_finite() && *t >= 0.0)
+            .ok_or_else(|| format!("{at:?} is not a time in seconds"))?;
+        Ok(Fault { phase, after_s, from_step })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fault_flag_reads_back_what_the_launcher_writes() {
+        for text in ["reduce-scatter@1.5", "compute@0", "checkpoint@2.25,step=4"] {
+            let f: Fault = text.parse().unwrap();
+            assert_eq!(f.to_string(), text);
+        }
+        let f: Fault = "all-gather@1.5,step=4".parse().unwrap();
+        assert!(!f.strikes(FaultPhase::AllGather, 1.4, 4), "before its time");
+        assert!(!f.strikes(FaultPhase::AllGather, 9.0, 3), "before its step");
+        assert!(!f.strikes(FaultPhase::ReduceScatter, 9.0, 4), "another phase");
+        assert!(f.strikes(FaultPhase::AllGather, 1.5, 4));
+        assert!("compute@1,step=x".parse::<Fault>().unwrap_err().contains("\"x\""));
+        assert!("lunch@1".parse::<Fault>().unwrap_err().contains("unknown phase"));
+    }
+}
