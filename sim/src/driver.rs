@@ -388,12 +388,7 @@ pub(crate) fn replay(scenario: &Scenario, mut opts: ReplayOptions) -> Result<Run
     let seed = plan.seed;
     let mut s = scenario.clone();
     s.set_seed(seed);
-    let names: BTreeMap<NodeId, String> = s
-        .nodes()
-        .iter()
-        .map(|n| (n.id, n.name.clone()))
-        .chain(std::iter::once((NodeId::COORDINATOR, "coordinator".to_owned())))
-        .collect();
+    let names = s.node_names();
     let rec = Rc::new(RefCell::new(Recorder::new(names)));
     let real = match s.sim().numerics {
         Numerics::Virtual => None,

@@ -1544,6 +1544,16 @@ impl Scenario {
         self.sim.tcp = tcp;
     }
 
+    /// Every node's name by id, and the coordinator's (`coordinator`): how rows, events and
+    /// messages name them.
+    pub fn node_names(&self) -> std::collections::BTreeMap<NodeId, String> {
+        self.nodes
+            .iter()
+            .map(|n| (n.id, n.name.clone()))
+            .chain(std::iter::once((NodeId::COORDINATOR, "coordinator".to_owned())))
+            .collect()
+    }
+
     /// Replaces the mesh settings (a harness's own timings), checked as the scenario's
     /// `[mesh]` table would be.
     pub fn set_mesh(&mut self, mesh: MeshConfig) -> Result<(), crate::mesh::MeshConfigError> {

@@ -81,12 +81,7 @@ pub(crate) fn collect(
         by_step.entry(r.outer_step).or_default().insert(r.node.clone(), r.weights_hash.clone());
     }
     // The invariants both backends check: every epoch formed first, then the checks in order.
-    let names: BTreeMap<NodeId, String> = s
-        .nodes()
-        .iter()
-        .map(|n| (n.id, n.name.clone()))
-        .chain(std::iter::once((NodeId::COORDINATOR, "coordinator".to_owned())))
-        .collect();
+    let names = s.node_names();
     let mut checker = InvariantChecker::new(names);
     for (epoch, members) in &formed {
         checker.epoch_formed(*epoch, members);
