@@ -52,6 +52,8 @@ mod exec;
 pub mod net;
 mod node;
 pub mod numerics;
+
+pub use node::executor_side;
 pub mod record;
 mod ring_model;
 

@@ -861,3 +861,65 @@ fn rows_are_normalised_to_their_protocol_facts_and_diffed_per_stream() {
     let (_, gone) = judge(&l, &s(&["a"]));
     assert_eq!(gone.len(), 3, "the stop line, and the first alternative: {gone:?}");
 }
+
+/// Both backends make a node from a scenario through the one translation
+/// ([`loco_core::node::config`]): what a simulated host and a real worker hand it besides the
+/// scenario may differ only in the executor's own facts (padding, modelled collectives, the
+/// inner optimiser's state, the clock's offset, the checkpoint directory), so a joiner with two senders is sent the same
+/// pieces by the same senders in both, and every protocol setting is the same.
+#[test]
+fn both_backends_make_the_same_node_from_a_scenario() {
+    use loco_core::ids::NodeId;
+    use loco_core::node::config::ExecutorSide;
+    use loco_core::node::machine::{NodeConfig, Numerics};
+    let path = TestContext::repo().join("scenarios/faults/two-joiners.toml");
+    let mut s = loco_core::scenario::Scenario::load(&path).unwrap();
+    let mut mesh = s.mesh().clone();
+    mesh.state_senders = 2;
+    s.set_mesh(mesh).unwrap();
+    let initial: Vec<f32> = (0..16).map(|i| i as f32 * 1e-3).collect();
+    let opts = loco_real::node::WorkerOptions {
+        scenario: std::sync::Arc::new(s.clone()),
+        id: NodeId(0),
+        incarnation: 1,
+        coordinator: "127.0.0.1:1".parse().unwrap(),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        tcp: Default::default(),
+        metrics: None,
+        time_offset_s: 2.5,
+        checkpoint: None,
+        resume: None,
+        faults: Vec::new(),
+        status: None,
+    };
+    // The executor's own facts, set alike so that the rest must be equal (whether a node writes
+    // checkpoints is the scenario's `[real] checkpoint_dir`, or a worker's command line).
+    let alike = |mut side: ExecutorSide| {
+        side.checkpoints = false;
+        side.virtual_padding = false;
+        side.modelled_collectives = false;
+        side.own_max = 0;
+        side.offset_s = 0.0;
+        side
+    };
+    for n in s.nodes() {
+        let sim = loco_sim::executor_side(&s, Numerics::Real { initial: initial.clone() }, false);
+        let real = loco_real::node::executor_side(&opts, initial.clone(), Vec::new(), 1 << 20);
+        let sim = NodeConfig::for_node(&s, n.id, alike(sim)).unwrap();
+        let real = NodeConfig::for_node(&s, n.id, alike(real)).unwrap();
+        assert_eq!(
+            format!("{sim:?}"),
+            format!("{real:?}"),
+            "node {}: the two backends' settings differ beyond the executors' facts",
+            n.name
+        );
+        assert!(
+            matches!(
+                sim.state_pieces,
+                loco_core::node::machine::StatePieces::PerJoinerShard { .. }
+            ),
+            "one state-piece rule: {:?}",
+            sim.state_pieces
+        );
+    }
+}

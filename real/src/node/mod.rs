@@ -191,15 +191,7 @@ pub async fn run_worker<L: InnerLoop>(
         }
     };
     let layers: Vec<usize> = inner.param_layout().into_iter().map(|(_, n)| n).collect();
-    let side = ExecutorSide {
-        numerics: Numerics::Real { initial },
-        layers,
-        own_max: inner.max_optimizer_bytes(),
-        offset_s: opts.time_offset_s,
-        checkpoints: opts.checkpoint.is_some(),
-        virtual_padding: false,
-        modelled_collectives: false,
-    };
+    let side = executor_side(&opts, initial, layers, inner.max_optimizer_bytes());
     let cfg = NodeConfig::for_node(&opts.scenario, opts.id, side)?;
     let mut process = Process::new(cfg, opts.incarnation)?;
     if let Some((o, _)) = &resumed {
@@ -244,6 +236,26 @@ pub async fn run_worker<L: InnerLoop>(
     }
     w.process.start(w.clock.now())?;
     w.run(shutdown).await
+}
+
+/// What a worker tells [`NodeConfig::for_node`] besides the scenario: its initial weights and
+/// their tensors' lengths, its inner optimiser's largest state, its clock's offset, whether it
+/// writes checkpoints.
+pub fn executor_side(
+    opts: &WorkerOptions,
+    initial: Vec<f32>,
+    layers: Vec<usize>,
+    own_max: u64,
+) -> ExecutorSide {
+    ExecutorSide {
+        numerics: Numerics::Real { initial },
+        layers,
+        own_max,
+        offset_s: opts.time_offset_s,
+        checkpoints: opts.checkpoint.is_some(),
+        virtual_padding: false,
+        modelled_collectives: false,
+    }
 }
 
 /// Loads a checkpoint into the inner loop and returns its outer state.

@@ -543,16 +543,26 @@ fn node_config(run: &RunCtx, id: NodeId, initial: Option<Vec<f32>>) -> std::io::
         Some(initial) => Numerics::Real { initial },
         None => Numerics::Virtual { params: run.params },
     };
-    let side = ExecutorSide {
+    let side = executor_side(&run.scenario, numerics, run.modelled_collectives);
+    NodeConfig::for_node(&run.scenario, id, side).map_err(std::io::Error::other)
+}
+
+/// What a simulated host tells [`NodeConfig::for_node`] besides the scenario: the values it
+/// trains, and whether the event executor models its all-reduces.
+pub fn executor_side(
+    s: &loco_core::scenario::Scenario,
+    numerics: Numerics,
+    modelled_collectives: bool,
+) -> ExecutorSide {
+    ExecutorSide {
         numerics,
         // The synthetic model and virtual lengths have no layers: fragments cut anywhere.
         layers: Vec::new(),
         // The synthetic model has no inner optimiser state.
         own_max: 0,
         offset_s: 0.0,
-        checkpoints: run.scenario.real().checkpoint_dir.is_some(),
+        checkpoints: s.real().checkpoint_dir.is_some(),
         virtual_padding: true,
-        modelled_collectives: run.modelled_collectives,
-    };
-    NodeConfig::for_node(&run.scenario, id, side).map_err(std::io::Error::other)
+        modelled_collectives,
+    }
 }
