@@ -830,3 +830,30 @@ fn chaos_seeds_keep_every_invariant_in_overlap_modes() {
         assert!(went >= 18, "{mode}: {went} of 20 seeds went on");
     }
 }
+
+/// A coordinator that was not running (SIGSTOP, a paused VM) for more than twice the heartbeat
+/// timeout (and less than the members' coordinator timeout) judges nobody by that silence: when
+/// it runs again it evicts no member, and training goes on.
+#[test]
+fn a_paused_coordinator_evicts_nobody_when_it_runs_again() {
+    let cfg = MeshConfig::default();
+    let mut net = formed(cfg.clone(), 3);
+    net.run_for(secs(30)).unwrap();
+    let steps_before = net.hashes().len();
+    let pause = cfg.coordinator_timeout - cfg.heartbeat_interval;
+    assert!(pause > cfg.heartbeat_timeout * 2);
+    net.pause_coordinator(pause);
+    net.run_for(pause + secs(120)).unwrap();
+    let members = net.coordinator().unwrap().members();
+    assert_eq!(members.len(), 3, "evicted after its own pause: {members:?}");
+    let evictions = net
+        .record()
+        .iter()
+        .filter(|r| {
+            matches!(&r.what, Seen::Mesh(MeshEvent::EpochFormed { evicted, .. }) if !evicted.is_empty())
+        })
+        .count();
+    assert_eq!(evictions, 0);
+    assert!(net.hashes().len() > steps_before, "training went on");
+    assert_clean(&net);
+}

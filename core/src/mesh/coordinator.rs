@@ -293,7 +293,31 @@ impl Coordinator {
     /// Deadlines passed. Calling it early is harmless.
     pub fn handle_timeout(&mut self, now: Time) {
         if !self.stopped {
+            self.credit_absence(now);
             self.step(now);
+        }
+    }
+
+    /// The coordinator judges silence only over time it was itself running: a deadline met more
+    /// than a heartbeat interval late means it was not (a paused VM, swap, a blocked loop), and
+    /// nothing it could have heard meanwhile was heard. Every member and joiner is credited that
+    /// absence, so a pause of the coordinator alone evicts nobody; a node that died meanwhile is
+    /// evicted that much later.
+    fn credit_absence(&mut self, now: Time) {
+        let Some(due) = self.timers.next_timeout() else { return };
+        let late = now.saturating_since(due);
+        if late <= self.cfg.heartbeat_interval {
+            return;
+        }
+        tracing::warn!(
+            "coordinator: a deadline met {:.1}s late: it was not running; silence over that time is not held against anyone",
+            late.as_secs_f64()
+        );
+        for m in self.state.members.values_mut() {
+            m.last_seen = (m.last_seen + late).min(now);
+        }
+        for j in &mut self.state.queue {
+            j.last_seen = (j.last_seen + late).min(now);
         }
     }
 
@@ -322,6 +346,7 @@ impl Coordinator {
             self.answer_after_stop(from, &msg);
             return;
         }
+        self.credit_absence(now);
         // A heartbeat from a live member that changes nothing but its liveness changes no
         // decision (see `quiet` below): what it was before.
         let before = match &msg {

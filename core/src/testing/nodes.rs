@@ -106,6 +106,8 @@ pub struct NodeNet {
     mode: (Mode, u32, f32),
     snapshots: Vec<(NodeId, u64, Option<String>)>,
     max_steps: u64,
+    /// The coordinator runs nothing before this time ([`NodeNet::pause_coordinator`]).
+    coordinator_paused_until: Time,
 }
 
 /// A fault of one state piece on its way ([`NodeNet::fault_next_piece`]).
@@ -149,6 +151,7 @@ impl NodeNet {
             mode: (Mode::Sync, 1, 0.0),
             snapshots: Vec::new(),
             max_steps: 2_000_000,
+            coordinator_paused_until: Time::ZERO,
         }
     }
 
@@ -298,6 +301,13 @@ impl NodeNet {
             h.computing = None;
         }
         self.note(id, Seen::Fault("crash".into()));
+    }
+
+    /// The coordinator's process stops for `d` (SIGSTOP, a paused VM): it handles nothing, and
+    /// the frames sent to it wait until it runs again.
+    pub fn pause_coordinator(&mut self, d: Duration) {
+        self.coordinator_paused_until = self.now + d;
+        self.note(NodeId::COORDINATOR, Seen::Fault(format!("paused for {d:?}")));
     }
 
     /// The coordinator vanishes.
@@ -488,7 +498,7 @@ impl NodeNet {
             consider(t, Due::Deliver);
         }
         if let Some(t) = self.coordinator.as_ref().and_then(Coordinator::poll_timeout) {
-            consider(t, Due::Coordinator);
+            consider(t.max(self.coordinator_paused_until), Due::Coordinator);
         }
         for (&id, h) in &self.hosts {
             if let Some(t) = h.process.as_ref().and_then(Process::poll_timeout) {
@@ -509,6 +519,13 @@ impl NodeNet {
         match due {
             Due::Deliver => {
                 let Some((_, (from, to, frame))) = self.inflight.pop_first() else { return true };
+                if to == NodeId::COORDINATOR && now < self.coordinator_paused_until {
+                    // Paused: the frame waits in its socket until the coordinator runs again.
+                    self.seq += 1;
+                    self.inflight
+                        .insert((self.coordinator_paused_until, self.seq), (from, to, frame));
+                    return true;
+                }
                 if to == NodeId::COORDINATOR {
                     if let (Some(c), Header::Mesh(msg)) = (self.coordinator.as_mut(), frame.header)
                     {
