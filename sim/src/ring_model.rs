@@ -318,7 +318,7 @@ mod tests {
         let plan = RingPlan { shards: &shards, codec: CodecKind::Fp32, starts: &starts };
         let mut rng = ChaCha8Rng::seed_from_u64(1);
         let f = finish_times(&plan, &links(4, 1, 1e6, 10), &no_work, None, &mut rng);
-        let hop = 4064_000 + 10_000_000;
+        let hop = 4_064_000 + 10_000_000;
         for t in f {
             assert_eq!(t.as_nanos(), 6 * hop);
         }
