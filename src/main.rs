@@ -87,62 +87,7 @@ fn run(cli: Cli) -> Result<Outcome> {
                 return Ok(Outcome::InvariantsBroken);
             }
         }
-        Command::Bench(BenchCommand::Sim(a)) => {
-            let mut s = replay::scenario_or_default(a.scenario.as_deref())?;
-            if let Some(e) = a.executor {
-                s.set_executor(e);
-            }
-            if let Some(c) = a.collectives {
-                s.set_collectives(c);
-            }
-            let f = loco_sim::bench(&s, a.hours).map_err(|e| anyhow::anyhow!(e))?;
-            print_report(a.json, &f, |out| {
-                writeln!(out, "simulator: {}", f.scenario)?;
-                writeln!(
-                    out,
-                    "  simulated        {:.0} s ({:.1} h), {} outer steps",
-                    f.simulated_seconds,
-                    f.simulated_seconds / 3600.0,
-                    f.outer_steps
-                )?;
-                writeln!(out, "  wall             {:.2} s", f.wall_seconds)?;
-                writeln!(
-                    out,
-                    "  speed            {:.0} simulated s per wall s",
-                    f.simulated_per_wall_second
-                )?;
-                writeln!(
-                    out,
-                    "  24 h would take  {:.1} s",
-                    86_400.0 / f.simulated_per_wall_second.max(1e-9)
-                )?;
-                writeln!(out, "  nodes            {}", f.nodes)?;
-                if f.executor == loco_core::scenario::ExecutorKind::Events {
-                    writeln!(
-                        out,
-                        "  frames, events   {}, {} (event executor, {} all-reduces)",
-                        f.frames, f.events, f.collectives
-                    )?;
-                } else {
-                    writeln!(
-                        out,
-                        "  frames, ticks    {}, {} (turmoil, tick {} s)",
-                        f.frames, f.ticks, f.tick_seconds
-                    )?;
-                }
-                match f.peak_rss_bytes {
-                    Some(b) => {
-                        writeln!(out, "  peak memory      {:.1} MB resident", b as f64 / 1e6)?
-                    }
-                    None => writeln!(out, "  peak memory      unknown")?,
-                }
-                writeln!(
-                    out,
-                    "  invariants       {}",
-                    if f.invariants_ok { "ok" } else { "BROKEN" }
-                )
-            })?;
-        }
+        Command::Bench(b) => return bench_cmd(b),
         Command::Launch(a) => {
             if !real_cmd::launch(&a)? {
                 return Ok(Outcome::InvariantsBroken);
@@ -169,128 +114,35 @@ fn run(cli: Cli) -> Result<Outcome> {
                 println!("comparison: {}", c.display());
             }
         }
-        Command::Bench(BenchCommand::Codec(a)) => {
-            let threads = a.threads.unwrap_or_else(|| {
-                std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
-            });
-            let codecs = if a.codec.is_empty() {
-                loco_core::codec::CodecKind::ALL.to_vec()
-            } else {
-                a.codec
-            };
-            let report = bench::codec::run(&bench::codec::CodecBenchArgs {
-                elements: a.elements,
-                codecs,
-                threads,
-                repeats: a.repeats.max(1),
-                seed: a.seed,
-            })?;
-            print_report(a.json, &report, |out| report.print_table(out))?;
-        }
-        Command::Bench(BenchCommand::Allreduce(a)) => {
-            let args = bench::allreduce::AllreduceBenchArgs {
-                world: a.world,
-                elements: a.elements,
-                codec: a.codec,
-                segment: a.segment,
-                seed: a.seed,
-                repeat: a.repeat,
-            };
-            if a.world == 0 || a.segment == 0 || a.repeat == 0 {
-                let flag = match (a.world, a.segment) {
-                    (0, _) => "--world",
-                    (_, 0) => "--segment",
-                    _ => "--repeat",
-                };
-                return Err(InputError(anyhow::anyhow!("{flag}: expected at least 1")).into());
-            }
-            let report = match a.backend {
-                cli::BenchBackend::Memory => {
-                    if a.repeat > 1 {
-                        tracing::warn!(
-                            "--repeat applies to --backend tcp; the memory backend runs once"
-                        );
-                    }
-                    bench::allreduce::run(&args)?
-                }
-                cli::BenchBackend::Tcp => bench::allreduce::run_tcp(&args, a.streams, a.secure)?,
-            };
-            print_report(a.json, &report, |out| report.print_table(out))?;
-        }
-        Command::Bench(BenchCommand::Outer(a)) => {
-            for (flag, v) in [("--params", a.params), ("--repeats", a.repeats)] {
-                if v == 0 {
-                    return Err(InputError(anyhow::anyhow!("{flag}: expected at least 1")).into());
-                }
-            }
-            let args = bench::outer::OuterBenchArgs {
-                params: a.params,
-                repeats: a.repeats,
-                seed: a.seed,
-                shards: a.shards,
-            };
-            let bar = std::io::IsTerminal::is_terminal(&std::io::stderr()).then(|| {
-                let b = indicatif::ProgressBar::new(5);
-                b.set_style(
-                    indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len}")
-                        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-                        .progress_chars("=> "),
-                );
-                b
-            });
-            let report = bench::outer::run(&args, |name| {
-                if let Some(b) = &bar {
-                    if !b.message().is_empty() {
-                        b.inc(1);
-                    }
-                    b.set_message(format!("{name}, {} params", a.params));
-                }
-            })?;
-            if let Some(b) = bar {
-                b.finish_and_clear();
-            }
-            print_report(a.json, &report, |out| report.print_table(out))?;
-        }
-        Command::Bench(BenchCommand::AllreduceRank(a)) => {
+    }
+    Ok(Outcome::Success)
+}
+
+/// Runs a `loco bench` subcommand.
+fn bench_cmd(command: BenchCommand) -> Result<Outcome> {
+    match command {
+        BenchCommand::Sim(a) => bench_sim(a)?,
+        BenchCommand::Codec(a) => bench_codec(a)?,
+        BenchCommand::Allreduce(a) => bench_allreduce(a)?,
+        BenchCommand::Outer(a) => bench_outer(a)?,
+        BenchCommand::AllreduceRank(a) => {
             let r = bench::allreduce::run_rank(&a)?;
             println!("{}", serde_json::to_string(&r)?);
         }
-        Command::Bench(BenchCommand::Recovery(a)) => {
-            let args = bench::recovery::RecoveryBenchArgs {
-                bytes: a.bytes,
-                senders: a.senders,
-                streams: a.streams,
-                secure: a.secure,
-                cold: a.cold,
-                scenario: a.scenario.as_deref().map(real_cmd::load).transpose()?,
-            };
-            if a.senders == 0 || a.streams == 0 || a.bytes < 8 {
-                let (flag, what) = match (a.senders, a.streams) {
-                    (0, _) => ("--senders", "at least 1"),
-                    (_, 0) => ("--streams", "at least 1"),
-                    _ => ("--bytes", "at least 8 bytes"),
-                };
-                return Err(InputError(anyhow::anyhow!("{flag}: expected {what}")).into());
-            }
-            if let Some(s) = &args.scenario {
-                bench::recovery::check_emulated(s, a.senders).map_err(InputError)?;
-            }
-            let report = bench::recovery::run(&args)?;
-            print_report(a.json, &report, |out| report.print_table(out))?;
-        }
-        Command::Bench(BenchCommand::RecoveryNode(a)) => {
+        BenchCommand::Recovery(a) => bench_recovery(a)?,
+        BenchCommand::RecoveryNode(a) => {
             let r = bench::recovery::run_node(&a)?;
             println!("{}", serde_json::to_string(&r)?);
         }
-        Command::Bench(BenchCommand::Train(a)) if a.plan => {
+        BenchCommand::Train(a) if a.plan => {
             let report = bench::train::plan(&a)?;
             print_report(a.json, &report, |out| report.print_table(out))?;
         }
-        Command::Bench(BenchCommand::Train(a)) => {
+        BenchCommand::Train(a) => {
             let report = bench::train::run(&a)?;
             print_report(a.json, &report, |out| report.print_table(out))?;
         }
-        Command::Bench(BenchCommand::Quality(a)) => {
+        BenchCommand::Quality(a) => {
             let report = bench::quality::run(&a)?;
             print_report(a.json, &report, |out| report.print_table(out))?;
             if !report.claims_hold() {
@@ -299,6 +151,171 @@ fn run(cli: Cli) -> Result<Outcome> {
         }
     }
     Ok(Outcome::Success)
+}
+
+/// `loco bench sim`: the simulator's speed on a scenario.
+fn bench_sim(a: cli::SimBench) -> Result<()> {
+    let mut s = replay::scenario_or_default(a.scenario.as_deref())?;
+    if let Some(e) = a.executor {
+        s.set_executor(e);
+    }
+    if let Some(c) = a.collectives {
+        s.set_collectives(c);
+    }
+    let f = loco_sim::bench(&s, a.hours).map_err(|e| anyhow::anyhow!(e))?;
+    print_report(a.json, &f, |out| {
+        writeln!(out, "simulator: {}", f.scenario)?;
+        writeln!(
+            out,
+            "  simulated        {:.0} s ({:.1} h), {} outer steps",
+            f.simulated_seconds,
+            f.simulated_seconds / 3600.0,
+            f.outer_steps
+        )?;
+        writeln!(out, "  wall             {:.2} s", f.wall_seconds)?;
+        writeln!(
+            out,
+            "  speed            {:.0} simulated s per wall s",
+            f.simulated_per_wall_second
+        )?;
+        writeln!(
+            out,
+            "  24 h would take  {:.1} s",
+            86_400.0 / f.simulated_per_wall_second.max(1e-9)
+        )?;
+        writeln!(out, "  nodes            {}", f.nodes)?;
+        if f.executor == loco_core::scenario::ExecutorKind::Events {
+            writeln!(
+                out,
+                "  frames, events   {}, {} (event executor, {} all-reduces)",
+                f.frames, f.events, f.collectives
+            )?;
+        } else {
+            writeln!(
+                out,
+                "  frames, ticks    {}, {} (turmoil, tick {} s)",
+                f.frames, f.ticks, f.tick_seconds
+            )?;
+        }
+        match f.peak_rss_bytes {
+            Some(b) => writeln!(out, "  peak memory      {:.1} MB resident", b as f64 / 1e6)?,
+            None => writeln!(out, "  peak memory      unknown")?,
+        }
+        writeln!(out, "  invariants       {}", if f.invariants_ok { "ok" } else { "BROKEN" })
+    })?;
+    Ok(())
+}
+
+/// `loco bench codec`: each codec's speed.
+fn bench_codec(a: cli::CodecBench) -> Result<()> {
+    let threads = a
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+    let codecs =
+        if a.codec.is_empty() { loco_core::codec::CodecKind::ALL.to_vec() } else { a.codec };
+    let report = bench::codec::run(&bench::codec::CodecBenchArgs {
+        elements: a.elements,
+        codecs,
+        threads,
+        repeats: a.repeats.max(1),
+        seed: a.seed,
+    })?;
+    print_report(a.json, &report, |out| report.print_table(out))?;
+    Ok(())
+}
+
+/// `loco bench allreduce`: one all-reduce, in memory or over TCP.
+fn bench_allreduce(a: cli::AllreduceBench) -> Result<()> {
+    let args = bench::allreduce::AllreduceBenchArgs {
+        world: a.world,
+        elements: a.elements,
+        codec: a.codec,
+        segment: a.segment,
+        seed: a.seed,
+        repeat: a.repeat,
+    };
+    if a.world == 0 || a.segment == 0 || a.repeat == 0 {
+        let flag = match (a.world, a.segment) {
+            (0, _) => "--world",
+            (_, 0) => "--segment",
+            _ => "--repeat",
+        };
+        return Err(InputError(anyhow::anyhow!("{flag}: expected at least 1")).into());
+    }
+    let report = match a.backend {
+        cli::BenchBackend::Memory => {
+            if a.repeat > 1 {
+                tracing::warn!("--repeat applies to --backend tcp; the memory backend runs once");
+            }
+            bench::allreduce::run(&args)?
+        }
+        cli::BenchBackend::Tcp => bench::allreduce::run_tcp(&args, a.streams, a.secure)?,
+    };
+    print_report(a.json, &report, |out| report.print_table(out))?;
+    Ok(())
+}
+
+/// `loco bench outer`: the outer step's work, with a progress bar on a terminal.
+fn bench_outer(a: cli::OuterBench) -> Result<()> {
+    for (flag, v) in [("--params", a.params), ("--repeats", a.repeats)] {
+        if v == 0 {
+            return Err(InputError(anyhow::anyhow!("{flag}: expected at least 1")).into());
+        }
+    }
+    let args = bench::outer::OuterBenchArgs {
+        params: a.params,
+        repeats: a.repeats,
+        seed: a.seed,
+        shards: a.shards,
+    };
+    let bar = std::io::IsTerminal::is_terminal(&std::io::stderr()).then(|| {
+        let b = indicatif::ProgressBar::new(5);
+        b.set_style(
+            indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+                .progress_chars("=> "),
+        );
+        b
+    });
+    let report = bench::outer::run(&args, |name| {
+        if let Some(b) = &bar {
+            if !b.message().is_empty() {
+                b.inc(1);
+            }
+            b.set_message(format!("{name}, {} params", a.params));
+        }
+    })?;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    print_report(a.json, &report, |out| report.print_table(out))?;
+    Ok(())
+}
+
+/// `loco bench recovery`: a state transfer to a recovering node.
+fn bench_recovery(a: cli::RecoveryBench) -> Result<()> {
+    let args = bench::recovery::RecoveryBenchArgs {
+        bytes: a.bytes,
+        senders: a.senders,
+        streams: a.streams,
+        secure: a.secure,
+        cold: a.cold,
+        scenario: a.scenario.as_deref().map(real_cmd::load).transpose()?,
+    };
+    if a.senders == 0 || a.streams == 0 || a.bytes < 8 {
+        let (flag, what) = match (a.senders, a.streams) {
+            (0, _) => ("--senders", "at least 1"),
+            (_, 0) => ("--streams", "at least 1"),
+            _ => ("--bytes", "at least 8 bytes"),
+        };
+        return Err(InputError(anyhow::anyhow!("{flag}: expected {what}")).into());
+    }
+    if let Some(s) = &args.scenario {
+        bench::recovery::check_emulated(s, a.senders).map_err(InputError)?;
+    }
+    let report = bench::recovery::run(&args)?;
+    print_report(a.json, &report, |out| report.print_table(out))?;
+    Ok(())
 }
 
 /// Prints the end-of-run table and where the files are.

@@ -1569,7 +1569,7 @@ mod tests {
                         m.cancel(now, id);
                     }
                     _ => {
-                        now = now + Duration::from_millis(rng.random_range(1..400));
+                        now += Duration::from_millis(rng.random_range(1..400));
                         m.advance(now);
                     }
                 }

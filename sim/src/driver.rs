@@ -1,27 +1,22 @@
 //! The replay loop: builds the turmoil simulation of a scenario, steps it tick by tick, plays the
 //! churn between ticks, watches the stop conditions and the deadlock bound, and summarises.
 
-use crate::bandwidth::BandwidthModel;
-use crate::ctx::{NodeCtl, RealSetup, RunCtx};
-use crate::events::EventExec;
-use crate::exec::{Exec, TurmoilExec};
-use crate::net::{NetShared, host_name};
-use crate::numerics;
+use crate::ctx::RunCtx;
+use crate::exec::Exec;
+use crate::net::host_name;
 use crate::record::Recorder;
 use crate::{Progress, ReplayOptions, RunOutput, SimError};
 use loco_core::metrics::{EventKind, RunMeta, sort_events, sort_outer_steps, summarize};
-use loco_core::rng::{Purpose, derive};
 use loco_core::scenario::links::{LatencySetting, Links};
-use loco_core::scenario::{
-    ChurnAction, CollectiveModel, Cut, ExecutorKind, FaultPhase, Numerics, RegionId, Scenario,
-    TcpKind,
-};
+use loco_core::scenario::{ChurnAction, ChurnEvent, Cut, ExecutorKind, RegionId, Scenario};
 use loco_core::{NodeId, Time};
+use setup::{modelled_collectives, new_exec, node_ctls, real_setup, shared_net, start_detail};
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 use std::time::Duration;
-use tokio::sync::Notify;
+
+mod setup;
 
 /// Ticks a default tick aims at over a whole run (each tick polls every host).
 const TICK_BUDGET: u64 = 400_000;
@@ -119,7 +114,24 @@ struct Driver<'a> {
     coordinator_alive: bool,
 }
 
-impl Driver<'_> {
+impl<'a> Driver<'a> {
+    /// A driver of `exec` with no host registered yet, every link as the scenario starts it.
+    fn new(exec: Box<dyn Exec + 'a>, run: Rc<RunCtx>, s: &Scenario, seed: u64) -> Driver<'a> {
+        let mut regions: BTreeMap<NodeId, RegionId> =
+            s.nodes().iter().map(|n| (n.id, n.region)).collect();
+        regions.insert(NodeId::COORDINATOR, s.coordinator_region());
+        Driver {
+            exec,
+            run,
+            links: Links::new(s, seed),
+            regions,
+            hosts: Vec::new(),
+            known: BTreeSet::new(),
+            cuts: Vec::new(),
+            coordinator_alive: true,
+        }
+    }
+
     fn now(&self) -> Time {
         self.exec.now()
     }
@@ -388,70 +400,12 @@ pub(crate) fn replay(scenario: &Scenario, mut opts: ReplayOptions) -> Result<Run
     let seed = plan.seed;
     let mut s = scenario.clone();
     s.set_seed(seed);
-    let names = s.node_names();
-    let rec = Rc::new(RefCell::new(Recorder::new(names)));
-    let real = match s.sim().numerics {
-        Numerics::Virtual => None,
-        Numerics::Real => {
-            let n = usize::try_from(s.sim().elements)
-                .map_err(|_| SimError::Scenario("sim.elements does not fit this machine".into()))?;
-            Some(RealSetup { initial: numerics::initial_weights(seed, n) })
-        }
-    };
-    let net = NetShared::new();
-    {
-        let mut bw: std::cell::RefMut<'_, BandwidthModel> = net.bandwidth.borrow_mut();
-        let mss = f64::from(loco_core::scenario::links::EMULATED_MSS);
-        bw.set_tcp(match s.sim().tcp {
-            TcpKind::Cubic => Some(crate::bandwidth::TcpParams::linux(mss, true)),
-            TcpKind::Bbr => Some(crate::bandwidth::TcpParams::linux(mss, false)),
-            TcpKind::None => None,
-        });
-        for n in s.nodes() {
-            bw.set_nic(Time::ZERO, n.id, n.nic.map(|r| r.bytes_per_sec()));
-        }
-    }
-    let nodes: Vec<NodeCtl> = s
-        .nodes()
-        .iter()
-        .map(|n| NodeCtl {
-            spec: n.clone(),
-            incarnation: Cell::new(0),
-            hung: Cell::new(false),
-            leave: Cell::new(false),
-            wake: Notify::new(),
-            member: Cell::new(false),
-            armed: Cell::new(None),
-            struck: Cell::new(false),
-        })
-        .collect();
+    let rec = Rc::new(RefCell::new(Recorder::new(s.node_names())));
+    let real = real_setup(&s, seed)?;
+    let net = shared_net(&s);
+    let nodes = node_ctls(&s);
     let executor = opts.executor.unwrap_or_else(|| s.sim().executor_for(s.nodes().len()));
-    // What a modelled all-reduce does not model, so that such a scenario moves frames: a crash
-    // armed for a phase of the all-reduce strikes when the node sends that phase's frames
-    // (modelled all-reduces send none), and a hung member holds the ring's frames until it
-    // resumes (the model has no pause).
-    let phase_faults = s.churn().iter().any(|e| {
-        matches!(e.during, Some(FaultPhase::ReduceScatter | FaultPhase::AllGather))
-            || matches!(e.action, ChurnAction::Hang(_))
-    });
-    let collectives = match s.sim().collectives {
-        None if phase_faults => CollectiveModel::Frames,
-        _ => s.sim().collectives_for(s.nodes().len(), executor),
-    };
-    if phase_faults && collectives == CollectiveModel::Modelled {
-        return Err(SimError::Scenario(
-            "sim.collectives: \"modelled\" models neither a crash `during` the reduce-scatter or all-gather (it sends no frame to strike at) nor a hung member holding the ring; set sim.collectives = \"frames\"".into(),
-        ));
-    }
-    let modelled_collectives = match (collectives, executor) {
-        (CollectiveModel::Frames, _) => false,
-        (CollectiveModel::Modelled, ExecutorKind::Events) => true,
-        (CollectiveModel::Modelled, ExecutorKind::Turmoil) => {
-            return Err(SimError::Scenario(
-                "sim.collectives: \"modelled\" runs on the event executor only; set sim.executor = \"events\" or sim.collectives = \"frames\"".into(),
-            ));
-        }
-    };
+    let modelled_collectives = modelled_collectives(&s, executor)?;
     refuse_size(s.nodes().len(), executor, modelled_collectives)?;
     let run = Rc::new(RunCtx {
         mesh: s.mesh().clone(),
@@ -459,67 +413,60 @@ pub(crate) fn replay(scenario: &Scenario, mut opts: ReplayOptions) -> Result<Run
         scenario: s.clone(),
         seed,
         net,
-        rec: rec.clone(),
+        rec,
         nodes,
         real,
         frames: Cell::new(0),
         modelled_collectives,
         mesh_stopped: RefCell::new(None),
     });
-    // turmoil panics when more connections wait on a listener than its TCP capacity (64 by
-    // default): every node dials the coordinator at the start. Room for all of them, twice
-    // (the default below 32 nodes, so that smaller runs are as they were).
-    let tcp_capacity = s.nodes().len().saturating_add(1).saturating_mul(2).max(64);
-    let exec: Box<dyn Exec> = match executor {
-        ExecutorKind::Turmoil => Box::new(TurmoilExec {
-            sim: turmoil::Builder::new()
-                .tcp_capacity(tcp_capacity)
-                .tick_duration(plan.tick)
-                .simulation_duration(Duration::from_secs(u64::from(u32::MAX)))
-                .min_message_latency(Duration::ZERO)
-                .max_message_latency(Duration::ZERO)
-                .rng_seed(derive(seed, 0, Purpose::Turmoil))
-                .build(),
-            run: run.clone(),
-            tick: plan.tick,
-            ticks: 0,
-        }),
-        ExecutorKind::Events => Box::new(EventExec::new(run.clone())),
-    };
-    let mut regions: BTreeMap<NodeId, RegionId> =
-        s.nodes().iter().map(|n| (n.id, n.region)).collect();
-    regions.insert(NodeId::COORDINATOR, s.coordinator_region());
-    let mut d = Driver {
-        exec,
-        run: run.clone(),
-        links: Links::new(&s, seed),
-        regions,
-        hosts: Vec::new(),
-        known: BTreeSet::new(),
-        cuts: Vec::new(),
-        coordinator_alive: true,
-    };
+    let exec = new_exec(executor, &plan, &s, &run);
+    let mut d = Driver::new(exec, run.clone(), &s, seed);
     run.event(
         Time::ZERO,
         EventKind::Start,
         None,
         None,
-        match executor {
-            ExecutorKind::Turmoil => format!("seed {seed}, tick {} ms", plan.tick.as_millis()),
-            ExecutorKind::Events if modelled_collectives => {
-                format!("seed {seed}, event executor, modelled all-reduces")
-            }
-            ExecutorKind::Events => format!("seed {seed}, event executor"),
-        },
+        start_detail(executor, modelled_collectives, seed, plan.tick),
     );
     d.refresh_links();
     d.register(NodeId::COORDINATOR);
     for n in s.initial_nodes() {
         d.register(n.id);
     }
+    let stop_reason = run_to_stop(&mut d, &s, &plan, &mut opts, executor)?;
+    Ok(finish(&d, &s, seed, executor, stop_reason))
+}
+
+/// Where the replay loop stands at the top of a round, for its stop conditions and horizon.
+struct Round<'r> {
+    now: Time,
+    /// Outer steps done.
+    steps: u64,
+    last_progress: Time,
+    /// Rounds run so far.
+    rounds: u64,
+    /// The churn events not played yet.
+    churn_left: &'r [ChurnEvent],
+    /// Every node of the scenario.
+    ids: &'r [NodeId],
+    /// How long the loop waits, once the last outer step is done, for the members to close
+    /// their last rows.
+    stop_grace: Duration,
+}
+
+/// Runs the replay round by round (a tick under turmoil, a run of events under the event
+/// executor), playing the churn between rounds, until a stop condition holds: returns why.
+fn run_to_stop(
+    d: &mut Driver<'_>,
+    s: &Scenario,
+    plan: &Plan,
+    opts: &mut ReplayOptions,
+    executor: ExecutorKind,
+) -> Result<String, SimError> {
+    let rec = d.run.rec.clone();
     let churn = s.churn().to_vec();
     let mut next_churn = 0;
-    // Rounds of the loop: a tick under turmoil, a run of events under the event executor.
     let mut rounds: u64 = 0;
     let progress_every = match executor {
         ExecutorKind::Turmoil => 2000,
@@ -527,40 +474,18 @@ pub(crate) fn replay(scenario: &Scenario, mut opts: ReplayOptions) -> Result<Run
     };
     // How long the loop waits, once the last outer step is done, for the members to close
     // their last rows (after the commit's outer work).
-    let stop_grace = run.mesh.heartbeat_timeout.saturating_mul(2)
+    let stop_grace = d.run.mesh.heartbeat_timeout.saturating_mul(2)
         + Duration::from_secs(10)
-        + s.sim().outer_time(run.params);
+        + s.sim().outer_time(d.run.params);
     let mut reported_steps = u64::MAX;
-    let future_starts = |i: usize| {
-        churn[i..]
-            .iter()
-            .any(|e| matches!(e.action, ChurnAction::Join(_) | ChurnAction::Restart(_)))
-    };
     let ids: Vec<NodeId> = s.nodes().iter().map(|n| n.id).collect();
-    let stop_reason: String;
     loop {
         let now = d.now();
         while next_churn < churn.len() && Time::ZERO + churn[next_churn].at <= now {
-            let e = &churn[next_churn];
-            let (a, during, from_step) = (e.action.clone(), e.during, e.from_step);
-            match (&a, during) {
-                (ChurnAction::Crash(ids), Some(phase)) => {
-                    for &id in ids {
-                        d.run.node(id).armed.set(Some((phase, from_step.unwrap_or(0))));
-                    }
-                }
-                _ => d.apply(&a),
-            }
+            d.play(&churn[next_churn]);
             next_churn += 1;
         }
-        // Armed crashes that struck since the last tick: the node froze where it was.
-        let struck: Vec<NodeId> = (0..s.nodes().len() as u32)
-            .map(NodeId)
-            .filter(|&id| d.run.node(id).struck.replace(false))
-            .collect();
-        if !struck.is_empty() {
-            d.apply(&ChurnAction::Crash(struck));
-        }
+        d.strike_armed(s.nodes().len());
         d.refresh_links();
         let (steps, last_progress) = {
             let r = rec.borrow();
@@ -577,96 +502,160 @@ pub(crate) fn replay(scenario: &Scenario, mut opts: ReplayOptions) -> Result<Run
                 });
             }
         }
+        let round = Round {
+            now,
+            steps,
+            last_progress,
+            rounds,
+            churn_left: &churn[next_churn..],
+            ids: &ids,
+            stop_grace,
+        };
+        if let Some(why) = d.stop_reason(plan, &round) {
+            return Ok(why);
+        }
+        let horizon = d.horizon(plan, &round);
+        d.exec.step(horizon)?;
+        rounds += 1;
+    }
+}
+
+impl Driver<'_> {
+    /// Plays one churn event: a crash with `during` is armed, to strike when its node enters
+    /// that phase; any other event is applied now.
+    fn play(&mut self, e: &ChurnEvent) {
+        let (a, during, from_step) = (e.action.clone(), e.during, e.from_step);
+        match (&a, during) {
+            (ChurnAction::Crash(ids), Some(phase)) => {
+                for &id in ids {
+                    self.run.node(id).armed.set(Some((phase, from_step.unwrap_or(0))));
+                }
+            }
+            _ => self.apply(&a),
+        }
+    }
+
+    /// Crashes the nodes whose armed crash struck since the last round: they froze where they
+    /// were.
+    fn strike_armed(&mut self, nodes: usize) {
+        let struck: Vec<NodeId> = (0..nodes as u32)
+            .map(NodeId)
+            .filter(|&id| self.run.node(id).struck.replace(false))
+            .collect();
+        if !struck.is_empty() {
+            self.apply(&ChurnAction::Crash(struck));
+        }
+    }
+
+    /// Why the replay stops at this round, if it does (recording a violation where it stops for
+    /// a stall or the duration limit).
+    fn stop_reason(&mut self, plan: &Plan, r: &Round<'_>) -> Option<String> {
+        let run = self.run.clone();
+        let rec = &run.rec;
+        let now = r.now;
         if let Some(t) = plan.stop_time {
             if now >= Time::ZERO + t {
-                stop_reason = format!("stop.time reached ({} s)", t.as_secs_f64());
-                break;
+                return Some(format!("stop.time reached ({} s)", t.as_secs_f64()));
             }
         }
         if let Some(n) = plan.stop_steps {
-            if steps >= n {
-                let r = rec.borrow();
-                let last = r.last_step().unwrap_or(0);
+            if r.steps >= n {
+                let rb = rec.borrow();
+                let last = rb.last_step().unwrap_or(0);
                 let members: Vec<NodeId> =
-                    r.latest_epoch().map(|(_, m)| m.to_vec()).unwrap_or_default();
-                let have = r.rows_of(last);
+                    rb.latest_epoch().map(|(_, m)| m.to_vec()).unwrap_or_default();
+                let have = rb.rows_of(last);
                 let waiting =
                     members.iter().any(|m| !have.contains(m) && run.node(*m).member.get());
-                if !waiting || now - last_progress > stop_grace {
-                    stop_reason = format!("{n} outer steps done");
-                    break;
+                if !waiting || now - r.last_progress > r.stop_grace {
+                    return Some(format!("{n} outer steps done"));
                 }
             }
         }
         if let Some(why) = run.mesh_stopped.borrow().clone() {
-            stop_reason = why;
-            break;
+            return Some(why);
         }
         // Rounds come at every row under the event executor: look at the nodes only as far as
         // the answer needs (a thousand lookups a row add up at a thousand nodes).
-        if d.coordinator_alive
-            && rounds > 0
-            && !future_starts(next_churn)
-            && !ids.iter().any(|&id| d.node_running(id))
+        if self.coordinator_alive
+            && r.rounds > 0
+            && !future_starts(r.churn_left)
+            && !r.ids.iter().any(|&id| self.node_running(id))
         {
-            stop_reason = "every node stopped".to_owned();
-            break;
+            return Some("every node stopped".to_owned());
         }
-        let lost_all = !d.coordinator_alive
-            && ids
+        let lost_all = !self.coordinator_alive
+            && r.ids
                 .iter()
-                .filter(|&&id| d.node_running(id))
+                .filter(|&&id| self.node_running(id))
                 .all(|&id| rec.borrow().has_lost_coordinator(id));
         if lost_all {
             // No coordinator comes back (there is no standby): every node has stopped its member
             // cleanly; their supervisors would go on restarting them in vain.
             let lost = rec.borrow().coordinator_lost_count();
-            stop_reason =
-                format!("the coordinator died; {lost} members stopped cleanly (coordinator lost)");
-            break;
+            return Some(format!(
+                "the coordinator died; {lost} members stopped cleanly (coordinator lost)"
+            ));
         }
-        let members = ids.iter().any(|&id| run.node(id).member.get());
-        if d.coordinator_alive && members && now - last_progress > plan.stall_limit {
+        let members = r.ids.iter().any(|&id| run.node(id).member.get());
+        if self.coordinator_alive && members && now - r.last_progress > plan.stall_limit {
             let msg = format!(
                 "no deadlock: no outer step finished in {:.0} s of simulated time (the mesh's deadlines \
                  bound it by {:.0} s); last progress at {:.0} s",
-                (now - last_progress).as_secs_f64(),
+                (now - r.last_progress).as_secs_f64(),
                 plan.stall_limit.as_secs_f64(),
-                last_progress.as_secs_f64()
+                r.last_progress.as_secs_f64()
             );
             rec.borrow_mut().violation(msg);
-            stop_reason = "stalled (deadlock)".to_owned();
-            break;
+            return Some("stalled (deadlock)".to_owned());
         }
         if now >= Time::ZERO + plan.duration_limit {
             let msg = format!(
                 "no deadlock: ran for the duration limit of {:.0} s without finishing ({} outer steps done)",
                 plan.duration_limit.as_secs_f64(),
-                steps
+                r.steps
             );
             rec.borrow_mut().violation(msg);
-            stop_reason = "duration limit reached".to_owned();
-            break;
+            return Some("duration limit reached".to_owned());
         }
-        // The loop's next deadline: the executor stops there (turmoil steps one tick anyway).
+        None
+    }
+
+    /// The loop's next deadline: the executor stops there (turmoil steps one tick anyway).
+    fn horizon(&self, plan: &Plan, r: &Round<'_>) -> Time {
         let mut horizon = (Time::ZERO + plan.duration_limit)
-            .min(d.links.next_change())
-            .min(last_progress + plan.stall_limit + Duration::from_nanos(1));
-        if let Some(e) = churn.get(next_churn) {
+            .min(self.links.next_change())
+            .min(r.last_progress + plan.stall_limit + Duration::from_nanos(1));
+        if let Some(e) = r.churn_left.first() {
             horizon = horizon.min(Time::ZERO + e.at);
         }
         if let Some(t) = plan.stop_time {
             horizon = horizon.min(Time::ZERO + t);
         }
-        if plan.stop_steps.is_some_and(|n| steps >= n) {
-            horizon = horizon.min(last_progress + stop_grace + Duration::from_nanos(1));
+        if plan.stop_steps.is_some_and(|n| r.steps >= n) {
+            horizon = horizon.min(r.last_progress + r.stop_grace + Duration::from_nanos(1));
         }
-        d.exec.step(horizon)?;
-        rounds += 1;
+        horizon
     }
+}
+
+/// Whether a node joins or restarts in `churn`.
+fn future_starts(churn: &[ChurnEvent]) -> bool {
+    churn.iter().any(|e| matches!(e.action, ChurnAction::Join(_) | ChurnAction::Restart(_)))
+}
+
+/// Closes the run's events with `stop_reason` and summarises its rows and events.
+fn finish(
+    d: &Driver<'_>,
+    s: &Scenario,
+    seed: u64,
+    executor: ExecutorKind,
+    stop_reason: String,
+) -> RunOutput {
+    let run = &d.run;
     let end = d.now();
     {
-        let mut r = rec.borrow_mut();
+        let mut r = run.rec.borrow_mut();
         for n in s.nodes() {
             if run.node(n.id).member.get() {
                 r.event(end, EventKind::Stop, Some(n.id), None, "end of run");
@@ -675,7 +664,7 @@ pub(crate) fn replay(scenario: &Scenario, mut opts: ReplayOptions) -> Result<Run
         r.event(end, EventKind::Stop, None, None, stop_reason.clone());
     }
     let (mut rows, mut events, violations, stale, checked) = {
-        let r = rec.borrow();
+        let r = run.rec.borrow();
         (r.rows.clone(), r.events.clone(), r.violations(), r.stale_frames(), r.allreduces_checked())
     };
     sort_outer_steps(&mut rows);
@@ -712,5 +701,5 @@ pub(crate) fn replay(scenario: &Scenario, mut opts: ReplayOptions) -> Result<Run
         extra,
     };
     let summary = summarize(&meta, &rows, &events);
-    Ok(RunOutput { summary, rows, events, executor })
+    RunOutput { summary, rows, events, executor }
 }

@@ -73,6 +73,122 @@ fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
+/// The segments of a ring's chunks, and where their arrivals are kept.
+struct Segments {
+    /// The distinct lengths of the segments.
+    sizes: Vec<u64>,
+    /// Per shard and chunk, its segments, as indices into `sizes`.
+    chunk_segs: Vec<Vec<Vec<usize>>>,
+    /// Per shard, where its segments start among a rank's arrivals.
+    offsets: Vec<usize>,
+    /// Arrivals kept per rank: per (rank, shard, segment), the most segments of a chunk.
+    per_rank: usize,
+}
+
+impl Segments {
+    /// The segments of `plan` over `w` ranks.
+    fn of(plan: &RingPlan<'_>, w: usize) -> Segments {
+        // Per shard and chunk, its segments (as indices into `sizes`, their distinct lengths).
+        let mut sizes: Vec<u64> = Vec::new();
+        let chunk_segs: Vec<Vec<Vec<usize>>> = plan
+            .shards
+            .iter()
+            .map(|&(len, seg)| {
+                (0..w)
+                    .map(|c| {
+                        let chunk = chunk_range(len, w, c);
+                        (0..segment_count(chunk.len(), seg))
+                            .map(|j| {
+                                let v = segment_range(&chunk, seg, j).len() as u64;
+                                sizes.iter().position(|&x| x == v).unwrap_or_else(|| {
+                                    sizes.push(v);
+                                    sizes.len() - 1
+                                })
+                            })
+                            .collect()
+                    })
+                    .collect()
+            })
+            .collect();
+        // Per shard, the most segments of a chunk: arrivals are kept per (rank, shard, segment).
+        let max_segs: Vec<usize> = chunk_segs
+            .iter()
+            .map(|chunks| chunks.iter().map(Vec::len).max().unwrap_or(0))
+            .collect();
+        let offsets: Vec<usize> = max_segs
+            .iter()
+            .scan(0, |acc, &m| {
+                let o = *acc;
+                *acc += m;
+                Some(o)
+            })
+            .collect();
+        let per_rank: usize = max_segs.iter().sum();
+        Segments { sizes, chunk_segs, offsets, per_rank }
+    }
+}
+
+/// What sending a segment costs, per length of segment.
+struct Costs {
+    /// Per length, the codec's work for each kind of step (it differs at the first step of each
+    /// phase): reduce-scatter first and later, all-gather first and later.
+    kinds: Vec<[u64; 4]>,
+    /// Per length, the wire bytes.
+    wire: Vec<f64>,
+    /// Per links in force, each lane's send time of each length, at `lane x lengths + length`.
+    sends: Vec<Vec<u64>>,
+    /// Per links in force, each edge's latency when it is fixed.
+    fixed: Vec<Vec<Option<u64>>>,
+}
+
+impl Costs {
+    /// The costs of segments of `sizes` over `lanes` lanes (ranks x shards).
+    fn of(
+        plan: &RingPlan<'_>,
+        links: &[RingLinks],
+        work: &dyn Fn(Phase, u16, u64) -> Duration,
+        sizes: &[u64],
+        lanes: usize,
+    ) -> Costs {
+        let kinds: Vec<[u64; 4]> = sizes
+            .iter()
+            .map(|&v| {
+                [
+                    nanos(work(Phase::ReduceScatter, 0, v)),
+                    nanos(work(Phase::ReduceScatter, 1, v)),
+                    nanos(work(Phase::AllGather, 0, v)),
+                    nanos(work(Phase::AllGather, 1, v)),
+                ]
+            })
+            .collect();
+        let wire: Vec<f64> = sizes
+            .iter()
+            .map(|&v| {
+                (HEADER_WIRE_BYTES + plan.codec.codec().encoded_len(v as usize) as u64) as f64
+            })
+            .collect();
+        let n = sizes.len();
+        let sends: Vec<Vec<u64>> = links
+            .iter()
+            .map(|l| {
+                (0..lanes * n)
+                    .map(|i| {
+                        let rate = l.rates[i / n];
+                        let secs =
+                            if rate.is_finite() && rate > 0.0 { wire[i % n] / rate } else { 0.0 };
+                        (secs * 1e9).ceil() as u64
+                    })
+                    .collect()
+            })
+            .collect();
+        let fixed: Vec<Vec<Option<u64>>> = links
+            .iter()
+            .map(|l| l.latency.iter().map(|&(lo, hi)| (hi <= lo).then(|| nanos(lo))).collect())
+            .collect();
+        Costs { kinds, wire, sends, fixed }
+    }
+}
+
 /// When each rank of `plan` is done: its last frame has arrived. `links` are sorted by their
 /// `from` (the first one holds from the start); `work` is a sender's codec time on a frame of
 /// (phase, step, values); `rng` draws the latencies, in a fixed order (the same stream gives the
@@ -97,79 +213,11 @@ pub(crate) fn finish_times(
     let mut last_arrival = vec![0u64; w];
     let link_at =
         |t: u64| -> usize { links.partition_point(|l| l.from.as_nanos() <= t).saturating_sub(1) };
-    // Per shard and chunk, its segments (as indices into `sizes`, their distinct lengths); per
-    // length the codec's work for each kind of step (it differs at the first step of each phase)
-    // and the wire bytes.
-    let mut sizes: Vec<u64> = Vec::new();
-    let chunk_segs: Vec<Vec<Vec<usize>>> = plan
-        .shards
-        .iter()
-        .map(|&(len, seg)| {
-            (0..w)
-                .map(|c| {
-                    let chunk = chunk_range(len, w, c);
-                    (0..segment_count(chunk.len(), seg))
-                        .map(|j| {
-                            let v = segment_range(&chunk, seg, j).len() as u64;
-                            sizes.iter().position(|&x| x == v).unwrap_or_else(|| {
-                                sizes.push(v);
-                                sizes.len() - 1
-                            })
-                        })
-                        .collect()
-                })
-                .collect()
-        })
-        .collect();
-    // Per shard, the most segments of a chunk: arrivals are kept per (rank, shard, segment).
-    let max_segs: Vec<usize> =
-        chunk_segs.iter().map(|chunks| chunks.iter().map(Vec::len).max().unwrap_or(0)).collect();
-    let offsets: Vec<usize> = max_segs
-        .iter()
-        .scan(0, |acc, &m| {
-            let o = *acc;
-            *acc += m;
-            Some(o)
-        })
-        .collect();
-    let per_rank: usize = max_segs.iter().sum();
+    let Segments { sizes, chunk_segs, offsets, per_rank } = Segments::of(plan, w);
     let mut prev = vec![0u64; w * per_rank];
     let mut next = vec![0u64; w * per_rank];
-    let kinds: Vec<[u64; 4]> = sizes
-        .iter()
-        .map(|&v| {
-            [
-                nanos(work(Phase::ReduceScatter, 0, v)),
-                nanos(work(Phase::ReduceScatter, 1, v)),
-                nanos(work(Phase::AllGather, 0, v)),
-                nanos(work(Phase::AllGather, 1, v)),
-            ]
-        })
-        .collect();
-    let wire: Vec<f64> = sizes
-        .iter()
-        .map(|&v| (HEADER_WIRE_BYTES + plan.codec.codec().encoded_len(v as usize) as u64) as f64)
-        .collect();
+    let Costs { kinds, wire, sends, fixed } = Costs::of(plan, links, work, &sizes, w * g);
     let n = sizes.len();
-    // Per links in force: each lane's send time of each length, and each edge's latency when
-    // it is fixed.
-    let sends: Vec<Vec<u64>> = links
-        .iter()
-        .map(|l| {
-            (0..w * g * n)
-                .map(|i| {
-                    let rate = l.rates[i / n];
-                    let secs =
-                        if rate.is_finite() && rate > 0.0 { wire[i % n] / rate } else { 0.0 };
-                    (secs * 1e9).ceil() as u64
-                })
-                .collect()
-        })
-        .collect();
-    let fixed: Vec<Vec<Option<u64>>> = links
-        .iter()
-        .map(|l| l.latency.iter().map(|&(lo, hi)| (hi <= lo).then(|| nanos(lo))).collect())
-        .collect();
     for k in 0..2 * (w - 1) {
         let (phase, step) =
             if k < w - 1 { (Phase::ReduceScatter, k) } else { (Phase::AllGather, k - (w - 1)) };
@@ -270,7 +318,7 @@ mod tests {
         let plan = RingPlan { shards: &shards, codec: CodecKind::Fp32, starts: &starts };
         let mut rng = ChaCha8Rng::seed_from_u64(1);
         let f = finish_times(&plan, &links(4, 1, 1e6, 10), &no_work, None, &mut rng);
-        let hop = 4064_000 + 10_000_000;
+        let hop = 4_064_000 + 10_000_000;
         for t in f {
             assert_eq!(t.as_nanos(), 6 * hop);
         }

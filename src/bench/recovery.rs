@@ -192,147 +192,164 @@ fn tcp_config(secret: Option<&str>) -> loco_real::tcp::TcpConfig {
 
 /// One process of the benchmark (`loco bench recovery-node`, started by [`run`]).
 pub(crate) fn run_node(a: &crate::cli::RecoveryNode) -> Result<NodeResult> {
-    use loco_real::tcp::TcpTransport;
     let senders: Vec<NodeId> = (1..=a.senders as u32).map(NodeId).collect();
     if a.addrs.len() != senders.len() + 1 {
         bail!("--addrs: expected the joiner's address and {} senders'", senders.len());
     }
-    let addr = |i: usize| a.addrs[i];
     let rt = crate::real_cmd::runtime()?;
     let cfg = loco_real::tcp::TcpConfig {
         congestion: a.congestion.clone(),
         state_streams: a.streams,
         ..tcp_config(a.secret.as_deref())
     };
-    if a.index == 0 {
-        // The joiner. It holds an outer state as a fresh worker does (its model's initial
-        // weights, a momentum of zeros), whose buffers receive the state, as the node machine
-        // lends them; and the senders' state, to check what it verified.
-        let expected = state(a.params)?;
-        let mut held = OuterState::new(OuterConfig::default(), vec![0.01f32; a.params], vec![])
-            .context("the joiner's outer state")?;
-        let base = loco_real::node::peak_rss_bytes();
-        rt.block_on(async {
-            let mut t = TcpTransport::bind(JOINER, addr(0), cfg).await?;
-            for (i, &s) in senders.iter().enumerate() {
-                t.set_peer_addr(s, addr(i + 1));
-                t.connect_within(s, Duration::from_secs(60)).await?;
+    if a.index == 0 { run_joiner(a, &senders, cfg, &rt) } else { run_sender(a, &senders, cfg, &rt) }
+}
+
+/// The joiner's process of the benchmark: receives the senders' state and verifies it.
+fn run_joiner(
+    a: &crate::cli::RecoveryNode,
+    senders: &[NodeId],
+    cfg: loco_real::tcp::TcpConfig,
+    rt: &tokio::runtime::Runtime,
+) -> Result<NodeResult> {
+    use loco_real::tcp::TcpTransport;
+    let addr = |i: usize| a.addrs[i];
+    // The joiner. It holds an outer state as a fresh worker does (its model's initial
+    // weights, a momentum of zeros), whose buffers receive the state, as the node machine
+    // lends them; and the senders' state, to check what it verified.
+    let expected = state(a.params)?;
+    let mut held = OuterState::new(OuterConfig::default(), vec![0.01f32; a.params], vec![])
+        .context("the joiner's outer state")?;
+    let base = loco_real::node::peak_rss_bytes();
+    rt.block_on(async {
+        let mut t = TcpTransport::bind(JOINER, addr(0), cfg).await?;
+        for (i, &s) in senders.iter().enumerate() {
+            t.set_peer_addr(s, addr(i + 1));
+            t.connect_within(s, Duration::from_secs(60)).await?;
+        }
+        let mut assembly =
+            StateAssembly::new(Epoch(1), senders.to_vec(), true, Expect::real(a.params, 0));
+        let [outer, momentum] = held.take_buffers().context("the joiner's buffers")?;
+        assembly.lend(outer, momentum);
+        let (start, cpu0) = (crate::clock::now(), cpu_seconds());
+        for &s in senders {
+            t.send(s, signal(MeshMsg::Join { incarnation: 0 })).await?;
+        }
+        let mut bytes = 0u64;
+        let received = loop {
+            let (from, f) = tokio::time::timeout(Duration::from_secs(600), t.recv())
+                .await
+                .context("no state piece for 10 minutes")??;
+            let Header::State(h) = &f.header else { continue };
+            bytes += f.body.len();
+            let p = assembly
+                .put(from, h, &f.body)
+                .map_err(|r| anyhow::anyhow!("a piece from {from} was refused: {r}"))?;
+            if p.is_complete() {
+                break assembly.take_complete().context("complete, yet nothing to take")?;
             }
-            let mut assembly =
-                StateAssembly::new(Epoch(1), senders.clone(), true, Expect::real(a.params, 0));
-            let [outer, momentum] = held.take_buffers().context("the joiner's buffers")?;
-            assembly.lend(outer, momentum);
-            let (start, cpu0) = (crate::clock::now(), cpu_seconds());
-            for &s in &senders {
-                t.send(s, signal(MeshMsg::Join { incarnation: 0 })).await?;
-            }
-            let mut bytes = 0u64;
-            let received = loop {
-                let (from, f) = tokio::time::timeout(Duration::from_secs(600), t.recv())
-                    .await
-                    .context("no state piece for 10 minutes")??;
-                let Header::State(h) = &f.header else { continue };
-                bytes += f.body.len();
-                let p = assembly
-                    .put(from, h, &f.body)
-                    .map_err(|r| anyhow::anyhow!("a piece from {from} was refused: {r}"))?;
-                if p.is_complete() {
-                    break assembly.take_complete().context("complete, yet nothing to take")?;
-                }
-            };
-            let transfer = start.elapsed().as_secs_f64();
-            let transfer_peak = loco_real::node::peak_rss_bytes();
-            let params = a.params;
-            let verified = tokio::task::spawn_blocking(move || received.verify(params))
-                .await?
-                .map_err(|e| anyhow::anyhow!("the state did not verify: {e:?}"))?;
-            let total = start.elapsed().as_secs_f64();
-            let cpu = cpu_seconds() - cpu0;
-            if verified.shared.as_ref() != Some(&expected) {
-                bail!("the verified state is not the senders'");
-            }
-            for &s in &senders {
-                t.send(s, signal(MeshMsg::Shutdown)).await?;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            Ok(NodeResult {
-                role: "joiner".into(),
-                prepare_seconds: 0.0,
-                transfer_seconds: transfer,
-                total_seconds: total,
-                cpu_seconds: cpu,
-                peak_rss_bytes: loco_real::node::peak_rss_bytes(),
-                base_rss_bytes: base,
-                transfer_peak_rss_bytes: transfer_peak,
-                state_bytes: bytes,
-            })
-        })
-    } else {
-        let me = senders.get(a.index - 1).copied().context("--index beyond the senders")?;
-        // The outer state a worker holds; it sends a snapshot of it, taken as the node machine
-        // takes one (shared buffers, no copy).
-        let (steps, outer, momentum) = state(a.params)?.into_parts();
-        let held = OuterState::restore(OuterConfig::default(), outer, momentum, vec![], steps)
-            .context("the benchmark's outer state")?;
-        let share = share_of(&senders, me, true).context("a sender without a share")?;
-        let job = |held: &OuterState| {
-            let shared = SharedState::from_outer(held);
-            StateJob::real(Epoch(1), JOINER, share, PieceRule::Clamped, shared)
         };
-        // As a worker does after each outer step, in the background: the snapshot's pieces are
-        // digested before any joiner comes (unless --cold).
-        let ahead = if a.cold { None } else { job(&held).shared_digests() };
-        let base = loco_real::node::peak_rss_bytes();
-        rt.block_on(async {
-            let mut t = TcpTransport::bind(me, addr(a.index), cfg).await?;
-            t.set_peer_addr(JOINER, addr(0));
-            let go = |f: &Frame, want: fn(&MeshMsg) -> bool| {
-                matches!(&f.header, Header::Mesh(m) if want(m))
-            };
-            loop {
-                let (_, f) = tokio::time::timeout(Duration::from_secs(120), t.recv())
-                    .await
-                    .context("no signal from the joiner")??;
-                if go(&f, |m| matches!(m, MeshMsg::Join { .. })) {
-                    break;
-                }
-            }
-            let (start, cpu0) = (crate::clock::now(), cpu_seconds());
-            let job = match ahead {
-                Some(d) => job(&held).with_known(d),
-                None => job(&held),
-            };
-            let prepared = tokio::task::spawn_blocking(move || job.prepare(None)).await?;
-            let prepare = start.elapsed().as_secs_f64();
-            let mut bytes = 0u64;
-            for f in prepared.frames() {
-                bytes += f.body.len();
-                t.send(JOINER, f).await?;
-            }
-            let transfer = start.elapsed().as_secs_f64();
-            drop(prepared);
-            loop {
-                let (_, f) = tokio::time::timeout(Duration::from_secs(600), t.recv())
-                    .await
-                    .context("the joiner never said it holds the state")??;
-                if go(&f, |m| matches!(m, MeshMsg::Shutdown)) {
-                    break;
-                }
-            }
-            drop(held);
-            Ok(NodeResult {
-                role: "sender".into(),
-                prepare_seconds: prepare,
-                transfer_seconds: transfer,
-                total_seconds: start.elapsed().as_secs_f64(),
-                cpu_seconds: cpu_seconds() - cpu0,
-                peak_rss_bytes: loco_real::node::peak_rss_bytes(),
-                base_rss_bytes: base,
-                transfer_peak_rss_bytes: None,
-                state_bytes: bytes,
-            })
+        let transfer = start.elapsed().as_secs_f64();
+        let transfer_peak = loco_real::node::peak_rss_bytes();
+        let params = a.params;
+        let verified = tokio::task::spawn_blocking(move || received.verify(params))
+            .await?
+            .map_err(|e| anyhow::anyhow!("the state did not verify: {e:?}"))?;
+        let total = start.elapsed().as_secs_f64();
+        let cpu = cpu_seconds() - cpu0;
+        if verified.shared.as_ref() != Some(&expected) {
+            bail!("the verified state is not the senders'");
+        }
+        for &s in senders {
+            t.send(s, signal(MeshMsg::Shutdown)).await?;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        Ok(NodeResult {
+            role: "joiner".into(),
+            prepare_seconds: 0.0,
+            transfer_seconds: transfer,
+            total_seconds: total,
+            cpu_seconds: cpu,
+            peak_rss_bytes: loco_real::node::peak_rss_bytes(),
+            base_rss_bytes: base,
+            transfer_peak_rss_bytes: transfer_peak,
+            state_bytes: bytes,
         })
-    }
+    })
+}
+
+/// A sender's process of the benchmark: sends its share of the state when the joiner asks.
+fn run_sender(
+    a: &crate::cli::RecoveryNode,
+    senders: &[NodeId],
+    cfg: loco_real::tcp::TcpConfig,
+    rt: &tokio::runtime::Runtime,
+) -> Result<NodeResult> {
+    use loco_real::tcp::TcpTransport;
+    let addr = |i: usize| a.addrs[i];
+    let me = senders.get(a.index - 1).copied().context("--index beyond the senders")?;
+    // The outer state a worker holds; it sends a snapshot of it, taken as the node machine
+    // takes one (shared buffers, no copy).
+    let (steps, outer, momentum) = state(a.params)?.into_parts();
+    let held = OuterState::restore(OuterConfig::default(), outer, momentum, vec![], steps)
+        .context("the benchmark's outer state")?;
+    let share = share_of(senders, me, true).context("a sender without a share")?;
+    let job = |held: &OuterState| {
+        let shared = SharedState::from_outer(held);
+        StateJob::real(Epoch(1), JOINER, share, PieceRule::Clamped, shared)
+    };
+    // As a worker does after each outer step, in the background: the snapshot's pieces are
+    // digested before any joiner comes (unless --cold).
+    let ahead = if a.cold { None } else { job(&held).shared_digests() };
+    let base = loco_real::node::peak_rss_bytes();
+    rt.block_on(async {
+        let mut t = TcpTransport::bind(me, addr(a.index), cfg).await?;
+        t.set_peer_addr(JOINER, addr(0));
+        let go =
+            |f: &Frame, want: fn(&MeshMsg) -> bool| matches!(&f.header, Header::Mesh(m) if want(m));
+        loop {
+            let (_, f) = tokio::time::timeout(Duration::from_secs(120), t.recv())
+                .await
+                .context("no signal from the joiner")??;
+            if go(&f, |m| matches!(m, MeshMsg::Join { .. })) {
+                break;
+            }
+        }
+        let (start, cpu0) = (crate::clock::now(), cpu_seconds());
+        let job = match ahead {
+            Some(d) => job(&held).with_known(d),
+            None => job(&held),
+        };
+        let prepared = tokio::task::spawn_blocking(move || job.prepare(None)).await?;
+        let prepare = start.elapsed().as_secs_f64();
+        let mut bytes = 0u64;
+        for f in prepared.frames() {
+            bytes += f.body.len();
+            t.send(JOINER, f).await?;
+        }
+        let transfer = start.elapsed().as_secs_f64();
+        drop(prepared);
+        loop {
+            let (_, f) = tokio::time::timeout(Duration::from_secs(600), t.recv())
+                .await
+                .context("the joiner never said it holds the state")??;
+            if go(&f, |m| matches!(m, MeshMsg::Shutdown)) {
+                break;
+            }
+        }
+        drop(held);
+        Ok(NodeResult {
+            role: "sender".into(),
+            prepare_seconds: prepare,
+            transfer_seconds: transfer,
+            total_seconds: start.elapsed().as_secs_f64(),
+            cpu_seconds: cpu_seconds() - cpu0,
+            peak_rss_bytes: loco_real::node::peak_rss_bytes(),
+            base_rss_bytes: base,
+            transfer_peak_rss_bytes: None,
+            state_bytes: bytes,
+        })
+    })
 }
 
 /// A single-core memcpy of `bytes` (up to 512 MB), best of three, GB/s.
