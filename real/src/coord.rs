@@ -71,6 +71,34 @@ pub async fn bind(opts: &CoordinatorOptions) -> Result<TcpTransport, Coordinator
     Ok(TcpTransport::bind(NodeId::COORDINATOR, opts.listen, opts.tcp.clone()).await?)
 }
 
+/// Sends `msg` to `to`, after the directory of peers' addresses where the message makes members
+/// dial each other and `to` has not been sent this directory yet.
+async fn send(
+    t: &mut TcpTransport,
+    sent_dirs: &mut BTreeMap<NodeId, BTreeMap<NodeId, SocketAddr>>,
+    to: NodeId,
+    msg: MeshMsg,
+) {
+    if matches!(
+        msg,
+        MeshMsg::Release { .. }
+            | MeshMsg::Sync { .. }
+            | MeshMsg::View { .. }
+            | MeshMsg::ProbeRequest { .. }
+    ) {
+        let dir = t.peer_addrs();
+        if sent_dirs.get(&to) != Some(&dir) {
+            let entries = dir.iter().map(|(k, v)| (*k, *v)).collect();
+            if t.send_directory(to, entries).await.is_ok() {
+                sent_dirs.insert(to, dir);
+            }
+        }
+    }
+    if let Err(e) = t.send(to, padded_frame(msg, 0, false)).await {
+        tracing::debug!(peer = %to, "send failed: {e}");
+    }
+}
+
 /// Runs the coordinator on a bound transport until the stop condition, or until `shutdown`
 /// resolves (then it tells every member to stop).
 pub async fn run_coordinator(
@@ -108,25 +136,7 @@ pub async fn run_coordinator(
         while let Some(a) = c.poll_action() {
             match a {
                 CoordinatorAction::Send { to, msg } => {
-                    // Members dial each other after these: make sure they know where.
-                    if matches!(
-                        msg,
-                        MeshMsg::Release { .. }
-                            | MeshMsg::Sync { .. }
-                            | MeshMsg::View { .. }
-                            | MeshMsg::ProbeRequest { .. }
-                    ) {
-                        let dir = t.peer_addrs();
-                        if sent_dirs.get(&to) != Some(&dir) {
-                            let entries = dir.iter().map(|(k, v)| (*k, *v)).collect();
-                            if t.send_directory(to, entries).await.is_ok() {
-                                sent_dirs.insert(to, dir);
-                            }
-                        }
-                    }
-                    if let Err(e) = t.send(to, padded_frame(msg, 0, false)).await {
-                        tracing::debug!(peer = %to, "send failed: {e}");
-                    }
+                    send(&mut t, &mut sent_dirs, to, msg).await;
                 }
                 CoordinatorAction::Event(ev) => {
                     let at = secs();
@@ -174,8 +184,8 @@ pub async fn run_coordinator(
             }
         }
         if c.is_stopped() {
-            // Let the shutdown messages leave.
-            tokio::time::sleep(Duration::from_millis(300)).await;
+            // Let the shutdown messages leave, as a worker's last frames do.
+            tokio::time::sleep(loco_core::node::process::EXIT_GRACE).await;
             return Ok(CoordinatorReport { outer_steps: committed, epochs });
         }
         // The stop counts the run's outer steps, those before a resume included.

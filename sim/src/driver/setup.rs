@@ -9,11 +9,11 @@ use crate::events::EventExec;
 use crate::exec::{Exec, TurmoilExec};
 use crate::net::NetShared;
 use crate::numerics;
+use loco_core::Time;
 use loco_core::rng::{Purpose, derive};
 use loco_core::scenario::{
     ChurnAction, CollectiveModel, ExecutorKind, FaultPhase, Numerics, Scenario, TcpKind,
 };
-use loco_core::Time;
 use std::cell::Cell;
 use std::rc::Rc;
 use std::time::Duration;
