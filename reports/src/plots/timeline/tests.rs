@@ -1,5 +1,4 @@
 use super::*;
-
 /// A row of `node` for `step`: 100 s compute from `start`, then 2 s barrier, then
 /// `allreduce_s` waited and `wall_s` of all-reduce wall time.
 fn row(node: u32, step: u64, start: f64, allreduce_s: f64, wall_s: f64) -> OuterStepRow {
