@@ -32,6 +32,9 @@
 //! loss, clipping and AdamW): the batch's rows are split over the devices, each device's
 //! micro-batches weighted by their share of the whole batch, so the gradient is the batch mean.
 //! The results differ from one device's only by the order of floating-point sums.
+//!
+//! Size: one trainer type whose methods (gather, reduce-scatter, the AdamW step, export and
+//! import) all work on its per-unit shard layout, which the reasons above explain.
 
 pub use crate::memory::ADAM_CHUNK;
 

@@ -39,6 +39,9 @@
 //! a connection may be idle for any time between frames (DiLoCo's rings are idle during inner
 //! steps). A corrupt frame (bad checksum, impossible length, undecodable header) is dropped,
 //! logged and counted, and its connection closed; the dialer reconnects on its next send.
+//!
+//! Size: one connection's life (dial, handshake, read, write, close) under one set of bounds;
+//! the Noise records and the fuzzing entry points are modules of their own.
 
 use loco_core::ids::NodeId;
 use loco_core::transport::{Body, Frame, Header, Transport, TransportError, pool};

@@ -22,6 +22,9 @@
 //! earlier than the model's (two turmoil hosts run one after the other through the same tick)
 //! are taken at the model's time, so the model never goes backwards; the error is at most one
 //! tick. Waiters learn about a completion that moved earlier through [`BandwidthModel::eta_changed`].
+//!
+//! Size: one algorithm (flows, the three resources they cross, progressive filling, TCP's
+//! window growth and losses, the timers that wake senders) whose invariants span all of it.
 
 use loco_core::{NodeId, Time};
 use std::collections::{BTreeMap, BTreeSet};

@@ -49,6 +49,9 @@
 //! - (a) DiLoCo fp32 with `W` workers ends at a lower eval loss than 1 worker;
 //! - (b) DiLoCo uint8 ends within 1% (relative) of DiLoCo fp32's eval loss;
 //! - and every DiLoCo replica held bit-identical outer weights after every outer step.
+//!
+//! Size: the four trainings of the benchmark and the checks of the papers' claims read as one
+//! experiment; its report type and its plan share the settings above.
 
 use crate::cli::QualityBench;
 use anyhow::Result;
@@ -370,11 +373,9 @@ fn mode_spec(
     Ok(spec)
 }
 
-/// Runs the four trainings and checks the claims (see the module docs).
+/// Refuses flags out of range, naming the flag and what it expects.
 #[cfg(feature = "torch")]
-pub(crate) fn run(args: &QualityBench) -> Result<QualityReport> {
-    use loco_core::codec::CodecKind;
-    use loco_core::scenario::{DilocoSpec, Preset, RealSpec};
+fn check_args(args: &QualityBench) -> Result<()> {
     let bad = |flag: &str, expected: &str| -> anyhow::Error {
         crate::InputError(anyhow::anyhow!("{flag}: expected {expected}")).into()
     };
@@ -421,6 +422,15 @@ pub(crate) fn run(args: &QualityBench) -> Result<QualityReport> {
     if !(0.0..1.0).contains(&args.outer_momentum) {
         return Err(bad("--outer-momentum", "a value in [0, 1)"));
     }
+    Ok(())
+}
+
+/// Runs the four trainings and checks the claims (see the module docs).
+#[cfg(feature = "torch")]
+pub(crate) fn run(args: &QualityBench) -> Result<QualityReport> {
+    use loco_core::codec::CodecKind;
+    use loco_core::scenario::{DilocoSpec, Preset, RealSpec};
+    check_args(args)?;
     let started = crate::clock::now();
     tch::set_num_threads(1);
     let spec = Preset::Tiny.spec();
@@ -493,39 +503,8 @@ pub(crate) fn run(args: &QualityBench) -> Result<QualityReport> {
         .map(|&m| plan.diloco_mode(m, args.mode_codec, args.fragments, args.mix, args.sync_delay))
         .collect::<Result<Vec<_>>>()?;
     let dp = plan.data_parallel()?;
-    let diloco_vs_single = fp32.final_eval_loss / single.final_eval_loss - 1.0;
-    let uint8_vs_fp32 = uint8.final_eval_loss / fp32.final_eval_loss - 1.0;
-    let claims = Claims {
-        diloco_beats_single: fp32.final_eval_loss < single.final_eval_loss,
-        diloco_vs_single,
-        uint8_within_tolerance: uint8_vs_fp32.abs() <= UINT8_TOLERANCE,
-        uint8_vs_fp32,
-        uint8_tolerance: UINT8_TOLERANCE,
-        replicas_identical: fp32.replicas_identical
-            && uint8.replicas_identical
-            && also.iter().all(|r| r.replicas_identical)
-            && mode_runs.iter().all(|r| r.replicas_identical),
-    };
-    let mode_claims = mode_runs
-        .iter()
-        .map(|r| {
-            let vs = r.final_eval_loss / fp32.final_eval_loss - 1.0;
-            ModeClaim {
-                run: r.name.clone(),
-                vs_sync_fp32: vs,
-                holds: vs.abs() <= MODE_TOLERANCE,
-                tolerance: MODE_TOLERANCE,
-            }
-        })
-        .collect();
-    let also_vs_fp32 = also_codecs
-        .iter()
-        .zip(&also)
-        .map(|(c, r)| AlsoCodec {
-            codec: c.to_string(),
-            vs_fp32: r.final_eval_loss / fp32.final_eval_loss - 1.0,
-        })
-        .collect();
+    let (claims, mode_claims, also_vs_fp32) =
+        judge(&single, &fp32, &uint8, &also_codecs, &also, &mode_runs);
     let mut runs = vec![single, fp32, uint8];
     runs.extend(also);
     runs.extend(mode_runs);
@@ -553,6 +532,53 @@ pub(crate) fn run(args: &QualityBench) -> Result<QualityReport> {
         claims,
         seconds: crate::clock::now().duration_since(started).as_secs_f64(),
     })
+}
+
+/// The claims of the module docs, judged on the runs' final held-out losses: DiLoCo against
+/// one worker, uint8 against fp32, each `--also-codec` and each `--mode` against sync fp32.
+#[cfg(feature = "torch")]
+fn judge(
+    single: &RunReport,
+    fp32: &RunReport,
+    uint8: &RunReport,
+    also_codecs: &[loco_core::codec::CodecKind],
+    also: &[RunReport],
+    mode_runs: &[RunReport],
+) -> (Claims, Vec<ModeClaim>, Vec<AlsoCodec>) {
+    let diloco_vs_single = fp32.final_eval_loss / single.final_eval_loss - 1.0;
+    let uint8_vs_fp32 = uint8.final_eval_loss / fp32.final_eval_loss - 1.0;
+    let claims = Claims {
+        diloco_beats_single: fp32.final_eval_loss < single.final_eval_loss,
+        diloco_vs_single,
+        uint8_within_tolerance: uint8_vs_fp32.abs() <= UINT8_TOLERANCE,
+        uint8_vs_fp32,
+        uint8_tolerance: UINT8_TOLERANCE,
+        replicas_identical: fp32.replicas_identical
+            && uint8.replicas_identical
+            && also.iter().all(|r| r.replicas_identical)
+            && mode_runs.iter().all(|r| r.replicas_identical),
+    };
+    let mode_claims = mode_runs
+        .iter()
+        .map(|r| {
+            let vs = r.final_eval_loss / fp32.final_eval_loss - 1.0;
+            ModeClaim {
+                run: r.name.clone(),
+                vs_sync_fp32: vs,
+                holds: vs.abs() <= MODE_TOLERANCE,
+                tolerance: MODE_TOLERANCE,
+            }
+        })
+        .collect();
+    let also_vs_fp32 = also_codecs
+        .iter()
+        .zip(also)
+        .map(|(c, r)| AlsoCodec {
+            codec: c.to_string(),
+            vs_fp32: r.final_eval_loss / fp32.final_eval_loss - 1.0,
+        })
+        .collect();
+    (claims, mode_claims, also_vs_fp32)
 }
 
 /// The held-out set from sequence `first` to the end, in batches of at most [`EVAL_ROWS`].

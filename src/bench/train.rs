@@ -365,35 +365,8 @@ pub(crate) fn run(a: &TrainBench) -> Result<TrainReport> {
     let source = DataSource::Synthetic(Synthetic { seed: a.seed, sequences: 1 << 20 });
     let mut data =
         DataLoader::new(&source, seq_len, spec.vocab, Shard::new(0, 1)?, Order::Sequential)?;
-    let total = a.warmup + a.steps;
-    let bar = indicatif::ProgressBar::new(total as u64).with_style(
-        indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} steps, {elapsed}")
-            .expect("a valid template")
-            .progress_chars("=> "),
-    );
-    bar.set_message(format!("{} on {}", model_name(a), a.device));
-    let (mut first_loss, mut last_loss) = (f64::NAN, f64::NAN);
-    let mut step_seconds = Vec::with_capacity(a.steps);
-    for i in 0..total {
-        let batch = data.next_batch(batch_rows)?;
-        let start = crate::clock::now();
-        let stats = trainer.inner_step(&batch)?;
-        for d in &devices {
-            if let tch::Device::Cuda(index) = d {
-                tch::Cuda::synchronize(*index as i64);
-            }
-        }
-        let secs = start.elapsed().as_secs_f64();
-        if i == 0 {
-            first_loss = stats.loss;
-        }
-        last_loss = stats.loss;
-        if i >= a.warmup {
-            step_seconds.push(secs);
-        }
-        bar.inc(1);
-    }
-    bar.finish_and_clear();
+    let (step_seconds, first_loss, last_loss) =
+        timed_steps(a, &mut trainer, &mut data, &devices, batch_rows)?;
     let tokens_per_step = (batch_rows * seq_len) as u64;
     let timed: f64 = step_seconds.iter().sum();
     let tokens_per_second = tokens_per_step as f64 * step_seconds.len() as f64 / timed;
@@ -428,27 +401,79 @@ pub(crate) fn run(a: &TrainBench) -> Result<TrainReport> {
         peak_rss_bytes: loco_real::node::peak_rss_bytes(),
         memory_plan: plan.describe(place),
         gpus: a.gpus,
-        shards: match &trainer {
-            NodeTrainer::Sharded(t) => t
-                .shard_memory()
-                .into_iter()
-                .map(|m| ShardFigure {
-                    device: m.device.clone(),
-                    values: m.values,
-                    held_bytes: m.total(),
-                    plan_bytes: plan.bytes("weights shard")
-                        + plan.bytes("gradient shard")
-                        + plan.bytes("AdamW state shard"),
-                    plan_device_bytes: plan.per_device(),
-                })
-                .collect(),
-            NodeTrainer::One(_) => Vec::new(),
-        },
+        shards: shard_figures(&trainer, &plan),
         phases: match &trainer {
             NodeTrainer::Sharded(t) => Some(t.phase_seconds()),
             NodeTrainer::One(_) => None,
         },
     })
+}
+
+/// Runs `warmup + steps` inner steps on synthetic batches, with a progress bar, and returns the
+/// timed steps' seconds (after the warm-up; CUDA synchronised) and the first and last loss.
+#[cfg(feature = "torch")]
+fn timed_steps(
+    a: &TrainBench,
+    trainer: &mut loco_real::inner::NodeTrainer,
+    data: &mut loco_real::data::DataLoader,
+    devices: &[tch::Device],
+    batch_rows: usize,
+) -> Result<(Vec<f64>, f64, f64)> {
+    let total = a.warmup + a.steps;
+    let bar = indicatif::ProgressBar::new(total as u64).with_style(
+        indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} steps, {elapsed}")
+            .expect("a valid template")
+            .progress_chars("=> "),
+    );
+    bar.set_message(format!("{} on {}", model_name(a), a.device));
+    let (mut first_loss, mut last_loss) = (f64::NAN, f64::NAN);
+    let mut step_seconds = Vec::with_capacity(a.steps);
+    for i in 0..total {
+        let batch = data.next_batch(batch_rows)?;
+        let start = crate::clock::now();
+        let stats = trainer.inner_step(&batch)?;
+        for d in devices {
+            if let tch::Device::Cuda(index) = d {
+                tch::Cuda::synchronize(*index as i64);
+            }
+        }
+        let secs = start.elapsed().as_secs_f64();
+        if i == 0 {
+            first_loss = stats.loss;
+        }
+        last_loss = stats.loss;
+        if i >= a.warmup {
+            step_seconds.push(secs);
+        }
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    Ok((step_seconds, first_loss, last_loss))
+}
+
+/// The memory each device's shard holds against the plan (none for one device).
+#[cfg(feature = "torch")]
+fn shard_figures(
+    trainer: &loco_real::inner::NodeTrainer,
+    plan: &loco_real::memory::MemoryPlan,
+) -> Vec<ShardFigure> {
+    use loco_real::inner::NodeTrainer;
+    match &trainer {
+        NodeTrainer::Sharded(t) => t
+            .shard_memory()
+            .into_iter()
+            .map(|m| ShardFigure {
+                device: m.device.clone(),
+                values: m.values,
+                held_bytes: m.total(),
+                plan_bytes: plan.bytes("weights shard")
+                    + plan.bytes("gradient shard")
+                    + plan.bytes("AdamW state shard"),
+                plan_device_bytes: plan.per_device(),
+            })
+            .collect(),
+        NodeTrainer::One(_) => Vec::new(),
+    }
 }
 
 #[cfg(test)]

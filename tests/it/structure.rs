@@ -36,30 +36,11 @@ const SIZE_MARKER: &str = "//! Size:";
 
 /// Files over [`MAX_FILE_LINES`] lines without a [`SIZE_MARKER`] line, allowed until they are
 /// split: (file, why). Remove an entry once its file is split (the test prints stale entries).
-const LONG_FILES_ALLOWED: &[(&str, &str)] = &[
-    ("core/src/diloco.rs", "719 lines before its inline tests: move them to a tests.rs"),
-    ("core/src/mesh/coordinator.rs", "not split yet: every handler of the coordinator in one impl"),
-    ("core/src/mesh/member.rs", "not split yet: every handler of a member in one impl"),
-    ("core/src/node/machine/effect.rs", "the node machine is being split (concurrent work)"),
-    ("core/src/node/machine/mod.rs", "being split (concurrent work)"),
-    ("core/src/node/state/assembly.rs", "not split yet: early pieces and the assembly together"),
-    ("core/src/scenario/mod.rs", "not split yet: the validated types of every section"),
-    ("core/src/scenario/validate.rs", "not split yet: the validator of every other section"),
-    ("core/src/testing.rs", "being split (concurrent work on core/src/testing)"),
-    ("sim/src/bandwidth.rs", "not split yet: 1193 lines before its inline tests"),
-    ("real/src/checkpoint.rs", "717 lines before its inline tests: move them to a tests.rs"),
-    ("real/src/sharded.rs", "not split yet: the sharded optimiser with and without torch"),
-    ("real/src/tcp.rs", "not split yet: 958 lines before its inline tests"),
-    ("reports/src/plots.rs", "not split yet: every plot in one file"),
-    ("src/bench/quality.rs", "not split yet: the four trainings and the claims' checks"),
-];
+const LONG_FILES_ALLOWED: &[(&str, &str)] = &[];
 
 /// Files with functions over [`MAX_FN_LINES`] lines, allowed until they are split: (file, why).
 /// Remove an entry once its functions are split (the test prints stale entries).
-const LONG_FUNCTIONS_ALLOWED: &[(&str, &str)] = &[
-    ("src/bench/quality.rs", "run: the four trainings and the checks, not split yet"),
-    ("src/bench/train.rs", "run: the trainer's set-up and measurement, not split yet"),
-];
+const LONG_FUNCTIONS_ALLOWED: &[(&str, &str)] = &[];
 
 /// Import circles still to be broken, allowed until then: (crate, parent module, its children in
 /// the circle, why). A circle passes only if all its modules are in one entry, so an entry may

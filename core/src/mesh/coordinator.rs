@@ -1,5 +1,8 @@
 //! The coordinator: a sans-IO state machine that records the members' messages into a
 //! [`MeshState`], applies [`decide`]'s decisions and emits messages.
+//!
+//! Size: one impl of one state machine's handlers over one [`MeshState`], a message each; read
+//! together they show every field a decision may change, which a split by message would scatter.
 
 use super::decide::{CoordTimer, Decision, EpochPlan, Reason, Round, Then, decide, timers};
 use super::member::MemberPhase;

@@ -1,4 +1,7 @@
 //! A member of the mesh: a sans-IO state machine on one node.
+//!
+//! Size: one impl of the member's handlers, a message each, over one state; split by message, the
+//! rules on which epoch and which coordinator a member trusts would be spread over files.
 
 use super::probe::{ProbeOut, Prober};
 use super::timer::{TimerKind, TimerTable};

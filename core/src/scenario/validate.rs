@@ -1,5 +1,8 @@
 //! The second layer: raw values to a [`Scenario`], with the path of the field at fault in every
 //! error (the position is added from the path by the caller).
+//!
+//! Size: one short validator per section of the format, in the order of the reference in
+//! [`crate::scenario`], so that the file reads against it.
 
 use super::error::{ErrorKind, FieldPath, PathError};
 use super::fields::{

@@ -62,6 +62,9 @@
 //! where its event loop does not wait (a blocking thread) or completes after a modelled cost;
 //! heartbeats and frames go on meanwhile. While the outer state is lent to a job, membership
 //! actions other than sends wait.
+//!
+//! Size: the [`Node`] itself, its 64-line map above and the dispatch of every input; ring
+//! driving, recovery, rows and effects are modules of their own.
 
 mod effect;
 mod recovery;

@@ -2,6 +2,9 @@
 //! two parts.
 //!
 //! See [`StateAssembly`] for the rules a piece must pass.
+//!
+//! Size: the rules a piece must pass and the bounded buffers they protect are one memory
+//! contract; the early-piece holding area and the assembly share its counters.
 
 use super::format::{SHARED_HEADER_LEN, encoded_len};
 use super::part::PartBytes;
