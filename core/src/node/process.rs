@@ -19,8 +19,9 @@
 //!   membership, the end), then the machine's effects, then its transmits, repeated until both
 //!   are empty, then the membership's stop.
 //!
-//! Frames that arrive between two memberships wait (at most [`MAX_WAITING_FRAMES`]) and go to
-//! the new member when it has joined, as they would wait in a restarted process's socket.
+//! Network inputs that arrive between two memberships are addressed to the one that stopped
+//! (nobody knows the next one before it asks to join) and are dropped: a late `Evicted` answering
+//! the old member's last heartbeat must not stop the new one.
 //!
 //! ```text
 //! let mut p = Process::new(cfg, incarnation)?;
@@ -55,9 +56,6 @@ pub const EXIT_GRACE: Duration = Duration::from_millis(100);
 pub const MAX_REJOINS: u64 = 32;
 /// Memberships one process numbers (`p << 16 | n`, `n` below this).
 const MAX_SESSIONS: u64 = 0xFFFF;
-/// Network inputs held between two memberships, at most (the oldest are dropped past it).
-pub const MAX_WAITING_FRAMES: usize = 4096;
-
 /// The phase of a node's outer step that sending `header` belongs to, where a crash armed for
 /// that phase strikes (`None`: membership and state requests, which belong to none).
 pub fn fault_phase(header: &Header) -> Option<FaultPhase> {
@@ -127,19 +125,12 @@ pub enum ProcessError {
     Incarnation(u64),
 }
 
-/// A network input held between two memberships.
-#[derive(Debug)]
-enum Held {
-    Frame(NodeId, Frame),
-    Unreachable(NodeId),
-}
-
 #[derive(Debug)]
 enum Life {
     /// A member runs.
     Member,
     /// Between two memberships: the next joins at `restart_at` (`None` while the node hangs).
-    Waiting { restart_at: Option<Time>, after: StopReason, held: VecDeque<Held> },
+    Waiting { restart_at: Option<Time>, after: StopReason },
     /// The last membership stopped: the process ends at `at`.
     Exiting { at: Time },
     /// It ended.
@@ -236,7 +227,7 @@ impl Process {
         self.hung
     }
 
-    /// Network inputs dropped between memberships (past [`MAX_WAITING_FRAMES`]).
+    /// Network inputs dropped between memberships (addressed to a stopped one).
     pub fn dropped_inputs(&self) -> u64 {
         self.dropped
     }
@@ -250,9 +241,7 @@ impl Process {
     pub fn handle_frame(&mut self, now: Time, from: NodeId, frame: Frame) {
         match &mut self.life {
             Life::Member => self.node.handle_frame(now, from, frame),
-            Life::Waiting { held, .. } => {
-                Self::hold(held, &mut self.dropped, Held::Frame(from, frame))
-            }
+            Life::Waiting { .. } => self.dropped += 1,
             Life::Exiting { .. } | Life::Exited => {}
         }
     }
@@ -261,9 +250,7 @@ impl Process {
     pub fn peer_unreachable(&mut self, now: Time, peer: NodeId) {
         match &mut self.life {
             Life::Member => self.node.peer_unreachable(now, peer),
-            Life::Waiting { held, .. } => {
-                Self::hold(held, &mut self.dropped, Held::Unreachable(peer))
-            }
+            Life::Waiting { .. } => self.dropped += 1,
             Life::Exiting { .. } | Life::Exited => {}
         }
     }
@@ -274,14 +261,6 @@ impl Process {
         if self.is_member() {
             self.node.allreduce_modelled(now, epoch, op);
         }
-    }
-
-    fn hold(held: &mut VecDeque<Held>, dropped: &mut u64, h: Held) {
-        if held.len() >= MAX_WAITING_FRAMES {
-            held.pop_front();
-            *dropped += 1;
-        }
-        held.push_back(h);
     }
 
     /// When [`handle_timeout`](Self::handle_timeout) is next due (`None`: not before an input).
@@ -407,11 +386,7 @@ impl Process {
             );
         self.life = if rejoin {
             let after = self.node.config().mesh.heartbeat_interval;
-            Life::Waiting {
-                restart_at: (!self.hung).then(|| now + after),
-                after: reason.clone(),
-                held: VecDeque::new(),
-            }
+            Life::Waiting { restart_at: (!self.hung).then(|| now + after), after: reason.clone() }
         } else {
             Life::Exiting { at: now + EXIT_GRACE }
         };
@@ -453,10 +428,9 @@ impl Process {
         true
     }
 
-    /// A new membership: a new incarnation joins, then takes the inputs that waited.
+    /// A new membership: a new incarnation joins.
     fn restart(&mut self, now: Time) {
-        let Life::Waiting { after, held, .. } = std::mem::replace(&mut self.life, Life::Member)
-        else {
+        let Life::Waiting { after, .. } = std::mem::replace(&mut self.life, Life::Member) else {
             return;
         };
         self.session += 1;
@@ -470,12 +444,6 @@ impl Process {
             self.node.suspend(now);
         }
         self.out.push_back(Output::Restarted { incarnation, after });
-        for h in held {
-            match h {
-                Held::Frame(from, frame) => self.node.handle_frame(now, from, frame),
-                Held::Unreachable(peer) => self.node.peer_unreachable(now, peer),
-            }
-        }
     }
 }
 

@@ -366,6 +366,11 @@ impl NodeNet {
         self.cut.clear();
     }
 
+    /// A frame from `from` to `to`, sent now as if `from` had sent it (stray and stale frames).
+    pub fn send_as(&mut self, from: NodeId, to: NodeId, frame: Frame) {
+        self.enqueue(from, to, frame);
+    }
+
     fn enqueue(&mut self, from: NodeId, to: NodeId, mut frame: Frame) {
         if self.cut.contains(&(from, to)) {
             return;

@@ -108,6 +108,27 @@ fn cut_until_stopped(net: &mut NodeNet, id: NodeId) {
 }
 
 #[test]
+fn a_late_eviction_of_a_stopped_membership_does_not_stop_the_next() {
+    use crate::mesh::{EvictReason, MeshMsg};
+    let mut net = formed();
+    let id = NodeId(1);
+    cut_until_stopped(&mut net, id);
+    assert_eq!(stops(&net, id).len(), 1);
+    // The coordinator's answer to the old member's last heartbeat, arriving after it stopped.
+    let stale = MeshMsg::Evicted { reason: EvictReason::NotAMember };
+    net.send_as(NodeId::COORDINATOR, id, Frame::control(stale));
+    let ok = net
+        .run_until_cond(net.now() + secs(300), |net| {
+            net.node(id).is_some_and(|n| n.member().incarnation() == 1 && n.is_synced())
+        })
+        .unwrap();
+    assert!(ok, "the next membership is admitted and synced: {:?}", stops(&net, id));
+    assert_eq!(stops(&net, id).len(), 1, "one stop, the first: {:?}", stops(&net, id));
+    assert_eq!(restarts(&net, id), 1);
+    assert!(net.node(id).is_some() && net.violations().is_empty(), "{:?}", net.violations());
+}
+
+#[test]
 fn a_node_that_hangs_between_memberships_comes_back_hung() {
     let mut net = formed();
     let id = NodeId(1);
