@@ -764,6 +764,7 @@ scenarios! {
     overlap_delay_crash_join = "overlap-delay-crash-join",
     streaming_crash_join = "streaming-crash-join",
     two_joiners = "two-joiners",
+    two_senders = "two-senders",
 }
 
 /// Every scenario of `scenarios/faults/` has a test here, and docs/conformance.md lists every
@@ -872,11 +873,9 @@ fn both_backends_make_the_same_node_from_a_scenario() {
     use loco_core::ids::NodeId;
     use loco_core::node::config::ExecutorSide;
     use loco_core::node::machine::{NodeConfig, Numerics};
-    let path = TestContext::repo().join("scenarios/faults/two-joiners.toml");
-    let mut s = loco_core::scenario::Scenario::load(&path).unwrap();
-    let mut mesh = s.mesh().clone();
-    mesh.state_senders = 2;
-    s.set_mesh(mesh).unwrap();
+    let path = TestContext::repo().join("scenarios/faults/two-senders.toml");
+    let s = loco_core::scenario::Scenario::load(&path).unwrap();
+    assert_eq!(s.mesh().state_senders, 2);
     let initial: Vec<f32> = (0..16).map(|i| i as f32 * 1e-3).collect();
     let opts = loco_real::node::WorkerOptions {
         scenario: std::sync::Arc::new(s.clone()),
