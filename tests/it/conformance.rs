@@ -505,6 +505,7 @@ fn allowed(scenario: &str) -> List {
             l.maybe(Why::NonBlockingStateArrival, "digests", Side::Sim, &early);
         }
         "leave" => {}
+        "two-senders" => {}
         "two-joiners" => {
             // The queue's order (late-a first in the simulator) gives late-a n-0 and late-b n-1;
             // in the real run the joiner that arrives first is first, and gets n-0: either the
