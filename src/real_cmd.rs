@@ -2,6 +2,7 @@
 
 use crate::InputError;
 use anyhow::{Context, Result, anyhow};
+use loco_core::digest::HexOrEmpty;
 use loco_core::ids::NodeId;
 use loco_core::scenario::Scenario;
 use loco_real::coord::{CoordinatorOptions, bind, run_coordinator};
@@ -286,7 +287,7 @@ pub(crate) fn worker(a: &crate::cli::WorkerArgs) -> Result<()> {
         Ok(i) => i,
         Err(e) => {
             if let Some(st) = &status {
-                st.stopped(&format!("failed: {e:#}"), 0, "");
+                st.stopped(&format!("failed: {e:#}"), 0, None);
             }
             return Err(e);
         }
@@ -300,7 +301,7 @@ pub(crate) fn worker(a: &crate::cli::WorkerArgs) -> Result<()> {
             Ok(t) => Some(t),
             Err(e) => {
                 if let Some(st) = &status {
-                    st.stopped(&format!("failed: {e}"), 0, "");
+                    st.stopped(&format!("failed: {e}"), 0, None);
                 }
                 return Err(e.into());
             }
@@ -334,14 +335,17 @@ pub(crate) fn worker(a: &crate::cli::WorkerArgs) -> Result<()> {
     let report = runtime()?.block_on(run_worker(opts, inner, terminate_signal()));
     if let Some(st) = &status {
         match &report {
-            Ok(r) => st.stopped(&r.stop.to_string(), r.committed, &r.weights_hash),
-            Err(e) => st.stopped(&format!("failed: {e}"), 0, ""),
+            Ok(r) => st.stopped(&r.stop.to_string(), r.committed, r.weights_hash),
+            Err(e) => st.stopped(&format!("failed: {e}"), 0, None),
         }
     }
     let report = report?;
     eprintln!(
         "loco: worker {} stopped: {} ({} outer steps, weights {})",
-        node.name, report.stop, report.committed, report.weights_hash
+        node.name,
+        report.stop,
+        report.committed,
+        HexOrEmpty(&report.weights_hash)
     );
     Ok(())
 }

@@ -11,6 +11,7 @@
 //! - [`scenario`]: the scenario/config file both backends read, validated.
 //! - [`transport`]: the message-level transport trait and an in-memory implementation.
 //! - [`metrics`]: the one event schema both backends write.
+//! - [`digest`]: digests as typed values, written as the hex text users read.
 //! - [`time`], [`ids`]: injected time and the newtypes that carry invariants.
 //!
 //! A two-node all-reduce over the in-memory transport:
@@ -43,6 +44,7 @@
 
 pub mod allreduce;
 pub mod codec;
+pub mod digest;
 pub mod diloco;
 pub mod ids;
 pub mod mesh;

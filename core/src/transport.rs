@@ -8,6 +8,7 @@
 //! [`memory`] is an in-memory implementation over channels, for tests and benchmarks; [`pool`]
 //! recycles the memory of large bodies.
 
+use crate::digest::Blake3Digest;
 use crate::ids::{Epoch, NodeId};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -96,11 +97,11 @@ pub struct StateHeader {
     /// Length of the whole serialised state.
     pub total: u64,
     /// The part's digest ([`part_digest`](crate::node::state::part_digest)): names the copy the
-    /// piece belongs to (empty for virtual numerics).
-    pub digest: String,
+    /// piece belongs to (`None` for virtual numerics).
+    pub digest: Option<Blake3Digest>,
     /// The BLAKE3 digest of this piece's body, as its sender computed it from the buffers it
     /// sent (zeros for a virtual body): the joiner checks the body against it on arrival.
-    pub piece: [u8; 32],
+    pub piece: Blake3Digest,
     /// Which serialised part this piece belongs to, when the state travels in several parts
     /// (the real backend: 0 is the replicated outer state, 1 the sender's own inner state).
     pub part: u32,

@@ -10,6 +10,7 @@
 use arbitrary::Arbitrary;
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
+use loco_core::digest::Blake3Digest;
 use loco_core::node::state::{
     EarlyPieces, Expect, PART_OWN, PART_SHARED, PartDigests, PieceRule, Segments, SharedState,
     StateAssembly, encoded_len, piece_digest, pieces,
@@ -51,8 +52,8 @@ enum Op {
         outer_step: u64,
         offset: u64,
         total: u64,
-        /// The genuine part's digest, or one of the forger's own.
-        digest: Option<String>,
+        /// The genuine part's digest, or one of the forger's own (or none).
+        digest: Option<Option<[u8; 32]>>,
         /// The body's digest (as a forger computes it), or any other.
         piece: Option<[u8; 32]>,
         part: u32,
@@ -81,7 +82,7 @@ fn id(x: u8) -> NodeId {
 }
 
 /// The genuine part's digest on the grid.
-fn part_digest(bytes: &Bytes) -> String {
+fn part_digest(bytes: &Bytes) -> Option<Blake3Digest> {
     PartDigests::of(&Segments::new([bytes.clone()]), RULE).digest
 }
 
@@ -126,15 +127,17 @@ fuzz_target!(|input: Input| {
             Op::Forged { from, epoch, outer_step, offset, total, digest, piece, part, body } => {
                 forged_digest |= digest.is_some();
                 let g = genuine();
-                let digest = digest
-                    .unwrap_or_else(|| part_digest(if part == PART_OWN { &g.own } else { &g.shared }));
+                let digest = match digest {
+                    Some(forged) => forged.map(Blake3Digest::from_bytes),
+                    None => part_digest(if part == PART_OWN { &g.own } else { &g.shared }),
+                };
                 let body = match body {
                     Ok(b) => Body::Bytes(b.into()),
                     Err(len) => Body::Virtual(len),
                 };
-                let piece = piece.unwrap_or_else(|| match &body {
+                let piece = piece.map(Blake3Digest::from_bytes).unwrap_or_else(|| match &body {
                     Body::Bytes(b) => piece_digest(b),
-                    Body::Virtual(_) => [0; 32],
+                    Body::Virtual(_) => Blake3Digest::default(),
                 });
                 let h = StateHeader {
                     epoch: Epoch(u64::from(epoch % 4)),

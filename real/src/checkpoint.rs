@@ -64,6 +64,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 
+use loco_core::digest::Blake3Digest;
 use safetensors::{Dtype, SafeTensorError, SafeTensors, View};
 use serde::{Deserialize, Serialize};
 
@@ -155,9 +156,9 @@ pub enum CheckpointError {
         /// The tensor's name (`<buffer>/<param>`).
         tensor: String,
         /// The digest in `meta.json`.
-        expected: String,
+        expected: Blake3Digest,
         /// The digest of the bytes found.
-        got: String,
+        got: Blake3Digest,
     },
     /// The background writer panicked (a bug, not bad input).
     #[error("checkpoint writer for outer step {outer_step} panicked")]
@@ -328,9 +329,9 @@ impl Snapshot {
         Ok(())
     }
 
-    /// The BLAKE3 digest (hex) of every tensor a checkpoint of this snapshot holds, by tensor name:
+    /// The BLAKE3 digest of every tensor a checkpoint of this snapshot holds, by tensor name:
     /// what [`Meta::digests`] records at save and what [`load`] verifies.
-    pub fn digests(&self) -> BTreeMap<String, String> {
+    pub fn digests(&self) -> BTreeMap<String, Blake3Digest> {
         let mut out = BTreeMap::new();
         for b in self.present() {
             let v = self.buffer(b);
@@ -366,8 +367,8 @@ fn layout_total(layout: &[(String, usize)]) -> Result<usize, String> {
     Ok(total)
 }
 
-/// BLAKE3 (hex) of the little-endian bytes of `v`, as stored in the tensor file.
-fn digest_f32(v: &[f32]) -> String {
+/// BLAKE3 of the little-endian bytes of `v`, as stored in the tensor file.
+fn digest_f32(v: &[f32]) -> Blake3Digest {
     let mut h = blake3::Hasher::new();
     let mut buf = Vec::with_capacity(HASH_CHUNK.min(v.len()) * 4);
     for chunk in v.chunks(HASH_CHUNK) {
@@ -377,7 +378,7 @@ fn digest_f32(v: &[f32]) -> String {
         }
         h.update(&buf);
     }
-    h.finalize().to_hex().to_string()
+    Blake3Digest::from_blake3(&h.finalize())
 }
 
 /// The metadata of a checkpoint: `meta.json`.
@@ -403,8 +404,9 @@ pub struct Meta {
     pub layout: Vec<(String, usize)>,
     /// The buffers stored, in [`Buffer::ALL`] order.
     pub buffers: Vec<Buffer>,
-    /// BLAKE3 digest (hex) of every tensor's stored bytes, by tensor name (`<buffer>/<param>`).
-    pub digests: BTreeMap<String, String>,
+    /// BLAKE3 digest of every tensor's stored bytes, by tensor name (`<buffer>/<param>`),
+    /// written as hex.
+    pub digests: BTreeMap<String, Blake3Digest>,
 }
 
 /// A checkpoint read back and verified.
@@ -615,8 +617,10 @@ fn load_with(
             if view.shape() != [*n] {
                 return Err(tensor_err(&name, format!("shape {:?}, expected [{n}]", view.shape())));
             }
-            let got = blake3::hash(view.data()).to_hex().to_string();
-            let want = meta.digests.get(&name).cloned().unwrap_or_default();
+            let got = Blake3Digest::from_blake3(&blake3::hash(view.data()));
+            let Some(&want) = meta.digests.get(&name) else {
+                return Err(bad_meta(format!("no digest for tensor `{name}`")));
+            };
             if got != want {
                 return Err(CheckpointError::Digest {
                     path: model_path.clone(),

@@ -26,6 +26,7 @@
 //! blocks on the channel: its socket is non-blocking, unsent bytes wait in a buffer of at most
 //! [`MAX_PENDING`] bytes, and a line that does not fit is dropped whole (never torn).
 
+use loco_core::digest::WeightsDigest;
 use serde::{Deserialize, Serialize};
 use std::io::{ErrorKind, Write};
 use std::os::unix::net::UnixStream;
@@ -66,8 +67,10 @@ pub enum StatusMsg<L> {
         reason: String,
         /// Outer steps it committed.
         committed: u64,
-        /// The digest of its outer weights (empty when it held none).
-        weights_hash: String,
+        /// The digest of its outer weights (`None`, written as the empty string, when it held
+        /// none).
+        #[serde(with = "loco_core::digest::hex_or_empty")]
+        weights_hash: Option<WeightsDigest>,
     },
 }
 
@@ -166,12 +169,8 @@ impl StatusSender {
     }
 
     /// Says the worker stopped, and waits (at most about a second) for what is pending to leave.
-    pub fn stopped(&self, reason: &str, committed: u64, weights_hash: &str) {
-        self.send(&StatusMsg::<()>::Stopped {
-            reason: reason.to_owned(),
-            committed,
-            weights_hash: weights_hash.to_owned(),
-        });
+    pub fn stopped(&self, reason: &str, committed: u64, weights_hash: Option<WeightsDigest>) {
+        self.send(&StatusMsg::<()>::Stopped { reason: reason.to_owned(), committed, weights_hash });
         for _ in 0..200 {
             let mut g = self.lock();
             g.try_flush();

@@ -219,8 +219,8 @@ async fn commit_work_longer_than_the_heartbeat_timeout_evicts_nobody() {
         }
     }
     for step in 0..OUTER_STEPS as usize {
-        let hashes: Vec<&String> = per.iter().map(|r| &r[step].weights_hash).collect();
-        assert!(hashes.iter().all(|h| *h == hashes[0] && !h.is_empty()), "step {step}: {hashes:?}");
+        let hashes: Vec<_> = per.iter().map(|r| r[step].weights_hash).collect();
+        assert!(hashes.iter().all(|h| *h == hashes[0] && h.is_some()), "step {step}: {hashes:?}");
     }
     // The point of the test: the commit work outlasted the heartbeat timeout, and yet nobody was
     // evicted. On a machine fast enough to do it in less, raise LOCO_BIG_PARAMS.

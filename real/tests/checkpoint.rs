@@ -132,7 +132,7 @@ fn save_then_load_is_bit_exact_with_its_metadata() {
     // Test case 15: the digests recorded at save are those of the state, and verified at load.
     assert_eq!(m.digests, s.digests());
     assert_eq!(m.digests.len(), 5 * 4);
-    assert!(m.digests.values().all(|d| d.len() == 64));
+    assert!(m.digests.values().all(|d| d.to_string().len() == 64));
     let pos: DataPosition = serde_json::from_value(m.data_position.clone()).unwrap();
     assert_eq!(pos, DataPosition { epoch: 1, offset: 47 });
     assert_eq!(load(&saved.path).unwrap().meta, loaded.meta);
@@ -220,7 +220,7 @@ fn digests_detect_a_flipped_byte_and_name_the_tensor() {
         assert_ne!(expected, got);
         let msg = err.to_string();
         assert!(msg.contains("model.safetensors") && msg.contains(tensor), "{msg}");
-        assert!(msg.contains(expected.as_str()) && msg.contains(got.as_str()), "{msg}");
+        assert!(msg.contains(&expected.to_string()) && msg.contains(&got.to_string()), "{msg}");
         assert!(
             latest(root.path(), "node-a").is_err(),
             "latest does not hide a damaged checkpoint"
@@ -234,7 +234,7 @@ fn digests_detect_a_flipped_byte_and_name_the_tensor() {
     m["digests"]["exp_avg/norm"] = serde_json::Value::String("0".repeat(64));
     fs::write(&meta_path, serde_json::to_vec(&m).unwrap()).unwrap();
     assert!(
-        matches!(load(&dir), Err(CheckpointError::Digest { tensor, expected, .. }) if tensor == "exp_avg/norm" && expected == "0".repeat(64))
+        matches!(load(&dir), Err(CheckpointError::Digest { tensor, expected, .. }) if tensor == "exp_avg/norm" && expected.to_string() == "0".repeat(64))
     );
 }
 

@@ -38,6 +38,8 @@ fn coordinator(args: &[String]) {
 
 /// How long the stand-in worker `slow` takes to load its model.
 const SLOW_LOAD: Duration = Duration::from_millis(1500);
+/// A weights digest the fake workers report.
+const AB: &str = "00000000000000ab";
 
 /// Stand-in worker, by node name: `slow` is ready after [`SLOW_LOAD`]; `fast` at once (and the
 /// scenario kills it); `noisy` at once, after garbage on its channel and a stranger's.
@@ -69,7 +71,7 @@ fn worker(args: &[String]) {
             write(&MetricsLine::Row(row(&name, now())));
             writeln!(
                 c,
-                "{{\"kind\":\"stopped\",\"reason\":\"done\",\"committed\":1,\"weights_hash\":\"ab\"}}"
+                "{{\"kind\":\"stopped\",\"reason\":\"done\",\"committed\":1,\"weights_hash\":\"{AB}\"}}"
             )
             .unwrap();
             std::thread::sleep(Duration::from_millis(300));
@@ -91,7 +93,7 @@ fn worker(args: &[String]) {
             s.metrics(&r);
             write(&r);
             std::thread::sleep(Duration::from_millis(300));
-            s.stopped("done", 1, "ab");
+            s.stopped("done", 1, AB.parse().ok());
         }
     }
 }
@@ -116,7 +118,7 @@ fn row(node: &str, t: f64) -> OuterStepRow {
         retries: 0,
         tokens: 0,
         loss: None,
-        weights_hash: "ab".into(),
+        weights_hash: AB.parse().ok(),
         weight: 1.0,
         allreduce_wall_s: 0.0,
     }

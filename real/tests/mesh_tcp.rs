@@ -184,8 +184,8 @@ async fn three_workers_train_and_end_bit_identical_after_every_outer_step() {
     // A hash per worker per outer step, equal across workers; and the loss goes down.
     let per: Vec<_> = (0..3).map(|i| rows(&dir.path().join(format!("w{i}.jsonl")))).collect();
     for step in 0..4 {
-        let hashes: Vec<_> = per.iter().map(|r| r[step].weights_hash.clone()).collect();
-        assert!(hashes.iter().all(|h| *h == hashes[0] && !h.is_empty()), "step {step}: {hashes:?}");
+        let hashes: Vec<_> = per.iter().map(|r| r[step].weights_hash).collect();
+        assert!(hashes.iter().all(|h| *h == hashes[0] && h.is_some()), "step {step}: {hashes:?}");
     }
     let first = per[0][0].loss.unwrap();
     let last = per[0][3].loss.unwrap();
@@ -253,10 +253,10 @@ async fn a_non_blocking_joiner_replays_the_steps_committed_while_a_large_state_a
     }
     let joiner = rows(&dir.path().join("w1.jsonl"));
     let members = rows(&first);
-    let unsynced = joiner.iter().take_while(|r| r.weights_hash.is_empty()).count();
+    let unsynced = joiner.iter().take_while(|r| r.weights_hash.is_none()).count();
     assert!(unsynced >= 1, "the joiner closed steps before its state arrived: {joiner:?}");
     assert!(joiner[..unsynced].iter().all(|r| r.weight == 0.0), "{joiner:?}");
-    assert!(joiner[unsynced..].iter().all(|r| !r.weights_hash.is_empty()), "{joiner:?}");
+    assert!(joiner[unsynced..].iter().all(|r| r.weights_hash.is_some()), "{joiner:?}");
     assert_eq!(joiner.last().unwrap().weight, 1.0, "it counts fully in the end");
     // Its digests equal the members' at every step it holds the state.
     for r in &joiner[unsynced..] {
@@ -287,8 +287,8 @@ async fn two_shards_per_worker_keep_the_replicas_identical() {
     }
     let per: Vec<_> = (0..3).map(|i| rows(&dir.path().join(format!("w{i}.jsonl")))).collect();
     for step in 0..3 {
-        let hashes: Vec<_> = per.iter().map(|r| r[step].weights_hash.clone()).collect();
-        assert!(hashes.iter().all(|h| *h == hashes[0] && !h.is_empty()), "step {step}: {hashes:?}");
+        let hashes: Vec<_> = per.iter().map(|r| r[step].weights_hash).collect();
+        assert!(hashes.iter().all(|h| *h == hashes[0] && h.is_some()), "step {step}: {hashes:?}");
     }
 }
 
@@ -375,7 +375,7 @@ async fn a_state_frame_damaged_on_the_path_is_fetched_again() {
         assert_eq!(r.weights_hash, reports[0].weights_hash, "replicas agree at the end");
     }
     let joiner = rows(&dir.path().join("w1.jsonl"));
-    assert!(joiner.iter().any(|r| !r.weights_hash.is_empty()), "the joiner synced: {joiner:?}");
+    assert!(joiner.iter().any(|r| r.weights_hash.is_some()), "the joiner synced: {joiner:?}");
     let waited: f64 = joiner.iter().map(|r| r.recovery_s).sum();
     assert!(waited < QUIET.as_secs_f64(), "the piece was asked for at once: recovery_s {waited}");
 }

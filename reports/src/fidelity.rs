@@ -424,7 +424,7 @@ mod tests {
             retries: 0,
             tokens: 0,
             loss: None,
-            weights_hash: String::new(),
+            weights_hash: None,
             weight: 1.0,
             allreduce_wall_s: 0.0,
         }

@@ -1,6 +1,7 @@
 //! End-to-end tests of the reports crate: synthetic runs written with `write_run`, then the files
 //! checked as a reader would (PNG decoded, SVG and HTML parsed as XML, numbers compared).
 
+use loco_core::digest::WeightsDigest;
 use loco_core::metrics::{
     EventKind, EventRow, MfuBasis, OuterStepRow, RunMeta, Summary, summarize,
 };
@@ -77,7 +78,7 @@ fn synthetic() -> (Vec<OuterStepRow>, Vec<EventRow>) {
                 retries: u32::from(step == 4),
                 tokens: if recovering { 0 } else { 1000 },
                 loss: (!recovering).then(|| 4.0 - 0.25 * step as f64 + 0.01 * f64::from(n)),
-                weights_hash: format!("{:016x}", step * 7919),
+                weights_hash: Some(WeightsDigest::from_bytes((step * 7919).to_be_bytes())),
                 weight: if recovering { 0.0 } else { 1.0 },
                 allreduce_wall_s: 0.0,
             });

@@ -3,6 +3,7 @@
 //! test 9), a death during an all-reduce retried with the survivors' divisor (defects 3 and 4,
 //! test 6), and a degraded link.
 
+use loco_core::digest::WeightsDigest;
 use loco_core::metrics::{EventKind, OuterStepRow};
 use loco_core::scenario::Scenario;
 use loco_sim::{ReplayOptions, RunOutput, replay};
@@ -24,9 +25,11 @@ fn events(out: &RunOutput, kind: EventKind, node: &str) -> Vec<(f64, String)> {
 }
 
 fn assert_replicas_agree(rows: &[OuterStepRow]) {
-    let mut by_step: BTreeMap<u64, BTreeSet<&str>> = BTreeMap::new();
-    for r in rows.iter().filter(|r| !r.weights_hash.is_empty()) {
-        by_step.entry(r.outer_step).or_default().insert(&r.weights_hash);
+    let mut by_step: BTreeMap<u64, BTreeSet<WeightsDigest>> = BTreeMap::new();
+    for r in rows {
+        if let Some(h) = r.weights_hash {
+            by_step.entry(r.outer_step).or_default().insert(h);
+        }
     }
     assert!(!by_step.is_empty());
     for (step, h) in by_step {

@@ -25,8 +25,7 @@ fn the_codec_work_on_the_rings_critical_path_lengthens_each_all_reduce() {
     let (a, b) = (out.summary.allreduce_seconds.median, free.summary.allreduce_seconds.median);
     assert!((a - b - 5.0).abs() < 0.05, "{a} s against {b} s");
     // The same result: the time the work takes changes nothing it computes.
-    let hash =
-        |o: &loco_sim::RunOutput| o.rows.iter().map(|r| r.weights_hash.clone()).collect::<Vec<_>>();
+    let hash = |o: &loco_sim::RunOutput| o.rows.iter().map(|r| r.weights_hash).collect::<Vec<_>>();
     assert_eq!(hash(&out), hash(&free));
 }
 

@@ -1,6 +1,7 @@
 //! Every scenario in scenarios/ replays with its invariants holding (the long ones shortened), and
 //! each shows the behaviour it was written for.
 
+use loco_core::digest::WeightsDigest;
 use loco_core::metrics::{EventKind, OuterStepRow, events_csv, outer_steps_csv};
 use loco_core::scenario::Scenario;
 use loco_sim::{ReplayOptions, RunOutput, replay};
@@ -62,9 +63,11 @@ fn stop_reason(out: &RunOutput) -> String {
 /// With real numerics, every row of an outer step carries the same non-empty hash (the
 /// recorder checks it too; this checks what reaches the file).
 fn assert_replicas_agree(rows: &[OuterStepRow]) {
-    let mut by_step: BTreeMap<u64, BTreeSet<&str>> = BTreeMap::new();
-    for r in rows.iter().filter(|r| !r.weights_hash.is_empty()) {
-        by_step.entry(r.outer_step).or_default().insert(&r.weights_hash);
+    let mut by_step: BTreeMap<u64, BTreeSet<WeightsDigest>> = BTreeMap::new();
+    for r in rows {
+        if let Some(h) = r.weights_hash {
+            by_step.entry(r.outer_step).or_default().insert(h);
+        }
     }
     assert!(!by_step.is_empty());
     for (step, hashes) in by_step {

@@ -237,7 +237,7 @@ pub(crate) struct RankResult {
     /// Body bytes sent in one repetition.
     pub(crate) body_bytes_sent: u64,
     /// Hash of the result's bits, to compare replicas across processes.
-    pub(crate) result_hash: String,
+    pub(crate) result_hash: loco_core::digest::WeightsDigest,
     /// Rank 0 only: relative RMS error against the exact average.
     pub(crate) rel_rms_error: Option<f64>,
     /// Peak resident memory of the process, bytes.
@@ -368,7 +368,7 @@ pub(crate) fn run_rank(a: &crate::cli::AllreduceRank) -> Result<RankResult> {
             seconds,
             cpu_seconds: cpu,
             body_bytes_sent: stats.body_bytes_sent,
-            result_hash: h.finalize().to_hex()[..16].to_string(),
+            result_hash: loco_core::digest::WeightsDigest::from_blake3(&h.finalize()),
             rel_rms_error,
             peak_rss_bytes: loco_real::node::peak_rss_bytes(),
         }

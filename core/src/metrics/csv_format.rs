@@ -108,7 +108,7 @@ pub fn outer_steps_csv(rows: &[OuterStepRow]) -> String {
             r.retries.to_string(),
             r.tokens.to_string(),
             r.loss.map(format_f64).unwrap_or_default(),
-            r.weights_hash.clone(),
+            r.weights_hash.map(|d| d.to_string()).unwrap_or_default(),
             format_f64(r.weight),
             format_f64(r.allreduce_wall_s),
         ];
@@ -305,7 +305,7 @@ pub fn parse_outer_steps_csv(text: &str) -> Result<Vec<OuterStepRow>, MetricsErr
             retries: r.parse(15, "retries", INT)?,
             tokens: r.parse(16, "tokens", INT)?,
             loss: r.opt(17, "loss", "a number or nothing")?,
-            weights_hash: r.raw(18).to_owned(),
+            weights_hash: r.opt(18, "weights_hash", "16 hex digits or nothing")?,
             weight: r.f64(19, "weight")?,
             allreduce_wall_s: r.f64(20, "allreduce_wall_s")?,
         })

@@ -15,6 +15,7 @@
 //!   carry a weight sum equal to the ring's total weight;
 //! - whatever the node machine itself saw broken ([`Check::Violation`]).
 
+use crate::digest::WeightsDigest;
 use crate::ids::{Epoch, NodeId};
 use std::collections::BTreeMap;
 
@@ -30,7 +31,7 @@ pub struct InvariantChecker {
     /// Memberships formed by the coordinator (sorted).
     epochs: BTreeMap<Epoch, Vec<NodeId>>,
     /// First hash reported per outer step, and by whom.
-    hashes: BTreeMap<u64, (String, NodeId)>,
+    hashes: BTreeMap<u64, (WeightsDigest, NodeId)>,
     stale_frames: u64,
     allreduces_checked: u64,
 }
@@ -126,10 +127,10 @@ impl InvariantChecker {
     }
 
     /// Node `node` finished outer step `step` with outer weights hashing to `hash`.
-    pub fn weights_after(&mut self, node: NodeId, step: u64, hash: &str) {
+    pub fn weights_after(&mut self, node: NodeId, step: u64, hash: &WeightsDigest) {
         match self.hashes.get(&step) {
             None => {
-                self.hashes.insert(step, (hash.to_owned(), node));
+                self.hashes.insert(step, (*hash, node));
             }
             Some((h, first)) if h != hash => {
                 let msg = format!(
@@ -220,16 +221,21 @@ mod tests {
     #[test]
     fn differing_hashes_and_weight_sums_are_violations() {
         let mut r = checker();
-        r.weights_after(NodeId(0), 3, "aa");
-        r.weights_after(NodeId(1), 3, "aa");
+        let (aa, ab) = (WeightsDigest::from_bytes([0xaa; 8]), WeightsDigest::from_bytes([0xab; 8]));
+        r.weights_after(NodeId(0), 3, &aa);
+        r.weights_after(NodeId(1), 3, &aa);
         assert!(!r.has_violations());
-        r.weights_after(NodeId(2), 3, "ab");
+        r.weights_after(NodeId(2), 3, &ab);
         r.allreduce_weights(NodeId(0), "step 3", &[3.0, 3.0, 3.0], 3.0);
         assert_eq!(r.violations().len(), 1);
         r.allreduce_weights(NodeId(0), "step 4", &[3.0, 4.0, 3.0], 3.0);
         let v = r.violations();
         assert_eq!(v.len(), 2);
-        assert_eq!(v[0], "outer weights differ after outer step 3: n-2 has ab, n-0 has aa");
+        assert_eq!(
+            v[0],
+            "outer weights differ after outer step 3: n-2 has abababababababab, n-0 has \
+             aaaaaaaaaaaaaaaa"
+        );
         assert_eq!(
             v[1],
             "step 4: n-0 saw a chunk with weight sum 4 but the ring's weights sum to 3: a \
@@ -251,15 +257,16 @@ mod tests {
             NodeId(1),
             &Check::AllReduceWeights { what: "s".into(), sums: vec![2.0, 1.0], total: 2.0 },
         );
-        r.check(NodeId(0), &Check::WeightsAfter { outer_step: 1, hash: "x".into() });
-        r.check(NodeId(1), &Check::WeightsAfter { outer_step: 1, hash: "y".into() });
+        let (x, y) = (WeightsDigest::from_bytes([1; 8]), WeightsDigest::from_bytes([2; 8]));
+        r.check(NodeId(0), &Check::WeightsAfter { outer_step: 1, hash: x });
+        r.check(NodeId(1), &Check::WeightsAfter { outer_step: 1, hash: y });
         let v = Violation::CommitWithoutResult { outer_step: 1, epoch: Epoch(2) };
         r.check(NodeId(3), &Check::Violation(v.clone()));
         let got = r.violations();
         assert_eq!(got.len(), 4, "{got:?}");
         assert!(got[0].starts_with("members disagree on epoch e2: n-0 holds [n0] (view)"));
         assert!(got[1].contains("n-1 saw a chunk with weight sum 1"));
-        assert!(got[2].contains("n-1 has y, n-0 has x"));
+        assert!(got[2].contains("n-1 has 0202020202020202, n-0 has 0101010101010101"));
         assert_eq!(got[3], v.describe(NodeId(3), &|n| r.name(n)));
         assert_eq!(r.stale_frames(), 1);
     }

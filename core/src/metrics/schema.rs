@@ -1,6 +1,7 @@
 //! The rows both backends write: one [`OuterStepRow`] per (outer step, node) and one [`EventRow`]
 //! per membership or fault event.
 
+use crate::digest::WeightsDigest;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
@@ -52,9 +53,10 @@ pub struct OuterStepRow {
     pub tokens: u64,
     /// Training loss at the end of the step's inner steps, when there is a model.
     pub loss: Option<f64>,
-    /// Hex digest of the outer weights after the step; empty for virtual numerics and for a
-    /// non-blocking joiner that does not hold the mesh's state yet.
-    pub weights_hash: String,
+    /// Digest of the outer weights after the step, written as hex; `None` (an empty field) for
+    /// virtual numerics and for a non-blocking joiner that does not hold the mesh's state yet.
+    #[serde(with = "crate::digest::hex_or_empty")]
+    pub weights_hash: Option<WeightsDigest>,
     /// The weight of this node's contribution to the average (0 for a joiner not yet caught up).
     pub weight: f64,
     /// Seconds of this step's all-reduce from its first release to its commit, retries

@@ -1,6 +1,7 @@
 //! Unit tests of the metrics schema, its CSV format and the summary arithmetic.
 
 use super::*;
+use crate::digest::WeightsDigest;
 use std::collections::BTreeMap;
 
 fn row(step: u64, node: &str, id: u32) -> OuterStepRow {
@@ -23,7 +24,7 @@ fn row(step: u64, node: &str, id: u32) -> OuterStepRow {
         retries: 0,
         tokens: 0,
         loss: None,
-        weights_hash: String::new(),
+        weights_hash: None,
         weight: 1.0,
         allreduce_wall_s: 0.0,
     }
@@ -55,7 +56,7 @@ fn awkward_rows() -> Vec<OuterStepRow> {
             retries: 3,
             tokens: 1_048_576,
             loss: Some(2.468135),
-            weights_hash: "deadbeef".into(),
+            weights_hash: Some("deadbeef00c0ffee".parse().unwrap()),
             weight: 0.0,
             ..row(7, "eu, \"west\" 1", 4)
         },
@@ -144,6 +145,18 @@ fn parse_errors_name_line_and_field() {
         }
     );
     assert_eq!(err.to_string(), "line 3: field `compute_s`: expected a number, found `x`");
+
+    // A weights digest is 16 hex digits or nothing.
+    let d: WeightsDigest = "0123456789abcdef".parse().unwrap();
+    let text = outer_steps_csv(&[OuterStepRow { weights_hash: Some(d), ..row(0, "a", 0) }]);
+    assert!(text.contains(",0123456789abcdef,"), "{text}");
+    let short = text.replace("0123456789abcdef", "0123");
+    match parse_outer_steps_csv(&short).unwrap_err() {
+        MetricsError::Field { line, field, found, .. } => {
+            assert_eq!((line, field, found.as_str()), (2, "weights_hash", "0123"));
+        }
+        e => panic!("unexpected {e:?}"),
+    }
 
     let bad_count = "time_s,kind,node,epoch,detail\n1.0,join,a,1\n";
     assert_eq!(
@@ -387,4 +400,21 @@ fn published_table2_matches_its_arithmetic() {
     }
     assert_eq!(published_row("usa-eu").and_then(|r| r.median_allreduce_s), Some(382.0));
     assert_eq!(published_row("mars"), None);
+}
+
+/// In JSON (the real backend's metrics lines) the digest is its hex text and no digest the empty
+/// string, as the rows always had; both read back.
+#[test]
+fn a_rows_digest_in_json_is_its_hex_or_the_empty_string() {
+    let none = row(0, "a", 0);
+    let text = serde_json::to_string(&none).unwrap();
+    assert!(text.contains(r#""weights_hash":"""#), "{text}");
+    assert_eq!(serde_json::from_str::<OuterStepRow>(&text).unwrap(), none);
+    let d: WeightsDigest = "00ff00ff00ff00ff".parse().unwrap();
+    let some = OuterStepRow { weights_hash: Some(d), ..none };
+    let text = serde_json::to_string(&some).unwrap();
+    assert!(text.contains(r#""weights_hash":"00ff00ff00ff00ff""#), "{text}");
+    assert_eq!(serde_json::from_str::<OuterStepRow>(&text).unwrap(), some);
+    let bad = text.replace("00ff00ff00ff00ff", "zz");
+    assert!(serde_json::from_str::<OuterStepRow>(&bad).is_err());
 }

@@ -10,6 +10,7 @@
 //! into its span with [`StepAcct::spend`]. [`StepAcct::close`] ends the row; what no span
 //! covers is `idle_s`.
 
+use crate::digest::WeightsDigest;
 use crate::ids::Epoch;
 use crate::metrics::OuterStepRow;
 use crate::time::Time;
@@ -191,13 +192,13 @@ impl StepAcct {
     }
 
     /// Closes the row at `now`, with the node's counter of bytes sent and the digest of its outer
-    /// weights (empty while it does not hold the mesh's state).
+    /// weights (`None` while it does not hold the mesh's state).
     pub fn close(
         mut self,
         now: Time,
         bytes_sent: u64,
         who: &RowIdentity,
-        weights_hash: String,
+        weights_hash: Option<WeightsDigest>,
     ) -> OuterStepRow {
         self.leave(now);
         let secs = |s: Span| self.spent[s.index()].as_secs_f64();
@@ -252,7 +253,7 @@ mod tests {
         a.ring(Epoch(3), 4, 1.0, 1);
         a.enter(Span::Outer, t(18.0));
         a.leave(t(18.5));
-        let r = a.close(t(19.0), 1500, &who(), "h".into());
+        let r = a.close(t(19.0), 1500, &who(), Some(WeightsDigest::default()));
         assert_eq!((r.outer_step, r.epoch, r.world, r.retries), (7, 3, 4, 1));
         assert!((r.compute_s - 4.0).abs() < 1e-9);
         assert!((r.barrier_s - 1.0).abs() < 1e-9);
@@ -270,7 +271,7 @@ mod tests {
         a.spend(Span::Recovery, Duration::from_secs(2));
         a.enter(Span::AllReduce, t(5.0));
         a.spend(Span::Checkpoint, Duration::from_secs(1));
-        let r = a.close(t(9.0), 0, &who(), String::new());
+        let r = a.close(t(9.0), 0, &who(), None);
         assert!((r.barrier_s - 3.0).abs() < 1e-9, "{r:?}");
         assert!((r.recovery_s - 2.0).abs() < 1e-9);
         assert!((r.allreduce_s - 3.0).abs() < 1e-9);
@@ -293,7 +294,7 @@ mod tests {
         assert_eq!(a.current(), None);
         a.enter(Span::Compute, t(5.0));
         assert_eq!(a.spent(Span::Compute, t(6.0)), Duration::from_secs(3));
-        let r = a.close(t(6.0), 0, &who(), String::new());
+        let r = a.close(t(6.0), 0, &who(), None);
         assert!((r.compute_s - 3.0).abs() < 1e-9);
         assert!((r.idle_s - 3.0).abs() < 1e-9);
     }

@@ -1,22 +1,21 @@
 //! The digest of a float vector, for the `weights_hash` column and the invariant checks.
 
-/// Hex characters kept of the digest (64 bits: collisions among a run's few thousand rows are
-/// out of reach, and the CSV stays readable).
-pub const WEIGHTS_DIGEST_HEX: usize = 16;
+use crate::digest::WeightsDigest;
 
-/// BLAKE3 of the little-endian bits of `v`, as the first [`WEIGHTS_DIGEST_HEX`] hex characters.
-/// Both backends write this for the same weights, so their rows compare.
-pub fn weights_digest(v: &[f32]) -> String {
+/// BLAKE3 of the little-endian bits of `v`, its first 8 bytes kept (64 bits: collisions among a
+/// run's few thousand rows are out of reach, and the CSV stays readable). Both backends write
+/// this for the same weights, so their rows compare.
+pub fn weights_digest(v: &[f32]) -> WeightsDigest {
     digest(v, false)
 }
 
 /// [`weights_digest`] with BLAKE3's tree split over the global thread pool where the vector is
 /// large (4 MiB or more): the same digest, in a fraction of the time on several cores.
-pub fn weights_digest_parallel(v: &[f32]) -> String {
+pub fn weights_digest_parallel(v: &[f32]) -> WeightsDigest {
     digest(v, true)
 }
 
-fn digest(v: &[f32], parallel: bool) -> String {
+fn digest(v: &[f32], parallel: bool) -> WeightsDigest {
     let mut h = blake3::Hasher::new();
     if cfg!(target_endian = "little") {
         // The little-endian bits are the values' own bytes: hashed in place and whole, so that
@@ -37,7 +36,7 @@ fn digest(v: &[f32], parallel: bool) -> String {
             h.update(&buf[..4 * chunk.len()]);
         }
     }
-    h.finalize().to_hex()[..WEIGHTS_DIGEST_HEX].to_string()
+    WeightsDigest::from_blake3(&h.finalize())
 }
 
 #[cfg(test)]
@@ -49,7 +48,7 @@ mod tests {
         assert_eq!(weights_digest(&[1.0, 2.0]), weights_digest(&[1.0, 2.0]));
         assert_ne!(weights_digest(&[1.0, 2.0]), weights_digest(&[2.0, 1.0]));
         assert_ne!(weights_digest(&[0.0]), weights_digest(&[-0.0]));
-        assert_eq!(weights_digest(&[]).len(), WEIGHTS_DIGEST_HEX);
+        assert_eq!(weights_digest(&[]).to_string().len(), WeightsDigest::HEX_LEN);
     }
 
     #[test]
@@ -57,13 +56,13 @@ mod tests {
         // The same bytes hashed at once: the block loop must not change the digest.
         let v: Vec<f32> = (0..5000).map(|i| i as f32 * 0.5 - 7.0).collect();
         let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect();
-        let whole = blake3::hash(&bytes).to_hex()[..WEIGHTS_DIGEST_HEX].to_string();
-        assert_eq!(weights_digest(&v), whole);
+        let whole = &blake3::hash(&bytes).to_hex()[..WeightsDigest::HEX_LEN];
+        assert_eq!(weights_digest(&v).to_string(), whole);
         // On the thread pool, past the size where it is used: the same digest.
         let big: Vec<f32> = (0..(3 << 20) + 5).map(|i| (i % 977) as f32 * 0.25).collect();
         let one = weights_digest(&big);
         assert_eq!(weights_digest_parallel(&big), one);
         let bytes: Vec<u8> = big.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect();
-        assert_eq!(one, blake3::hash(&bytes).to_hex()[..WEIGHTS_DIGEST_HEX].to_string());
+        assert_eq!(one.to_string(), blake3::hash(&bytes).to_hex()[..WeightsDigest::HEX_LEN]);
     }
 }

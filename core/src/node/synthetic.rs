@@ -73,7 +73,8 @@ impl Objective {
 
     /// The noise stream of an outer step whose inner loop starts from `start`.
     pub fn noise(&self, start: &[f32]) -> ChaCha8Rng {
-        let key = u64::from_str_radix(&weights_digest(start), 16).expect("a hex digest");
+        // The digest's bytes as the number its hex text reads as.
+        let key = u64::from_be_bytes(*weights_digest(start).as_bytes());
         stream(self.seed, mix64(u64::from(self.node)) ^ key, Purpose::Objective)
     }
 

@@ -12,6 +12,7 @@
 
 use super::Livelock;
 use crate::codec::CodecKind;
+use crate::digest::WeightsDigest;
 use crate::diloco::{Mode, OuterConfig, Schedule};
 use crate::ids::NodeId;
 use crate::mesh::{Coordinator, CoordinatorAction, LeaveReason, MeshConfig, MeshEvent};
@@ -100,11 +101,11 @@ pub struct NodeNet {
     rng: ChaCha8Rng,
     record: Vec<Record>,
     rows: Vec<OuterStepRow>,
-    hashes: BTreeMap<u64, BTreeMap<NodeId, String>>,
+    hashes: BTreeMap<u64, BTreeMap<NodeId, WeightsDigest>>,
     checkpoint_every: Option<u64>,
     /// The DiLoCo mode, fragments and mix of every node started from now on.
     mode: (Mode, u32, f32),
-    snapshots: Vec<(NodeId, u64, Option<String>)>,
+    snapshots: Vec<(NodeId, u64, Option<WeightsDigest>)>,
     max_steps: u64,
     /// The coordinator runs nothing before this time ([`NodeNet::pause_coordinator`]).
     coordinator_paused_until: Time,
@@ -181,7 +182,7 @@ impl NodeNet {
     }
 
     /// The digests of the outer weights after each step, by node.
-    pub fn hashes(&self) -> &BTreeMap<u64, BTreeMap<NodeId, String>> {
+    pub fn hashes(&self) -> &BTreeMap<u64, BTreeMap<NodeId, WeightsDigest>> {
         &self.hashes
     }
 
@@ -203,7 +204,7 @@ impl NodeNet {
 
     /// The checkpoints asked for: node, outer step, and the digest of the snapshot's outer
     /// weights (`None`: the machine sent no snapshot).
-    pub fn snapshots(&self) -> &[(NodeId, u64, Option<String>)] {
+    pub fn snapshots(&self) -> &[(NodeId, u64, Option<WeightsDigest>)] {
         &self.snapshots
     }
 

@@ -4,6 +4,7 @@
 
 use super::LaunchError;
 use crate::node::{CheckLine, MetricsLine};
+use loco_core::digest::WeightsDigest;
 use loco_core::ids::{Epoch, NodeId};
 use loco_core::metrics::{EventRow, InvariantChecker, OuterStepRow, RunMeta, Summary, summarize};
 use loco_core::scenario::Scenario;
@@ -75,10 +76,12 @@ pub(crate) fn collect(
     }
     events.sort_by(|a, b| a.time_s.total_cmp(&b.time_s));
     // Invariant: after each outer step, every node holds the same outer weights.
-    let mut by_step: BTreeMap<u64, BTreeMap<String, String>> = BTreeMap::new();
-    // (An empty digest is a non-blocking joiner's step before it holds the state.)
-    for r in rows.iter().filter(|r| !r.weights_hash.is_empty()) {
-        by_step.entry(r.outer_step).or_default().insert(r.node.clone(), r.weights_hash.clone());
+    let mut by_step: BTreeMap<u64, BTreeMap<String, WeightsDigest>> = BTreeMap::new();
+    // (No digest is a non-blocking joiner's step before it holds the state.)
+    for r in &rows {
+        if let Some(h) = r.weights_hash {
+            by_step.entry(r.outer_step).or_default().insert(r.node.clone(), h);
+        }
     }
     // The invariants both backends check: every epoch formed first, then the checks in order.
     let names = s.node_names();
@@ -91,9 +94,12 @@ pub(crate) fn collect(
     }
     let mut violations = checker.violations();
     for (step, hashes) in &by_step {
-        let distinct: BTreeSet<&String> = hashes.values().collect();
+        let distinct: BTreeSet<&WeightsDigest> = hashes.values().collect();
         if distinct.len() > 1 {
-            violations.push(format!("outer step {step}: replicas differ: {hashes:?}"));
+            // Each digest quoted, as a map of names to text.
+            let shown: BTreeMap<&str, String> =
+                hashes.iter().map(|(n, h)| (n.as_str(), h.to_string())).collect();
+            violations.push(format!("outer step {step}: replicas differ: {shown:?}"));
         }
     }
     for name in failures {

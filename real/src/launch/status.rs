@@ -347,7 +347,8 @@ mod tests {
         let s = StatusSender::connect(hub.path(), &token).unwrap();
         s.ready();
         s.metrics(&MetricsLine::Event(EventRow::new(0.5, EventKind::Start).node("n-0")));
-        s.stopped("the run is over", 3, "abc");
+        let hash = "00000000000000ab".parse().ok();
+        s.stopped("the run is over", 3, hash);
         drop(s);
         let ev = collect(&mut hub, 4);
         assert_eq!(kinds(&ev), ["7:ready", "7:metrics", "7:stopped", "7:closed"]);
@@ -356,7 +357,7 @@ mod tests {
                 msg: StatusMsg::Stopped { committed, weights_hash, .. },
                 ..
             } => {
-                assert_eq!((*committed, weights_hash.as_str()), (3, "abc"));
+                assert_eq!((*committed, *weights_hash), (3, hash));
             }
             other => panic!("{other:?}"),
         }

@@ -1,6 +1,7 @@
 //! A worker's metrics file: JSON lines appended and never rewritten, which the launch reads back
 //! to write the run's files and check its invariants.
 
+use loco_core::digest::WeightsDigest;
 use loco_core::ids::{Epoch, NodeId};
 use loco_core::metrics::{EventRow, OuterStepRow};
 use serde::{Deserialize, Serialize};
@@ -115,7 +116,7 @@ pub enum CheckLine {
         /// The step.
         outer_step: u64,
         /// The digest.
-        hash: String,
+        hash: WeightsDigest,
     },
     /// A violation the node saw, described in words.
     Violation(String),

@@ -55,8 +55,8 @@ pub struct WorkerReport {
     pub stop: StopReason,
     /// Outer steps it committed.
     pub committed: u64,
-    /// Digest of its outer weights at the end.
-    pub weights_hash: String,
+    /// Digest of its outer weights at the end (`None` when it held none).
+    pub weights_hash: Option<loco_core::digest::WeightsDigest>,
 }
 
 /// Failures of a worker that are not part of the protocol.

@@ -142,8 +142,8 @@ impl<L: InnerLoop> Worker<L> {
 
     pub(super) fn report(&self, stop: StopReason) -> WorkerReport {
         let (committed, weights_hash) = match self.process.node().outer() {
-            Some(o) => (o.steps(), weights_digest(o.outer())),
-            None => (0, String::new()),
+            Some(o) => (o.steps(), Some(weights_digest(o.outer()))),
+            None => (0, None),
         };
         WorkerReport { stop, committed, weights_hash }
     }

@@ -4,6 +4,7 @@ use super::*;
 use bytes::Bytes;
 use loco_core::allreduce::{RingConfig, run_ring};
 use loco_core::codec::CodecKind;
+use loco_core::digest::Blake3Digest;
 use loco_core::ids::{Epoch, Weight};
 use loco_core::transport::{CollectiveHeader, Phase, StateHeader};
 
@@ -160,7 +161,7 @@ async fn a_state_piece_is_checksummed_over_its_header_and_its_body_left_to_its_d
         outer_step: 4,
         offset: 0,
         total: body.len() as u64,
-        digest: "cd".repeat(32),
+        digest: Some(Blake3Digest::from_bytes([0xcd; 32])),
         piece: loco_core::node::state::piece_digest(&body),
         part: 0,
     });
@@ -473,8 +474,8 @@ async fn a_large_state_frame_does_not_hold_up_the_collective_frames_behind_it() 
             outer_step: 3,
             offset: 0,
             total: big.len() as u64,
-            digest: String::new(),
-            piece: [0; 32],
+            digest: None,
+            piece: Blake3Digest::default(),
             part: 0,
         }),
         body: Body::Bytes(big.clone()),
@@ -600,8 +601,8 @@ mod hostile {
                     outer_step: 7,
                     offset: 128,
                     total: 4096,
-                    digest: "ab".repeat(32),
-                    piece: [9; 32],
+                    digest: Some(Blake3Digest::from_bytes([0xab; 32])),
+                    piece: Blake3Digest::from_bytes([9; 32]),
                     part: 1,
                 }),
                 body: Body::Bytes(Bytes::from(vec![5u8; 300])),
@@ -667,8 +668,8 @@ async fn state_frames_go_round_the_state_connections() {
             outer_step: 3,
             offset: i * 1000,
             total: 9000,
-            digest: String::new(),
-            piece: [0; 32],
+            digest: None,
+            piece: Blake3Digest::default(),
             part: 0,
         }),
         body: Body::Bytes(Bytes::from(vec![i as u8; 1000])),

@@ -1,6 +1,7 @@
 //! What the node machine asks of its executor ([`Effect`]), the O(model) jobs it hands out
 //! ([`OuterJob`], [`StateJob`]) and what it reports ([`NodeEvent`], [`Check`], [`Violation`]).
 
+use crate::digest::WeightsDigest;
 use crate::diloco::OuterState;
 use crate::ids::{Epoch, NodeId};
 use crate::mesh::{AllReduceStart, StopReason};
@@ -128,7 +129,7 @@ pub struct OuterJob {
     pub(super) nonfinite: usize,
     /// Compute the digest of the outer weights after the work.
     pub(super) want_digest: bool,
-    pub(super) digest: Option<String>,
+    pub(super) digest: Option<WeightsDigest>,
     /// Make [`copy`](Self::copy) after the work (real numerics): so that the O(model) copy the
     /// machine hands on is made off the executor's event loop too.
     pub(super) want_copy: bool,
@@ -525,7 +526,7 @@ impl PreparedState {
                     outer_step: job.outer_step,
                     offset: r.start,
                     total: part.total,
-                    digest: d.map(|d| d.digest.clone()).unwrap_or_default(),
+                    digest: d.and_then(|d| d.digest),
                     piece: d.and_then(|d| d.piece_at(r.start)).unwrap_or_default(),
                     part: part.part,
                 });
@@ -566,7 +567,7 @@ pub enum NodeEvent {
         /// The outer step of the state received.
         outer_step: u64,
         /// The digest of the outer weights taken (real numerics).
-        weights: Option<String>,
+        weights: Option<WeightsDigest>,
         /// Steps committed meanwhile and replayed onto it.
         replayed: usize,
     },
@@ -673,7 +674,7 @@ pub enum Check {
         /// The step.
         outer_step: u64,
         /// [`weights_digest`] of the outer weights.
-        hash: String,
+        hash: WeightsDigest,
     },
     /// A collective frame of an epoch this node has left was rejected.
     StaleFrame,

@@ -83,6 +83,7 @@ use rows::Closing;
 use steps::{Ahead, Computed, Returned};
 
 use crate::codec::CodecKind;
+use crate::digest::WeightsDigest;
 use crate::diloco::{OuterConfig, OuterState, Schedule};
 use crate::ids::{Epoch, NodeId};
 use crate::mesh::{JoinMode, LeaveReason, Member, MemberAction, MeshConfig, MeshError, StopReason};
@@ -284,7 +285,7 @@ pub struct Node {
     /// Overlap modes: the row of the round whose all-reduce runs.
     closing: Option<Closing>,
     /// The digest of the outer weights after the last commit (overlap rows close before it).
-    last_digest: String,
+    last_digest: Option<WeightsDigest>,
     /// A verified state that came back while the outer state was lent: taken on its return.
     verified: Option<Verified>,
     early: EarlyPieces,
@@ -327,7 +328,7 @@ impl Node {
             ahead: None,
             released_at: None,
             closing: None,
-            last_digest: String::new(),
+            last_digest: None,
             verified: None,
             early: EarlyPieces::default(),
             suspended: false,

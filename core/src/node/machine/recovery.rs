@@ -488,7 +488,7 @@ mod tests {
         assert!(first.known.is_none());
         let p = first.prepare(None);
         let digests = p.shared_digests().expect("real bytes").1;
-        let digest = digests.digest.clone();
+        let digest = digests.digest;
         n.state_prepared(Time::ZERO, p);
         let again = ask(&mut n, 7, 3, vec![(PART_SHARED, 0, 10)]);
         assert_eq!(again[0].known.as_ref(), Some(&digests));

@@ -3,6 +3,7 @@
 //! modes the row of a round whose time ended waits for its all-reduce's commit as a [`Closing`].
 
 use super::{Effect, Node, Work};
+use crate::digest::WeightsDigest;
 use crate::node::acct::{Span, StepAcct};
 use crate::time::Time;
 
@@ -59,7 +60,7 @@ impl Node {
     }
 
     /// Writes the row of `step` parked by [`start_ahead`](Self::start_ahead), with `hash`.
-    pub(super) fn emit_closing(&mut self, step: u64, hash: String) {
+    pub(super) fn emit_closing(&mut self, step: u64, hash: Option<WeightsDigest>) {
         if self.closing.as_ref().is_none_or(|c| c.acct.step() != step) {
             return;
         }
@@ -78,8 +79,7 @@ impl Node {
         if self.overlaps() {
             // A row left open by a round whose commit never came here (a fresh start).
             if let Some(prev) = self.outer_step() {
-                let hash = self.last_digest.clone();
-                self.close_row(prev, now, hash);
+                self.close_row(prev, now, self.last_digest);
             }
         }
         let epoch = self.member.epoch().unwrap_or_default();
@@ -92,7 +92,7 @@ impl Node {
     }
 
     /// Writes the open row if it is `step`'s, with `hash` (the weights after the step).
-    pub(super) fn close_row(&mut self, step: u64, now: Time, hash: String) {
+    pub(super) fn close_row(&mut self, step: u64, now: Time, hash: Option<WeightsDigest>) {
         let Some(a) = self.acct.take() else { return };
         if a.step() != step {
             return;

@@ -7,6 +7,7 @@ use super::rows::Closing;
 use super::{
     AfterOuter, Check, Effect, Node, NodeEvent, OuterJob, OuterKind, Snapshot, Violation, Work,
 };
+use crate::digest::WeightsDigest;
 use crate::diloco::OuterState;
 use crate::ids::Epoch;
 use crate::node::acct::Span;
@@ -45,7 +46,7 @@ pub(super) struct Returned {
     /// Values of the outer state.
     pub(super) of: usize,
     /// The digest of the outer weights after the work, when asked for.
-    pub(super) digest: Option<String>,
+    pub(super) digest: Option<WeightsDigest>,
     /// Pseudo-gradient: a copy of it (the all-reduce's input); commit and skip: a copy of the
     /// outer weights (the next [`Effect::SetParams`]).
     pub(super) copy: Option<Vec<f32>>,
@@ -121,8 +122,7 @@ impl Node {
         if let Some(mut a) = self.acct.take() {
             // The round's time ends here; its row waits for its all-reduce's commit.
             if let Some(c) = self.closing.take() {
-                let hash = self.last_digest.clone();
-                let row = c.acct.close(c.end, c.bytes, &self.cfg.row, hash);
+                let row = c.acct.close(c.end, c.bytes, &self.cfg.row, self.last_digest);
                 self.effects.push_back(Effect::Row(row));
             }
             a.leave(now);
@@ -219,12 +219,11 @@ impl Node {
     pub(super) fn committed(&mut self, now: Time, epoch: Epoch, outer_step: u64, back: Returned) {
         self.work = Work::Idle;
         let fragment = self.cfg.schedule.fragment(outer_step);
-        let hash = back.digest.unwrap_or_default();
-        if !hash.is_empty() {
-            let c = Check::WeightsAfter { outer_step, hash: hash.clone() };
+        if let Some(hash) = back.digest {
+            let c = Check::WeightsAfter { outer_step, hash };
             self.effects.push_back(Effect::Check(c));
         }
-        self.last_digest.clone_from(&hash);
+        self.last_digest = back.digest;
         if let Some(a) = self.step_row(outer_step) {
             a.set_epoch(epoch);
         }
@@ -235,12 +234,12 @@ impl Node {
             // barrier, is written now with the weights after its step.
             let avg = average.filter(|a| a.len() == fragment.len());
             self.log_fragment(outer_step, fragment.start, avg);
-            self.emit_closing(outer_step, hash);
+            self.emit_closing(outer_step, back.digest);
         } else {
             self.set_params_from(back.copy);
             let len = self.outer.as_ref().map(|o| o.len());
             self.log_result(outer_step, average.filter(|a| Some(a.len()) == len));
-            self.close_row(outer_step, now, hash);
+            self.close_row(outer_step, now, back.digest);
         }
         if self.checkpoint_due(outer_step) {
             let snapshot = back.snapshot;
@@ -276,11 +275,10 @@ impl Node {
             a.set_retries(attempts.saturating_sub(1));
         }
         if self.overlaps() {
-            let hash = self.last_digest.clone();
-            self.emit_closing(outer_step, hash);
+            self.emit_closing(outer_step, self.last_digest);
         } else {
             self.set_params_from(back.copy);
-            self.close_row(outer_step, now, back.digest.unwrap_or_default());
+            self.close_row(outer_step, now, back.digest);
         }
     }
 

@@ -12,6 +12,7 @@ use super::plan::virtual_part_lens;
 use super::verify::{Received, ReceivedPart, VerifyFailed};
 use super::wire::{PieceDigest, part_digest, piece_digest};
 use super::{PART_OWN, PART_SHARED};
+use crate::digest::{Blake3Digest, HexOrEmpty};
 use crate::ids::{Epoch, NodeId};
 use crate::transport::{Body, StateAsk, StateHeader};
 use std::collections::{BTreeMap, BTreeSet};
@@ -123,14 +124,18 @@ pub enum Refused {
         held: u64,
     },
     /// Two replicated copies of one outer step disagree.
-    #[error("replicated copies of outer step {outer_step} disagree: digest {got}, held {held}")]
+    #[error(
+        "replicated copies of outer step {outer_step} disagree: digest {}, held {}",
+        HexOrEmpty(got),
+        HexOrEmpty(held)
+    )]
     DigestConflict {
         /// The outer step.
         outer_step: u64,
         /// The piece's digest.
-        got: String,
+        got: Option<Blake3Digest>,
         /// The copy's digest.
-        held: String,
+        held: Option<Blake3Digest>,
     },
     /// Real bytes where virtual numerics expect lengths only.
     #[error("a body of bytes where lengths only were expected")]
@@ -228,13 +233,13 @@ pub struct Reassigned {
     pub fed: Fed,
 }
 
-fn hold_cost(h: &StateHeader, b: &Body) -> u64 {
+fn hold_cost(b: &Body) -> u64 {
     let body = match b {
         Body::Bytes(x) => x.len() as u64,
         Body::Virtual(_) => 0,
     };
     let fixed = std::mem::size_of::<(NodeId, StateHeader, Body)>() as u64;
-    fixed.saturating_add(h.digest.len() as u64).saturating_add(body)
+    fixed.saturating_add(body)
 }
 
 /// State pieces kept before they can be assembled (they arrived before this node learnt it is
@@ -263,7 +268,7 @@ impl EarlyPieces {
         if h.part > PART_OWN {
             return Err(Refused::BadPart { part: h.part });
         }
-        let after = self.bytes.saturating_add(hold_cost(&h, &body));
+        let after = self.bytes.saturating_add(hold_cost(&body));
         if after > self.max_bytes {
             return Err(Refused::HoldingFull { held: self.bytes, max: self.max_bytes });
         }
@@ -296,7 +301,7 @@ impl EarlyPieces {
     /// Drops the pieces of epochs before `epoch`.
     pub fn drop_before(&mut self, epoch: Epoch) {
         self.pieces.retain(|(_, h, _)| h.epoch >= epoch);
-        self.bytes = self.pieces.iter().map(|(_, h, b)| hold_cost(h, b)).sum();
+        self.bytes = self.pieces.iter().map(|(_, _, b)| hold_cost(b)).sum();
     }
 
     /// Takes every piece, in arrival order.
@@ -316,7 +321,7 @@ enum Data {
 /// One copy of one part being assembled.
 struct PartCopy {
     outer_step: u64,
-    digest: String,
+    digest: Option<Blake3Digest>,
     total: u64,
     data: Data,
     /// Pieces held, `offset -> end`, disjoint.
@@ -326,11 +331,11 @@ struct PartCopy {
     held: u64,
     /// The part's digest from its pieces' digests, once complete (real bytes): verification
     /// ends with the last piece instead of reading the whole part again.
-    hashed: Option<String>,
+    hashed: Option<Blake3Digest>,
 }
 
 impl PartCopy {
-    fn is(&self, outer_step: u64, digest: &str) -> bool {
+    fn is(&self, outer_step: u64, digest: Option<Blake3Digest>) -> bool {
         self.outer_step == outer_step && self.digest == digest
     }
 
@@ -353,9 +358,9 @@ impl PartCopy {
         };
         ReceivedPart {
             outer_step: self.outer_step,
-            digest: self.digest.clone(),
+            digest: self.digest,
             total: self.total,
-            hashed: bytes.as_ref().and(self.hashed.clone()),
+            hashed: bytes.as_ref().and(self.hashed),
             bytes,
         }
     }
@@ -392,7 +397,7 @@ impl PartCopy {
 
     /// Puts back a part handed out; false when it is not the one handed out.
     fn restore(&mut self, p: ReceivedPart, virtual_bodies: bool) -> bool {
-        if !self.taken() || !self.is(p.outer_step, &p.digest) || p.total != self.total {
+        if !self.taken() || !self.is(p.outer_step, p.digest) || p.total != self.total {
             return false;
         }
         self.data = match p.bytes {
@@ -440,7 +445,7 @@ fn put_into(
     let len = body.len();
     let (lo, hi) = (h.offset, h.offset.saturating_add(len));
     let restarted = match slot.as_ref() {
-        Some(c) if c.is(h.outer_step, &h.digest) => {
+        Some(c) if c.is(h.outer_step, h.digest) => {
             if c.total != h.total {
                 return Err(Refused::TotalChanged { part, held: c.total, got: h.total });
             }
@@ -457,8 +462,8 @@ fn put_into(
             if h.outer_step == c.outer_step && !same_step_restarts {
                 return Err(Refused::DigestConflict {
                     outer_step: h.outer_step,
-                    got: h.digest.clone(),
-                    held: c.digest.clone(),
+                    got: h.digest,
+                    held: c.digest,
                 });
             }
             true
@@ -468,7 +473,7 @@ fn put_into(
         }
         None => false,
     };
-    if slot.as_ref().is_none_or(|c| !c.is(h.outer_step, &h.digest)) {
+    if slot.as_ref().is_none_or(|c| !c.is(h.outer_step, h.digest)) {
         // A new copy, allocated once at its checked length (or the old buffer reused: every
         // byte of a complete copy is written by its pieces).
         let data = match body {
@@ -503,7 +508,7 @@ fn put_into(
         };
         *slot = Some(PartCopy {
             outer_step: h.outer_step,
-            digest: h.digest.clone(),
+            digest: h.digest,
             total: h.total,
             data,
             ranges: BTreeMap::new(),
@@ -856,15 +861,14 @@ impl StateAssembly {
         match shared {
             Ok(p) => {
                 if let Some(c) = self.shared.as_mut() {
-                    let ours = c.taken() && c.is(p.outer_step, &p.digest);
+                    let ours = c.taken() && c.is(p.outer_step, p.digest);
                     if ours && !c.restore(p, v) {
                         self.shared = None;
                     }
                 }
             }
             Err(r) => {
-                if self.shared.as_ref().is_some_and(|c| c.taken() && c.is(r.outer_step, &r.digest))
-                {
+                if self.shared.as_ref().is_some_and(|c| c.taken() && c.is(r.outer_step, r.digest)) {
                     self.shared = None;
                     self.shared_floor = self.shared_floor.max(r.outer_step);
                 }
@@ -872,8 +876,8 @@ impl StateAssembly {
         }
         if let Some(c) = self.own.get_mut(&own_from) {
             let keep = match own {
-                Ok(p) => !(c.taken() && c.is(p.outer_step, &p.digest)) || c.restore(p, v),
-                Err(r) => !(c.taken() && c.is(r.outer_step, &r.digest)),
+                Ok(p) => !(c.taken() && c.is(p.outer_step, p.digest)) || c.restore(p, v),
+                Err(r) => !(c.taken() && c.is(r.outer_step, r.digest)),
             };
             if !keep {
                 self.own.remove(&own_from);

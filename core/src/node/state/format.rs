@@ -3,6 +3,8 @@
 //! has the encoding itself; this module depends on none of its siblings, so that the joiner's
 //! buffer (`part`), the senders' plan (`plan`) and the encoding (`wire`) can all use it.
 
+use crate::digest::Blake3Digest;
+
 /// The first 8 bytes of an encoded [`SharedState`](super::SharedState): the format and its version.
 pub const SHARED_MAGIC: [u8; 8] = *b"locoSS01";
 /// Bytes before the floats: magic, outer steps, parameter count.
@@ -18,13 +20,13 @@ pub const fn encoded_len(n: u64) -> u64 {
 /// however it is computed).
 pub(crate) const PARALLEL_DIGEST_BYTES: usize = 1 << 20;
 
-/// The one digest of a state part: hex BLAKE3, full length (64 characters).
-pub fn state_digest(bytes: &[u8]) -> String {
+/// The one digest of a state part: BLAKE3, full length.
+pub fn state_digest(bytes: &[u8]) -> Blake3Digest {
     segments_digest([bytes])
 }
 
 /// [`state_digest`] of the concatenation of `segments`, without concatenating them.
-pub fn segments_digest<'a>(segments: impl IntoIterator<Item = &'a [u8]>) -> String {
+pub fn segments_digest<'a>(segments: impl IntoIterator<Item = &'a [u8]>) -> Blake3Digest {
     let mut h = blake3::Hasher::new();
     for s in segments {
         if s.len() >= PARALLEL_DIGEST_BYTES {
@@ -33,5 +35,5 @@ pub fn segments_digest<'a>(segments: impl IntoIterator<Item = &'a [u8]>) -> Stri
             h.update(s);
         }
     }
-    h.finalize().to_hex().to_string()
+    Blake3Digest::from_blake3(&h.finalize())
 }

@@ -19,7 +19,7 @@
 //! - `outer_step`: the number of outer steps applied to the state sent, i.e.
 //!   [`SharedState::outer_steps`] (also on the own part's pieces). A larger value is a newer state;
 //! - `offset`, `total`: the piece's place in its part and the part's length;
-//! - `digest`: the part's [`part_digest`] (the empty string for virtual numerics): BLAKE3 over
+//! - `digest`: the part's [`part_digest`] (`None` for virtual numerics): BLAKE3 over
 //!   the part's length and each grid piece's offset, length and digest. It names the copy: pieces
 //!   of one digest are pooled, whoever sent them;
 //! - `piece`: the [`piece_digest`] (BLAKE3) of this piece's body, as its sender computed it from

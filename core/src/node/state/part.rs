@@ -127,7 +127,7 @@ impl PartBytes {
     }
 
     /// The digest of its bytes ([`super::state_digest`] of their concatenation).
-    pub fn digest(&self) -> String {
+    pub fn digest(&self) -> crate::digest::Blake3Digest {
         segments_digest(self.segments())
     }
 

@@ -3,6 +3,7 @@
 
 use super::part::PartBytes;
 use super::wire::{SharedState, StateError};
+use crate::digest::{Blake3Digest, HexOrEmpty};
 use crate::ids::NodeId;
 use std::fmt;
 
@@ -12,14 +13,14 @@ pub struct ReceivedPart {
     /// The `outer_step` of its pieces.
     pub outer_step: u64,
     /// The digest its pieces claimed.
-    pub digest: String,
+    pub digest: Option<Blake3Digest>,
     /// Its length (real or virtual).
     pub total: u64,
     /// Its bytes; `None` for virtual numerics.
     pub bytes: Option<PartBytes>,
     /// The part's digest ([`part_digest`](super::part_digest)) from the digests its pieces'
     /// bytes were checked against as they arrived; `None`: not checked (refused with bytes).
-    pub hashed: Option<String>,
+    pub hashed: Option<Blake3Digest>,
 }
 
 impl ReceivedPart {
@@ -27,12 +28,9 @@ impl ReceivedPart {
         if self.bytes.is_none() {
             return Ok(());
         }
-        match &self.hashed {
-            Some(d) if *d == self.digest => Ok(()),
-            other => Err(PartFault::Digest {
-                claimed: self.digest.clone(),
-                actual: other.clone().unwrap_or_else(|| "of unchecked pieces".to_owned()),
-            }),
+        match self.hashed {
+            Some(d) if Some(d) == self.digest => Ok(()),
+            actual => Err(PartFault::Digest { claimed: self.digest, actual }),
         }
     }
 
@@ -59,12 +57,16 @@ pub struct Received {
 pub enum PartFault {
     /// The pieces' checked digests do not make the part's digest they claimed (pieces of
     /// copies that differ, or a part whose pieces were not checked).
-    #[error("digest {actual} is not the {claimed} claimed")]
+    #[error(
+        "digest {} is not the {} claimed",
+        actual.map_or_else(|| "of unchecked pieces".to_owned(), |d| d.to_string()),
+        HexOrEmpty(claimed)
+    )]
     Digest {
-        /// Claimed by the pieces.
-        claimed: String,
-        /// Of the bytes received.
-        actual: String,
+        /// Claimed by the pieces (`None`: no digest, as for virtual numerics).
+        claimed: Option<Blake3Digest>,
+        /// Of the bytes received; `None`: of pieces not checked.
+        actual: Option<Blake3Digest>,
     },
     /// The digest matched, but the replicated part does not decode.
     #[error("does not decode: {0}")]
@@ -85,7 +87,7 @@ pub struct Rejected {
     /// The `outer_step` of its pieces.
     pub outer_step: u64,
     /// The digest its pieces claimed.
-    pub digest: String,
+    pub digest: Option<Blake3Digest>,
     /// What was wrong.
     pub fault: PartFault,
 }
@@ -133,10 +135,10 @@ pub struct Verified {
     pub own: Option<Vec<u8>>,
     /// Who sent the own part.
     pub own_from: NodeId,
-    /// Digest of the replicated part (empty for virtual numerics).
-    pub shared_digest: String,
-    /// Digest of the own part (empty for virtual numerics).
-    pub own_digest: String,
+    /// Digest of the replicated part (`None` for virtual numerics).
+    pub shared_digest: Option<Blake3Digest>,
+    /// Digest of the own part (`None` for virtual numerics).
+    pub own_digest: Option<Blake3Digest>,
     /// Bytes received in all (both parts, real or virtual).
     pub bytes: u64,
 }
@@ -196,13 +198,8 @@ mod tests {
 
     #[test]
     fn a_received_states_bytes_are_both_parts() {
-        let part = |total| ReceivedPart {
-            outer_step: 2,
-            digest: String::new(),
-            total,
-            bytes: None,
-            hashed: None,
-        };
+        let part =
+            |total| ReceivedPart { outer_step: 2, digest: None, total, bytes: None, hashed: None };
         let r = Received { shared: part(824), own: part(1600), own_from: NodeId(1) };
         assert_eq!(r.bytes(), 2424);
         let v = r.verify(100).expect("virtual parts pass");

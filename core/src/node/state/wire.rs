@@ -16,6 +16,7 @@
 use super::format::{SHARED_HEADER_LEN, SHARED_MAGIC, encoded_len, segments_digest};
 use super::part::PartBytes;
 use super::plan::{PieceRule, pieces};
+use crate::digest::Blake3Digest;
 use crate::diloco::{Bucket, DilocoError, OuterConfig, OuterState};
 use bytes::Bytes;
 use std::sync::Arc;
@@ -81,30 +82,30 @@ pub enum StateError {
 
 /// The BLAKE3 digest of one piece of a part, as its sender computed it from its buffers: the
 /// joiner checks each piece against it on arrival.
-pub type PieceDigest = [u8; 32];
+pub type PieceDigest = Blake3Digest;
 
-/// The digest of a part sent as pieces: hex BLAKE3 of a fixed tag, the part's length, then
+/// The digest of a part sent as pieces: BLAKE3 of a fixed tag, the part's length, then
 /// each piece's offset, length and [`PieceDigest`] in the order of their offsets. A joiner that
 /// verified every piece on arrival knows the part's digest without reading its bytes again, and
 /// each sender hashes only the pieces it sends (or none, when it prepared them ahead).
 pub fn part_digest(
     total: u64,
     pieces: impl IntoIterator<Item = (u64, u64, PieceDigest)>,
-) -> String {
+) -> Blake3Digest {
     let mut h = blake3::Hasher::new();
     h.update(b"locoPD01");
     h.update(&total.to_le_bytes());
     for (offset, len, d) in pieces {
         h.update(&offset.to_le_bytes());
         h.update(&len.to_le_bytes());
-        h.update(&d);
+        h.update(d.as_bytes());
     }
-    h.finalize().to_hex().to_string()
+    Blake3Digest::from_blake3(&h.finalize())
 }
 
 /// The digest of one piece's bytes.
 pub fn piece_digest(bytes: &[u8]) -> PieceDigest {
-    *blake3::hash(bytes).as_bytes()
+    Blake3Digest::from_blake3(&blake3::hash(bytes))
 }
 
 /// Every piece's digest of a part cut by one grid, and the part's [`part_digest`].
@@ -116,8 +117,8 @@ pub struct PartDigests {
     pub piece_len: u64,
     /// Each grid piece's digest, in order.
     pub pieces: Vec<PieceDigest>,
-    /// [`part_digest`] of the grid.
-    pub digest: String,
+    /// [`part_digest`] of the grid; `None` for a virtual part.
+    pub digest: Option<Blake3Digest>,
 }
 
 impl PartDigests {
@@ -132,18 +133,18 @@ impl PartDigests {
             total,
             grid.iter().zip(&digests).map(|(r, d)| (r.start, r.end - r.start, *d)),
         );
-        PartDigests { total, piece_len: rule.piece_len(total), pieces: digests, digest }
+        PartDigests {
+            total,
+            piece_len: rule.piece_len(total),
+            pieces: digests,
+            digest: Some(digest),
+        }
     }
 
     /// A virtual part's stand-in (lengths only, no digests): it marks that the part's
     /// digests were computed, for a simulator to charge as the real bytes would be.
     pub fn virtual_len(total: u64, rule: PieceRule) -> PartDigests {
-        PartDigests {
-            total,
-            piece_len: rule.piece_len(total),
-            pieces: vec![],
-            digest: String::new(),
-        }
+        PartDigests { total, piece_len: rule.piece_len(total), pieces: vec![], digest: None }
     }
 
     /// Whether these are the digests of a part of `total` bytes cut by `rule`.
@@ -190,7 +191,7 @@ impl Segments {
     }
 
     /// The digest of the whole ([`state_digest`](super::state_digest) of the concatenation).
-    pub fn digest(&self) -> String {
+    pub fn digest(&self) -> Blake3Digest {
         segments_digest(self.bufs.iter().map(|(_, b)| b.as_ref()))
     }
 
@@ -488,7 +489,7 @@ mod tests {
         let big = SharedState::new(1, vec![0.25; n], (0..n).map(|i| i as f32).collect()).unwrap();
         let enc = big.encode();
         assert!(enc.len() >= PARALLEL_DIGEST_BYTES);
-        assert_eq!(big.into_segments().digest(), blake3::hash(&enc).to_hex().to_string());
+        assert_eq!(big.into_segments().digest().to_string(), blake3::hash(&enc).to_hex().as_str());
     }
 
     /// A part's digests name each grid piece (by its offset only) and the part; another grid
@@ -510,7 +511,7 @@ mod tests {
         assert_eq!(d.piece_at(d.piece_len * grid.len() as u64), None, "beyond the part");
         let listed =
             grid.iter().map(|r| (r.start, r.end - r.start, piece_digest(&seg.slice(r.clone()))));
-        assert_eq!(d.digest, part_digest(seg.len(), listed));
+        assert_eq!(d.digest, Some(part_digest(seg.len(), listed)));
         assert!(d.fits(seg.len(), rule) && !d.fits(seg.len(), PieceRule::Count(3)));
         assert_ne!(PartDigests::of(&seg, PieceRule::Count(3)).digest, d.digest);
         let mut other = seg.slice(0..seg.len()).to_vec();
@@ -638,8 +639,8 @@ mod tests {
     #[test]
     fn digest_is_full_length_blake3() {
         let d = state_digest(b"abc");
-        assert_eq!(d.len(), 64);
-        assert_eq!(d, blake3::hash(b"abc").to_hex().to_string());
+        assert_eq!(d.to_string().len(), 64);
+        assert_eq!(d.to_string(), blake3::hash(b"abc").to_hex().as_str());
         assert_ne!(d, state_digest(b"abd"));
     }
 

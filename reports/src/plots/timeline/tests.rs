@@ -22,7 +22,7 @@ fn row(node: u32, step: u64, start: f64, allreduce_s: f64, wall_s: f64) -> Outer
         retries: 0,
         tokens: 0,
         loss: None,
-        weights_hash: String::new(),
+        weights_hash: None,
         weight: 1.0,
         allreduce_wall_s: wall_s,
     }

@@ -1,4 +1,5 @@
 use super::*;
+use crate::digest::Blake3Digest;
 use crate::node::state::{
     PartDigests, PartFault, PieceRule, Received, ReceivedPart, Rejected, Segments, Share,
     SharedState, StateError, Verified, piece_digest, pieces, share_of, state_digest,
@@ -256,7 +257,7 @@ fn every_refusal_names_its_reason() {
     let b6 = piece(PART_SHARED, 200, 10).1;
     assert_eq!(a.put(A, &bad, &b6), Err(Refused::StaleDigest { part: 0, got: 6, held: 7 }));
     bad.outer_step = 7;
-    bad.digest = "00".into();
+    bad.digest = Some(Blake3Digest::default());
     assert!(matches!(a.put(A, &bad, &b6), Err(Refused::DigestConflict { .. })));
     // An own copy that changes its length.
     assert!(a.put(A, &oh, &ob).is_ok());
@@ -358,14 +359,14 @@ fn verify_refuses_a_state_that_does_not_decode_or_names_another_step() {
     let s = src(7, 3);
     let own = ReceivedPart {
         outer_step: 7,
-        digest: state_digest(&s.own),
+        digest: Some(state_digest(&s.own)),
         total: 300,
         bytes: Some(s.own.to_vec().into()),
         hashed: Some(state_digest(&s.own)),
     };
     let part = |bytes: Vec<u8>, step| ReceivedPart {
         outer_step: step,
-        digest: state_digest(&bytes),
+        digest: Some(state_digest(&bytes)),
         total: bytes.len() as u64,
         hashed: Some(state_digest(&bytes)),
         bytes: Some(bytes.into()),
@@ -401,8 +402,8 @@ fn a_virtual_transfer_completes_with_lengths_only() {
                     outer_step: 3,
                     offset: r.start,
                     total,
-                    digest: String::new(),
-                    piece: [0; 32],
+                    digest: None,
+                    piece: Blake3Digest::default(),
                     part,
                 };
                 assert!(a.put(me, &h, &Body::Virtual(r.end - r.start)).is_ok());
@@ -420,7 +421,7 @@ fn a_virtual_transfer_completes_with_lengths_only() {
 fn early_pieces_are_bounded_and_fed_when_the_fetch_starts() {
     let s = src(7, 3);
     let f = frames(&s, 5, share(&[A], A, true));
-    let one = hold_cost(&f[0].0, &f[0].1);
+    let one = hold_cost(&f[0].1);
     let mut early = EarlyPieces::new(one * 3 + one / 2);
     for (h, b) in &f[..3] {
         early.hold(A, h.clone(), b.clone()).unwrap();
@@ -549,10 +550,10 @@ proptest! {
                         outer_step: step,
                         offset: if offset < 900 { offset / 69 * 69 } else { offset },
                         total,
-                        digest: format!("{digest}"),
+                        digest: Some(Blake3Digest::from_bytes([digest; 32])),
                         piece: match &body {
                             Body::Bytes(b) => piece_digest(b),
-                            Body::Virtual(_) => [0; 32],
+                            Body::Virtual(_) => Blake3Digest::default(),
                         },
                         part,
                     };
@@ -638,8 +639,8 @@ proptest! {
             prop_assert!(a.put(A, h, b).is_ok());
         }
         let r = a.take_complete().expect("complete");
-        prop_assert_eq!(r.shared.hashed.clone(), Some(part_digests(&s.shared, RULE).digest));
-        prop_assert_eq!(r.own.hashed.clone(), Some(part_digests(&s.own, RULE).digest));
+        prop_assert_eq!(r.shared.hashed, part_digests(&s.shared, RULE).digest);
+        prop_assert_eq!(r.own.hashed, part_digests(&s.own, RULE).digest);
         prop_assert!(r.verify(N).is_ok());
     }
 }
