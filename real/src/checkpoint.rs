@@ -34,8 +34,10 @@
 //! [`Checkpointer::new`] deletes. Old checkpoints beyond the last `keep` are first renamed to
 //! `*.tmp-deleted-*` and then deleted, so a directory named `step-<N>` is always complete. Saving a
 //! step that already exists replaces it (renamed to `*.tmp-replaced-*`, then the new one is renamed
-//! in, then the old one deleted): a crash between those two renames leaves that step only in the
-//! ignored `*.tmp-replaced-*` directory, with the older steps still loadable.
+//! in, then the old one deleted): a crash between those two renames leaves that step only in its
+//! `*.tmp-replaced-*` directory, which was complete, so [`list`] and [`latest`] count it as the
+//! step and [`Checkpointer::new`] renames it back. No value that is not finite is saved or loaded:
+//! a diverged state is an error naming the tensor, never a checkpoint to resume from.
 //!
 //! # One save at a time: wait, never skip
 //!
@@ -50,9 +52,10 @@
 //! # Loading
 //!
 //! [`load`] reads one checkpoint directory and verifies it: format version, every expected tensor
-//! present with type F32 and the layout's shape, no extra tensors, and every digest. Errors name the
-//! file and, for a tensor, the tensor and the expected and actual digest. [`latest`] loads the
-//! highest complete step of a node and ignores `*.tmp*` directories. A truncated or otherwise
+//! present with type F32 and the layout's shape, no extra tensors, every digest, and every value
+//! finite. Errors name the file and, for a tensor, the tensor (and the expected and actual digest,
+//! or the value that is not finite). [`latest`] loads the
+//! highest complete step of a node and ignores other `*.tmp*` directories. A truncated or otherwise
 //! broken file is an error, never a panic. Loading reads the whole tensor file into memory, so it
 //! needs about twice the checkpoint's size in RAM.
 
@@ -159,6 +162,18 @@ pub enum CheckpointError {
         expected: Blake3Digest,
         /// The digest of the bytes found.
         got: Blake3Digest,
+    },
+    /// A tensor holds a NaN or an infinity: a diverged state, which no run should resume from.
+    #[error("{}: tensor `{tensor}`: value {index} is {value}, expected a finite number", path.display())]
+    NotFinite {
+        /// The tensor file (being written or read).
+        path: PathBuf,
+        /// The tensor's name (`<buffer>/<param>`).
+        tensor: String,
+        /// The value's index within the tensor.
+        index: usize,
+        /// The value.
+        value: f32,
     },
     /// The background writer panicked (a bug, not bad input).
     #[error("checkpoint writer for outer step {outer_step} panicked")]
@@ -329,6 +344,24 @@ impl Snapshot {
         Ok(())
     }
 
+    /// The first value that is not finite, as `(tensor name, index in the tensor, value)`, in
+    /// [`Buffer::ALL`] and layout order; `None` when every value is finite.
+    pub fn first_non_finite(&self) -> Option<(String, usize, f32)> {
+        for b in self.present() {
+            let v = self.buffer(b);
+            let mut at = 0;
+            for (name, n) in &self.layout {
+                let end = at + n;
+                let slice = v.get(at..end).unwrap_or_default();
+                if let Some(i) = slice.iter().position(|x| !x.is_finite()) {
+                    return Some((b.tensor_name(name), i, slice[i]));
+                }
+                at = end;
+            }
+        }
+        None
+    }
+
     /// The BLAKE3 digest of every tensor a checkpoint of this snapshot holds, by tensor name:
     /// what [`Meta::digests`] records at save and what [`load`] verifies.
     pub fn digests(&self) -> BTreeMap<String, Blake3Digest> {
@@ -487,8 +520,43 @@ pub fn parse_step_dir(name: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
+/// The outer step of a `step-<N>.tmp-replaced-<counter>` directory's name: a complete step renamed
+/// aside while a new save of the same step is installed.
+fn parse_replaced_dir(name: &str) -> Option<(u64, u64)> {
+    let (step, counter) = name.split_once(".tmp-replaced-")?;
+    let counter = (!counter.is_empty() && counter.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| counter.parse().ok())??;
+    Some((parse_step_dir(step)?, counter))
+}
+
+/// The steps under `node_dir` that exist only as a `*.tmp-replaced-*` directory (a crash came
+/// between the two renames that replace a step), with the newest such directory of each whose
+/// `meta.json` reads and names that step.
+fn orphaned_replacements(node_dir: &Path) -> Result<Vec<(u64, PathBuf)>, CheckpointError> {
+    let entries = match fs::read_dir(node_dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io_err(node_dir, "list directory")(e)),
+    };
+    let mut newest: BTreeMap<u64, (u64, PathBuf)> = BTreeMap::new();
+    for entry in entries {
+        let entry = entry.map_err(io_err(node_dir, "list directory"))?;
+        let name = entry.file_name();
+        let Some((step, counter)) = name.to_str().and_then(parse_replaced_dir) else { continue };
+        let complete = node_dir.join(step_dir_name(step));
+        if complete.exists() || !read_meta(&entry.path()).is_ok_and(|m| m.outer_step == step) {
+            continue;
+        }
+        if newest.get(&step).is_none_or(|(c, _)| *c < counter) {
+            newest.insert(step, (counter, entry.path()));
+        }
+    }
+    Ok(newest.into_iter().map(|(step, (_, p))| (step, p)).collect())
+}
+
 /// The complete checkpoints of `node` under `dir`, as `(outer step, directory)`, oldest step first.
-/// A missing directory has none.
+/// A step that a crash left only in its `*.tmp-replaced-*` directory is listed with that directory
+/// (the next [`Checkpointer::new`] renames it back). A missing directory has none.
 pub fn list(dir: &Path, node: &str) -> Result<Vec<(u64, PathBuf)>, CheckpointError> {
     check_node_name(node)?;
     list_node_dir(&dir.join(node))
@@ -510,12 +578,13 @@ fn list_node_dir(node_dir: &Path) -> Result<Vec<(u64, PathBuf)>, CheckpointError
             out.push((step, entry.path()));
         }
     }
+    out.extend(orphaned_replacements(node_dir)?);
     out.sort();
     Ok(out)
 }
 
-/// Loads and verifies the newest complete checkpoint of `node` under `dir` (`*.tmp*` directories
-/// are ignored); `None` when there is none. A damaged newest checkpoint is an error, not a reason
+/// Loads and verifies the newest complete checkpoint of `node` under `dir` (as [`list`] finds
+/// them); `None` when there is none. A damaged newest checkpoint is an error, not a reason
 /// to fall back silently: [`list`] and [`load`] let a caller choose to try older ones.
 pub fn latest(dir: &Path, node: &str) -> Result<Option<LoadedCheckpoint>, CheckpointError> {
     let Some((_, path)) = list(dir, node)?.pop() else { return Ok(None) };
@@ -566,7 +635,9 @@ fn load_with(
             meta.format_version
         )));
     }
-    if let Some(step) = path.file_name().and_then(|n| n.to_str()).and_then(parse_step_dir)
+    let name = path.file_name().and_then(|n| n.to_str());
+    if let Some(step) =
+        name.and_then(|n| parse_step_dir(n).or_else(|| parse_replaced_dir(n).map(|(s, _)| s)))
         && step != meta.outer_step
     {
         return Err(bad_meta(format!(
@@ -648,6 +719,9 @@ fn load_with(
                 view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
             );
         }
+    }
+    if let Some((tensor, index, value)) = snapshot.first_non_finite() {
+        return Err(CheckpointError::NotFinite { path: model_path, tensor, index, value });
     }
     Ok(LoadedCheckpoint { path: path.to_path_buf(), meta, snapshot })
 }

@@ -12,8 +12,9 @@ use loco_real::train::TrainerState;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-/// Deterministic values covering every bit pattern class: NaNs with payloads, infinities, -0.0,
-/// subnormals.
+/// Deterministic values covering every class of finite bit pattern: -0.0, subnormals, the
+/// extremes, random bits elsewhere (a pattern that would be a NaN or an infinity has its
+/// exponent's top bit cleared: a checkpoint holds finite values only).
 fn values(n: usize, seed: u32) -> Vec<f32> {
     let mut x = seed.wrapping_mul(0x9e37_79b9) | 1;
     let mut v: Vec<f32> = (0..n)
@@ -21,17 +22,11 @@ fn values(n: usize, seed: u32) -> Vec<f32> {
             x ^= x << 13;
             x ^= x >> 17;
             x ^= x << 5;
-            f32::from_bits(x)
+            let f = f32::from_bits(x);
+            if f.is_finite() { f } else { f32::from_bits(x & !0x4000_0000) }
         })
         .collect();
-    let special = [
-        f32::from_bits(0x7fc0_1234),
-        -0.0,
-        f32::INFINITY,
-        f32::NEG_INFINITY,
-        f32::from_bits(1),
-        f32::MAX,
-    ];
+    let special = [-0.0, f32::from_bits(1), f32::MAX, f32::MIN, f32::MIN_POSITIVE, 0.0];
     for (slot, s) in v.iter_mut().zip(special) {
         *slot = s;
     }
@@ -370,6 +365,79 @@ fn a_crash_leftover_tmp_directory_is_ignored_then_cleaned() {
     assert!(ticket.counter > 58 && ticket.counter > last_counter, "{}", ticket.counter);
     ck.flush().unwrap();
     assert_eq!(latest(root.path(), "node-a").unwrap().unwrap().meta.counter, ticket.counter);
+}
+
+/// A crash between the two renames that replace a step (the old one renamed aside, the new one
+/// not yet in place) keeps that step: it is listed and loaded from where it was put aside, and
+/// the restarted node's checkpointer puts it back.
+#[test]
+fn a_crash_between_the_two_renames_of_a_replacement_keeps_the_step() {
+    let root = tempfile::tempdir().unwrap();
+    let node_dir = root.path().join("node-a");
+    {
+        let mut ck = Checkpointer::new(config(root.path(), 5, None)).unwrap();
+        save_now(&mut ck, snapshot(1));
+        let p2 = save_now(&mut ck, snapshot(2));
+        let counter = load(&p2).unwrap().meta.counter;
+        // Saving step 2 again: the new copy is complete in its tmp directory, the old one has
+        // been renamed aside, and then the process dies.
+        let new = node_dir.join(format!("step-00000002.tmp-{}", counter + 1));
+        fs::create_dir(&new).unwrap();
+        for f in [MODEL_FILE, META_FILE] {
+            fs::copy(p2.join(f), new.join(f)).unwrap();
+        }
+        fs::rename(&p2, node_dir.join(format!("step-00000002.tmp-replaced-{}", counter + 1)))
+            .unwrap();
+    }
+    assert_eq!(steps(root.path()), [1, 2]);
+    let loaded = latest(root.path(), "node-a").unwrap().unwrap();
+    assert_eq!(loaded.meta.outer_step, 2);
+    assert_same(&loaded.snapshot, &snapshot(2));
+
+    let mut ck = Checkpointer::new(config(root.path(), 5, None)).unwrap();
+    assert_eq!(names(&node_dir), ["step-00000001", "step-00000002"]);
+    assert_same(&latest(root.path(), "node-a").unwrap().unwrap().snapshot, &snapshot(2));
+    save_now(&mut ck, snapshot(3));
+    assert_eq!(steps(root.path()), [1, 2, 3]);
+}
+
+/// A state holding a NaN or an infinity is neither written (the older checkpoints stay the
+/// newest) nor loaded, and the error names the tensor and the value.
+#[test]
+fn a_diverged_state_is_neither_saved_nor_loaded() {
+    let root = tempfile::tempdir().unwrap();
+    let mut ck = Checkpointer::new(config(root.path(), 5, None)).unwrap();
+    let good = save_now(&mut ck, snapshot(1));
+    let mut bad = snapshot(2);
+    bad.params[96 + 4] = f32::NAN;
+    ck.save(bad).unwrap();
+    let err = ck.flush().unwrap_err();
+    let CheckpointError::NotFinite { tensor, index, value, .. } = &err else {
+        panic!("expected a not-finite error, got {err}")
+    };
+    assert_eq!((tensor.as_str(), index), ("params/layers.0.w", &4));
+    assert!(value.is_nan());
+    assert!(err.to_string().contains("params/layers.0.w"), "{err}");
+    assert_eq!(names(&root.path().join("node-a")), ["step-00000001"]);
+
+    // A file whose bytes and digests agree but hold an infinity is refused at load.
+    let model = good.join(MODEL_FILE);
+    let mut bytes = fs::read(&model).unwrap();
+    let (header, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let (start, end) = meta.info("outer/norm").unwrap().data_offsets;
+    let at = 8 + header + start + 4 * 3;
+    bytes[at..at + 4].copy_from_slice(&f32::NEG_INFINITY.to_le_bytes());
+    let digest = blake3::hash(&bytes[8 + header + start..8 + header + end]).to_hex().to_string();
+    fs::write(&model, &bytes).unwrap();
+    let meta_path = good.join(META_FILE);
+    let mut m: serde_json::Value = serde_json::from_slice(&fs::read(&meta_path).unwrap()).unwrap();
+    m["digests"]["outer/norm"] = serde_json::Value::String(digest);
+    fs::write(&meta_path, serde_json::to_vec(&m).unwrap()).unwrap();
+    let err = load(&good).unwrap_err();
+    assert!(
+        matches!(&err, CheckpointError::NotFinite { tensor, index: 3, value, .. } if tensor == "outer/norm" && *value == f32::NEG_INFINITY),
+        "{err}"
+    );
 }
 
 #[test]

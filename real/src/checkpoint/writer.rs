@@ -246,6 +246,15 @@ fn clean_and_scan(node_dir: &Path) -> Result<u64, CheckpointError> {
             stale.push(entry.path());
         }
     }
+    // A crash between the two renames of `install` left a step only in its `*.tmp-replaced-*`
+    // directory: that directory was the complete step, so it is put back, not deleted.
+    for (step, old) in orphaned_replacements(node_dir)? {
+        let dst = node_dir.join(step_dir_name(step));
+        tracing::warn!(path = %old.display(), "checkpoint: restoring a step a crash left mid-replacement");
+        fs::rename(&old, &dst).map_err(io_err(&old, format!("rename to {}", dst.display())))?;
+        sync_path(node_dir)?;
+        stale.retain(|p| p != &old);
+    }
     stale.sort();
     for p in stale {
         tracing::warn!(path = %p.display(), "checkpoint: deleting an incomplete checkpoint left by a crash");
@@ -272,6 +281,12 @@ fn write_job(
     let node_dir = cfg.dir.join(&cfg.node);
     let step_name = step_dir_name(snap.outer_step);
     let tmp = node_dir.join(format!("{step_name}.tmp-{counter}"));
+    // A diverged state is refused before anything is written: resuming from it would restart the
+    // divergence, and it would push an older good checkpoint out of the last `keep`.
+    if let Some((tensor, index, value)) = snap.first_non_finite() {
+        let path = node_dir.join(&step_name).join(MODEL_FILE);
+        return Err(CheckpointError::NotFinite { path, tensor, index, value });
+    }
     let written = write_local(cfg, counter, snap, &node_dir, &tmp);
     let bytes = match written {
         Ok(b) => b,
@@ -316,7 +331,7 @@ fn write_job(
 
 /// Writes the tensors and metadata into `tmp`, syncs, and renames it into place. Returns the
 /// bytes written.
-fn write_local(
+pub(super) fn write_local(
     cfg: &CheckpointConfig,
     counter: u64,
     snap: &Snapshot,
