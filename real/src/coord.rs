@@ -67,8 +67,12 @@ pub enum CoordinatorError {
 }
 
 /// Binds the coordinator's socket; returns it with its address (for launchers that pick port 0).
+/// Its sends never wait for a dial ([`TcpConfig::dial_in_background`]): its one loop also
+/// judges every member's heartbeats, and a member announcing an address that drops SYNs must
+/// not hold it.
 pub async fn bind(opts: &CoordinatorOptions) -> Result<TcpTransport, CoordinatorError> {
-    Ok(TcpTransport::bind(NodeId::COORDINATOR, opts.listen, opts.tcp.clone()).await?)
+    let cfg = TcpConfig { dial_in_background: true, ..opts.tcp.clone() };
+    Ok(TcpTransport::bind(NodeId::COORDINATOR, opts.listen, cfg).await?)
 }
 
 /// Sends `msg` to `to`, after the directory of peers' addresses where the message makes members

@@ -43,6 +43,8 @@
 //! Size: one connection's life (dial, handshake, read, write, close) under one set of bounds;
 //! the Noise records and the fuzzing entry points are modules of their own.
 
+use admission::{Admission, Backoff, HELLO_TIMEOUT};
+pub use admission::{MAX_HANDSHAKES, raise_fd_limit};
 use loco_core::ids::NodeId;
 use loco_core::transport::{Body, Frame, Header, Transport, TransportError, pool};
 use std::collections::BTreeMap;
@@ -129,6 +131,14 @@ pub struct TcpConfig {
     /// Peers to reach through another address than the one they listen on (the relays of a
     /// launch that relays the scenario's links in userspace, [`crate::wan::Relays`]).
     pub dial_via: BTreeMap<NodeId, SocketAddr>,
+    /// A send to a peer without a connection never waits for the dial (default false): the
+    /// frame waits in the connection's queue while the dial runs in the background (within
+    /// `connect_timeout`); a dial that fails drops what waited and the next send reports the
+    /// peer unreachable (and dials again after that). For an endpoint whose sends need no
+    /// answer (the coordinator's): a peer announcing an address that drops SYNs then costs its
+    /// loop nothing, where a dial in line would hold it for `connect_timeout`, longer than the
+    /// heartbeat timeout of everyone else.
+    pub dial_in_background: bool,
 }
 
 /// Sets the congestion control of socket `s` to `cc`; a refusal is logged once per process and
@@ -184,6 +194,8 @@ const REDIAL_WAIT: Duration = Duration::from_millis(50);
 /// initial SYN retransmission timeout.
 const REDIAL_ATTEMPT_MIN: Duration = Duration::from_millis(100);
 const REDIAL_ATTEMPT_MAX: Duration = Duration::from_secs(1);
+/// Connection attempts of a dial that sends its own SYNs again (see [`dial`]).
+const SYN_ATTEMPTS: u32 = 60;
 
 impl Default for TcpConfig {
     fn default() -> Self {
@@ -199,6 +211,7 @@ impl Default for TcpConfig {
             congestion: None,
             user_timeout: None,
             dial_via: BTreeMap::new(),
+            dial_in_background: false,
         }
     }
 }
@@ -218,6 +231,9 @@ pub struct TcpStats {
     pub rejected_handshakes: AtomicU64,
     /// Incoming connections accepted (their handshake passed).
     pub accepted_connections: AtomicU64,
+    /// Incoming connections closed during their handshake to make room for a newer one (more
+    /// than [`MAX_HANDSHAKES`] in flight: a flood of connections that do not authenticate).
+    pub evicted_handshakes: AtomicU64,
     /// Messages refused for their sender: a directory from anyone but the coordinator.
     pub unauthorised: AtomicU64,
 }
@@ -336,6 +352,7 @@ impl Drop for TcpTransport {
 impl TcpTransport {
     /// Listens on `addr` (port 0 picks a free port) as node `id`.
     pub async fn bind(id: NodeId, addr: SocketAddr, cfg: TcpConfig) -> Result<Self, TcpError> {
+        raise_fd_limit();
         let listener =
             TcpListener::bind(addr).await.map_err(|source| TcpError::Bind { addr, source })?;
         let local_addr = listener.local_addr().map_err(|source| TcpError::Bind { addr, source })?;
@@ -453,6 +470,18 @@ impl TcpTransport {
         if self.peers.get(&to).is_some_and(|p| Some(p.addr) != current) {
             self.forget(to);
         }
+        if self.cfg.dial_in_background {
+            if self.peers.get(&to).is_some_and(|p| p.failed.load(Ordering::Relaxed)) {
+                self.peers.remove(&to);
+                return Err(TransportError::Unreachable(to));
+            }
+            if !self.peers.contains_key(&to) {
+                let addr = current.ok_or(TransportError::Unreachable(to))?;
+                let peer = self.dialer().dialling_peer(to, addr);
+                self.peers.insert(to, peer);
+            }
+            return self.peers.get_mut(&to).ok_or(TransportError::Unreachable(to));
+        }
         // A failed connection to a peer this endpoint was connected to: dial again in the
         // background, and wait for it only briefly (a partition must not hold the sender up).
         if self.peers.get(&to).is_some_and(|p| p.failed.load(Ordering::Relaxed)) {
@@ -539,6 +568,47 @@ impl Dialer {
         Ok(Peer { addr, streams, bulk: Vec::new(), next: 0, next_bulk: 0, failed, dial_time })
     }
 
+    /// A peer whose connections are dialled by their own writer tasks
+    /// ([`TcpConfig::dial_in_background`]): frames sent meanwhile wait in their queues, and a
+    /// dial that fails or times out marks the peer failed.
+    fn dialling_peer(&self, to: NodeId, addr: SocketAddr) -> Peer {
+        let failed = Arc::new(AtomicBool::new(false));
+        let streams = (0..self.cfg.streams.max(1))
+            .map(|_| {
+                let (tx, rx) = mpsc::unbounded_channel();
+                let (me, port, cfg) = (self.me, self.port, self.cfg.clone());
+                let (stats, failed) = (self.stats.clone(), failed.clone());
+                tokio::spawn(async move {
+                    let dialled = tokio::time::timeout(
+                        cfg.connect_timeout,
+                        dial(me, port, to, addr, &cfg, true),
+                    );
+                    match dialled.await {
+                        Ok(Ok(stream)) => write_loop(to, stream, rx, failed, stats).await,
+                        Ok(Err(e)) => {
+                            tracing::debug!(peer = %to, %addr, "dial failed: {e}");
+                            failed.store(true, Ordering::Relaxed);
+                        }
+                        Err(_) => {
+                            tracing::debug!(peer = %to, %addr, "dial timed out");
+                            failed.store(true, Ordering::Relaxed);
+                        }
+                    }
+                });
+                tx
+            })
+            .collect();
+        Peer {
+            addr,
+            streams,
+            bulk: Vec::new(),
+            next: 0,
+            next_bulk: 0,
+            failed,
+            dial_time: Duration::ZERO,
+        }
+    }
+
     /// Dials `to` again after its connection failed, in attempts of three times what the last
     /// successful dial took (`dialled_in`, two round trips), within [`REDIAL_ATTEMPT_MIN`] and
     /// [`REDIAL_ATTEMPT_MAX`]: a SYN lost in a partition is not waited for (its own
@@ -569,7 +639,7 @@ impl Dialer {
         addr: SocketAddr,
         failed: &Arc<AtomicBool>,
     ) -> Result<mpsc::UnboundedSender<Outgoing>, TransportError> {
-        let stream = dial(self.me, self.port, to, addr, &self.cfg).await?;
+        let stream = dial(self.me, self.port, to, addr, &self.cfg, false).await?;
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(write_loop(to, stream, rx, failed.clone(), self.stats.clone()));
         Ok(tx)
@@ -639,16 +709,34 @@ impl Transport for TcpTransport {
     }
 }
 
+/// Dials `to` at `addr` and runs the handshake. With `resend_syn`, a connection attempt that has
+/// had no answer after [`REDIAL_ATTEMPT_MAX`] is replaced by a new one (a new SYN), at most
+/// [`SYN_ATTEMPTS`] times, rather than waiting for the kernel's retransmissions (1, 3, 7 s
+/// apart): through a partition that heals, the connection follows within that interval. The
+/// caller bounds the whole.
 async fn dial(
     me: NodeId,
     listen_port: u16,
     to: NodeId,
     addr: SocketAddr,
     cfg: &TcpConfig,
+    resend_syn: bool,
 ) -> Result<WireOut, TransportError> {
     let unreachable = |_| TransportError::Unreachable(to);
     let addr = cfg.dial_via.get(&to).copied().unwrap_or(addr);
-    let s = TcpStream::connect(addr).await.map_err(unreachable)?;
+    let s = if resend_syn {
+        let mut connected = None;
+        for _ in 0..SYN_ATTEMPTS {
+            if let Ok(r) = tokio::time::timeout(REDIAL_ATTEMPT_MAX, TcpStream::connect(addr)).await
+            {
+                connected = Some(r);
+                break;
+            }
+        }
+        connected.ok_or(TransportError::Unreachable(to))?.map_err(unreachable)?
+    } else {
+        TcpStream::connect(addr).await.map_err(unreachable)?
+    };
     s.set_nodelay(true).map_err(unreachable)?;
     set_congestion(&s, cfg.congestion.as_deref());
     set_user_timeout(&s, cfg.user_timeout);
@@ -727,8 +815,27 @@ fn inbox_permits(bytes: u64) -> usize {
 }
 
 async fn accept_loop(listener: TcpListener, ctx: AcceptCtx, inbox: mpsc::Sender<Inbound>) {
+    let admission = Admission::new(MAX_HANDSHAKES);
+    let mut backoff = Backoff::default();
     loop {
-        let Ok((stream, addr)) = listener.accept().await else { continue };
+        let (stream, addr) = match listener.accept().await {
+            Ok(accepted) => {
+                backoff.succeeded();
+                accepted
+            }
+            Err(e) => {
+                let (pause, first) = backoff.failed();
+                if first {
+                    tracing::warn!("accepting a connection failed: {e}; retrying with back-off");
+                }
+                tokio::time::sleep(pause).await;
+                continue;
+            }
+        };
+        let (mut slot, evicted) = admission.admit();
+        if evicted {
+            ctx.stats.evicted_handshakes.fetch_add(1, Ordering::Relaxed);
+        }
         let (ctx, inbox) = (ctx.clone(), inbox.clone());
         tokio::spawn(async move {
             let _ = stream.set_nodelay(true);
@@ -736,7 +843,15 @@ async fn accept_loop(listener: TcpListener, ctx: AcceptCtx, inbox: mpsc::Sender<
             set_keepalive(&stream);
             let hs =
                 tokio::time::timeout(ctx.cfg.connect_timeout, accept_handshake(stream, &ctx.cfg));
-            match hs.await {
+            let outcome = tokio::select! {
+                outcome = hs => outcome,
+                () = slot.evicted() => {
+                    tracing::debug!(%addr, "closed a handshake in flight to make room for a newer one");
+                    return;
+                }
+            };
+            drop(slot);
+            match outcome {
                 Ok(Ok((from, port, stream))) => {
                     ctx.stats.accepted_connections.fetch_add(1, Ordering::Relaxed);
                     if port != 0 {
@@ -766,7 +881,10 @@ async fn accept_handshake<S: AsyncRead + AsyncWrite + Send + Unpin + 'static>(
     cfg: &TcpConfig,
 ) -> Result<(NodeId, u16, WireIn), String> {
     let mut hello = [0u8; HELLO_LEN];
-    s.read_exact(&mut hello).await.map_err(|e| format!("reading the handshake: {e}"))?;
+    match tokio::time::timeout(HELLO_TIMEOUT, s.read_exact(&mut hello)).await {
+        Ok(read) => read.map_err(|e| format!("reading the handshake: {e}"))?,
+        Err(_) => return Err(format!("no hello within {HELLO_TIMEOUT:?}")),
+    };
     let version = u16::from_le_bytes([hello[4], hello[5]]);
     let from = NodeId(u32::from_le_bytes([hello[6], hello[7], hello[8], hello[9]]));
     let port = u16::from_le_bytes([hello[10], hello[11]]);
@@ -1042,6 +1160,7 @@ async fn write_loop(
     let _ = s.shutdown().await;
 }
 
+mod admission;
 mod secure;
 
 #[cfg(feature = "fuzzing")]

@@ -689,3 +689,87 @@ async fn state_frames_go_round_the_state_connections() {
     // The ordinary connection and three for the state.
     assert_eq!(b.stats().accepted_connections.load(Ordering::Relaxed), 4);
 }
+
+/// A flood of connections that never authenticate (2,000, held open) neither stops the listener
+/// nor delays an honest peer: the oldest handshakes in flight are evicted to make room, so no more
+/// than [`MAX_HANDSHAKES`] are ever held, and a peer that dials afterwards is heard at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_flooding_a_listener_do_not_keep_a_peer_out() {
+    let (mut a, mut b) = pair(TcpConfig::default()).await;
+    let target = b.local_addr();
+    let mut idle = Vec::new();
+    let t0 = tokio::time::Instant::now();
+    for _ in 0..2000 {
+        match tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(target)).await {
+            Ok(Ok(s)) => idle.push(s),
+            other => panic!("connection {} to the listener: {other:?}", idle.len()),
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "the flood is bounded in time");
+    }
+    // Every idle connection was accepted (so evicted or in flight); none was authenticated.
+    let evicted = |b: &TcpTransport| b.stats().evicted_handshakes.load(Ordering::Relaxed);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while evicted(&b) < (2000 - MAX_HANDSHAKES) as u64 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(evicted(&b) >= (2000 - MAX_HANDSHAKES) as u64, "evicted {}", evicted(&b));
+    assert_eq!(b.stats().accepted_connections.load(Ordering::Relaxed), 0);
+    // An honest peer, dialling now while the idle connections stay open, is heard at once.
+    let sent = tokio::time::Instant::now();
+    a.send(NodeId(1), collective(7)).await.unwrap();
+    let (from, f) = recv_within(&mut b).await.expect("the honest peer's frame");
+    assert_eq!((from, f), (NodeId(0), collective(7)));
+    assert!(sent.elapsed() < Duration::from_secs(2), "heard after {:?}", sent.elapsed());
+    drop(idle);
+}
+
+/// A connection that opens and says nothing is closed after the hello's limit, well before the
+/// whole handshake's (`connect_timeout`).
+#[tokio::test]
+async fn a_silent_connection_is_closed_at_the_hello_limit() {
+    let b = TcpTransport::bind(NodeId(1), loopback(), TcpConfig::default()).await.unwrap();
+    let mut s = TcpStream::connect(b.local_addr()).await.unwrap();
+    let t0 = tokio::time::Instant::now();
+    let mut buf = [0u8; 8];
+    let r = tokio::time::timeout(Duration::from_secs(9), s.read(&mut buf)).await;
+    assert!(matches!(r, Ok(Ok(0)) | Ok(Err(_))), "closed, not {r:?}");
+    let waited = t0.elapsed();
+    assert!(waited >= HELLO_TIMEOUT - Duration::from_millis(100), "closed after {waited:?}");
+    assert!(waited < TcpConfig::default().connect_timeout, "closed after {waited:?}");
+    assert_eq!(b.stats().rejected_handshakes.load(Ordering::Relaxed), 1);
+}
+
+/// With [`TcpConfig::dial_in_background`] (the coordinator's), a send to a peer whose address
+/// drops SYNs returns at once and holds up no send to anyone else; the dial's failure shows at
+/// a later send, after `connect_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_black_hole_peer_holds_up_no_send_when_dials_run_in_the_background() {
+    let cfg = TcpConfig {
+        dial_in_background: true,
+        connect_timeout: Duration::from_secs(2),
+        ..TcpConfig::default()
+    };
+    let (mut a, mut b) = pair(cfg).await;
+    // A third endpoint's address, made a black hole: its listener is gone, and a socket with a
+    // full backlog answers no SYN.
+    let gone = TcpTransport::bind(NodeId(2), loopback(), TcpConfig::default()).await.unwrap();
+    let hole_addr = gone.local_addr();
+    drop(gone);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (hole, filler) = blackhole(hole_addr);
+    a.set_peer_addr(NodeId(2), hole_addr);
+    for i in 0..5u32 {
+        let t0 = tokio::time::Instant::now();
+        a.send(NodeId(2), collective(i)).await.unwrap();
+        a.send(NodeId(1), collective(i)).await.unwrap();
+        assert!(t0.elapsed() < Duration::from_millis(300), "sends held for {:?}", t0.elapsed());
+        let (from, f) = recv_within(&mut b).await.expect("the reachable peer's frame");
+        assert_eq!((from, f), (NodeId(0), collective(i)));
+    }
+    // After the dial's limit, a send reports the peer unreachable, and the next dials again.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let r = a.send(NodeId(2), collective(9)).await;
+    assert_eq!(r, Err(TransportError::Unreachable(NodeId(2))));
+    assert!(a.send(NodeId(2), collective(10)).await.is_ok(), "queued behind a new dial");
+    drop((hole, filler));
+}
