@@ -861,3 +861,26 @@ fn a_paused_coordinator_evicts_nobody_when_it_runs_again() {
     assert!(net.hashes().len() > steps_before, "training went on");
     assert_clean(&net);
 }
+
+/// A member that sends its ring frames to nodes that are not its neighbours (a stray or hostile
+/// sender) stalls nobody: the frames are counted and dropped where they land, and every step
+/// commits at its first attempt with identical weights.
+#[test]
+fn ring_frames_from_a_node_that_is_not_the_neighbour_are_dropped_not_a_failed_attempt() {
+    let mut net = formed(MeshConfig::default(), 3);
+    net.run_for(secs(5)).unwrap();
+    net.spray_collectives(NodeId(1));
+    net.run_for(secs(200)).unwrap();
+    assert_eq!(net.coordinator().unwrap().outer_step(), 3);
+    let rows = net.rows();
+    assert!(!rows.is_empty());
+    assert!(
+        rows.iter().all(|r| r.retries == 0),
+        "a retry: {:?}",
+        rows.iter().map(|r| r.retries).collect::<Vec<_>>()
+    );
+    let foreign: u64 =
+        (0..3).map(|i| net.node(NodeId(i)).map_or(0, |n| n.ring_counters().foreign)).sum();
+    assert!(foreign > 0, "no frame was sprayed at a non-neighbour");
+    assert_clean(&net);
+}

@@ -571,6 +571,9 @@ pub struct RingCounters {
     pub early_dropped: u64,
     /// Early frames refused over the bounds of [`EarlyFrames`].
     pub refused: u64,
+    /// Frames of the running collective from a node other than the ring neighbour that sends to
+    /// this one: dropped, the attempt unaffected.
+    pub foreign: u64,
 }
 
 /// What [`Inbox::admit`] did with a frame.
@@ -596,12 +599,13 @@ pub struct Inbox {
     stale: u64,
     dropped: u64,
     held: u64,
+    foreign: u64,
 }
 
 impl Inbox {
     /// An inbox over `early`.
     pub fn new(early: EarlyFrames) -> Self {
-        Inbox { early, stale: 0, dropped: 0, held: 0 }
+        Inbox { early, stale: 0, dropped: 0, held: 0, foreign: 0 }
     }
 
     /// Sorts `frame` from `from` ([`classify`]) and holds or counts it; a frame of the running
@@ -661,7 +665,14 @@ impl Inbox {
             early_held: self.held,
             early_dropped: self.early.dropped(),
             refused: self.early.refused(),
+            foreign: self.foreign,
         }
+    }
+
+    /// Counts a frame of the running collective dropped for its sender (not the ring neighbour
+    /// that sends to this node).
+    pub fn count_foreign(&mut self) {
+        self.foreign += 1;
     }
 }
 

@@ -109,6 +109,9 @@ pub struct NodeNet {
     max_steps: u64,
     /// The coordinator runs nothing before this time ([`NodeNet::pause_coordinator`]).
     coordinator_paused_until: Time,
+    /// Nodes whose collective frames are also delivered to every other node
+    /// ([`NodeNet::spray_collectives`]).
+    sprayers: BTreeSet<NodeId>,
 }
 
 /// A fault of one state piece on its way ([`NodeNet::fault_next_piece`]).
@@ -153,6 +156,7 @@ impl NodeNet {
             snapshots: Vec::new(),
             max_steps: 2_000_000,
             coordinator_paused_until: Time::ZERO,
+            sprayers: BTreeSet::new(),
         }
     }
 
@@ -372,7 +376,24 @@ impl NodeNet {
         self.enqueue(from, to, frame);
     }
 
-    fn enqueue(&mut self, from: NodeId, to: NodeId, mut frame: Frame) {
+    /// From now on every collective frame `id` sends also goes to every other node but its
+    /// addressee: a member that sprays its ring frames at nodes that are not its neighbours.
+    pub fn spray_collectives(&mut self, id: NodeId) {
+        self.sprayers.insert(id);
+    }
+
+    fn enqueue(&mut self, from: NodeId, to: NodeId, frame: Frame) {
+        if self.sprayers.contains(&from) && matches!(frame.header, Header::Collective(_)) {
+            let others: Vec<NodeId> =
+                self.hosts.keys().copied().filter(|&n| n != from && n != to).collect();
+            for other in others {
+                self.enqueue_one(from, other, frame.clone());
+            }
+        }
+        self.enqueue_one(from, to, frame);
+    }
+
+    fn enqueue_one(&mut self, from: NodeId, to: NodeId, mut frame: Frame) {
         if self.cut.contains(&(from, to)) {
             return;
         }

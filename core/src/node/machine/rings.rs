@@ -126,6 +126,13 @@ impl Node {
             Admission::Held | Admission::Refused | Admission::Dropped => return,
         };
         let Work::Reducing(r) = &mut self.work else { return };
+        if from != r.rings.neighbours().0 {
+            // Only the ring neighbour on the left sends to this node. A frame from anyone else
+            // (stray, or a member that is not in this place of the ring) is dropped and counted:
+            // the attempt is not failed for it, so no member can stall a step by sending one.
+            self.inbox.count_foreign();
+            return;
+        }
         if let Err(e) = r.rings.handle_frame(from, &f) {
             let (epoch, op) = r.rings.collective();
             let first = !r.failed;
