@@ -600,12 +600,24 @@ pub struct Inbox {
     dropped: u64,
     held: u64,
     foreign: u64,
+    /// The last collective started here ([`Inbox::take_for`]): early frames are held only
+    /// within [`EARLY_EPOCHS_AHEAD`] epochs and [`EARLY_STEPS_AHEAD`] outer steps of it.
+    last_started: Option<(Epoch, u64)>,
 }
+
+/// How many epochs past the member's (or the last collective's) an early frame may be and still
+/// be held. Epochs advance one membership change at a time, and a node hears of each within a
+/// message's latency, so an honest frame is at most a few ahead; one claiming a far epoch (up to
+/// `u64::MAX`, which no collective here would ever overtake) would be held for good.
+pub const EARLY_EPOCHS_AHEAD: u64 = 64;
+/// How many outer steps past the last collective started here an early frame of the same epoch
+/// may be and still be held (ring neighbours are never more than a step apart).
+pub const EARLY_STEPS_AHEAD: u64 = 64;
 
 impl Inbox {
     /// An inbox over `early`.
     pub fn new(early: EarlyFrames) -> Self {
-        Inbox { early, stale: 0, dropped: 0, held: 0, foreign: 0 }
+        Inbox { early, stale: 0, dropped: 0, held: 0, foreign: 0, last_started: None }
     }
 
     /// Sorts `frame` from `from` ([`classify`]) and holds or counts it; a frame of the running
@@ -631,6 +643,10 @@ impl Inbox {
                 self.dropped += 1;
                 Admission::Dropped
             }
+            FrameClass::Early if self.too_far_ahead(h, member_epoch) => {
+                self.dropped += 1;
+                Admission::Dropped
+            }
             FrameClass::Early => match self.early.push(from, frame) {
                 Ok(()) => {
                     self.held += 1;
@@ -644,7 +660,21 @@ impl Inbox {
     /// The held frames of `collective`, which just started, in arrival order (older ones are
     /// dropped: [`EarlyFrames::take_for`]).
     pub fn take_for(&mut self, collective: (Epoch, u64)) -> Vec<(NodeId, Frame)> {
+        self.last_started = self.last_started.max(Some(collective));
         self.early.take_for(collective)
+    }
+
+    /// Whether an early frame is further ahead than any honest neighbour can be
+    /// ([`EARLY_EPOCHS_AHEAD`], [`EARLY_STEPS_AHEAD`]).
+    fn too_far_ahead(&self, h: &CollectiveHeader, member_epoch: Option<Epoch>) -> bool {
+        let floor = member_epoch.max(self.last_started.map(|(e, _)| e));
+        if floor.is_some_and(|f| h.epoch.0 > f.0.saturating_add(EARLY_EPOCHS_AHEAD)) {
+            return true;
+        }
+        match self.last_started {
+            Some((e, op)) if h.epoch == e => (h.op >> 16) > (op >> 16) + EARLY_STEPS_AHEAD,
+            _ => false,
+        }
     }
 
     /// The collective `(epoch, op)` was aborted: drop what is held for it and older ones.

@@ -626,6 +626,32 @@ fn an_inbox_refuses_beyond_its_bounds_and_counts_drops() {
     assert_eq!((c.early_held, c.refused, c.dropped, c.stale), (1, 1, 2, 0));
 }
 
+/// Early frames far ahead of anything an honest neighbour can be at (an epoch up to `u64::MAX`,
+/// an outer step far past the last collective) are dropped, not held for good; near ones are
+/// held.
+#[test]
+fn early_frames_far_ahead_are_dropped_not_held() {
+    use crate::mesh::op_id;
+    let mut inbox = Inbox::default();
+    let f = |e: u64, op: u64| collective(Body::Virtual(1), Epoch(e), op, 0);
+    let started = (Epoch(5), op_id(3, 0));
+    assert!(inbox.take_for(started).is_empty());
+    let member = Some(Epoch(5));
+    for (e, op) in [(6, op_id(0, 0)), (5 + EARLY_EPOCHS_AHEAD, 0), (5, op_id(4, 0))] {
+        assert_eq!(inbox.admit(member, None, NodeId(1), f(e, op)), Admission::Held, "{e} {op}");
+    }
+    for (e, op) in [
+        (u64::MAX, 0),
+        (6 + EARLY_EPOCHS_AHEAD, 0),
+        (5, op_id(4 + EARLY_STEPS_AHEAD, 0)),
+        (5, u64::MAX),
+    ] {
+        assert_eq!(inbox.admit(member, None, NodeId(1), f(e, op)), Admission::Dropped, "{e} {op}");
+    }
+    let c = inbox.counters();
+    assert_eq!((c.early_held, c.dropped), (3, 4));
+}
+
 fn header() -> impl Strategy<Value = CollectiveHeader> {
     (
         prop_oneof![Just(EPOCH.0), any::<u64>()],
