@@ -31,7 +31,7 @@
 
 use loco_core::NodeId;
 use loco_core::diloco::Mode;
-use loco_core::mesh::{JoinMode, MeshConfig, MeshEvent};
+use loco_core::mesh::{EvictReason, JoinMode, MeshConfig, MeshEvent};
 use loco_core::node::machine::NodeEvent;
 use loco_core::testing::nodes::{NodeNet, PieceFault, Seen};
 use loco_core::time::Time;
@@ -882,5 +882,40 @@ fn ring_frames_from_a_node_that_is_not_the_neighbour_are_dropped_not_a_failed_at
     let foreign: u64 =
         (0..3).map(|i| net.node(NodeId(i)).map_or(0, |n| n.ring_counters().foreign)).sum();
     assert!(foreign > 0, "no frame was sprayed at a non-neighbour");
+    assert_clean(&net);
+}
+
+/// A member that reports every attempt failed and sends no ring frame (it still beats), while
+/// nobody else reports a failure, is evicted after [`BLAME_LIMIT`] attempts in a row, and the
+/// others commit the step. Its process joins again, and is evicted again each time: every step
+/// commits, where before each was retried and skipped.
+#[test]
+fn a_member_failing_every_attempt_alone_is_evicted_and_training_goes_on() {
+    use loco_core::mesh::BLAME_LIMIT;
+    let mut net = formed(MeshConfig::default(), 4);
+    net.run_for(secs(5)).unwrap();
+    net.fail_every_attempt(NodeId(3));
+    net.run_for(secs(600)).unwrap();
+    let mut failures_before = None;
+    let mut failures = 0;
+    let mut evictions = Vec::new();
+    for r in net.record() {
+        match &r.what {
+            Seen::Mesh(MeshEvent::AllReduceFailed { .. }) => failures += 1,
+            Seen::Mesh(MeshEvent::EpochFormed { evicted, .. }) if !evicted.is_empty() => {
+                failures_before.get_or_insert(failures);
+                evictions.push(evicted.clone());
+            }
+            _ => {}
+        }
+    }
+    assert!(!evictions.is_empty());
+    assert!(
+        evictions.iter().all(|e| e == &[(NodeId(3), EvictReason::Uncorroborated)]),
+        "{evictions:?}"
+    );
+    assert_eq!(failures_before, Some(BLAME_LIMIT as usize), "evicted at the limit");
+    let committed = net.hashes().values().filter(|by| by.len() >= 3).count();
+    assert!(committed >= 3, "training went on: {:?}", net.hashes().keys());
     assert_clean(&net);
 }

@@ -758,6 +758,9 @@ impl Coordinator {
                     self.state.last_outcome = Some(Outcome::Committed { outer_step, epoch });
                     self.broadcast(&MeshMsg::Commit { epoch, outer_step });
                     self.event(MeshEvent::Committed { epoch, outer_step });
+                    for m in self.state.members.values_mut() {
+                        m.blamed = 0;
+                    }
                     self.next_step(now);
                 }
             }
@@ -817,6 +820,14 @@ impl Coordinator {
 
     fn apply_epoch(&mut self, now: Time, p: EpochPlan) {
         let forming = self.state.phase == Phase::Forming;
+        // An attempt given up with nobody dead, failed by the word of one member alone.
+        if matches!(self.state.phase, Phase::Reduce { .. }) && p.evicted.is_empty() {
+            if let Some(m) = super::decide::sole_reporter(&self.state)
+                .and_then(|id| self.state.members.get_mut(&id))
+            {
+                m.blamed += 1;
+            }
+        }
         self.state.epoch = p.epoch;
         self.evict(&p.evicted);
         let step = self.state.outer_step;

@@ -27,13 +27,17 @@
 //!   retry backoff), forms a new epoch and retries the same step; past `max_retries`, every member
 //!   skips the step. Past the all-reduce deadline with nobody dead, every member skips the step
 //!   at once (retrying the ring that just stalled for the whole deadline would stall again).
+//!   A member that alone reported [`BLAME_LIMIT`] attempts in a row failed, with nobody dead,
+//!   is evicted at the retry ([`EvictReason::Uncorroborated`]); a commit clears its count.
 //!
 //! A joiner is admitted only at a boundary of the Compute phase, so one that arrives during a
 //! Sync or Reduce waits for the next step.
 
 use super::state::{Joiner, MeshState, Phase};
 use super::timer::{TimerKind, TimerTable};
-use super::{EvictReason, JoinMode, MeshConfig, RingOrder, Transfer, ring::ring_order};
+use super::{
+    BLAME_LIMIT, EvictReason, JoinMode, MeshConfig, RingOrder, Transfer, ring::ring_order,
+};
 use crate::ids::{Epoch, NodeId, Weight};
 use crate::time::Time;
 use std::fmt;
@@ -518,6 +522,12 @@ pub fn decide(now: Time, s: &MeshState, cfg: &MeshConfig) -> Decision {
             let timed_out = now >= *since + cfg.allreduce_timeout;
             let retry = !dead.is_empty() || backoff.is_some_and(|b| now >= b) || timed_out;
             if retry {
+                let mut dead = dead;
+                if let Some(id) = sole_reporter(s).filter(|_| dead.is_empty()) {
+                    if s.members.get(&id).is_some_and(|m| m.blamed + 1 >= BLAME_LIMIT) {
+                        dead.push((id, EvictReason::Uncorroborated));
+                    }
+                }
                 let members = without(&ids, &dead);
                 let then = if *attempt >= cfg.max_retries || (timed_out && dead.is_empty()) {
                     Then::Skip { attempts: attempt + 1 }
@@ -537,6 +547,13 @@ pub fn decide(now: Time, s: &MeshState, cfg: &MeshConfig) -> Decision {
             })
         }
     }
+}
+
+/// The one member that reported the current attempt failed, when exactly one did.
+pub(super) fn sole_reporter(s: &MeshState) -> Option<NodeId> {
+    let mut reporters = s.members.iter().filter(|(_, m)| m.failed).map(|(&id, _)| id);
+    let first = reporters.next()?;
+    reporters.next().is_none().then_some(first)
 }
 
 /// Forming: the first epoch, of every live joiner, once enough have joined and the join window

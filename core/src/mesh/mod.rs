@@ -171,9 +171,18 @@ pub enum EvictReason {
     /// restarted with the incarnation of the one before): each (node, incarnation) is admitted at
     /// most once. It must join again with a new incarnation.
     IncarnationReused,
+    /// It alone reported [`BLAME_LIMIT`] all-reduce attempts in a row failed, while nobody died
+    /// and no other member saw a failure: a member whose reports nobody corroborates (a broken
+    /// link of its own, or a member failing every attempt on purpose) would otherwise have every
+    /// step retried and skipped.
+    Uncorroborated,
     /// It sent a member's message but is not a member (evicted earlier, or unknown).
     NotAMember,
 }
+
+/// How many all-reduce attempts in a row one member may alone report failed before it is
+/// evicted ([`EvictReason::Uncorroborated`]). A commit clears the count.
+pub const BLAME_LIMIT: u32 = 3;
 
 impl fmt::Display for EvictReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -187,6 +196,9 @@ impl fmt::Display for EvictReason {
                 f.write_str("incarnation already used: join again with a new incarnation")
             }
             EvictReason::NotAMember => f.write_str("not a member"),
+            EvictReason::Uncorroborated => {
+                write!(f, "alone reported {BLAME_LIMIT} attempts in a row failed")
+            }
         }
     }
 }

@@ -37,6 +37,9 @@ pub struct MemberInfo {
     pub done: bool,
     /// It reported the current all-reduce attempt failed.
     pub failed: bool,
+    /// Attempts in a row that it alone reported failed, with nobody dead (cleared at a commit):
+    /// at [`BLAME_LIMIT`](super::BLAME_LIMIT) it is evicted.
+    pub blamed: u32,
 }
 
 impl MemberInfo {
@@ -55,6 +58,7 @@ impl MemberInfo {
             confirmed: false,
             done: false,
             failed: false,
+            blamed: 0,
         }
     }
 }

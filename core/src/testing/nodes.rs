@@ -112,6 +112,8 @@ pub struct NodeNet {
     /// Nodes whose collective frames are also delivered to every other node
     /// ([`NodeNet::spray_collectives`]).
     sprayers: BTreeSet<NodeId>,
+    /// Nodes that report every all-reduce attempt failed ([`NodeNet::fail_every_attempt`]).
+    liars: BTreeSet<NodeId>,
 }
 
 /// A fault of one state piece on its way ([`NodeNet::fault_next_piece`]).
@@ -157,6 +159,7 @@ impl NodeNet {
             max_steps: 2_000_000,
             coordinator_paused_until: Time::ZERO,
             sprayers: BTreeSet::new(),
+            liars: BTreeSet::new(),
         }
     }
 
@@ -382,7 +385,16 @@ impl NodeNet {
         self.sprayers.insert(id);
     }
 
+    /// From now on node `id` reports every all-reduce attempt it is released into failed, at
+    /// once, and sends no ring frame (a member that stalls every attempt, while it still beats).
+    pub fn fail_every_attempt(&mut self, id: NodeId) {
+        self.liars.insert(id);
+    }
+
     fn enqueue(&mut self, from: NodeId, to: NodeId, frame: Frame) {
+        if self.liars.contains(&from) && matches!(frame.header, Header::Collective(_)) {
+            return;
+        }
         if self.sprayers.contains(&from) && matches!(frame.header, Header::Collective(_)) {
             let others: Vec<NodeId> =
                 self.hosts.keys().copied().filter(|&n| n != from && n != to).collect();
@@ -560,6 +572,22 @@ impl NodeNet {
                         self.pump_coordinator();
                     }
                     return true;
+                }
+                if let Header::Mesh(crate::mesh::MeshMsg::Release {
+                    epoch,
+                    outer_step,
+                    attempt,
+                    ..
+                }) = &frame.header
+                {
+                    if self.liars.contains(&to) && from == NodeId::COORDINATOR {
+                        let msg = crate::mesh::MeshMsg::Failed {
+                            epoch: *epoch,
+                            outer_step: *outer_step,
+                            attempt: *attempt,
+                        };
+                        self.enqueue(to, NodeId::COORDINATOR, Frame::control(msg));
+                    }
                 }
                 if let Some(p) = self.process_mut(to) {
                     p.handle_frame(now, from, frame);
