@@ -14,7 +14,7 @@ use loco_core::mesh::{
 use loco_core::metrics::{EventKind, EventRow};
 use loco_core::time::Time;
 use loco_core::transport::{Header, Transport, padded_frame};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -75,11 +75,21 @@ pub async fn bind(opts: &CoordinatorOptions) -> Result<TcpTransport, Coordinator
     Ok(TcpTransport::bind(NodeId::COORDINATOR, opts.listen, cfg).await?)
 }
 
+/// The nodes the coordinator keeps addresses of, and names in directories: its members and
+/// its queued joiners.
+fn known(c: &Coordinator) -> BTreeSet<NodeId> {
+    let s = c.state();
+    s.members.keys().copied().chain(s.queue.iter().map(|j| j.id)).collect()
+}
+
 /// Sends `msg` to `to`, after the directory of peers' addresses where the message makes members
-/// dial each other and `to` has not been sent this directory yet.
+/// dial each other and `to` has not been sent this directory yet. The directory names only
+/// `known` nodes: the addresses of ids that connected and never joined would grow it past a
+/// frame's header limit.
 async fn send(
     t: &mut TcpTransport,
     sent_dirs: &mut BTreeMap<NodeId, BTreeMap<NodeId, SocketAddr>>,
+    known: &BTreeSet<NodeId>,
     to: NodeId,
     msg: MeshMsg,
 ) {
@@ -90,7 +100,8 @@ async fn send(
             | MeshMsg::View { .. }
             | MeshMsg::ProbeRequest { .. }
     ) {
-        let dir = t.peer_addrs();
+        let mut dir = t.peer_addrs();
+        dir.retain(|id, _| known.contains(id));
         if sent_dirs.get(&to) != Some(&dir) {
             let entries = dir.iter().map(|(k, v)| (*k, *v)).collect();
             if t.send_directory(to, entries).await.is_ok() {
@@ -140,7 +151,7 @@ pub async fn run_coordinator(
         while let Some(a) = c.poll_action() {
             match a {
                 CoordinatorAction::Send { to, msg } => {
-                    send(&mut t, &mut sent_dirs, to, msg).await;
+                    send(&mut t, &mut sent_dirs, &known(&c), to, msg).await;
                 }
                 CoordinatorAction::Event(ev) => {
                     let at = secs();
@@ -163,6 +174,11 @@ pub async fn run_coordinator(
                                     t.reset(*n);
                                 }
                             }
+                            // Addresses of nodes neither members nor queued, and not connected
+                            // now, are forgotten.
+                            let keep = known(&c);
+                            t.retain_peer_addrs(|id| keep.contains(&id));
+                            sent_dirs.retain(|id, _| keep.contains(id));
                         }
                         MeshEvent::Committed { .. } | MeshEvent::StepSkipped { .. } => {
                             committed += 1

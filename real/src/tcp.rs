@@ -338,6 +338,7 @@ pub struct TcpTransport {
     inbox: mpsc::Receiver<Inbound>,
     stats: Arc<TcpStats>,
     accept_task: JoinHandle<()>,
+    inbound: OpenInbound,
 }
 
 impl Drop for TcpTransport {
@@ -361,12 +362,14 @@ impl TcpTransport {
         let (tx, inbox) = mpsc::channel(cfg.inbox_frames.max(1));
         let addrs = Directory::default();
         let budget = Arc::new(tokio::sync::Semaphore::new(inbox_permits(cfg.inbox_bytes)));
+        let inbound = OpenInbound::default();
         let ctx = AcceptCtx {
             me: id,
             cfg: cfg.clone(),
             stats: stats.clone(),
             addrs: addrs.clone(),
             budget,
+            inbound: inbound.clone(),
         };
         let accept_task = tokio::spawn(accept_loop(listener, ctx, tx));
         Ok(TcpTransport {
@@ -380,6 +383,7 @@ impl TcpTransport {
             inbox,
             stats,
             accept_task,
+            inbound,
         })
     }
 
@@ -400,6 +404,32 @@ impl TcpTransport {
     /// in a directory.
     pub fn peer_addrs(&self) -> BTreeMap<NodeId, SocketAddr> {
         self.addrs.lock().expect("poisoned").clone()
+    }
+
+    /// Forgets the address (and the connections) of every peer that `keep` does not name and
+    /// that has no authenticated connection to this endpoint open now; returns how many. The
+    /// coordinator keeps those of its members and queued joiners, so that ids that connect and
+    /// never join (up to one per handshake) do not accumulate.
+    pub fn retain_peer_addrs(&mut self, keep: impl Fn(NodeId) -> bool) -> usize {
+        let open: Vec<NodeId> =
+            self.inbound.lock().unwrap_or_else(|e| e.into_inner()).keys().copied().collect();
+        let gone: Vec<NodeId> = self
+            .addrs
+            .lock()
+            .expect("poisoned")
+            .keys()
+            .copied()
+            .filter(|&id| !keep(id) && open.binary_search(&id).is_err())
+            .collect();
+        let mut addrs = self.addrs.lock().expect("poisoned");
+        for id in &gone {
+            addrs.remove(id);
+        }
+        drop(addrs);
+        for &id in &gone {
+            self.forget(id);
+        }
+        gone.len()
     }
 
     /// Sends `to` a directory of peer addresses (the coordinator tells members where the others
@@ -802,6 +832,36 @@ struct AcceptCtx {
     addrs: Directory,
     /// The receive queue's byte budget, in permits of [`INBOX_UNIT`] bytes.
     budget: Arc<tokio::sync::Semaphore>,
+    /// Authenticated incoming connections open now, per peer.
+    inbound: OpenInbound,
+}
+
+/// Authenticated incoming connections open now, per peer (their learned addresses are kept).
+type OpenInbound = Arc<std::sync::Mutex<BTreeMap<NodeId, usize>>>;
+
+/// Counts one open incoming connection of a peer for as long as it lives.
+struct InboundGuard {
+    from: NodeId,
+    inbound: OpenInbound,
+}
+
+impl InboundGuard {
+    fn new(from: NodeId, inbound: &OpenInbound) -> InboundGuard {
+        *inbound.lock().unwrap_or_else(|e| e.into_inner()).entry(from).or_default() += 1;
+        InboundGuard { from, inbound: inbound.clone() }
+    }
+}
+
+impl Drop for InboundGuard {
+    fn drop(&mut self) {
+        let mut open = self.inbound.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = open.get_mut(&self.from) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                open.remove(&self.from);
+            }
+        }
+    }
 }
 
 /// A frame in the receive queue, with its share of the queue's byte budget.
@@ -854,6 +914,7 @@ async fn accept_loop(listener: TcpListener, ctx: AcceptCtx, inbox: mpsc::Sender<
             match outcome {
                 Ok(Ok((from, port, stream))) => {
                     ctx.stats.accepted_connections.fetch_add(1, Ordering::Relaxed);
+                    let _open = InboundGuard::new(from, &ctx.inbound);
                     if port != 0 {
                         let learned = SocketAddr::new(addr.ip(), port);
                         ctx.addrs.lock().expect("poisoned").insert(from, learned);

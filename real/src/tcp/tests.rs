@@ -773,3 +773,36 @@ async fn a_black_hole_peer_holds_up_no_send_when_dials_run_in_the_background() {
     assert!(a.send(NodeId(2), collective(10)).await.is_ok(), "queued behind a new dial");
     drop((hole, filler));
 }
+
+/// Learned addresses are kept for the peers the caller names and for those connected now;
+/// the others (ids that connected once and left) are forgotten, so they cannot accumulate.
+#[tokio::test]
+async fn learned_addresses_are_kept_only_while_named_or_connected() {
+    let (mut a, mut b) = pair(TcpConfig::default()).await;
+    a.send(NodeId(1), collective(1)).await.unwrap();
+    recv_within(&mut b).await.expect("a's frame");
+    // Ids 5..25 connect, are learned, and go.
+    for id in 5..25u32 {
+        let mut c = TcpTransport::bind(NodeId(id), loopback(), TcpConfig::default()).await.unwrap();
+        c.set_peer_addr(NodeId(1), b.local_addr());
+        c.send(NodeId(1), collective(id)).await.unwrap();
+        recv_within(&mut b).await.expect("a passing id's frame");
+    }
+    assert_eq!(b.peer_addrs().len(), 21);
+    // Their connections close as their endpoints drop.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        b.retain_peer_addrs(|id| id == NodeId(7));
+        let left: Vec<NodeId> = b.peer_addrs().into_keys().collect();
+        if left == [NodeId(0), NodeId(7)] {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "still known: {left:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The connected peer is still heard and answered.
+    a.send(NodeId(1), collective(2)).await.unwrap();
+    assert_eq!(recv_within(&mut b).await.expect("a's frame").0, NodeId(0));
+    b.send(NodeId(0), collective(3)).await.unwrap();
+    assert_eq!(recv_within(&mut a).await.expect("b's frame").0, NodeId(1));
+}
