@@ -582,7 +582,7 @@ fn chaos_script(seed: u64, nodes: u32, events: usize, mode: &str) -> String {
                 resumed_ms = clock_ms + pause_ms;
                 format!("coordinator-pause {pause_ms}ms")
             }
-            (9, 0) if !sprayer && false => {
+            (9, 0) if !sprayer => {
                 sprayer = true;
                 format!("spray n{n}")
             }
@@ -690,7 +690,11 @@ fn chaos_seeds_keep_every_invariant() {
     let seeds: u64 =
         std::env::var("LOCO_CHAOS_SEEDS").ok().and_then(|v| v.parse().ok()).unwrap_or(50);
     let (mut went, mut steps, mut lost) = (0u64, 0u64, Vec::new());
+    let (mut pauses, mut sprays) = (0usize, 0usize);
     for seed in 0..seeds {
+        let script = chaos_script(seed, 16, 200, "sync");
+        pauses += script.matches("coordinator-pause").count();
+        sprays += script.matches("spray").count();
         match chaos_run(seed, 16, 200, 5, "sync") {
             Ok(Chaos::Went { steps: s }) => {
                 went += 1;
@@ -701,10 +705,12 @@ fn chaos_seeds_keep_every_invariant() {
         }
     }
     eprintln!(
-        "chaos: {seeds} seeds x 200 faults on 16 nodes: {went} went on ({steps} steps), \
-         {} lost every holder of the state and stopped {lost:?}",
+        "chaos: {seeds} seeds x 200 faults on 16 nodes ({pauses} coordinator pauses, {sprays} \
+         spraying members): {went} went on ({steps} steps), {} lost every holder of the state \
+         and stopped {lost:?}",
         lost.len()
     );
+    assert!(pauses > seeds as usize && sprays * 2 > seeds as usize, "{pauses} {sprays}");
     // Losing every state holder takes crashes of all of them while the joiners wait: rare.
     assert!(went * 10 >= seeds * 9, "{} of {seeds} seeds lost the state", lost.len());
     assert!(steps > went * 10, "{steps} steps committed over {went} seeds");
