@@ -114,6 +114,27 @@ async fn send(
     }
 }
 
+/// The transport's upkeep at a new epoch: fresh dials to the partitioned, and addresses of
+/// nodes neither members nor queued (nor connected now) forgotten.
+fn after_epoch(
+    t: &mut TcpTransport,
+    sent_dirs: &mut BTreeMap<NodeId, BTreeMap<NodeId, SocketAddr>>,
+    c: &Coordinator,
+    evicted: &[(NodeId, EvictReason)],
+) {
+    // A node silent for the heartbeat timeout is likely behind a partition: the connection to
+    // it would resume only at TCP's next backed-off retransmission after the heal. Dial afresh
+    // instead.
+    for (n, why) in evicted {
+        if *why == EvictReason::HeartbeatTimeout {
+            t.reset(*n);
+        }
+    }
+    let keep = known(c);
+    t.retain_peer_addrs(|id| keep.contains(&id));
+    sent_dirs.retain(|id, _| keep.contains(id));
+}
+
 /// Runs the coordinator on a bound transport until the stop condition, or until `shutdown`
 /// resolves (then it tells every member to stop).
 pub async fn run_coordinator(
@@ -166,19 +187,7 @@ pub async fn run_coordinator(
                                 epoch: *epoch,
                                 members: members.clone(),
                             })?;
-                            // A node silent for the heartbeat timeout is likely behind a
-                            // partition: the connection to it would resume only at TCP's next
-                            // backed-off retransmission after the heal. Dial afresh instead.
-                            for (n, why) in evicted {
-                                if *why == EvictReason::HeartbeatTimeout {
-                                    t.reset(*n);
-                                }
-                            }
-                            // Addresses of nodes neither members nor queued, and not connected
-                            // now, are forgotten.
-                            let keep = known(&c);
-                            t.retain_peer_addrs(|id| keep.contains(&id));
-                            sent_dirs.retain(|id, _| keep.contains(id));
+                            after_epoch(&mut t, &mut sent_dirs, &c, evicted);
                         }
                         MeshEvent::Committed { .. } | MeshEvent::StepSkipped { .. } => {
                             committed += 1
