@@ -422,7 +422,8 @@ fn a_quick_restart_is_a_new_incarnation() {
 }
 
 /// Test case 10 (PRIME defect 8): the coordinator dies; every member notices within the
-/// coordinator timeout and stops with a clear reason; nothing hangs.
+/// coordinator timeout, waits for it (still a member) until `rejoin_for`, then stops with a clear
+/// reason; nothing hangs.
 #[test]
 fn coordinator_death_stops_every_member_within_the_deadline() {
     for crash_at in [30, 65] {
@@ -433,11 +434,23 @@ fn coordinator_death_stops_every_member_within_the_deadline() {
         net.run_until(at(crash_at + 600)).unwrap();
         assert_eq!(net.next_event(), None, "quiescent: nothing waits forever");
         for i in 0..3 {
+            let noticed: Vec<Time> = net
+                .actions_of(NodeId(i))
+                .into_iter()
+                .filter_map(|(t, a)| match a {
+                    MemberAction::CoordinatorSilent { .. } => Some(t),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(noticed.len(), 1, "n{i} says so once: {noticed:?}");
+            let deadline = at(crash_at) + cfg.coordinator_timeout;
+            assert!(noticed[0] <= deadline, "n{i} noticed at {}", noticed[0]);
+            assert!(noticed[0] + secs(3) >= deadline, "n{i} noticed at {}", noticed[0]);
             let s = stops(&net, NodeId(i));
             assert_eq!(s.len(), 1, "n{i}: {s:?}");
             let (t, reason) = &s[0];
-            assert!(*t <= at(crash_at) + cfg.coordinator_timeout, "n{i} stopped at {t}");
-            assert!(*t + secs(3) >= at(crash_at) + cfg.coordinator_timeout, "n{i} stopped at {t}");
+            assert!(*t <= at(crash_at) + cfg.rejoin_for, "n{i} stopped at {t}");
+            assert!(*t + secs(3) >= at(crash_at) + cfg.rejoin_for, "n{i} stopped at {t}");
             let StopReason::CoordinatorLost { last_committed, .. } = reason else {
                 panic!("{reason}")
             };

@@ -49,6 +49,13 @@ fn render(net: &Network) -> String {
                 format!("admitted in {epoch}")
             }
             TraceKind::Member(MemberAction::Stop(r)) => format!("stop: {r}"),
+            TraceKind::Member(MemberAction::CoordinatorSilent { silent_for, waits, .. }) => {
+                format!(
+                    "coordinator silent for {:.1}s, waiting {:.1}s more",
+                    silent_for.as_secs_f64(),
+                    waits.as_secs_f64()
+                )
+            }
             TraceKind::Fault(f) if !f.starts_with("start") => format!("fault: {f}"),
             _ => continue,
         };

@@ -544,8 +544,8 @@ fn a_diverged_pseudo_gradient_is_withheld_and_the_others_average_is_taken() {
 
 /// A seeded script of `events` random faults among `nodes` nodes: crashes and restarts, graceful
 /// leaves and rejoins, hangs and resumes, cuts of single links (both ways or one way) and heals,
-/// diverged inner loops, pauses of the coordinator (up to three heartbeat timeouts, under the
-/// members' coordinator timeout), and one member that sprays its ring frames at every node,
+/// diverged inner loops, pauses of the coordinator (up to five heartbeat timeouts: past the
+/// members' coordinator timeout, under their `rejoin_for`), and one member that sprays its ring frames at every node,
 /// a few seconds apart; then everything heals, every node comes back, and the mesh runs on.
 /// At least `min_members + 2` nodes stay up, so the mesh may always go on.
 fn chaos_script(seed: u64, nodes: u32, events: usize, mode: &str) -> String {
@@ -568,7 +568,7 @@ fn chaos_script(seed: u64, nodes: u32, events: usize, mode: &str) -> String {
     let mut sprayer = false;
     // Script time, and when the coordinator runs again after its last pause: a pause starts
     // only once members have heard it again since the last one (two pauses back to back are one
-    // pause as long as both, past the members' coordinator timeout: a coordinator lost).
+    // pause as long as both, past the members' `rejoin_for`: a coordinator lost).
     let (mut clock_ms, mut resumed_ms) = (0u64, 0u64);
     for _ in 0..events {
         let run_ms = rng.random_range(500..15_000);
@@ -578,7 +578,7 @@ fn chaos_script(seed: u64, nodes: u32, events: usize, mode: &str) -> String {
         let up = state.iter().filter(|&&x| x == 0).count();
         let line = match (rng.random_range(0..10), state[n]) {
             (8, _) if clock_ms >= resumed_ms + 4_000 => {
-                let pause_ms = rng.random_range(1_000..14_000);
+                let pause_ms = rng.random_range(1_000..30_000);
                 resumed_ms = clock_ms + pause_ms;
                 format!("coordinator-pause {pause_ms}ms")
             }
@@ -862,17 +862,17 @@ fn chaos_seeds_keep_every_invariant_in_overlap_modes() {
     }
 }
 
-/// A coordinator that was not running (SIGSTOP, a paused VM) for more than twice the heartbeat
-/// timeout (and less than the members' coordinator timeout) judges nobody by that silence: when
-/// it runs again it evicts no member, and training goes on.
+/// A coordinator that was not running (SIGSTOP, a paused VM) for longer than the members'
+/// coordinator timeout (and less than their `rejoin_for`) judges nobody by that silence, and its
+/// members wait for it: when it runs again it evicts no member, and training goes on.
 #[test]
 fn a_paused_coordinator_evicts_nobody_when_it_runs_again() {
     let cfg = MeshConfig::default();
     let mut net = formed(cfg.clone(), 3);
     net.run_for(secs(30)).unwrap();
     let steps_before = net.hashes().len();
-    let pause = cfg.coordinator_timeout - cfg.heartbeat_interval;
-    assert!(pause > cfg.heartbeat_timeout * 2);
+    let pause = cfg.rejoin_for - cfg.heartbeat_interval;
+    assert!(pause > cfg.coordinator_timeout);
     net.pause_coordinator(pause);
     net.run_for(pause + secs(120)).unwrap();
     let members = net.coordinator().unwrap().members();
@@ -947,17 +947,21 @@ fn a_member_failing_every_attempt_alone_is_evicted_and_training_goes_on() {
     assert_clean(&net);
 }
 
-/// Pauses of the coordinator shorter than the heartbeat timeout, started anywhere between two
-/// heartbeats, evict nobody: silence is judged only over time it ran and heard, even when the
+/// Pauses of the coordinator past the heartbeat timeout and short of the members' `rejoin_for`,
+/// started anywhere between two heartbeats, evict nobody: silence is judged only over time it ran and heard, even when the
 /// pause ends just after a member's deadline (late by less than a heartbeat interval) and the
 /// first message it handles then is not a heartbeat.
 #[test]
-fn a_short_coordinator_pause_at_any_phase_of_the_heartbeats_evicts_nobody() {
+fn a_coordinator_pause_shorter_than_rejoin_for_at_any_phase_of_the_heartbeats_evicts_nobody() {
     let cfg = MeshConfig::default();
+    // Pauses past the heartbeat timeout (6 s), to the coordinator timeout (18 s: 3 x the
+    // heartbeat timeout, when members notice the silence) and past it, short of `rejoin_for`.
     for offset_ms in (0..2000).step_by(100) {
-        for pause_ms in [3_000u64, 4_500, 5_500] {
+        for pause_ms in [3_000u64, 5_500, 12_000, 18_000, 30_000] {
             let mut net = formed(cfg.clone(), 3);
             net.run_for(Duration::from_millis(30_000 + offset_ms)).unwrap();
+            let before: Vec<u64> =
+                (0..3).map(|n| net.node(NodeId(n)).unwrap().member().incarnation()).collect();
             net.pause_coordinator(Duration::from_millis(pause_ms));
             // A joiner's `Join`, sent at once, waits with the heartbeats and is handled first.
             net.add(NodeId(3));
@@ -970,6 +974,19 @@ fn a_short_coordinator_pause_at_any_phase_of_the_heartbeats_evicts_nobody() {
                 })
                 .count();
             assert_eq!(evictions, 0, "a {pause_ms} ms pause {offset_ms} ms after a round");
+            // Nobody gave up its membership (a new one would have a new incarnation).
+            let after: Vec<u64> =
+                (0..3).map(|n| net.node(NodeId(n)).unwrap().member().incarnation()).collect();
+            assert_eq!(after, before, "a {pause_ms} ms pause {offset_ms} ms after a round");
+            // Each founder wrote the silence once if it outlasted the coordinator timeout.
+            let lost = net
+                .record()
+                .iter()
+                .filter(|r| matches!(&r.what, Seen::Node(NodeEvent::CoordinatorLost { .. })))
+                .count();
+            let past = Duration::from_millis(pause_ms) >= cfg.coordinator_timeout;
+            let want = if past { 3..=4 } else { 0..=0 };
+            assert!(want.contains(&lost), "{lost} losses in a {pause_ms} ms pause");
         }
     }
 }

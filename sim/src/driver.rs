@@ -577,21 +577,15 @@ impl Driver<'_> {
         }
         // Rounds come at every row under the event executor: look at the nodes only as far as
         // the answer needs (a thousand lookups a row add up at a thousand nodes).
-        if self.coordinator_alive
-            && r.rounds > 0
+        if (r.rounds > 0 || !self.coordinator_alive)
             && !future_starts(r.churn_left)
             && !r.ids.iter().any(|&id| self.node_running(id))
         {
-            return Some("every node stopped".to_owned());
-        }
-        let lost_all = !self.coordinator_alive
-            && r.ids
-                .iter()
-                .filter(|&&id| self.node_running(id))
-                .all(|&id| rec.borrow().has_lost_coordinator(id));
-        if lost_all {
-            // No coordinator comes back (there is no standby): every node has stopped its member
-            // cleanly; their supervisors would go on restarting them in vain.
+            if self.coordinator_alive {
+                return Some("every node stopped".to_owned());
+            }
+            // No coordinator comes back (there is no standby): every node waited for it until
+            // `rejoin_for`, then stopped its member cleanly and its process ended.
             let lost = rec.borrow().coordinator_lost_count();
             return Some(format!(
                 "the coordinator died; {lost} members stopped cleanly (coordinator lost)"

@@ -147,22 +147,12 @@ impl Recorder {
         self.checker.latest_epoch()
     }
 
-    /// A member stopped because the coordinator went silent; true when it had not already.
-    pub fn coordinator_lost(&mut self, node: NodeId) -> bool {
-        self.coordinator_lost.insert(node)
+    /// A member noticed that the coordinator went silent.
+    pub fn coordinator_lost(&mut self, node: NodeId) {
+        self.coordinator_lost.insert(node);
     }
 
-    /// A node was admitted again after losing the coordinator.
-    pub fn coordinator_found(&mut self, node: NodeId) {
-        self.coordinator_lost.remove(&node);
-    }
-
-    /// Whether `node` lost the coordinator and has not been admitted since.
-    pub fn has_lost_coordinator(&self, node: NodeId) -> bool {
-        self.coordinator_lost.contains(&node)
-    }
-
-    /// How many nodes lost the coordinator and have not been admitted since.
+    /// How many nodes noticed the coordinator's silence at least once.
     pub fn coordinator_lost_count(&self) -> usize {
         self.coordinator_lost.len()
     }

@@ -69,14 +69,16 @@ pub struct MeshConfig {
     /// (default 1 s, like PRIME's iperf runs). The probe grows its payload until one transfer
     /// takes about a quarter of this.
     pub probe_duration: Duration,
-    /// Members notice a dead coordinator after this long without any message from it
-    /// (default 3 x heartbeat_timeout).
+    /// Members notice a silent coordinator after this long without any message from it
+    /// (default 3 x heartbeat_timeout); they write it and wait for it, still members, until
+    /// [`rejoin_for`](Self::rejoin_for).
     pub coordinator_timeout: Duration,
-    /// A node that keeps losing the coordinator stops rejoining, and its process ends, once it
-    /// has been without one for this long (default 2 x coordinator_timeout): long enough for a
-    /// coordinator restarted at once, short enough that a dead coordinator ends the run's
-    /// processes for a resume from checkpoints. A run that must outlast long partitions sets it
-    /// longer.
+    /// A member whose coordinator has been silent this long stops (it checkpoints) and its
+    /// process ends; before that it waits, still a member, and a node that a coordinator back
+    /// from a restart or a partition no longer knows joins it again (default 2 x
+    /// coordinator_timeout): long enough for a paused or restarted coordinator, short enough that
+    /// a dead coordinator ends the run's processes for a resume from checkpoints. A run that
+    /// must outlast long partitions sets it longer.
     #[serde(default = "defaults::rejoin_for")]
     pub rejoin_for: Duration,
     /// The first epoch forms only once this many joiners are queued (default 1).

@@ -194,6 +194,17 @@ pub enum MemberAction {
         /// Attempts made.
         attempts: u32,
     },
+    /// Nothing was heard from the coordinator for `coordinator_timeout` (once per silence):
+    /// the member stays a member, heartbeating, for `waits` more, then stops with
+    /// [`StopReason::CoordinatorLost`] unless the coordinator answers.
+    CoordinatorSilent {
+        /// How long the coordinator has been silent.
+        silent_for: Duration,
+        /// The last outer step this member committed.
+        last_committed: Option<u64>,
+        /// How much longer the member waits for it.
+        waits: Duration,
+    },
     /// Stop: checkpoint if appropriate, log the reason, exit.
     Stop(StopReason),
 }
@@ -316,6 +327,9 @@ pub struct Member {
     synced: bool,
     collective: Option<(Epoch, u64)>,
     heard: Time,
+    /// The coordinator has been silent for `coordinator_timeout`: this member said so
+    /// ([`MemberAction::CoordinatorSilent`]) and waits for it, still a member, until `rejoin_for`.
+    orphaned: bool,
     /// When this member was last driven (a message or a timer): a gap much longer than the
     /// heartbeat interval means this process itself was stopped (SIGSTOP, a VM pause).
     awake: Time,
@@ -347,6 +361,7 @@ impl Member {
             synced: false,
             collective: None,
             heard: Time::ZERO,
+            orphaned: false,
             awake: Time::ZERO,
             heartbeats: 0,
             last_committed: None,
@@ -372,6 +387,12 @@ impl Member {
     /// Where it is.
     pub fn phase(&self) -> MemberPhase {
         self.phase
+    }
+
+    /// Whether it has noticed the coordinator's silence ([`MemberAction::CoordinatorSilent`])
+    /// and not heard from it since.
+    pub fn waiting_for_coordinator(&self) -> bool {
+        self.orphaned
     }
 
     /// The epoch it is in (exactly one, or none before admission).
@@ -575,16 +596,9 @@ impl Member {
                         .set(MemberTimer::CoordinatorDeadline, now + self.cfg.coordinator_timeout);
                 }
                 MemberTimer::CoordinatorDeadline => {
-                    let pending = match self.phase {
-                        MemberPhase::Reducing { outer_step, done: true, .. } => Some(outer_step),
-                        _ => None,
-                    };
-                    self.stop(StopReason::CoordinatorLost {
-                        silent_for: now - self.heard,
-                        last_committed: self.last_committed,
-                        pending,
-                    });
-                    return;
+                    if self.coordinator_silent(now) {
+                        return;
+                    }
                 }
                 MemberTimer::Probe => {
                     let out = self.prober.on_timeout(now, self.cfg.probe_duration);
@@ -592,6 +606,41 @@ impl Member {
                 }
             }
         }
+    }
+
+    /// The coordinator has been silent past its deadline. A coordinator that was itself away (a
+    /// paused VM, its uplink down) comes back with its state and the members it credits, so the
+    /// membership is kept, heartbeating, until the silence reaches `rejoin_for`; only then does
+    /// the member stop (the coordinator is taken for dead). Returns whether it stopped.
+    fn coordinator_silent(&mut self, now: Time) -> bool {
+        let silent_for = now - self.heard;
+        if !self.orphaned {
+            self.orphaned = true;
+            self.actions.push_back(MemberAction::CoordinatorSilent {
+                silent_for,
+                last_committed: self.last_committed,
+                waits: self.cfg.rejoin_for.saturating_sub(silent_for),
+            });
+        }
+        if silent_for >= self.cfg.rejoin_for {
+            self.stop_lost(silent_for);
+            return true;
+        }
+        self.timers.set(MemberTimer::CoordinatorDeadline, self.heard + self.cfg.rejoin_for);
+        false
+    }
+
+    /// Stops for the loss of the coordinator, silent for `silent_for`.
+    fn stop_lost(&mut self, silent_for: Duration) {
+        let pending = match self.phase {
+            MemberPhase::Reducing { outer_step, done: true, .. } => Some(outer_step),
+            _ => None,
+        };
+        self.stop(StopReason::CoordinatorLost {
+            silent_for,
+            last_committed: self.last_committed,
+            pending,
+        });
     }
 
     fn send_heartbeat(&mut self) {
@@ -693,6 +742,8 @@ impl Member {
             self.peer_message(now, from, msg);
             return;
         }
+        let silent_for = now - self.heard;
+        let orphaned = std::mem::take(&mut self.orphaned);
         self.heard = now;
         self.awake = now;
         self.timers.set(MemberTimer::CoordinatorDeadline, now + self.cfg.coordinator_timeout);
@@ -751,6 +802,12 @@ impl Member {
             MeshMsg::Commit { epoch, outer_step } => self.on_commit(epoch, outer_step),
             MeshMsg::Skip { epoch, outer_step, members, attempts } => {
                 self.on_skip(epoch, outer_step, members, attempts)
+            }
+            // A coordinator that answers a member it lost with "not a member" is a new one (a
+            // restart) or evicted it meanwhile: the member was cut off, not refused, and keeps
+            // its state for the rejoin (a forming mesh founds itself on it).
+            MeshMsg::Evicted { reason: EvictReason::NotAMember } if orphaned => {
+                self.stop_lost(silent_for)
             }
             MeshMsg::Evicted { reason } => self.stop(StopReason::Evicted(reason)),
             MeshMsg::ProbeRequest { round, peers } => {

@@ -133,30 +133,97 @@ fn heartbeats_repeat_join_until_queued_then_beat() {
 }
 
 #[test]
-fn a_silent_coordinator_stops_the_member_within_the_deadline() {
+fn a_silent_coordinator_is_noticed_then_the_member_waits_and_stops_at_rejoin_for() {
     let cfg = MeshConfig::default();
     let mut m = joined(1);
+    let mut silent = Vec::new();
     let now = loop {
         let now = m.poll_timeout().expect("a member always has a deadline until it stops");
         m.handle_timeout(now);
-        if let Some(MemberAction::Stop(r)) =
-            drain(&mut m).into_iter().find(|a| matches!(a, MemberAction::Stop(_)))
-        {
-            assert_eq!(
-                r,
-                StopReason::CoordinatorLost {
-                    silent_for: cfg.coordinator_timeout,
-                    last_committed: None,
-                    pending: None
+        for a in drain(&mut m) {
+            match a {
+                MemberAction::CoordinatorSilent { .. } => silent.push((now, a)),
+                MemberAction::Stop(r) => {
+                    assert_eq!(
+                        r,
+                        StopReason::CoordinatorLost {
+                            silent_for: cfg.rejoin_for,
+                            last_committed: None,
+                            pending: None
+                        }
+                    );
+                    assert!(r.to_string().starts_with("coordinator lost"), "{r}");
+                    assert!(m.is_stopped());
+                    assert_eq!(m.poll_timeout(), None);
                 }
-            );
-            assert!(r.to_string().starts_with("coordinator lost"), "{r}");
+                _ => {}
+            }
+        }
+        if m.is_stopped() {
             break now;
         }
     };
-    assert_eq!(now, t(0) + cfg.coordinator_timeout);
-    assert!(m.is_stopped());
-    assert_eq!(m.poll_timeout(), None);
+    assert_eq!(now, t(0) + cfg.rejoin_for);
+    // Noticed once, at the coordinator timeout; heartbeats went on until the stop.
+    assert_eq!(
+        silent,
+        vec![(
+            t(0) + cfg.coordinator_timeout,
+            MemberAction::CoordinatorSilent {
+                silent_for: cfg.coordinator_timeout,
+                last_committed: None,
+                waits: cfg.rejoin_for - cfg.coordinator_timeout,
+            }
+        )]
+    );
+}
+
+#[test]
+fn a_coordinator_that_answers_a_member_it_lost_keeps_the_membership_or_its_state() {
+    let cfg = MeshConfig::default();
+    // Every deadline met on time until `until`; the actions.
+    let run_until = |m: &mut Member, until: Time| {
+        let mut out = Vec::new();
+        while let Some(now) = m.poll_timeout().filter(|&d| d <= until) {
+            m.handle_timeout(now);
+            out.extend(drain(m));
+        }
+        out
+    };
+    // Back within `rejoin_for`: the membership goes on.
+    let mut m = joined(1);
+    let late = t(0) + cfg.coordinator_timeout + Duration::from_secs(1);
+    let a = run_until(&mut m, late);
+    assert!(a.iter().any(|a| matches!(a, MemberAction::CoordinatorSilent { .. })), "{a:?}");
+    m.handle_message(late, NodeId::COORDINATOR, MeshMsg::HeartbeatAck);
+    let a = run_until(&mut m, late + (cfg.rejoin_for - Duration::from_secs(1)));
+    assert!(!m.is_stopped(), "{a:?}");
+    // A coordinator that no longer knows it (restarted, or it evicted the member meanwhile):
+    // a loss that keeps the state for the rejoin, not an eviction.
+    let mut m = joined(1);
+    run_until(&mut m, late);
+    m.handle_message(
+        late,
+        NodeId::COORDINATOR,
+        MeshMsg::Evicted { reason: EvictReason::NotAMember },
+    );
+    let stop = drain(&mut m).into_iter().find_map(|a| match a {
+        MemberAction::Stop(r) => Some(r),
+        _ => None,
+    });
+    assert!(matches!(stop, Some(StopReason::CoordinatorLost { .. })), "{stop:?}");
+    // From a coordinator that was heard all along, "not a member" is an eviction.
+    let mut m = joined(1);
+    m.handle_message(
+        t(1),
+        NodeId::COORDINATOR,
+        MeshMsg::Evicted { reason: EvictReason::NotAMember },
+    );
+    let stop = drain(&mut m).into_iter().find_map(|a| match a {
+        MemberAction::Stop(r) => Some(r),
+        _ => None,
+    });
+    assert_eq!(stop, Some(StopReason::Evicted(EvictReason::NotAMember)));
 }
 
 #[test]

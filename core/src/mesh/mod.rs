@@ -103,9 +103,13 @@
 //! (`ProbeReport`). Each release orders the ring by [`ring_order`] over the measured
 //! [`BandwidthMatrix`].
 //!
-//! **Coordinator failure.** Members stop cleanly ([`StopReason::CoordinatorLost`]) when they have
-//! heard nothing from the coordinator for [`MeshConfig::coordinator_timeout`]; the coordinator
-//! answers every heartbeat, so this cannot fire while it lives and the link works. There is no
+//! **Coordinator failure.** A member that has heard nothing from the coordinator for
+//! [`MeshConfig::coordinator_timeout`] says so ([`MemberAction::CoordinatorSilent`]) and keeps
+//! its membership, heartbeating, until the silence reaches [`MeshConfig::rejoin_for`]: a
+//! coordinator that was itself away (a paused VM, its uplink down) comes back with its state and
+//! credits its own absence to everyone, so nobody's membership or state is lost. Past
+//! `rejoin_for` the member stops cleanly ([`StopReason::CoordinatorLost`]); the coordinator
+//! answers every heartbeat, so neither fires while it lives and the link works. There is no
 //! standby (see [`StopReason::CoordinatorLost`]).
 
 use crate::ids::{Epoch, NodeId, Weight};

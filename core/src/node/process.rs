@@ -9,8 +9,9 @@
 //! - **the rejoin policy**: a membership that stopped with `rejoin` (an eviction, a lost
 //!   coordinator) is followed by a new one after a heartbeat interval: after at most
 //!   [`MAX_REJOINS`] evictions per process (a node the mesh keeps evicting stops), and while the
-//!   coordinator has been silent for less than the mesh's `rejoin_for` (past it, the coordinator
-//!   is taken for dead: the process ends and the run resumes from checkpoints);
+//!   coordinator has been lost for less than the mesh's `rejoin_for` (a member keeps its
+//!   membership through a silence of the coordinator until `rejoin_for`; past it, the
+//!   coordinator is taken for dead: the process ends and the run resumes from checkpoints);
 //! - **exit timing**: the process ends [`EXIT_GRACE`] after its last membership stopped, for the
 //!   last frames (the deathrattle) to leave;
 //! - **the stop rows** a node writes to `events.csv` ([`StopRow`]);
@@ -417,10 +418,13 @@ impl Process {
                 return false;
             }
         }
-        if let StopReason::CoordinatorLost { .. } = reason {
+        if let StopReason::CoordinatorLost { silent_for, .. } = reason {
+            // A member waits for a silent coordinator until `rejoin_for` before it stops; a
+            // stop before that was a coordinator that answered "not a member" (restarted, or it
+            // evicted this node meanwhile): join it, for at most `rejoin_for` in all.
             let since = *self.lost_since.get_or_insert(now);
             let bound = self.node.config().mesh.rejoin_for;
-            if now - since >= bound {
+            if *silent_for >= bound || now - since >= bound {
                 tracing::warn!(node = %self.node.id(), "not joining again: the coordinator is gone");
                 return false;
             }

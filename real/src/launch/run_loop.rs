@@ -350,9 +350,10 @@ impl Run<'_, '_> {
                 self.signal(i, Signal::SIGCONT);
             }
         }
-        // The coordinator is gone: members stop on their own within the coordinator timeout.
+        // The coordinator is gone: members wait for it until `rejoin_for`, then checkpoint and
+        // stop on their own.
         let plan = self.plan;
-        let grace = plan.scenario.mesh().coordinator_timeout + Duration::from_secs(10);
+        let grace = plan.scenario.mesh().rejoin_for + Duration::from_secs(10);
         let deadline = unix_now() + grace.as_secs_f64();
         while unix_now() < deadline {
             let mut running = false;

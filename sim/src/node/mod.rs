@@ -434,15 +434,10 @@ impl Node {
 
     fn event(&mut self, now: Time, ev: NodeEvent) {
         match &ev {
-            NodeEvent::Admitted { .. } => {
-                self.run.node(self.id).member.set(true);
-                self.run.rec.borrow_mut().coordinator_found(self.id);
-            }
-            // Logged once per loss of this node, across its processes.
+            NodeEvent::Admitted { .. } => self.run.node(self.id).member.set(true),
+            // The node machine writes it once per silence.
             NodeEvent::CoordinatorLost { .. } => {
-                if !self.run.rec.borrow_mut().coordinator_lost(self.id) {
-                    return;
-                }
+                self.run.rec.borrow_mut().coordinator_lost(self.id)
             }
             // The start of a fetch (not a reassignment of its senders) starts the joiner's
             // clock for `[sim] state_receive_cost`.

@@ -16,6 +16,7 @@ use crate::transport::{Body, Frame, Header, StateHeader};
 use bytes::Bytes;
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// What the executor carries out for the machine. Drain with
 /// [`Node::poll_effect`](super::Node::poll_effect) after every input, in order. Effects that
@@ -583,12 +584,17 @@ pub enum NodeEvent {
         /// The pseudo-gradient's length.
         of: usize,
     },
-    /// The coordinator went silent (written once per loss, not at every restart).
+    /// The coordinator went silent (written once per loss, not at every restart): the member
+    /// waits for it, then checkpoints and stops.
     CoordinatorLost {
         /// The epoch this node was in.
         epoch: Option<Epoch>,
-        /// The member's reason.
-        reason: StopReason,
+        /// How long the coordinator had been silent.
+        silent_for: Duration,
+        /// The last outer step this member committed.
+        last_committed: Option<u64>,
+        /// How much longer it waits for the coordinator.
+        waits: Duration,
     },
 }
 
@@ -637,7 +643,18 @@ impl NodeEvent {
                     String::new()
                 }
             ),
-            NodeEvent::CoordinatorLost { reason, .. } => reason.to_string(),
+            NodeEvent::CoordinatorLost { silent_for, last_committed, waits, .. } => {
+                let step = match last_committed {
+                    Some(s) => format!("checkpointing outer step {s}"),
+                    None => "no outer step committed yet".to_string(),
+                };
+                format!(
+                    "coordinator lost: nothing heard from it for {:.1}s; still a member for \
+                     {:.1}s in case it comes back, then {step} and stopping",
+                    silent_for.as_secs_f64(),
+                    waits.as_secs_f64()
+                )
+            }
             NodeEvent::Withheld { outer_step, values, of, .. } => format!(
                 "pseudo-gradient of outer step {outer_step} not finite ({values} of {of} values): \
                  withheld from the average (weight 0)"

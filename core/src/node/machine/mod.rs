@@ -290,7 +290,8 @@ pub struct Node {
     verified: Option<Verified>,
     early: EarlyPieces,
     suspended: bool,
-    /// The loss of the coordinator was written (once per loss, across restarts).
+    /// The loss of the coordinator was written (once per silence, across restarts: cleared when
+    /// the coordinator is heard again).
     lost_logged: bool,
     bytes_sent: u64,
     transmits: VecDeque<(NodeId, Frame)>,
@@ -495,7 +496,13 @@ impl Node {
     /// panic.
     pub fn handle_frame(&mut self, now: Time, from: NodeId, frame: Frame) {
         match frame.header {
-            Header::Mesh(msg) => self.member.handle_message(now, from, msg),
+            Header::Mesh(msg) => {
+                self.member.handle_message(now, from, msg);
+                // Heard again (it was paused, or cut off): a later silence is a new loss.
+                if !self.member.waiting_for_coordinator() {
+                    self.lost_logged = false;
+                }
+            }
             Header::State(h) => self.on_state_part(now, from, h, frame.body),
             Header::StateAsk(ask) => {
                 self.asked.push_back((from, ask));
@@ -783,6 +790,15 @@ impl Node {
             MemberAction::SkipStep { epoch, outer_step, attempts } => {
                 self.skip(epoch, outer_step, attempts, now)
             }
+            MemberAction::CoordinatorSilent { silent_for, last_committed, waits } => {
+                if !self.lost_logged {
+                    self.lost_logged = true;
+                    let epoch = self.member.epoch();
+                    let ev =
+                        NodeEvent::CoordinatorLost { epoch, silent_for, last_committed, waits };
+                    self.effects.push_back(Effect::Event(ev));
+                }
+            }
             MemberAction::Stop(reason) => self.on_stop(reason),
         }
     }
@@ -791,17 +807,8 @@ impl Node {
         self.work = Work::Stopped;
         let rejoin = match &reason {
             StopReason::Evicted(_) => true,
-            StopReason::CoordinatorLost { .. } => {
-                if !self.lost_logged {
-                    self.lost_logged = true;
-                    let ev = NodeEvent::CoordinatorLost {
-                        epoch: self.member.epoch(),
-                        reason: reason.clone(),
-                    };
-                    self.effects.push_back(Effect::Event(ev));
-                }
-                true
-            }
+            // The member said so when the coordinator fell silent (`CoordinatorSilent`).
+            StopReason::CoordinatorLost { .. } => true,
             StopReason::Left(_) | StopReason::Shutdown | StopReason::NoSyncedMember { .. } => false,
         };
         self.effects.push_back(Effect::Stop { reason, rejoin });
