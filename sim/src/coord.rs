@@ -13,12 +13,18 @@ use std::rc::Rc;
 /// Runs the coordinator until its host is crashed or the run ends.
 pub(crate) async fn run(run: Rc<RunCtx>) -> turmoil::Result {
     let net = SimTransport::bind(NodeId::COORDINATOR, run.net.clone()).await?;
-    let mut host = CoordHost::new(run, Port::Turmoil(net));
+    let mut host = CoordHost::new(run.clone(), Port::Turmoil(net));
     loop {
+        // Stopped (`coordinator-pause`): what arrives waits in the network, as in a socket's
+        // buffers, and its deadlines pass unheeded until it runs again.
+        while run.coordinator_paused.get() {
+            run.coordinator_wake.notified().await;
+        }
         host.drain();
         let wake = host.next_wake();
         tokio::select! {
             biased;
+            () = run.coordinator_wake.notified() => {}
             r = host.net.next() => {
                 if let Ok((from, f)) = r {
                     host.frame(from, f);

@@ -15,6 +15,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 use std::time::Duration;
+use tokio::sync::Notify;
 
 mod setup;
 
@@ -317,6 +318,13 @@ impl<'a> Driver<'a> {
                 self.links.restore(*from, *to, *oneway);
                 self.network_rows(now, action);
             }
+            ChurnAction::CoordinatorPause | ChurnAction::CoordinatorResume => {
+                let paused = matches!(action, ChurnAction::CoordinatorPause);
+                let detail = if paused { "paused" } else { "runs again" };
+                run.event(now, EventKind::CoordinatorPause, None, None, detail);
+                run.coordinator_paused.set(paused);
+                self.exec.pause_coordinator(paused);
+            }
             ChurnAction::CoordinatorCrash => {
                 run.event(now, EventKind::CoordinatorCrash, None, None, "killed");
                 self.coordinator_alive = false;
@@ -419,6 +427,8 @@ pub(crate) fn replay(scenario: &Scenario, mut opts: ReplayOptions) -> Result<Run
         frames: Cell::new(0),
         modelled_collectives,
         mesh_stopped: RefCell::new(None),
+        coordinator_paused: Cell::new(false),
+        coordinator_wake: Notify::new(),
     });
     let exec = new_exec(executor, &plan, &s, &run);
     let mut d = Driver::new(exec, run.clone(), &s, seed);

@@ -362,6 +362,8 @@ pub(crate) struct EventExec {
     failed: Option<String>,
     /// A process exited while handling the last event.
     exited: bool,
+    /// The coordinator's inputs while it is paused, in order (`None`: it runs).
+    held: Option<Vec<Event>>,
 }
 
 impl EventExec {
@@ -390,6 +392,7 @@ impl EventExec {
             events: 0,
             failed: None,
             exited: false,
+            held: None,
         }
     }
 
@@ -434,6 +437,12 @@ impl EventExec {
 
     /// Hands an input to host `id`, or queues it while the node is between memberships.
     fn input(&mut self, id: NodeId, ev: Event) {
+        if id == NodeId::COORDINATOR {
+            if let Some(held) = &mut self.held {
+                held.push(ev);
+                return;
+            }
+        }
         let Some(slot) = self.hosts.get_mut(&id) else { return };
         match &mut slot.state {
             State::Member(node) => node.input(ev),
@@ -596,6 +605,20 @@ impl Exec for EventExec {
         if self.hosts.get(&id).is_some_and(|s| matches!(s.state, State::Member(_))) {
             self.input(id, Event::Control);
         }
+    }
+
+    fn pause_coordinator(&mut self, paused: bool) {
+        if paused {
+            self.held.get_or_insert_with(Vec::new);
+            return;
+        }
+        // It runs again: what arrived meanwhile is read in order, then its deadlines, all late.
+        for ev in self.held.take().unwrap_or_default() {
+            if !matches!(ev, Event::Timer) {
+                self.input(NodeId::COORDINATOR, ev);
+            }
+        }
+        self.input(NodeId::COORDINATOR, Event::Timer);
     }
 
     fn partition_oneway(&mut self, a: NodeId, b: NodeId) {

@@ -26,6 +26,9 @@ pub(crate) trait Exec {
     fn bounce(&mut self, id: NodeId);
     /// Tells node `id` that its control block changed (hang, resume, leave).
     fn notify(&mut self, id: NodeId);
+    /// Stops the coordinator's process where it stands, or lets it run again
+    /// ([`RunCtx::coordinator_paused`](crate::ctx::RunCtx::coordinator_paused) is already set).
+    fn pause_coordinator(&mut self, paused: bool);
     /// Cuts the traffic from `a` to `b` (the shared network already counts the cut).
     fn partition_oneway(&mut self, a: NodeId, b: NodeId);
     /// Opens the traffic from `a` to `b` again.
@@ -82,6 +85,10 @@ impl Exec for TurmoilExec<'_> {
 
     fn notify(&mut self, id: NodeId) {
         self.run.node(id).wake.notify_one();
+    }
+
+    fn pause_coordinator(&mut self, _paused: bool) {
+        self.run.coordinator_wake.notify_one();
     }
 
     fn partition_oneway(&mut self, a: NodeId, b: NodeId) {

@@ -506,6 +506,7 @@ fn allowed(scenario: &str) -> List {
         }
         "leave" => {}
         "two-senders" => {}
+        "coordinator-pause" => {}
         "two-joiners" => {
             // The queue's order (late-a first in the simulator) gives late-a n-0 and late-b n-1;
             // in the real run the joiner that arrives first is first, and gets n-0: either the
@@ -752,6 +753,7 @@ macro_rules! scenarios {
 
 scenarios! {
     coordinator_crash = "coordinator-crash",
+    coordinator_pause = "coordinator-pause",
     crash_in_all_gather = "crash-in-all-gather",
     crash_in_checkpoint = "crash-in-checkpoint",
     crash_in_compute = "crash-in-compute",

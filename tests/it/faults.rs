@@ -372,6 +372,28 @@ fn when_the_coordinator_dies_the_members_checkpoint_and_stop_and_the_run_resumes
     }
 }
 
+/// The coordinator stopped (SIGSTOP) for three heartbeat timeouts, past the members' coordinator
+/// timeout: the members say so once each and wait for it, still members; when it runs again it
+/// evicts nobody and the run finishes every step with the same members.
+#[test]
+fn a_coordinator_paused_for_three_heartbeat_timeouts_evicts_nobody() {
+    let (_ctx, r) = play("coordinator-pause");
+    r.assert_event("coordinator-pause", "", "paused");
+    r.assert_event("coordinator-pause", "", "runs again");
+    for n in ["n-0", "n-1", "n-2"] {
+        r.assert_event("coordinator-lost", n, "still a member");
+        let lost = r.events.iter().filter(|e| e["kind"] == "coordinator-lost" && e["node"] == n);
+        assert_eq!(lost.count(), 1, "{n}:\n{}", r.events_text());
+    }
+    let changes = ["evict", "leave", "join", "restart"];
+    let changed: Vec<_> =
+        r.events.iter().filter(|e| changes.contains(&e["kind"].as_str())).collect();
+    assert!(changed.is_empty(), "{changed:?}\n{}", r.events_text());
+    let epochs = r.events.iter().filter(|e| e["kind"] == "epoch" && e["node"].is_empty());
+    assert_eq!(epochs.count(), 1, "{}", r.events_text());
+    assert_eq!(r.steps_with_identical_replicas(), 16, "{}", r.events_text());
+}
+
 /// Resuming from a checkpoint continues the run exactly: the same weights after every step and
 /// the same loss, as the run that was never interrupted.
 #[test]

@@ -324,8 +324,8 @@ pub fn parse_events_csv(text: &str) -> Result<Vec<EventRow>, MetricsError> {
             field: "kind",
             expected: "an event kind (start, join-request, admit, join, leave, crash, evict, \
                        hang, restart, partition, heal, degrade, epoch, allreduce-failed, retry, \
-                       skip-step, coordinator-crash, coordinator-lost, checkpoint, \
-                       recovery-start, recovery-done, stop)",
+                       skip-step, coordinator-crash, coordinator-pause, coordinator-lost, \
+                       checkpoint, recovery-start, recovery-done, withheld, stop)",
             found: kind_raw.to_owned(),
         })?;
         let node = r.raw(2);

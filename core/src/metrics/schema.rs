@@ -115,6 +115,8 @@ pub enum EventKind {
     SkipStep,
     /// The coordinator crashed.
     CoordinatorCrash,
+    /// The coordinator's process was stopped, or runs again (`detail` says which).
+    CoordinatorPause,
     /// A member lost contact with the coordinator.
     CoordinatorLost,
     /// A checkpoint was written.
@@ -133,7 +135,7 @@ pub enum EventKind {
 impl EventKind {
     /// The kinds that make a run's membership story, in the order a node lives them: what two
     /// runs of one scenario (the simulator and a real run, or two executors) must agree on.
-    pub const STORY: [EventKind; 10] = [
+    pub const STORY: [EventKind; 11] = [
         EventKind::Admit,
         EventKind::Leave,
         EventKind::Crash,
@@ -144,10 +146,11 @@ impl EventKind {
         EventKind::SkipStep,
         EventKind::RecoveryDone,
         EventKind::CoordinatorCrash,
+        EventKind::CoordinatorPause,
     ];
 
     /// Every kind, in declaration order.
-    pub const ALL: [EventKind; 23] = [
+    pub const ALL: [EventKind; 24] = [
         EventKind::Start,
         EventKind::JoinRequest,
         EventKind::Admit,
@@ -165,6 +168,7 @@ impl EventKind {
         EventKind::Retry,
         EventKind::SkipStep,
         EventKind::CoordinatorCrash,
+        EventKind::CoordinatorPause,
         EventKind::CoordinatorLost,
         EventKind::Checkpoint,
         EventKind::RecoveryStart,
@@ -193,6 +197,7 @@ impl EventKind {
             EventKind::Retry => "retry",
             EventKind::SkipStep => "skip-step",
             EventKind::CoordinatorCrash => "coordinator-crash",
+            EventKind::CoordinatorPause => "coordinator-pause",
             EventKind::CoordinatorLost => "coordinator-lost",
             EventKind::Checkpoint => "checkpoint",
             EventKind::RecoveryStart => "recovery-start",

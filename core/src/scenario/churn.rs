@@ -29,9 +29,10 @@ enum Kind {
     Degrade,
     Restore,
     CoordinatorCrash,
+    CoordinatorPause,
 }
 
-const KINDS: [(&str, Kind); 11] = [
+const KINDS: [(&str, Kind); 12] = [
     ("join", Kind::Join),
     ("leave", Kind::Leave),
     ("crash", Kind::Crash),
@@ -43,6 +44,7 @@ const KINDS: [(&str, Kind); 11] = [
     ("degrade", Kind::Degrade),
     ("restore", Kind::Restore),
     ("coordinator-crash", Kind::CoordinatorCrash),
+    ("coordinator-pause", Kind::CoordinatorPause),
 ];
 
 impl Kind {
@@ -63,6 +65,7 @@ impl Kind {
             Kind::Degrade => link || matches!(field, "bandwidth" | "latency" | "jitter" | "for"),
             Kind::Restore => link,
             Kind::CoordinatorCrash => false,
+            Kind::CoordinatorPause => field == "for",
         }
     }
 }
@@ -137,6 +140,16 @@ pub(super) fn churn(
             Kind::Partition | Kind::Heal => e.cut(regions, out)?,
             Kind::Degrade | Kind::Restore => e.link(regions, links, out)?,
             Kind::CoordinatorCrash => e.push_start(out, ChurnAction::CoordinatorCrash),
+            Kind::CoordinatorPause => {
+                if e.end_at.is_none() {
+                    return Err(missing(
+                        &e.cp.key("for"),
+                        r#"how long the coordinator's process is stopped, like "18s""#,
+                    ));
+                }
+                e.push_start(out, ChurnAction::CoordinatorPause);
+                e.push_end(out, ChurnAction::CoordinatorResume);
+            }
         }
     }
 
@@ -536,6 +549,7 @@ fn play(events: &[Pending], nodes: &[NodeSpec], regions: &[Region]) -> R<()> {
     let mut cuts: Vec<Cut> = Vec::new();
     let mut degraded: BTreeSet<(RegionId, RegionId)> = BTreeSet::new();
     let mut coordinator_crashed: Option<Duration> = None;
+    let mut coordinator_paused: Option<Duration> = None;
     let rname = |r: RegionId| regions[r.0 as usize].name.clone();
     for e in events {
         if play_nodes(e, nodes, &mut state)? {
@@ -597,8 +611,37 @@ fn play(events: &[Pending], nodes: &[NodeSpec], regions: &[Region]) -> R<()> {
                         format!("the coordinator already crashed at {}", format_duration(when)),
                     ));
                 }
+                if let Some(when) = coordinator_paused {
+                    return Err(conflict(
+                        &e.path,
+                        format!(
+                            "the coordinator is paused at {t} (since {}): a crash comes after \
+                             its pause ends",
+                            format_duration(when)
+                        ),
+                    ));
+                }
                 coordinator_crashed = Some(at);
             }
+            ChurnAction::CoordinatorPause => {
+                if let Some(when) = coordinator_crashed {
+                    return Err(conflict(
+                        &e.path,
+                        format!("the coordinator crashed at {}", format_duration(when)),
+                    ));
+                }
+                if let Some(when) = coordinator_paused {
+                    return Err(conflict(
+                        &e.path,
+                        format!(
+                            "the coordinator is already paused at {t} (since {})",
+                            format_duration(when)
+                        ),
+                    ));
+                }
+                coordinator_paused = Some(at);
+            }
+            ChurnAction::CoordinatorResume => coordinator_paused = None,
             // Played by `play_nodes`.
             ChurnAction::Join(_)
             | ChurnAction::Leave(_)

@@ -252,6 +252,7 @@
 //! | `degrade` | `from`, `to`, `oneway`, `bandwidth`, `latency`, `jitter`, `for` | the link changes |
 //! | `restore` | `from`, `to`, `oneway` | the link is as declared again |
 //! | `coordinator-crash` | | the coordinator dies |
+//! | `coordinator-pause` | `for` (required) | the coordinator's process stops (SIGSTOP, a paused VM) for `for`, its connections open, then runs again: members notice its silence after `coordinator_timeout` and wait for it, still members, until `rejoin_for` |
 //!
 //! Validation plays the events in time order and rejects the impossible (a crash of a node that is
 //! not running, a restart of a running one, a heal without a partition). Events at the same time
@@ -827,6 +828,11 @@ pub enum ChurnAction {
     },
     /// The coordinator dies.
     CoordinatorCrash,
+    /// The coordinator's process stops (SIGSTOP, a paused VM, a swap storm): it neither reads
+    /// nor sends, its connections stay open, and its clock goes on.
+    CoordinatorPause,
+    /// A paused coordinator runs again (the end of a `coordinator-pause`'s `for`).
+    CoordinatorResume,
 }
 
 /// Where an event comes from in the file.

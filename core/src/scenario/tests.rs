@@ -1036,7 +1036,7 @@ fn churn_field_errors() {
     assert_msg(
         &src,
         "\"explode\"",
-        r#"churn[0].kind: expected one of "join", "leave", "crash", "hang", "resume", "restart", "partition", "heal", "degrade", "restore", "coordinator-crash", got "explode""#,
+        r#"churn[0].kind: expected one of "join", "leave", "crash", "hang", "resume", "restart", "partition", "heal", "degrade", "restore", "coordinator-crash", "coordinator-pause", got "explode""#,
     );
     let src = churn("at = \"1h\"\nkind = \"crash\"\nnodes = [\"eu\", \"us-7\"]\n");
     assert_msg(
@@ -1201,6 +1201,38 @@ fn impossible_churn_sequences() {
         + &event("1h", "coordinator-crash", "")
         + &event("2h", "coordinator-crash", "");
     assert_msg_last(&src, "[[churn]]", "churn[1]: the coordinator already crashed at 1h");
+    let src = BASE.to_owned() + &event("1h", "coordinator-pause", "");
+    assert_msg_last(
+        &src,
+        "[[churn]]",
+        r#"churn[0].for: missing required field, expected how long the coordinator's process is stopped, like "18s""#,
+    );
+    let src = BASE.to_owned()
+        + &event("1h", "coordinator-pause", "for = \"20s\"\n")
+        + &event("1h10s", "coordinator-pause", "for = \"5s\"\n");
+    assert_msg_last(
+        &src,
+        "[[churn]]",
+        "churn[1]: the coordinator is already paused at 1h10s (since 1h)",
+    );
+    let src = BASE.to_owned()
+        + &event("1h", "coordinator-pause", "for = \"20s\"\n")
+        + &event("1h10s", "coordinator-crash", "");
+    assert_msg_last(
+        &src,
+        "[[churn]]",
+        "churn[1]: the coordinator is paused at 1h10s (since 1h): a crash comes after its pause ends",
+    );
+    let src = BASE.to_owned()
+        + &event("1h", "coordinator-crash", "")
+        + &event("2h", "coordinator-pause", "for = \"20s\"\n");
+    assert_msg_last(&src, "[[churn]]", "churn[1]: the coordinator crashed at 1h");
+    // A pause, then another after it ends, then a crash: all fine.
+    let src = BASE.to_owned()
+        + &event("1h", "coordinator-pause", "for = \"20s\"\n")
+        + &event("1h20s", "coordinator-pause", "for = \"20s\"\n")
+        + &event("2h", "coordinator-crash", "");
+    assert!(parse(&src).is_ok(), "{:?}", parse(&src).err());
     let src = late + &event("0s", "join", "node = \"us-0\"\n");
     assert_msg_last(
         &src,

@@ -32,6 +32,8 @@ struct Loop {
     churn_t0: Option<Duration>,
     /// The nodes this launch stopped (hang).
     hung: BTreeSet<NodeId>,
+    /// This launch stopped the coordinator (`coordinator-pause`).
+    coordinator_paused: bool,
     /// The partitions in force (a `heal` without a cut heals them all).
     cuts: Vec<Cut>,
     /// The workers that failed on their own.
@@ -56,6 +58,7 @@ impl Run<'_, '_> {
             prestarted: BTreeSet::new(),
             churn_t0: None,
             hung: BTreeSet::new(),
+            coordinator_paused: false,
             cuts: Vec::new(),
             failures: Vec::new(),
         };
@@ -256,6 +259,18 @@ impl Run<'_, '_> {
                     }
                 }
             }
+            ChurnAction::CoordinatorPause | ChurnAction::CoordinatorResume => {
+                let paused = matches!(action, ChurnAction::CoordinatorPause);
+                let (signal, detail) = if paused {
+                    (Signal::SIGSTOP, "paused")
+                } else {
+                    (Signal::SIGCONT, "runs again")
+                };
+                st.coordinator_paused = paused;
+                self.signal(self.coordinator, signal);
+                st.launch_events
+                    .push(EventRow::new(at, EventKind::CoordinatorPause).detail(detail));
+            }
             ChurnAction::CoordinatorCrash => {
                 self.signal(self.coordinator, Signal::SIGKILL);
                 st.launch_events
@@ -324,7 +339,7 @@ impl Run<'_, '_> {
             .any(|(_, a, _)| matches!(a, ChurnAction::Join(_) | ChurnAction::Restart(_)));
         if all_workers_done && !coord_stopped && !joins_ahead {
             (self.on_notice)(Notice::EveryWorkerStopped);
-            self.signal(coord, Signal::SIGTERM);
+            self.terminate_coordinator(st);
             std::thread::sleep(Duration::from_secs(1));
             return Ok(true);
         }
@@ -334,15 +349,24 @@ impl Run<'_, '_> {
         }
         if limit.is_some_and(|l| elapsed > l) {
             (self.on_notice)(Notice::TimeLimit);
-            self.signal(coord, Signal::SIGTERM);
+            self.terminate_coordinator(st);
             std::thread::sleep(Duration::from_secs(3));
             return Ok(true);
         }
         Ok(false)
     }
 
-    /// The coordinator is gone: lets the hung run again and waits, at most the coordinator
-    /// timeout and some, for the members to stop on their own.
+    /// Tells the coordinator to stop (SIGTERM), letting it run first if this launch paused it:
+    /// a stopped process does not act on SIGTERM.
+    fn terminate_coordinator(&mut self, st: &mut Loop) {
+        if std::mem::take(&mut st.coordinator_paused) {
+            self.signal(self.coordinator, Signal::SIGCONT);
+        }
+        self.signal(self.coordinator, Signal::SIGTERM);
+    }
+
+    /// The coordinator is gone: lets the hung run again and waits, at most `rejoin_for` and
+    /// some, for the members to stop on their own.
     fn wait_for_members(&mut self, st: &mut Loop) -> Result<(), LaunchError> {
         // A process this launch stopped (hang) cannot stop on its own: let it run again.
         for id in std::mem::take(&mut st.hung) {
