@@ -1,9 +1,10 @@
 //! The [`Transport`] over TCP: length-prefixed, checksummed frames between processes.
 //!
-//! Connections are one-way: a node dials each peer it sends to (lazily, on the first send) and
-//! accepts the connections of the peers that send to it. Every connection starts with a
-//! handshake that carries the protocol version and the dialer's node id; a mismatch is refused
-//! with a reason the dialer reports. When the run has a shared secret, a Noise handshake under
+//! Connections are one-way: a node dials each peer it sends to (lazily, on the first send, in
+//! the background: the frames wait in the connection's queue, and a dial that fails is heard
+//! from [`TcpTransport::unreachable`]) and accepts the connections of the peers that send to it.
+//! Every connection starts with a handshake that carries the protocol version and the dialer's
+//! node id; a mismatch is refused with a reason the dialer logs. When the run has a shared secret, a Noise handshake under
 //! it follows, and everything after it travels in encrypted, authenticated records
 //! ([`secure`]): a recorded connection cannot be replayed, and a byte changed on the path
 //! closes the connection. Several connections per peer ([`TcpConfig::streams`]) carry the collective
@@ -131,13 +132,13 @@ pub struct TcpConfig {
     /// Peers to reach through another address than the one they listen on (the relays of a
     /// launch that relays the scenario's links in userspace, [`crate::wan::Relays`]).
     pub dial_via: BTreeMap<NodeId, SocketAddr>,
-    /// A send to a peer without a connection never waits for the dial (default false): the
-    /// frame waits in the connection's queue while the dial runs in the background (within
-    /// `connect_timeout`); a dial that fails drops what waited and the next send reports the
-    /// peer unreachable (and dials again after that). For an endpoint whose sends need no
-    /// answer (the coordinator's): a peer announcing an address that drops SYNs then costs its
-    /// loop nothing, where a dial in line would hold it for `connect_timeout`, longer than the
-    /// heartbeat timeout of everyone else.
+    /// A send to a peer whose connection failed never waits for the redial either (default
+    /// false; a first dial never waits in any case): the frame waits in the connection's queue
+    /// while the dial runs in the background (within `connect_timeout`); a dial that fails drops
+    /// what waited and the next send reports the peer unreachable (and dials again after that).
+    /// For an endpoint whose sends need no answer (the coordinator's). Without it a redial to a
+    /// peer that was connected waits for one attempt (100 ms to 1 s), so that a sender learns
+    /// of a partition at once.
     pub dial_in_background: bool,
 }
 
@@ -319,8 +320,55 @@ struct Peer {
     /// The bulk connection of the next state frame.
     next_bulk: usize,
     failed: Arc<AtomicBool>,
-    /// How long dialling this peer took (its round trips): sets a redial's attempts.
-    dial_time: Duration,
+    /// How long dialling this peer took (its round trips), in nanoseconds, 0 while a background
+    /// dial is under way: sets a redial's attempts.
+    dial_time: Arc<AtomicU64>,
+}
+
+impl Peer {
+    /// How long its dial took, once it is connected.
+    fn dialled_in(&self) -> Option<Duration> {
+        match self.dial_time.load(Ordering::Relaxed) {
+            0 => None,
+            n => Some(Duration::from_nanos(n)),
+        }
+    }
+}
+
+/// Peers whose first dial, in the background, failed, for the owner of the endpoint to hear
+/// ([`TcpTransport::unreachable`]): what was sent to them was dropped.
+#[derive(Clone, Default)]
+pub struct Unreachable {
+    peers: Arc<std::sync::Mutex<std::collections::BTreeSet<NodeId>>>,
+    notify: Arc<tokio::sync::Notify>,
+}
+
+/// At most this many unreachable peers wait to be heard (an endpoint that never asks, the
+/// coordinator's, keeps no more).
+const UNREACHABLE_HELD: usize = 4096;
+
+impl Unreachable {
+    /// The next peer whose first dial failed (refused, or no answer within `connect_timeout`):
+    /// what was sent to it was dropped. Sends never wait for a first dial, so a peer that
+    /// announces an address that drops SYNs holds up no loop; this is how the sender hears of it.
+    pub async fn next(&self) -> NodeId {
+        loop {
+            let next = self.peers.lock().expect("poisoned").pop_first();
+            if let Some(peer) = next {
+                return peer;
+            }
+            self.notify.notified().await;
+        }
+    }
+
+    fn report(&self, peer: NodeId) {
+        let mut peers = self.peers.lock().expect("poisoned");
+        if peers.len() < UNREACHABLE_HELD {
+            peers.insert(peer);
+        }
+        drop(peers);
+        self.notify.notify_one();
+    }
 }
 
 /// One node's TCP endpoint. Needs a tokio runtime.
@@ -335,6 +383,8 @@ pub struct TcpTransport {
     known: BTreeMap<NodeId, Duration>,
     /// Background dials to peers whose connection failed.
     redials: BTreeMap<NodeId, JoinHandle<Result<Peer, TransportError>>>,
+    /// Peers whose first dial, in the background, failed.
+    unreachable: Unreachable,
     inbox: mpsc::Receiver<Inbound>,
     stats: Arc<TcpStats>,
     accept_task: JoinHandle<()>,
@@ -380,6 +430,7 @@ impl TcpTransport {
             peers: BTreeMap::new(),
             known: Default::default(),
             redials: BTreeMap::new(),
+            unreachable: Unreachable::default(),
             inbox,
             stats,
             accept_task,
@@ -441,7 +492,7 @@ impl TcpTransport {
     ) -> Result<(), TransportError> {
         let peer = self.connect(to).await?;
         if peer.streams[0].send(Outgoing::Directory(entries)).is_err() {
-            self.peers.remove(&to);
+            self.drop_peer(to);
             return Err(TransportError::Unreachable(to));
         }
         Ok(())
@@ -457,7 +508,15 @@ impl TcpTransport {
     /// retransmissions after the heal); the next send dials again in the background
     /// ([`REDIAL_WAIT`]).
     pub fn reset(&mut self, peer: NodeId) {
-        self.peers.remove(&peer);
+        self.drop_peer(peer);
+    }
+
+    /// Drops the connections to `to`, remembering how long its dial took if it connected (a
+    /// redial then gets attempts of that length).
+    fn drop_peer(&mut self, to: NodeId) {
+        if let Some(d) = self.peers.remove(&to).and_then(|p| p.dialled_in()) {
+            self.known.insert(to, d);
+        }
     }
 
     /// Drops the connections to `peer` and any dial under way: the next send dials afresh and
@@ -484,14 +543,24 @@ impl TcpTransport {
     ) -> Result<(), TransportError> {
         let give_up = tokio::time::Instant::now() + within;
         loop {
-            match self.connect(peer).await {
-                Ok(_) => return Ok(()),
-                Err(TransportError::Unreachable(_)) if tokio::time::Instant::now() < give_up => {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
+            let connected = match self.connect(peer).await {
+                Ok(p) => p.dialled_in().is_some(),
+                Err(TransportError::Unreachable(_)) => false,
                 Err(e) => return Err(e),
+            };
+            if connected {
+                return Ok(());
             }
+            if tokio::time::Instant::now() >= give_up {
+                return Err(TransportError::Unreachable(peer));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// Where the peers whose first dial failed are heard (see [`Unreachable::next`]).
+    pub fn unreachable(&self) -> Unreachable {
+        self.unreachable.clone()
     }
 
     async fn connect(&mut self, to: NodeId) -> Result<&mut Peer, TransportError> {
@@ -502,12 +571,12 @@ impl TcpTransport {
         }
         if self.cfg.dial_in_background {
             if self.peers.get(&to).is_some_and(|p| p.failed.load(Ordering::Relaxed)) {
-                self.peers.remove(&to);
+                self.drop_peer(to);
                 return Err(TransportError::Unreachable(to));
             }
             if !self.peers.contains_key(&to) {
                 let addr = current.ok_or(TransportError::Unreachable(to))?;
-                let peer = self.dialer().dialling_peer(to, addr);
+                let peer = self.dialer().dialling_peer(to, addr, self.unreachable.clone());
                 self.peers.insert(to, peer);
             }
             return self.peers.get_mut(&to).ok_or(TransportError::Unreachable(to));
@@ -515,7 +584,7 @@ impl TcpTransport {
         // A failed connection to a peer this endpoint was connected to: dial again in the
         // background, and wait for it only briefly (a partition must not hold the sender up).
         if self.peers.get(&to).is_some_and(|p| p.failed.load(Ordering::Relaxed)) {
-            self.peers.remove(&to);
+            self.drop_peer(to);
         }
         if let (false, Some(&dialled_in)) = (self.peers.contains_key(&to), self.known.get(&to)) {
             let addr = current.ok_or(TransportError::Unreachable(to))?;
@@ -542,27 +611,18 @@ impl TcpTransport {
             }
         }
         if !self.peers.contains_key(&to) {
+            // A first dial never holds the sender up (a peer announcing an address that drops
+            // SYNs would hold it for `connect_timeout`, past everyone's heartbeat timeout): the
+            // frames wait in the connection's queue, and a failure is heard from `unreachable`.
             let addr = current.ok_or(TransportError::Unreachable(to))?;
-            let peer = tokio::time::timeout(self.cfg.connect_timeout, self.dialer().peer(to, addr))
-                .await
-                .map_err(|_| TransportError::Unreachable(to))??;
+            let peer = self.dialer().dialling_peer(to, addr, self.unreachable.clone());
             self.peers.insert(to, peer);
         }
         let peer = self.peers.get_mut(&to).expect("inserted");
-        self.known.insert(to, peer.dial_time);
+        if let Some(d) = peer.dialled_in() {
+            self.known.insert(to, d);
+        }
         Ok(peer)
-    }
-
-    /// Dials one more connection to `to` at `addr` and starts its writer task.
-    async fn open_stream(
-        &self,
-        to: NodeId,
-        addr: SocketAddr,
-        failed: &Arc<AtomicBool>,
-    ) -> Result<mpsc::UnboundedSender<Outgoing>, TransportError> {
-        tokio::time::timeout(self.cfg.connect_timeout, self.dialer().stream(to, addr, failed))
-            .await
-            .map_err(|_| TransportError::Unreachable(to))?
     }
 
     /// What a dial needs of this endpoint (owned: a background redial outlives the borrow).
@@ -594,49 +654,62 @@ impl Dialer {
         for _ in 0..n {
             streams.push(self.stream(to, addr, &failed).await?);
         }
-        let dial_time = started.elapsed() / u32::try_from(n).unwrap_or(u32::MAX);
+        let per_stream = started.elapsed() / u32::try_from(n).unwrap_or(u32::MAX);
+        let dial_time = Arc::new(AtomicU64::new(nanos(per_stream)));
         Ok(Peer { addr, streams, bulk: Vec::new(), next: 0, next_bulk: 0, failed, dial_time })
     }
 
     /// A peer whose connections are dialled by their own writer tasks
     /// ([`TcpConfig::dial_in_background`]): frames sent meanwhile wait in their queues, and a
-    /// dial that fails or times out marks the peer failed.
-    fn dialling_peer(&self, to: NodeId, addr: SocketAddr) -> Peer {
+    /// dial that fails or times out marks the peer failed and is reported to `unreachable`.
+    fn dialling_peer(&self, to: NodeId, addr: SocketAddr, unreachable: Unreachable) -> Peer {
         let failed = Arc::new(AtomicBool::new(false));
+        let dial_time = Arc::new(AtomicU64::new(0));
         let streams = (0..self.cfg.streams.max(1))
-            .map(|_| {
-                let (tx, rx) = mpsc::unbounded_channel();
-                let (me, port, cfg) = (self.me, self.port, self.cfg.clone());
-                let (stats, failed) = (self.stats.clone(), failed.clone());
-                tokio::spawn(async move {
-                    let dialled = tokio::time::timeout(
-                        cfg.connect_timeout,
-                        dial(me, port, to, addr, &cfg, true),
-                    );
-                    match dialled.await {
-                        Ok(Ok(stream)) => write_loop(to, stream, rx, failed, stats).await,
-                        Ok(Err(e)) => {
-                            tracing::debug!(peer = %to, %addr, "dial failed: {e}");
-                            failed.store(true, Ordering::Relaxed);
-                        }
-                        Err(_) => {
-                            tracing::debug!(peer = %to, %addr, "dial timed out");
-                            failed.store(true, Ordering::Relaxed);
-                        }
-                    }
-                });
-                tx
-            })
+            .map(|_| self.background_stream(to, addr, &failed, &dial_time, &unreachable))
             .collect();
-        Peer {
-            addr,
-            streams,
-            bulk: Vec::new(),
-            next: 0,
-            next_bulk: 0,
-            failed,
-            dial_time: Duration::ZERO,
-        }
+        Peer { addr, streams, bulk: Vec::new(), next: 0, next_bulk: 0, failed, dial_time }
+    }
+
+    /// One connection to `to` at `addr`, dialled by its own writer task (within
+    /// `connect_timeout`): frames sent meanwhile wait in its queue. The first of the peer's
+    /// connections to connect sets `dial_time`; a dial that fails marks the peer `failed` and,
+    /// the first time, reports it to `unreachable` (handshake refusals are logged as warnings:
+    /// a wrong secret or version is the operator's to fix).
+    fn background_stream(
+        &self,
+        to: NodeId,
+        addr: SocketAddr,
+        failed: &Arc<AtomicBool>,
+        dial_time: &Arc<AtomicU64>,
+        unreachable: &Unreachable,
+    ) -> mpsc::UnboundedSender<Outgoing> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (me, port, cfg) = (self.me, self.port, self.cfg.clone());
+        let (stats, failed) = (self.stats.clone(), failed.clone());
+        let (dial_time, unreachable) = (dial_time.clone(), unreachable.clone());
+        tokio::spawn(async move {
+            let started = tokio::time::Instant::now();
+            let dialled =
+                tokio::time::timeout(cfg.connect_timeout, dial(me, port, to, addr, &cfg, true));
+            match dialled.await {
+                Ok(Ok(stream)) => {
+                    let took = nanos(started.elapsed());
+                    let _ =
+                        dial_time.compare_exchange(0, took, Ordering::Relaxed, Ordering::Relaxed);
+                    return write_loop(to, stream, rx, failed, stats).await;
+                }
+                Ok(Err(e @ TransportError::Unreachable(_))) => {
+                    tracing::debug!(peer = %to, %addr, "dial failed: {e}");
+                }
+                Ok(Err(e)) => tracing::warn!(peer = %to, %addr, "connection refused: {e}"),
+                Err(_) => tracing::debug!(peer = %to, %addr, "dial timed out"),
+            }
+            if !failed.swap(true, Ordering::Relaxed) {
+                unreachable.report(to);
+            }
+        });
+        tx
     }
 
     /// Dials `to` again after its connection failed, in attempts of three times what the last
@@ -676,6 +749,11 @@ impl Dialer {
     }
 }
 
+/// `d` in nanoseconds, at least 1 (0 means "not connected yet" in [`Peer::dial_time`]).
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX).max(1)
+}
+
 /// How long one attempt of a redial lasts (see [`Dialer::redial`]).
 fn redial_attempt(dialled_in: Duration, cfg: &TcpConfig) -> Duration {
     (dialled_in * 3).clamp(REDIAL_ATTEMPT_MIN, REDIAL_ATTEMPT_MAX).min(cfg.connect_timeout)
@@ -696,17 +774,14 @@ impl Transport for TcpTransport {
         let stats = self.stats.clone();
         let peer = self.connect(to).await?;
         if matches!(frame.header, Header::State(_)) && peer.bulk.is_empty() {
-            let (addr, failed) = (peer.addr, peer.failed.clone());
-            let mut bulk = Vec::new();
-            for _ in 0..self.cfg.state_streams.max(1) {
-                match self.open_stream(to, addr, &failed).await {
-                    Ok(tx) => bulk.push(tx),
-                    Err(e) => {
-                        self.peers.remove(&to);
-                        return Err(e);
-                    }
-                }
-            }
+            // Dialled in the background, as a first dial is: a joiner whose address drops SYNs
+            // holds up no sender's loop (its heartbeats).
+            let (addr, failed, dial_time) =
+                (peer.addr, peer.failed.clone(), peer.dial_time.clone());
+            let d = self.dialer();
+            let bulk = (0..self.cfg.state_streams.max(1))
+                .map(|_| d.background_stream(to, addr, &failed, &dial_time, &self.unreachable))
+                .collect();
             self.peers.get_mut(&to).ok_or(TransportError::Unreachable(to))?.bulk = bulk;
         }
         let peer = self.peers.get_mut(&to).ok_or(TransportError::Unreachable(to))?;
@@ -722,7 +797,7 @@ impl Transport for TcpTransport {
             Header::Mesh(_) | Header::StateAsk(_) => &peer.streams[0],
         };
         if queue.send(Outgoing::Frame(frame)).is_err() || peer.failed.load(Ordering::Relaxed) {
-            self.peers.remove(&to);
+            self.drop_peer(to);
             return Err(TransportError::Unreachable(to));
         }
         stats.frames_sent.fetch_add(1, Ordering::Relaxed);

@@ -127,6 +127,8 @@ struct Worker<L: InnerLoop> {
     name: String,
     clock: Clock,
     t: TcpTransport,
+    /// The peers whose first dial failed ([`TcpTransport::unreachable`]).
+    unreachable: crate::tcp::Unreachable,
     process: Process,
     /// Why the last membership stopped.
     last_stop: Option<StopReason>,
@@ -206,6 +208,7 @@ pub async fn run_worker<L: InnerLoop>(
     }
     let mut w = Worker {
         clock,
+        unreachable: t.unreachable(),
         t,
         process,
         name,
@@ -308,6 +311,11 @@ impl<L: InnerLoop> Worker<L> {
                 r = self.t.recv() => {
                     let (from, frame) = r?;
                     self.process.handle_frame(self.clock.now(), from, frame);
+                }
+                // A first dial failed in the background: what was sent to that peer was lost.
+                peer = self.unreachable.next() => {
+                    tracing::debug!(node = %self.name, %peer, "unreachable");
+                    self.process.peer_unreachable(self.clock.now(), peer);
                 }
                 done = join(&mut self.inner_job), if self.inner_job.is_some() => {
                     self.inner_job = None;
