@@ -68,15 +68,16 @@
 
 mod effect;
 mod recovery;
+mod report;
 mod rings;
 mod rows;
 mod steps;
 
 pub use effect::{
-    Check, Effect, ModelledAllReduce, NodeEvent, OuterJob, OuterKind, PreparedState, Snapshot,
-    StateJob, VerifyResult, Violation,
+    Effect, ModelledAllReduce, OuterJob, OuterKind, PreparedState, Snapshot, StateJob, VerifyResult,
 };
 pub use recovery::is_fault;
+pub use report::{Check, NodeEvent, Violation};
 
 use recovery::{Fetch, Serving};
 use rows::Closing;
