@@ -225,7 +225,8 @@ pub(crate) struct LaunchArgs {
     #[arg(long, value_name = "SECS")]
     pub(crate) timeout: Option<u64>,
     /// Continue from checkpoints (`[real] checkpoint_dir`): the newest outer step that every
-    /// starting node has a complete checkpoint of. The run's step count and stop go on from
+    /// starting node has a complete checkpoint of, holding the same outer weights and momentum
+    /// on every node (a step where they differ is skipped, with a warning). The run's step count and stop go on from
     /// there; churn times count from this launch's start (as always, from the moment every
     /// starting worker is up).
     #[arg(long)]

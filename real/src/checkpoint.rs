@@ -726,6 +726,21 @@ fn load_with(
     Ok(LoadedCheckpoint { path: path.to_path_buf(), meta, snapshot })
 }
 
+/// The digests of the replicated part of a checkpoint (the outer weights and the outer
+/// momentum, which every replica holds bit for bit after a commit), by tensor name, read from
+/// its `meta.json` alone (no tensor is read). Two nodes' checkpoints of one step that differ
+/// here are not one run's state.
+pub fn replicated_digests(dir: &Path) -> Result<BTreeMap<String, Blake3Digest>, CheckpointError> {
+    let shared = [Buffer::Outer.name(), Buffer::Momentum.name()];
+    Ok(read_meta(dir)?
+        .digests
+        .into_iter()
+        .filter(|(name, _)| {
+            name.split_once('/').is_some_and(|(buffer, _)| shared.contains(&buffer))
+        })
+        .collect())
+}
+
 fn read_meta(dir: &Path) -> Result<Meta, CheckpointError> {
     let path = dir.join(META_FILE);
     let text = fs::read(&path).map_err(io_err(&path, "read"))?;

@@ -26,7 +26,8 @@ pub mod status;
 pub use error::LaunchError;
 pub use outcome::{LaunchOutcome, Notice, ProcessRecord};
 pub use prepare::{
-    check_devices, check_memory, checkpoint_plan, checkpoint_root, resume_step, scenario_base,
+    agreed_step, check_devices, check_memory, checkpoint_plan, checkpoint_root, resume_step,
+    scenario_base,
 };
 pub use record::read_lines;
 pub use status::{StatusEvent, StatusHub, StatusMsg, StatusSender};

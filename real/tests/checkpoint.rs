@@ -611,3 +611,50 @@ fn hostile_edits_of_either_file_are_errors_not_panics() {
     }
     assert!(load(&dir).is_ok());
 }
+
+/// A resume starts from a step only where every node's checkpoint holds the same replicated
+/// state (outer weights and momentum; the inner state is each node's own): the newest such
+/// step, skipping a newer one where one node differs; a step asked for where they differ is
+/// refused, naming the nodes by what they hold.
+#[test]
+fn a_resume_takes_the_newest_step_whose_replicated_state_every_node_shares() {
+    use loco_real::launch::{LaunchError, agreed_step};
+    let root = tempfile::tempdir().unwrap();
+    let nodes: Vec<String> = ["n-0", "n-1", "n-2"].iter().map(|s| s.to_string()).collect();
+    for (i, node) in nodes.iter().enumerate() {
+        let cfg = CheckpointConfig { node: node.clone(), keep: 4, ..config(root.path(), 4, None) };
+        let mut ck = Checkpointer::new(cfg).unwrap();
+        for step in [1, 2, 3] {
+            let mut s = snapshot(step);
+            // Each node's inner state is its own.
+            s.params = values(s.params.len(), 900 + i as u32);
+            // At step 3, n-2 holds other outer weights (a replica that diverged, or a
+            // checkpoint of another run).
+            if i == 2 && step == 3 {
+                s.outer = values(s.outer.len(), 777);
+            }
+            save_now(&mut ck, s);
+        }
+    }
+    assert_eq!(agreed_step(root.path(), &nodes, None).unwrap(), 2);
+    assert_eq!(agreed_step(root.path(), &nodes, Some(1)).unwrap(), 1);
+    let err = agreed_step(root.path(), &nodes, Some(3)).unwrap_err();
+    assert!(matches!(err, LaunchError::CheckpointsDiffer { .. }), "{err}");
+    let text = err.to_string();
+    assert!(text.contains("step 3: n-0 n-1 | n-2"), "{text}");
+    assert!(text.contains("--resume-step"), "{text}");
+    // Momentum counts too: with n-1's step 2 changed as well, only step 1 is shared.
+    let dir = root.path().join("n-1").join(step_dir_name(2));
+    let meta_path = dir.join(META_FILE);
+    let mut meta: serde_json::Value =
+        serde_json::from_slice(&fs::read(&meta_path).unwrap()).unwrap();
+    let digests = meta["digests"].as_object_mut().unwrap();
+    let key = digests.keys().find(|k| k.starts_with("momentum/")).unwrap().clone();
+    digests.insert(key, serde_json::json!("00".repeat(32)));
+    fs::write(&meta_path, serde_json::to_vec_pretty(&meta).unwrap()).unwrap();
+    assert_eq!(agreed_step(root.path(), &nodes, None).unwrap(), 1);
+    // A node without checkpoints leaves no common step.
+    let more = [nodes.clone(), vec!["n-3".to_string()]].concat();
+    let err = agreed_step(root.path(), &more, None).unwrap_err();
+    assert!(matches!(err, LaunchError::NoCommonCheckpoint { .. }), "{err}");
+}

@@ -79,6 +79,24 @@ pub enum LaunchError {
         /// The steps each starting node has.
         have: String,
     },
+    /// The nodes' checkpoints of every common step (or of the step asked for) hold different
+    /// replicated states: no step is one run's state.
+    #[error(
+        "{}: the starting nodes' checkpoints {}hold different outer weights or momentum, \
+         so no step is one run's state (nodes grouped by what they hold: {groups}); resume \
+         from an older step with --resume-step, or remove the checkpoints of the nodes that \
+         differ",
+        .root.display(),
+        .wanted.map(|k| format!("of outer step {k} ")).unwrap_or_default()
+    )]
+    CheckpointsDiffer {
+        /// The checkpoint root.
+        root: PathBuf,
+        /// The step asked for.
+        wanted: Option<u64>,
+        /// Per step, the nodes grouped by their replicated state.
+        groups: String,
+    },
     /// Listing checkpoints failed.
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),

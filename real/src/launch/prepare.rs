@@ -2,7 +2,7 @@
 //! machine, where checkpoints are, which outer step a resumed run starts from.
 
 use super::LaunchError;
-use crate::checkpoint::{CheckpointConfig, list};
+use crate::checkpoint::{CheckpointConfig, list, replicated_digests};
 use crate::memory::{MemoryPlan, Place, cuda_device_bytes, host_available_bytes};
 use crate::node::CheckpointPlan;
 use loco_core::scenario::Scenario;
@@ -47,7 +47,9 @@ pub fn checkpoint_plan(
 }
 
 /// The outer step a launch resumes from: `wanted`, or the newest step every starting node has a
-/// complete checkpoint of. Names what is missing otherwise.
+/// complete checkpoint of in which they all hold the same replicated state (outer weights and
+/// momentum, compared by the digests in each `meta.json`). Names what is missing or differs
+/// otherwise.
 pub fn resume_step(
     s: &Scenario,
     scenario_path: &Path,
@@ -57,22 +59,59 @@ pub fn resume_step(
     let Some(root) = checkpoint_root(s, scenario_path, given) else {
         return Err(LaunchError::NoCheckpointDir { scenario_path: scenario_path.to_path_buf() });
     };
+    let nodes: Vec<String> = s.initial_nodes().map(|n| n.name.clone()).collect();
+    agreed_step(&root, &nodes, wanted)
+}
+
+/// [`resume_step`] over the checkpoints of `nodes` under `root`.
+pub fn agreed_step(root: &Path, nodes: &[String], wanted: Option<u64>) -> Result<u64, LaunchError> {
     let mut common: Option<BTreeSet<u64>> = None;
     let mut have = Vec::new();
-    for n in s.initial_nodes() {
-        let steps: BTreeSet<u64> = list(&root, &n.name)?.into_iter().map(|(k, _)| k).collect();
-        have.push(format!("{}: {:?}", n.name, steps));
+    let mut dirs = Vec::new();
+    for n in nodes {
+        let listed = list(root, n)?;
+        let steps: BTreeSet<u64> = listed.iter().map(|(k, _)| *k).collect();
+        have.push(format!("{n}: {steps:?}"));
+        dirs.push(listed.into_iter().collect::<std::collections::BTreeMap<_, _>>());
         common = Some(match common {
             None => steps,
             Some(c) => c.intersection(&steps).copied().collect(),
         });
     }
     let common = common.unwrap_or_default();
-    let pick = match wanted {
-        Some(k) => common.contains(&k).then_some(k),
-        None => common.last().copied(),
+    let candidates: Vec<u64> = match wanted {
+        Some(k) => common.contains(&k).then_some(k).into_iter().collect(),
+        None => common.iter().rev().copied().collect(),
     };
-    pick.ok_or_else(|| LaunchError::NoCommonCheckpoint { root, wanted, have: have.join("; ") })
+    let mut differing = Vec::new();
+    for step in candidates {
+        // Nodes grouped by the digests of their replicated state at this step.
+        let mut groups: Vec<(std::collections::BTreeMap<String, _>, Vec<&str>)> = Vec::new();
+        for (n, d) in nodes.iter().zip(&dirs) {
+            let digests = replicated_digests(&d[&step])?;
+            match groups.iter_mut().find(|(g, _)| *g == digests) {
+                Some((_, names)) => names.push(n),
+                None => groups.push((digests, vec![n])),
+            }
+        }
+        if groups.len() <= 1 {
+            return Ok(step);
+        }
+        let split: Vec<String> = groups.iter().map(|(_, names)| names.join(" ")).collect();
+        tracing::warn!(
+            "checkpoints of outer step {step} differ between nodes ({}): not resuming from it",
+            split.join(" | ")
+        );
+        differing.push(format!("step {step}: {}", split.join(" | ")));
+    }
+    if !differing.is_empty() {
+        return Err(LaunchError::CheckpointsDiffer {
+            root: root.to_path_buf(),
+            wanted,
+            groups: differing.join("; "),
+        });
+    }
+    Err(LaunchError::NoCommonCheckpoint { root: root.to_path_buf(), wanted, have: have.join("; ") })
 }
 
 /// Refuses node `n` if its plan needs more on each device than its first CUDA device has
