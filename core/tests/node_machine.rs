@@ -21,7 +21,8 @@
 //! until released STEP ATTEMPT | until recovery nX | until stop nX    run until it happens (1 h at most)
 //! slow nA nB BYTES_PER_SEC  the bandwidth of the link nA -> nB
 //! crash nX | hang nX | resume nX | leave nX | coordinator-crash
-//! cut nA nB | heal          frames between nA and nB are lost both ways; every cut heals
+//! cut nA nB | heal          frames between nA and nB (or `coordinator`) are lost both ways;
+//!                           every cut heals
 //! cut-oneway nA nB          frames from nA to nB are lost
 //! diverge nX                nX's inner weights of the step under way come out NaN
 //! ```
@@ -37,7 +38,7 @@ use loco_core::testing::nodes::{NodeNet, PieceFault, Seen};
 use loco_core::time::Time;
 use std::fmt::Write as _;
 mod common;
-use common::{duration, node};
+use common::{duration, host, node};
 use std::time::Duration;
 
 fn name(n: NodeId) -> String {
@@ -207,9 +208,9 @@ fn script_net(script: &str) -> Result<Option<NodeNet>, String> {
                         net.pause_coordinator(duration(d).map_err(err)?);
                     }
                     ("spray", [n]) => net.spray_collectives(node(n).map_err(err)?),
-                    ("cut", [a, b]) => net.cut(node(a).map_err(err)?, node(b).map_err(err)?),
+                    ("cut", [a, b]) => net.cut(host(a).map_err(err)?, host(b).map_err(err)?),
                     ("cut-oneway", [a, b]) => {
-                        net.cut_oneway(node(a).map_err(err)?, node(b).map_err(err)?);
+                        net.cut_oneway(host(a).map_err(err)?, host(b).map_err(err)?);
                     }
                     ("heal", []) => net.recover(),
                     ("diverge", [n]) => {
@@ -603,7 +604,12 @@ fn chaos_script(seed: u64, nodes: u32, events: usize, mode: &str) -> String {
                 cuts += 1;
                 let m = (n as u32 + rng.random_range(1..nodes)) % nodes;
                 let how = if rng.random_bool(0.5) { "cut" } else { "cut-oneway" };
-                format!("{how} n{n} n{m}")
+                // A quarter of the cuts are between a member and the coordinator, either way.
+                match rng.random_range(0..8) {
+                    0 => format!("{how} n{n} coordinator"),
+                    1 => format!("{how} coordinator n{n}"),
+                    _ => format!("{how} n{n} n{m}"),
+                }
             }
             (5, _) if cuts > 0 => {
                 cuts = 0;
@@ -690,10 +696,12 @@ fn chaos_seeds_keep_every_invariant() {
     let seeds: u64 =
         std::env::var("LOCO_CHAOS_SEEDS").ok().and_then(|v| v.parse().ok()).unwrap_or(50);
     let (mut went, mut steps, mut lost) = (0u64, 0u64, Vec::new());
-    let (mut pauses, mut sprays) = (0usize, 0usize);
+    let (mut pauses, mut sprays, mut coordinator_cuts) = (0usize, 0usize, 0usize);
     for seed in 0..seeds {
         let script = chaos_script(seed, 16, 200, "sync");
         pauses += script.matches("coordinator-pause").count();
+        coordinator_cuts +=
+            script.lines().filter(|l| l.starts_with("cut") && l.contains("coordinator")).count();
         sprays += script.matches("spray").count();
         match chaos_run(seed, 16, 200, 5, "sync") {
             Ok(Chaos::Went { steps: s }) => {
@@ -705,12 +713,14 @@ fn chaos_seeds_keep_every_invariant() {
         }
     }
     eprintln!(
-        "chaos: {seeds} seeds x 200 faults on 16 nodes ({pauses} coordinator pauses, {sprays} \
-         spraying members): {went} went on ({steps} steps), {} lost every holder of the state \
-         and stopped {lost:?}",
+        "chaos: {seeds} seeds x 200 faults on 16 nodes ({pauses} coordinator pauses, \
+         {coordinator_cuts} cuts between a member and the coordinator, {sprays} spraying \
+         members): {went} went on ({steps} steps), {} lost every holder of the state and \
+         stopped {lost:?}",
         lost.len()
     );
     assert!(pauses > seeds as usize && sprays * 2 > seeds as usize, "{pauses} {sprays}");
+    assert!(coordinator_cuts > seeds as usize / 2, "{coordinator_cuts}");
     // Losing every state holder takes crashes of all of them while the joiners wait: rare.
     assert!(went * 10 >= seeds * 9, "{} of {seeds} seeds lost the state", lost.len());
     assert!(steps > went * 10, "{steps} steps committed over {went} seeds");

@@ -27,6 +27,12 @@ pub fn node(s: &str) -> Result<NodeId, String> {
         .ok_or_else(|| format!("{s}: expected a node like n3"))
 }
 
+/// A node like `n3`, or `coordinator` (for a link's end).
+#[allow(dead_code)] // Not every test binary that includes this module cuts links.
+pub fn host(s: &str) -> Result<NodeId, String> {
+    if s == "coordinator" { Ok(NodeId::COORDINATOR) } else { node(s) }
+}
+
 fn scripts(dir: &str) -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/testdata").join(dir);
     let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
