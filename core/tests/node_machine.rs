@@ -24,6 +24,7 @@
 //! cut nA nB | heal          frames between nA and nB (or `coordinator`) are lost both ways;
 //!                           every cut heals
 //! cut-oneway nA nB          frames from nA to nB are lost
+//! coordinator-pause D | coordinator-cut-off D   the coordinator stops, or runs hearing nobody
 //! diverge nX                nX's inner weights of the step under way come out NaN
 //! ```
 //!
@@ -206,6 +207,9 @@ fn script_net(script: &str) -> Result<Option<NodeNet>, String> {
                     ("coordinator-crash", []) => net.crash_coordinator(),
                     ("coordinator-pause", [d]) => {
                         net.pause_coordinator(duration(d).map_err(err)?);
+                    }
+                    ("coordinator-cut-off", [d]) => {
+                        net.isolate_coordinator(duration(d).map_err(err)?);
                     }
                     ("spray", [n]) => net.spray_collectives(node(n).map_err(err)?),
                     ("cut", [a, b]) => net.cut(host(a).map_err(err)?, host(b).map_err(err)?),
@@ -581,7 +585,12 @@ fn chaos_script(seed: u64, nodes: u32, events: usize, mode: &str) -> String {
             (8, _) if clock_ms >= resumed_ms + 4_000 => {
                 let pause_ms = rng.random_range(1_000..30_000);
                 resumed_ms = clock_ms + pause_ms;
-                format!("coordinator-pause {pause_ms}ms")
+                // A third of the time its uplink goes down instead: it runs, hearing nobody.
+                if rng.random_range(0..3) == 0 {
+                    format!("coordinator-cut-off {pause_ms}ms")
+                } else {
+                    format!("coordinator-pause {pause_ms}ms")
+                }
             }
             (9, 0) if !sprayer => {
                 sprayer = true;
@@ -696,10 +705,11 @@ fn chaos_seeds_keep_every_invariant() {
     let seeds: u64 =
         std::env::var("LOCO_CHAOS_SEEDS").ok().and_then(|v| v.parse().ok()).unwrap_or(50);
     let (mut went, mut steps, mut lost) = (0u64, 0u64, Vec::new());
-    let (mut pauses, mut sprays, mut coordinator_cuts) = (0usize, 0usize, 0usize);
+    let (mut pauses, mut sprays, mut coordinator_cuts, mut cut_offs) = (0, 0, 0, 0usize);
     for seed in 0..seeds {
         let script = chaos_script(seed, 16, 200, "sync");
         pauses += script.matches("coordinator-pause").count();
+        cut_offs += script.matches("coordinator-cut-off").count();
         coordinator_cuts +=
             script.lines().filter(|l| l.starts_with("cut") && l.contains("coordinator")).count();
         sprays += script.matches("spray").count();
@@ -714,13 +724,14 @@ fn chaos_seeds_keep_every_invariant() {
     }
     eprintln!(
         "chaos: {seeds} seeds x 200 faults on 16 nodes ({pauses} coordinator pauses, \
-         {coordinator_cuts} cuts between a member and the coordinator, {sprays} spraying \
-         members): {went} went on ({steps} steps), {} lost every holder of the state and \
+         {cut_offs} cut-offs of the coordinator from everyone, {coordinator_cuts} cuts between a \
+         member and the coordinator, {sprays} spraying members): {went} went on ({steps} steps), {} lost every holder of the state and \
          stopped {lost:?}",
         lost.len()
     );
     assert!(pauses > seeds as usize && sprays * 2 > seeds as usize, "{pauses} {sprays}");
     assert!(coordinator_cuts > seeds as usize / 2, "{coordinator_cuts}");
+    assert!(cut_offs > seeds as usize / 2, "{cut_offs}");
     // Losing every state holder takes crashes of all of them while the joiners wait: rare.
     assert!(went * 10 >= seeds * 9, "{} of {seeds} seeds lost the state", lost.len());
     assert!(steps > went * 10, "{steps} steps committed over {went} seeds");
@@ -897,6 +908,59 @@ fn a_paused_coordinator_evicts_nobody_when_it_runs_again() {
     assert_eq!(evictions, 0);
     assert!(net.hashes().len() > steps_before, "training went on");
     assert_clean(&net);
+}
+
+/// A coordinator cut off from every member (its uplink down: both ways, or only what it hears)
+/// for longer than the heartbeat timeout and shorter than `rejoin_for` evicts nobody: it hears
+/// nobody, so the silence is its own; the members wait for it, still members, and when it hears
+/// them again it credits the gap to everyone. A member that died during the cut is evicted
+/// afterwards all the same.
+#[test]
+fn a_coordinator_cut_off_from_every_member_evicts_nobody() {
+    let cfg = MeshConfig::default();
+    for (cut_ms, oneway) in [(7_000u64, false), (12_000, true), (20_000, false), (33_000, false)] {
+        let mut net = formed(cfg.clone(), 3);
+        net.run_for(secs(30)).unwrap();
+        let steps_before = net.hashes().len();
+        let before: Vec<u64> =
+            (0..3).map(|n| net.node(NodeId(n)).unwrap().member().incarnation()).collect();
+        for n in 0..3 {
+            if oneway {
+                net.cut_oneway(NodeId(n), NodeId::COORDINATOR);
+            } else {
+                net.cut(NodeId(n), NodeId::COORDINATOR);
+            }
+        }
+        net.run_for(Duration::from_millis(cut_ms)).unwrap();
+        net.recover();
+        net.run_for(secs(120)).unwrap();
+        let evictions = net
+            .record()
+            .iter()
+            .filter(|r| {
+                matches!(&r.what, Seen::Mesh(MeshEvent::EpochFormed { evicted, .. }) if !evicted.is_empty())
+            })
+            .count();
+        assert_eq!(evictions, 0, "a {cut_ms} ms cut (one-way: {oneway})");
+        let after: Vec<u64> =
+            (0..3).map(|n| net.node(NodeId(n)).unwrap().member().incarnation()).collect();
+        assert_eq!(after, before, "a {cut_ms} ms cut (one-way: {oneway})");
+        assert!(net.hashes().len() > steps_before, "training went on after a {cut_ms} ms cut");
+        assert_clean(&net);
+    }
+    // A member that dies while the coordinator is cut off is evicted once it hears the others.
+    let mut net = formed(cfg.clone(), 3);
+    net.run_for(secs(30)).unwrap();
+    for n in 0..3 {
+        net.cut(NodeId(n), NodeId::COORDINATOR);
+    }
+    net.run_for(secs(5)).unwrap();
+    net.crash(NodeId(2));
+    net.run_for(secs(10)).unwrap();
+    net.recover();
+    net.run_for(secs(60)).unwrap();
+    let members = net.coordinator().unwrap().members();
+    assert_eq!(members, vec![NodeId(0), NodeId(1)], "the dead member is evicted after the cut");
 }
 
 /// A member that sends its ring frames to nodes that are not its neighbours (a stray or hostile

@@ -14,6 +14,7 @@ use crate::ids::{Epoch, NodeId, Weight};
 use crate::time::Time;
 use std::collections::VecDeque;
 use std::fmt;
+use std::time::Duration;
 
 /// Decisions applied in one call at most; more means a bug in [`decide`] (reported as
 /// [`MeshEvent::DecisionLimit`], never a hang or a panic).
@@ -305,29 +306,34 @@ impl Coordinator {
     }
 
     /// The coordinator judges silence only over time it was itself running and hearing. Two
-    /// signs say it was not, since it last handled an input (a paused VM, swap, a blocked loop,
-    /// its own uplink down), and nothing it could have heard meanwhile was heard:
-    /// - a deadline met more than a quarter of a heartbeat interval late (`heard` false);
-    /// - a message after more than one and a half heartbeat intervals without any input while it
-    ///   has members or joiners, who each beat every interval (`heard` true).
+    /// signs say it was not (a paused VM, swap, a blocked loop, its own uplink down), and
+    /// nothing it could have heard meanwhile was heard:
+    /// - a deadline met more than a quarter of a heartbeat interval late (`heard` false): the
+    ///   gap since it last handled an input is credited;
+    /// - a message after more than one and a half heartbeat intervals without any message while
+    ///   it has members or joiners, who each beat every interval (`heard` true): the gap since
+    ///   the last message is credited. Deadlines met meanwhile judged nobody's silence (see
+    ///   [`isolated`](super::decide::isolated)).
     ///
-    /// When it stopped within that gap is unknown, so every member and joiner is credited the
-    /// whole gap: a pause of the coordinator alone evicts nobody, and a node that died meanwhile
-    /// is evicted that much later. A deadline met on time (the coordinator ran, hearing nobody)
-    /// credits nothing: a mesh that fell silent is still judged.
-    fn credit_absence(&mut self, now: Time, heard: bool) {
-        let Some(last_ran) = self.last_ran.replace(now) else { return };
-        let gap = now.saturating_since(last_ran);
+    /// When it stopped hearing within that gap is unknown, so every member and joiner is
+    /// credited the whole gap: a pause or a cut-off of the coordinator alone evicts nobody, and
+    /// a node that died meanwhile is evicted that much later. Returns whether it credited.
+    fn credit_absence(&mut self, now: Time, heard: bool) -> bool {
+        let last_ran = self.last_ran.replace(now);
         let interval = self.cfg.heartbeat_interval;
-        let absent = if heard {
+        let gap = if heard {
+            let since = self.state.last_heard.replace(now).or(last_ran);
+            let gap = since.map_or(Duration::ZERO, |t| now.saturating_since(t));
             let someone = !self.state.members.is_empty() || !self.state.queue.is_empty();
-            someone && gap > interval + interval / 2
+            (someone && gap > interval + interval / 2).then_some(gap)
         } else {
-            self.timers.next_timeout().is_some_and(|due| now.saturating_since(due) > interval / 4)
+            let late = self
+                .timers
+                .next_timeout()
+                .is_some_and(|due| now.saturating_since(due) > interval / 4);
+            last_ran.filter(|_| late).map(|t| now.saturating_since(t))
         };
-        if !absent {
-            return;
-        }
+        let Some(gap) = gap else { return false };
         tracing::warn!(
             "coordinator: {:.1}s since it last ran or heard anyone: silence over that time is not held against anyone",
             gap.as_secs_f64()
@@ -338,6 +344,7 @@ impl Coordinator {
         for j in &mut self.state.queue {
             j.last_seen = (j.last_seen + gap).min(now);
         }
+        true
     }
 
     /// Ends the run: tells every member and queued joiner to stop.
@@ -365,7 +372,7 @@ impl Coordinator {
             self.answer_after_stop(from, &msg);
             return;
         }
-        self.credit_absence(now, true);
+        let credited = self.credit_absence(now, true);
         // A heartbeat from a live member that changes nothing but its liveness changes no
         // decision (see `quiet` below): what it was before.
         let before = match &msg {
@@ -448,7 +455,8 @@ impl Coordinator {
             | MeshMsg::Probe { .. }
             | MeshMsg::ProbeAck { .. } => {}
         }
-        if !self.quiet(now, from, before) {
+        // After a credit every deadline moved: decide again, whatever the message.
+        if credited || !self.quiet(now, from, before) {
             self.step(now);
         }
     }

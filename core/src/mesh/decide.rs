@@ -271,10 +271,12 @@ pub(crate) enum CoordTimer {
     AllReduceDeadline,
     /// The current bandwidth probe round's deadline (set by the coordinator, not by `decide`).
     ProbeRound,
+    /// The end of the coordinator's own isolation: `rejoin_for` after it last heard anyone.
+    Isolation,
 }
 
 impl TimerKind for CoordTimer {
-    const COUNT: usize = 7;
+    const COUNT: usize = 8;
     fn all() -> &'static [Self] {
         &[
             CoordTimer::JoinWindow,
@@ -284,6 +286,7 @@ impl TimerKind for CoordTimer {
             CoordTimer::RetryBackoff,
             CoordTimer::AllReduceDeadline,
             CoordTimer::ProbeRound,
+            CoordTimer::Isolation,
         ]
     }
     fn index(self) -> usize {
@@ -301,6 +304,9 @@ pub(crate) fn timers(s: &MeshState, cfg: &MeshConfig) -> TimerTable<CoordTimer> 
         .min()
         .map(|seen| seen + cfg.heartbeat_timeout);
     t.set_opt(CoordTimer::HeartbeatExpiry, hb);
+    if !s.members.is_empty() {
+        t.set_opt(CoordTimer::Isolation, s.last_heard.map(|h| h + cfg.rejoin_for));
+    }
     match &s.phase {
         Phase::Forming if s.queue.len() >= cfg.min_members => {
             let first = s.queue.iter().map(|j| j.queued_at).min();
@@ -337,8 +343,24 @@ fn is_silent(now: Time, last_seen: Time, cfg: &MeshConfig) -> bool {
     now >= last_seen + cfg.heartbeat_timeout
 }
 
-/// Members to evict now regardless of the phase: deathrattle, restart, heartbeat timeout.
+/// The coordinator itself is cut off: it has heard nobody (member or joiner, each beating every
+/// heartbeat interval) for one and a half intervals, and for less than `rejoin_for`. A silence
+/// it cannot tell from its own (its uplink down) evicts nobody: the members wait for it, still
+/// members, until their own `rejoin_for`; when it hears again it credits the gap to everyone
+/// (see `Coordinator::credit_absence`). Past `rejoin_for` the members have given up, and their
+/// silence is judged.
+pub(crate) fn isolated(now: Time, s: &MeshState, cfg: &MeshConfig) -> bool {
+    let interval = cfg.heartbeat_interval;
+    s.last_heard.is_some_and(|h| {
+        let quiet = now.saturating_since(h);
+        quiet > interval + interval / 2 && quiet < cfg.rejoin_for
+    })
+}
+
+/// Members to evict now regardless of the phase: deathrattle, restart, heartbeat timeout (not
+/// while the coordinator is [`isolated`]).
 fn dead_members(now: Time, s: &MeshState, cfg: &MeshConfig) -> Vec<(NodeId, EvictReason)> {
+    let cut_off = isolated(now, s, cfg);
     s.members
         .iter()
         .filter_map(|(&id, m)| {
@@ -346,7 +368,7 @@ fn dead_members(now: Time, s: &MeshState, cfg: &MeshConfig) -> Vec<(NodeId, Evic
                 Some((id, EvictReason::Restarted))
             } else if let Some(r) = m.leaving {
                 Some((id, EvictReason::Deathrattle(r)))
-            } else if is_silent(now, m.last_seen, cfg) {
+            } else if is_silent(now, m.last_seen, cfg) && !cut_off {
                 Some((id, EvictReason::HeartbeatTimeout))
             } else {
                 None

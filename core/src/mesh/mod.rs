@@ -18,6 +18,8 @@
 //! # The protocol
 //!
 //! Liveness is judged only by the coordinator's own receive time: no message carries a clock.
+//! And only over time it ran and heard: a silence while it heard nobody at all (its uplink
+//! down), or while it was not running (a paused VM), is its own and evicts nobody.
 //!
 //! **Join.** A node sends `Join { incarnation }` (repeated with its heartbeats until answered);
 //! the coordinator queues it (`Queued`). Before the first epoch, the queued joiners form it once

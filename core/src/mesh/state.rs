@@ -150,6 +150,8 @@ pub struct MeshState {
     pub bandwidth: BandwidthMatrix,
     /// Every (node, incarnation) ever admitted, so that none is admitted twice.
     pub admitted: BTreeSet<(NodeId, u64)>,
+    /// When the coordinator last received a message from anyone (its own receive clock).
+    pub last_heard: Option<Time>,
 }
 
 impl Default for MeshState {
@@ -166,6 +168,7 @@ impl Default for MeshState {
             transfers: Vec::new(),
             bandwidth: BandwidthMatrix::new(),
             admitted: BTreeSet::new(),
+            last_heard: None,
         }
     }
 }

@@ -109,6 +109,9 @@ pub struct NodeNet {
     max_steps: u64,
     /// The coordinator runs nothing before this time ([`NodeNet::pause_coordinator`]).
     coordinator_paused_until: Time,
+    /// Frames to and from the coordinator are lost before this time
+    /// ([`NodeNet::isolate_coordinator`]).
+    coordinator_isolated_until: Time,
     /// Nodes whose collective frames are also delivered to every other node
     /// ([`NodeNet::spray_collectives`]).
     sprayers: BTreeSet<NodeId>,
@@ -158,6 +161,7 @@ impl NodeNet {
             snapshots: Vec::new(),
             max_steps: 2_000_000,
             coordinator_paused_until: Time::ZERO,
+            coordinator_isolated_until: Time::ZERO,
             sprayers: BTreeSet::new(),
             liars: BTreeSet::new(),
         }
@@ -318,6 +322,12 @@ impl NodeNet {
         self.note(NodeId::COORDINATOR, Seen::Fault(format!("paused for {d:?}")));
     }
 
+    /// The coordinator's uplink goes down for `d`: it runs, but frames to and from it are lost.
+    pub fn isolate_coordinator(&mut self, d: Duration) {
+        self.coordinator_isolated_until = self.now + d;
+        self.note(NodeId::COORDINATOR, Seen::Fault(format!("cut off for {d:?}")));
+    }
+
     /// The coordinator vanishes.
     pub fn crash_coordinator(&mut self) {
         self.coordinator = None;
@@ -407,6 +417,10 @@ impl NodeNet {
 
     fn enqueue_one(&mut self, from: NodeId, to: NodeId, mut frame: Frame) {
         if self.cut.contains(&(from, to)) {
+            return;
+        }
+        let coordinator = from == NodeId::COORDINATOR || to == NodeId::COORDINATOR;
+        if coordinator && self.now < self.coordinator_isolated_until {
             return;
         }
         if let (Header::State(_), crate::transport::Body::Bytes(b)) = (&frame.header, &frame.body) {
