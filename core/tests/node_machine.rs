@@ -266,6 +266,21 @@ fn node_events(net: &NodeNet, id: NodeId) -> Vec<NodeEvent> {
         .collect()
 }
 
+/// How many epochs evicted someone.
+fn evictions(net: &NodeNet) -> usize {
+    net.record()
+        .iter()
+        .filter(|r| {
+            matches!(&r.what, Seen::Mesh(MeshEvent::EpochFormed { evicted, .. }) if !evicted.is_empty())
+        })
+        .count()
+}
+
+/// The incarnations of nodes 0..n (a new membership has a new one).
+fn incarnations(net: &NodeNet, n: u32) -> Vec<u64> {
+    (0..n).map(|i| net.node(NodeId(i)).unwrap().member().incarnation()).collect()
+}
+
 fn assert_clean(net: &NodeNet) {
     assert!(net.violations().is_empty(), "{:?}", net.violations());
     assert!(net.disagreements().is_empty(), "{:?}", net.hashes());
@@ -898,14 +913,7 @@ fn a_paused_coordinator_evicts_nobody_when_it_runs_again() {
     net.run_for(pause + secs(120)).unwrap();
     let members = net.coordinator().unwrap().members();
     assert_eq!(members.len(), 3, "evicted after its own pause: {members:?}");
-    let evictions = net
-        .record()
-        .iter()
-        .filter(|r| {
-            matches!(&r.what, Seen::Mesh(MeshEvent::EpochFormed { evicted, .. }) if !evicted.is_empty())
-        })
-        .count();
-    assert_eq!(evictions, 0);
+    assert_eq!(evictions(&net), 0);
     assert!(net.hashes().len() > steps_before, "training went on");
     assert_clean(&net);
 }
@@ -922,8 +930,7 @@ fn a_coordinator_cut_off_from_every_member_evicts_nobody() {
         let mut net = formed(cfg.clone(), 3);
         net.run_for(secs(30)).unwrap();
         let steps_before = net.hashes().len();
-        let before: Vec<u64> =
-            (0..3).map(|n| net.node(NodeId(n)).unwrap().member().incarnation()).collect();
+        let before = incarnations(&net, 3);
         for n in 0..3 {
             if oneway {
                 net.cut_oneway(NodeId(n), NodeId::COORDINATOR);
@@ -934,16 +941,8 @@ fn a_coordinator_cut_off_from_every_member_evicts_nobody() {
         net.run_for(Duration::from_millis(cut_ms)).unwrap();
         net.recover();
         net.run_for(secs(120)).unwrap();
-        let evictions = net
-            .record()
-            .iter()
-            .filter(|r| {
-                matches!(&r.what, Seen::Mesh(MeshEvent::EpochFormed { evicted, .. }) if !evicted.is_empty())
-            })
-            .count();
-        assert_eq!(evictions, 0, "a {cut_ms} ms cut (one-way: {oneway})");
-        let after: Vec<u64> =
-            (0..3).map(|n| net.node(NodeId(n)).unwrap().member().incarnation()).collect();
+        assert_eq!(evictions(&net), 0, "a {cut_ms} ms cut (one-way: {oneway})");
+        let after = incarnations(&net, 3);
         assert_eq!(after, before, "a {cut_ms} ms cut (one-way: {oneway})");
         assert!(net.hashes().len() > steps_before, "training went on after a {cut_ms} ms cut");
         assert_clean(&net);
@@ -1034,23 +1033,14 @@ fn a_coordinator_pause_shorter_than_rejoin_for_at_any_phase_of_the_heartbeats_ev
         for pause_ms in [3_000u64, 5_500, 12_000, 18_000, 30_000] {
             let mut net = formed(cfg.clone(), 3);
             net.run_for(Duration::from_millis(30_000 + offset_ms)).unwrap();
-            let before: Vec<u64> =
-                (0..3).map(|n| net.node(NodeId(n)).unwrap().member().incarnation()).collect();
+            let before = incarnations(&net, 3);
             net.pause_coordinator(Duration::from_millis(pause_ms));
             // A joiner's `Join`, sent at once, waits with the heartbeats and is handled first.
             net.add(NodeId(3));
             net.run_for(secs(60)).unwrap();
-            let evictions = net
-                .record()
-                .iter()
-                .filter(|r| {
-                    matches!(&r.what, Seen::Mesh(MeshEvent::EpochFormed { evicted, .. }) if !evicted.is_empty())
-                })
-                .count();
-            assert_eq!(evictions, 0, "a {pause_ms} ms pause {offset_ms} ms after a round");
+            assert_eq!(evictions(&net), 0, "a {pause_ms} ms pause {offset_ms} ms after a round");
             // Nobody gave up its membership (a new one would have a new incarnation).
-            let after: Vec<u64> =
-                (0..3).map(|n| net.node(NodeId(n)).unwrap().member().incarnation()).collect();
+            let after = incarnations(&net, 3);
             assert_eq!(after, before, "a {pause_ms} ms pause {offset_ms} ms after a round");
             // Each founder wrote the silence once if it outlasted the coordinator timeout.
             let lost = net

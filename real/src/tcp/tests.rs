@@ -745,6 +745,30 @@ async fn a_silent_connection_is_closed_at_the_hello_limit() {
     assert_eq!(b.stats().rejected_handshakes.load(Ordering::Relaxed), 1);
 }
 
+/// Makes node 2's address a black hole (its listener gone, and a socket with a full backlog that
+/// answers no SYN), then sends five rounds from `a` to it and to `b`: each round returns within
+/// 300 ms and `b` gets every frame. Returns the black hole, to keep it open.
+async fn sends_to_a_black_hole_hold_up_nothing(
+    a: &mut TcpTransport,
+    b: &mut TcpTransport,
+) -> (std::os::fd::OwnedFd, std::net::TcpStream) {
+    let gone = TcpTransport::bind(NodeId(2), loopback(), TcpConfig::default()).await.unwrap();
+    let hole_addr = gone.local_addr();
+    drop(gone);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let hole = blackhole(hole_addr);
+    a.set_peer_addr(NodeId(2), hole_addr);
+    for i in 0..5u32 {
+        let t0 = tokio::time::Instant::now();
+        a.send(NodeId(2), collective(i)).await.unwrap();
+        a.send(NodeId(1), collective(i)).await.unwrap();
+        assert!(t0.elapsed() < Duration::from_millis(300), "sends held for {:?}", t0.elapsed());
+        let (from, f) = recv_within(b).await.expect("the reachable peer's frame");
+        assert_eq!((from, f), (NodeId(0), collective(i)));
+    }
+    hole
+}
+
 /// With [`TcpConfig::dial_in_background`] (the coordinator's), a send to a peer whose address
 /// drops SYNs returns at once and holds up no send to anyone else; the dial's failure shows at
 /// a later send, after `connect_timeout`.
@@ -756,22 +780,7 @@ async fn a_black_hole_peer_holds_up_no_send_when_dials_run_in_the_background() {
         ..TcpConfig::default()
     };
     let (mut a, mut b) = pair(cfg).await;
-    // A third endpoint's address, made a black hole: its listener is gone, and a socket with a
-    // full backlog answers no SYN.
-    let gone = TcpTransport::bind(NodeId(2), loopback(), TcpConfig::default()).await.unwrap();
-    let hole_addr = gone.local_addr();
-    drop(gone);
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let (hole, filler) = blackhole(hole_addr);
-    a.set_peer_addr(NodeId(2), hole_addr);
-    for i in 0..5u32 {
-        let t0 = tokio::time::Instant::now();
-        a.send(NodeId(2), collective(i)).await.unwrap();
-        a.send(NodeId(1), collective(i)).await.unwrap();
-        assert!(t0.elapsed() < Duration::from_millis(300), "sends held for {:?}", t0.elapsed());
-        let (from, f) = recv_within(&mut b).await.expect("the reachable peer's frame");
-        assert_eq!((from, f), (NodeId(0), collective(i)));
-    }
+    let (hole, filler) = sends_to_a_black_hole_hold_up_nothing(&mut a, &mut b).await;
     // After the dial's limit, a send reports the peer unreachable, and the next dials again.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let r = a.send(NodeId(2), collective(9)).await;
@@ -789,22 +798,9 @@ async fn a_first_dial_to_a_black_hole_holds_up_no_send_and_is_heard_as_unreachab
     let cfg = TcpConfig { connect_timeout: Duration::from_secs(2), ..TcpConfig::default() };
     assert!(!cfg.dial_in_background);
     let (mut a, mut b) = pair(cfg).await;
-    let gone = TcpTransport::bind(NodeId(2), loopback(), TcpConfig::default()).await.unwrap();
-    let hole_addr = gone.local_addr();
-    drop(gone);
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let (hole, filler) = blackhole(hole_addr);
-    a.set_peer_addr(NodeId(2), hole_addr);
     let unreachable = a.unreachable();
     let t0 = tokio::time::Instant::now();
-    for i in 0..5u32 {
-        let t = tokio::time::Instant::now();
-        a.send(NodeId(2), collective(i)).await.unwrap();
-        a.send(NodeId(1), collective(i)).await.unwrap();
-        assert!(t.elapsed() < Duration::from_millis(300), "sends held for {:?}", t.elapsed());
-        let (from, f) = recv_within(&mut b).await.expect("the reachable peer's frame");
-        assert_eq!((from, f), (NodeId(0), collective(i)));
-    }
+    let (hole, filler) = sends_to_a_black_hole_hold_up_nothing(&mut a, &mut b).await;
     let heard = tokio::time::timeout(Duration::from_secs(5), unreachable.next()).await;
     assert_eq!(heard, Ok(NodeId(2)));
     let after = t0.elapsed();
