@@ -235,6 +235,9 @@ pub struct TcpStats {
     /// Incoming connections closed during their handshake to make room for a newer one (more
     /// than [`MAX_HANDSHAKES`] in flight: a flood of connections that do not authenticate).
     pub evicted_handshakes: AtomicU64,
+    /// Authenticated incoming connections closed to make room for a newer one of the same peer
+    /// (more than [`MAX_CONNECTIONS_PER_PEER`] open: a member opening connections without end).
+    pub evicted_connections: AtomicU64,
     /// Messages refused for their sender: a directory from anyone but the coordinator.
     pub unauthorised: AtomicU64,
 }
@@ -911,28 +914,55 @@ struct AcceptCtx {
     inbound: OpenInbound,
 }
 
-/// Authenticated incoming connections open now, per peer (their learned addresses are kept).
-type OpenInbound = Arc<std::sync::Mutex<BTreeMap<NodeId, usize>>>;
+/// Authenticated incoming connections a peer may hold open at once; a newer one closes the
+/// oldest. An honest peer holds its collective streams, its state streams and, for a moment,
+/// the connections a partition left behind: far fewer.
+pub const MAX_CONNECTIONS_PER_PEER: usize = 64;
 
-/// Counts one open incoming connection of a peer for as long as it lives.
+/// Authenticated incoming connections open now, per peer, oldest first, each with what closes
+/// it (their learned addresses are kept while any is open).
+type OpenInbound = Arc<std::sync::Mutex<BTreeMap<NodeId, std::collections::VecDeque<Open>>>>;
+
+/// One open incoming connection: its number, and what tells its reader to close it.
+type Open = (u64, Arc<tokio::sync::Notify>);
+
+/// Counts one open incoming connection of a peer for as long as it lives; past
+/// [`MAX_CONNECTIONS_PER_PEER`] the peer's oldest is told to close.
 struct InboundGuard {
     from: NodeId,
+    number: u64,
+    close: Arc<tokio::sync::Notify>,
     inbound: OpenInbound,
 }
 
 impl InboundGuard {
-    fn new(from: NodeId, inbound: &OpenInbound) -> InboundGuard {
-        *inbound.lock().unwrap_or_else(|e| e.into_inner()).entry(from).or_default() += 1;
-        InboundGuard { from, inbound: inbound.clone() }
+    fn new(from: NodeId, inbound: &OpenInbound, stats: &TcpStats) -> InboundGuard {
+        static NUMBER: AtomicU64 = AtomicU64::new(0);
+        let number = NUMBER.fetch_add(1, Ordering::Relaxed);
+        let close = Arc::new(tokio::sync::Notify::new());
+        let mut open = inbound.lock().unwrap_or_else(|e| e.into_inner());
+        let list = open.entry(from).or_default();
+        while list.len() >= MAX_CONNECTIONS_PER_PEER {
+            let Some((_, oldest)) = list.pop_front() else { break };
+            oldest.notify_one();
+            stats.evicted_connections.fetch_add(1, Ordering::Relaxed);
+        }
+        list.push_back((number, close.clone()));
+        InboundGuard { from, number, close, inbound: inbound.clone() }
+    }
+
+    /// Resolves when a newer connection of the same peer made this one close.
+    async fn evicted(&self) {
+        self.close.notified().await;
     }
 }
 
 impl Drop for InboundGuard {
     fn drop(&mut self) {
         let mut open = self.inbound.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = open.get_mut(&self.from) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
+        if let Some(list) = open.get_mut(&self.from) {
+            list.retain(|(n, _)| *n != self.number);
+            if list.is_empty() {
                 open.remove(&self.from);
             }
         }
@@ -989,12 +1019,17 @@ async fn accept_loop(listener: TcpListener, ctx: AcceptCtx, inbox: mpsc::Sender<
             match outcome {
                 Ok(Ok((from, port, stream))) => {
                     ctx.stats.accepted_connections.fetch_add(1, Ordering::Relaxed);
-                    let _open = InboundGuard::new(from, &ctx.inbound);
+                    let open = InboundGuard::new(from, &ctx.inbound, &ctx.stats);
                     if port != 0 {
                         let learned = SocketAddr::new(addr.ip(), port);
                         ctx.addrs.lock().expect("poisoned").insert(from, learned);
                     }
-                    read_loop(from, stream, &ctx, &inbox).await;
+                    tokio::select! {
+                        () = read_loop(from, stream, &ctx, &inbox) => {}
+                        () = open.evicted() => {
+                            tracing::debug!(peer = %from, %addr, "closed: a newer connection of this peer made room");
+                        }
+                    }
                 }
                 Ok(Err(reason)) => {
                     ctx.stats.rejected_handshakes.fetch_add(1, Ordering::Relaxed);

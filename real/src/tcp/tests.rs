@@ -831,6 +831,30 @@ async fn a_refused_first_dial_is_heard_at_once_and_the_next_send_dials_again() {
     assert_eq!((from, f), (NodeId(0), collective(2)));
 }
 
+/// One id opening connections without end (a member of the run, which holds the secret) keeps
+/// at most [`MAX_CONNECTIONS_PER_PEER`] open at the receiver: each one past that closes its
+/// oldest, and the newest still delivers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_peer_holds_at_most_its_cap_of_connections_open() {
+    let mut b = TcpTransport::bind(NodeId(1), loopback(), TcpConfig::default()).await.unwrap();
+    let extra = 20;
+    let mut senders = Vec::new();
+    for i in 0..MAX_CONNECTIONS_PER_PEER + extra {
+        let mut c = TcpTransport::bind(NodeId(5), loopback(), TcpConfig::default()).await.unwrap();
+        c.set_peer_addr(NodeId(1), b.local_addr());
+        c.send(NodeId(1), collective(i as u32)).await.unwrap();
+        let (from, _) = recv_within(&mut b).await.expect("each connection's first frame");
+        assert_eq!(from, NodeId(5));
+        senders.push(c);
+    }
+    let evicted = b.stats().evicted_connections.load(Ordering::Relaxed);
+    assert_eq!(evicted, extra as u64);
+    let newest = senders.last_mut().unwrap();
+    newest.send(NodeId(1), collective(9999)).await.unwrap();
+    let (from, f) = recv_within(&mut b).await.expect("the newest connection still delivers");
+    assert_eq!((from, f), (NodeId(5), collective(9999)));
+}
+
 /// Learned addresses are kept for the peers the caller names and for those connected now;
 /// the others (ids that connected once and left) are forgotten, so they cannot accumulate.
 #[tokio::test]
