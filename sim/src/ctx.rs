@@ -62,7 +62,8 @@ pub struct RunCtx {
     /// Set when the coordinator stopped the run because no member held the training state any
     /// more: why, for the summary's `stop_reason`.
     pub mesh_stopped: RefCell<Option<String>>,
-    /// The coordinator's process is stopped (`coordinator-pause`): it reads and sends nothing.
+    /// The coordinator's turmoil host is stopped (`coordinator-pause`): it reads and sends
+    /// nothing. (The event executor holds the coordinator's inputs itself.)
     pub coordinator_paused: Cell<bool>,
     /// Wakes the coordinator when `coordinator_paused` changes.
     pub coordinator_wake: Notify,

@@ -319,11 +319,9 @@ impl<'a> Driver<'a> {
                 self.network_rows(now, action);
             }
             ChurnAction::CoordinatorPause | ChurnAction::CoordinatorResume => {
-                let paused = matches!(action, ChurnAction::CoordinatorPause);
-                let detail = if paused { "paused" } else { "runs again" };
+                let detail = action.coordinator_pause_detail().unwrap_or_default();
                 run.event(now, EventKind::CoordinatorPause, None, None, detail);
-                run.coordinator_paused.set(paused);
-                self.exec.pause_coordinator(paused);
+                self.exec.pause_coordinator(matches!(action, ChurnAction::CoordinatorPause));
             }
             ChurnAction::CoordinatorCrash => {
                 run.event(now, EventKind::CoordinatorCrash, None, None, "killed");

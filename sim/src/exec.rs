@@ -26,8 +26,7 @@ pub(crate) trait Exec {
     fn bounce(&mut self, id: NodeId);
     /// Tells node `id` that its control block changed (hang, resume, leave).
     fn notify(&mut self, id: NodeId);
-    /// Stops the coordinator's process where it stands, or lets it run again
-    /// ([`RunCtx::coordinator_paused`](crate::ctx::RunCtx::coordinator_paused) is already set).
+    /// Stops the coordinator's process where it stands, or lets it run again.
     fn pause_coordinator(&mut self, paused: bool);
     /// Cuts the traffic from `a` to `b` (the shared network already counts the cut).
     fn partition_oneway(&mut self, a: NodeId, b: NodeId);
@@ -87,7 +86,8 @@ impl Exec for TurmoilExec<'_> {
         self.run.node(id).wake.notify_one();
     }
 
-    fn pause_coordinator(&mut self, _paused: bool) {
+    fn pause_coordinator(&mut self, paused: bool) {
+        self.run.coordinator_paused.set(paused);
         self.run.coordinator_wake.notify_one();
     }
 

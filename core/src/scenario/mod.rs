@@ -715,6 +715,16 @@ impl ChurnAction {
         }
     }
 
+    /// The detail of the `coordinator-pause` row that a pause or its end writes, the same in
+    /// both backends; `None` for other events.
+    pub fn coordinator_pause_detail(&self) -> Option<&'static str> {
+        match self {
+            ChurnAction::CoordinatorPause => Some("paused"),
+            ChurnAction::CoordinatorResume => Some("runs again"),
+            _ => None,
+        }
+    }
+
     /// The events.csv rows (kind, detail) that a network event writes, the same in both
     /// backends: a partition and each cut a heal ends (`in_force`: the partitions in force
     /// before it, which a `heal` without a cut ends), a degrade and a restore. Other events

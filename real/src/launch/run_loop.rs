@@ -261,11 +261,8 @@ impl Run<'_, '_> {
             }
             ChurnAction::CoordinatorPause | ChurnAction::CoordinatorResume => {
                 let paused = matches!(action, ChurnAction::CoordinatorPause);
-                let (signal, detail) = if paused {
-                    (Signal::SIGSTOP, "paused")
-                } else {
-                    (Signal::SIGCONT, "runs again")
-                };
+                let signal = if paused { Signal::SIGSTOP } else { Signal::SIGCONT };
+                let detail = action.coordinator_pause_detail().unwrap_or_default();
                 st.coordinator_paused = paused;
                 self.signal(self.coordinator, signal);
                 st.launch_events
