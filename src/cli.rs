@@ -29,7 +29,8 @@ pub(crate) enum Command {
     Replay(ReplayArgs),
     /// Run a scenario on real processes on this machine: a coordinator and the scenario's
     /// workers, training the scenario's model (libtorch), with its churn played by real signals
-    /// (SIGKILL, SIGTERM, SIGSTOP/SIGCONT) and new processes. The processes talk kernel TCP
+    /// (SIGKILL, SIGTERM; SIGSTOP for a coordinator pause), in-process commands (a hang) and
+    /// new processes. The processes talk kernel TCP
     /// through the scenario's links, emulated (each in a network namespace of its own, its
     /// packets delayed and dropped as the links would, partitions and degrades included), where
     /// this machine allows it (root); else through userspace relays that shape each directed
@@ -341,6 +342,11 @@ pub(crate) struct WorkerArgs {
     /// Write checkpoints here instead of the scenario's `[real] checkpoint_dir`.
     #[arg(long, value_name = "DIR")]
     pub(crate) checkpoint_dir: Option<PathBuf>,
+    /// Read fault commands from standard input, one a line: `hang` stops this node's work
+    /// (inner steps, collective frames, state sending) while its heartbeats go on, `resume`
+    /// lets it go on. `loco launch` plays the scenario's `hang` events so.
+    #[arg(long)]
+    pub(crate) control_stdin: bool,
 }
 
 #[derive(Debug, Args)]

@@ -163,6 +163,20 @@ impl InnerLoop for AnyInner {
             AnyInner::Torch(t) => t.step(),
         }
     }
+    fn begin_round(&mut self, outer_step: u64, draw: u64) {
+        match self {
+            AnyInner::Synthetic(q) => q.begin_round(outer_step, draw),
+            #[cfg(feature = "torch")]
+            AnyInner::Torch(t) => t.begin_round(outer_step, draw),
+        }
+    }
+    fn set_gate(&mut self, gate: loco_real::inner::HangGate) {
+        match self {
+            AnyInner::Synthetic(q) => q.set_gate(gate),
+            #[cfg(feature = "torch")]
+            AnyInner::Torch(t) => t.set_gate(gate),
+        }
+    }
     fn export_optimizer(&self) -> Result<Vec<u8>, InnerError> {
         match self {
             AnyInner::Synthetic(q) => q.export_optimizer(),
@@ -207,7 +221,14 @@ fn make_inner(
     synthetic: Option<usize>,
 ) -> Result<AnyInner> {
     if let Some(n) = synthetic {
-        let q = Quadratic::new(n, s.seed(), node.id.0).paced(node.step_time);
+        let pace = loco_real::inner::Pace {
+            seed: s.seed(),
+            node: node.id.0,
+            inner_steps: s.diloco().round_steps(),
+            step_time: node.step_time,
+            jitter: node.step_jitter,
+        };
+        let q = Quadratic::new(n, s.seed(), node.id.0).paced(pace);
         return Ok(AnyInner::Synthetic(Box::new(q)));
     }
     #[cfg(feature = "torch")]
@@ -331,6 +352,9 @@ pub(crate) fn worker(a: &crate::cli::WorkerArgs) -> Result<()> {
         resume: a.resume.clone(),
         faults: a.crash_during.clone(),
         status: status.clone(),
+        hang: a
+            .control_stdin
+            .then(|| loco_real::node::hang_commands(std::io::BufReader::new(std::io::stdin()))),
     };
     let report = runtime()?.block_on(run_worker(opts, inner, terminate_signal()));
     if let Some(st) = &status {

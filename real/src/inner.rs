@@ -3,9 +3,11 @@
 //! machines without libtorch).
 
 use crate::train::TrainerState;
-use loco_core::node::synthetic::{Objective, initial_weights};
+use loco_core::node::synthetic::{Objective, initial_weights, step_times};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 /// What one inner step reports.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -32,6 +34,59 @@ pub enum InnerError {
     Backend(String),
 }
 
+/// Whether the node hangs (`hang` in the scenario): its compute stops while its heartbeats go
+/// on. The worker closes it and opens it again; the inner loop's thread waits on it between
+/// steps, and a paced step's sleep waits out the hang on top of its time. Clones share one
+/// gate.
+#[derive(Clone, Debug, Default)]
+pub struct HangGate(Arc<(Mutex<bool>, Condvar)>);
+
+impl HangGate {
+    /// Closes (`true`) or opens the gate.
+    pub fn set(&self, hung: bool) {
+        let (m, cv) = &*self.0;
+        *m.lock().unwrap_or_else(PoisonError::into_inner) = hung;
+        cv.notify_all();
+    }
+
+    /// Whether it is closed.
+    pub fn is_hung(&self) -> bool {
+        *self.0.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Blocks while the gate is closed.
+    pub fn wait(&self) {
+        let (m, cv) = &*self.0;
+        let mut hung = m.lock().unwrap_or_else(PoisonError::into_inner);
+        while *hung {
+            hung = cv.wait(hung).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    /// Sleeps until `due`, later by however long the gate is closed meanwhile; returns when
+    /// it woke (the due time moved by the hangs).
+    #[allow(clippy::disallowed_methods)] // pacing only: the synthetic step's wall time
+    pub fn sleep_until(&self, mut due: Instant) -> Instant {
+        let (m, cv) = &*self.0;
+        let mut hung = m.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            if *hung {
+                let since = Instant::now();
+                while *hung {
+                    hung = cv.wait(hung).unwrap_or_else(PoisonError::into_inner);
+                }
+                due += since.elapsed();
+                continue;
+            }
+            let now = Instant::now();
+            if now >= due {
+                return due;
+            }
+            hung = cv.wait_timeout(hung, due - now).unwrap_or_else(PoisonError::into_inner).0;
+        }
+    }
+}
+
 /// The inner optimisation of one worker. Moved into a blocking task while it computes.
 pub trait InnerLoop: Send + 'static {
     /// `(name, numel)` of every parameter tensor, in the flat order.
@@ -46,6 +101,15 @@ pub trait InnerLoop: Send + 'static {
     fn set_params(&mut self, params: &[f32]) -> Result<(), InnerError>;
     /// One inner optimisation step.
     fn step(&mut self) -> Result<InnerStats, InnerError>;
+    /// The inner steps of outer step `outer_step` begin, in the node's process `draw` (the
+    /// simulator's incarnation: see [`step_times`](loco_core::node::synthetic::step_times)).
+    /// A paced loop starts its round's clock here: no step of it gets back time spent before
+    /// it. Nothing by default.
+    fn begin_round(&mut self, _outer_step: u64, _draw: u64) {}
+    /// The gate a hang closes: a paced loop's step waits out the hang on top of its pace, as a
+    /// simulated node's compute does. Nothing by default (the worker waits on the gate between
+    /// steps, so a real step in flight finishes).
+    fn set_gate(&mut self, _gate: HangGate) {}
     /// Serialised inner-optimiser state (for live recovery); empty when there is none.
     fn export_optimizer(&self) -> Result<Vec<u8>, InnerError> {
         Ok(Vec::new())
@@ -97,11 +161,31 @@ pub struct Quadratic {
     /// The current outer step's noise; `None` until its first step draws it from `x`.
     noise: Option<ChaCha8Rng>,
     steps: u64,
-    pace: std::time::Duration,
-    /// When the last step was due to end: a step that starts within a pace of it (the next
-    /// step of the same round) is due a pace after it, so that a round of `H` steps lasts `H`
-    /// paces from its first step's start and the sleeps' overshoot does not add up.
-    due: Option<std::time::Instant>,
+    pace: Option<Pace>,
+    /// The step times of the round under way not yet stepped (seconds).
+    round: std::collections::VecDeque<f64>,
+    /// When the last step of the round under way was due to end: the next step of the round is
+    /// due its time after it, so that a round lasts the sum of its steps' times from its first
+    /// step's start and the sleeps' overshoot does not add up; `None` at a round's start
+    /// ([`begin_round`](InnerLoop::begin_round)), so no round gets back the wait before it.
+    due: Option<Instant>,
+    gate: HangGate,
+}
+
+/// How long a synthetic node's inner steps take: the scenario's `step_time` and `step_jitter`,
+/// drawn per step as the simulator draws them (`loco_core::node::synthetic::step_times`).
+#[derive(Clone, Copy, Debug)]
+pub struct Pace {
+    /// The run's seed.
+    pub seed: u64,
+    /// The node's id.
+    pub node: u32,
+    /// Inner steps per outer step.
+    pub inner_steps: u64,
+    /// The mean step time.
+    pub step_time: Duration,
+    /// The relative jitter, in `[0, 1)`.
+    pub jitter: f64,
 }
 
 impl Quadratic {
@@ -112,30 +196,26 @@ impl Quadratic {
             objective: Objective::new(seed, node, n),
             noise: None,
             steps: 0,
-            pace: Default::default(),
+            pace: None,
+            round: Default::default(),
             due: None,
+            gate: HangGate::default(),
         }
     }
 
-    /// Makes each step take `pace` (a node's `step_time`), its own work included (at least its
-    /// work, when that is longer), so that a synthetic run has the scenario's timing and its
-    /// churn lands where it would in a real one.
-    pub fn paced(mut self, pace: std::time::Duration) -> Quadratic {
-        self.pace = pace;
+    /// Makes each step take its time of `pace` (the simulator's draw for the node's step),
+    /// its own work included (at least its work, when that is longer), so that a synthetic run
+    /// has the scenario's timing and its churn lands where it would in a real one.
+    pub fn paced(mut self, pace: Pace) -> Quadratic {
+        self.pace = Some(pace);
         self
     }
 }
 
-/// When a paced step that starts at `started` is due to end: one `pace` after the last step's
-/// due time `last` when it follows that step at once (starts within a pace of it), else one
-/// `pace` after its own start.
-fn next_due(
-    last: Option<std::time::Instant>,
-    started: std::time::Instant,
-    pace: std::time::Duration,
-) -> std::time::Instant {
-    let follows = last.filter(|&d| started.saturating_duration_since(d) < pace);
-    follows.unwrap_or(started) + pace
+/// When a paced step of `secs` that starts at `started` is due to end: `secs` after the due
+/// time of the round's last step `last`, or after its own start when it begins the round.
+fn next_due(last: Option<Instant>, started: Instant, secs: f64) -> Instant {
+    last.unwrap_or(started) + Duration::from_secs_f64(secs.max(0.0))
 }
 
 impl InnerLoop for Quadratic {
@@ -165,19 +245,33 @@ impl InnerLoop for Quadratic {
     /// outer step).
     fn step(&mut self) -> Result<InnerStats, InnerError> {
         #[allow(clippy::disallowed_methods)] // pacing only: the step lasts `pace` in all
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         let noise = self.noise.get_or_insert_with(|| self.objective.noise(&self.x));
         let loss = self.objective.step(&mut self.x, noise);
         self.steps += 1;
-        // The step's own work counts toward its pace, as a real step's compute would; a step
-        // that follows the last one at once is due a pace after the last one's due time.
-        let due = next_due(self.due, started, self.pace);
-        self.due = Some(due);
-        let left = due.saturating_duration_since(started).saturating_sub(started.elapsed());
-        if !left.is_zero() {
-            std::thread::sleep(left);
+        // The step's own work counts toward its time, as a real step's compute would; a step
+        // of the round under way is due its time after the last one's due time. A hang
+        // meanwhile adds its length.
+        if let Some(p) = &self.pace {
+            let secs = self.round.pop_front().unwrap_or(p.step_time.as_secs_f64());
+            let due = next_due(self.due, started, secs);
+            self.due = Some(self.gate.sleep_until(due));
         }
         Ok(InnerStats { loss: Some(loss), tokens: self.x.len() as u64 })
+    }
+
+    fn begin_round(&mut self, outer_step: u64, draw: u64) {
+        self.due = None;
+        self.round.clear();
+        if let Some(p) = &self.pace {
+            let times =
+                step_times(p.seed, p.node, draw, outer_step, p.inner_steps, p.step_time, p.jitter);
+            self.round.extend(times);
+        }
+    }
+
+    fn set_gate(&mut self, gate: HangGate) {
+        self.gate = gate;
     }
 
     /// The parameters, the step count, and where the noise is (its "data"): the stream of the
@@ -443,21 +537,73 @@ mod tests {
     }
 
     #[test]
-    fn paced_steps_that_follow_each_other_are_due_a_pace_apart() {
-        use std::time::{Duration, Instant};
+    fn paced_steps_of_a_round_are_due_back_to_back() {
         #[allow(clippy::disallowed_methods)] // a reference point; no time is read after it
         let t0 = Instant::now();
-        let pace = Duration::from_millis(200);
         let ms = |n| Duration::from_millis(n);
-        // The first step of a round is due a pace after its start.
-        assert_eq!(next_due(None, t0, pace), t0 + pace);
+        // The first step of a round is due its time after its start.
+        assert_eq!(next_due(None, t0 + ms(900), 0.2), t0 + ms(1100));
         // The next one started 3 ms late (a wake-up delay): due at 400 ms, not 403.
-        assert_eq!(next_due(Some(t0 + pace), t0 + ms(203), pace), t0 + ms(400));
-        // One that starts early on the last one's due time is too (it cannot, but no drift).
-        assert_eq!(next_due(Some(t0 + pace), t0 + ms(150), pace), t0 + ms(400));
-        // After a gap longer than a pace (the all-reduce between rounds) a new round begins.
-        assert_eq!(next_due(Some(t0 + pace), t0 + ms(900), pace), t0 + ms(1100));
-        // No pace: due at once.
-        assert_eq!(next_due(Some(t0), t0 + ms(5), Duration::ZERO), t0 + ms(5));
+        assert_eq!(next_due(Some(t0 + ms(200)), t0 + ms(203), 0.2), t0 + ms(400));
+        // No time: due at once.
+        assert_eq!(next_due(None, t0 + ms(5), 0.0), t0 + ms(5));
+    }
+
+    fn pace(step_ms: u64, jitter: f64) -> Pace {
+        Pace { seed: 5, node: 1, inner_steps: 4, step_time: Duration::from_millis(step_ms), jitter }
+    }
+
+    /// Runs one round of `q` and returns its wall time.
+    #[allow(clippy::disallowed_methods)] // the test measures the pacing's wall time
+    fn round(q: &mut Quadratic, outer_step: u64) -> Duration {
+        let t = Instant::now();
+        q.begin_round(outer_step, 0);
+        for _ in 0..4 {
+            q.step().unwrap();
+        }
+        t.elapsed()
+    }
+
+    /// A round takes its steps' times whatever the wait before it: a gap shorter than a step
+    /// (a fast all-reduce) is not taken back from the next round.
+    #[test]
+    fn a_round_lasts_its_steps_whatever_the_wait_before_it() {
+        let mut q = Quadratic::new(16, 1, 1).paced(pace(60, 0.0));
+        round(&mut q, 0);
+        for wait in [0, 20, 45] {
+            std::thread::sleep(Duration::from_millis(wait));
+            let took = round(&mut q, 1);
+            assert!(took >= Duration::from_millis(240), "after {wait} ms: {took:?}");
+        }
+    }
+
+    /// With jitter each step lasts the simulator's draw for it: the round at least their sum.
+    #[test]
+    fn jittered_steps_last_the_simulator_s_draws() {
+        let p = pace(40, 0.5);
+        let times: Vec<f64> = step_times(p.seed, p.node, 0, 3, 4, p.step_time, p.jitter).collect();
+        assert!(times.iter().any(|t| (t - 0.04).abs() > 1e-3), "{times:?}");
+        let sum = Duration::from_secs_f64(times.iter().sum());
+        let mut q = Quadratic::new(16, 1, 1).paced(p);
+        let took = round(&mut q, 3);
+        assert!(took >= sum, "{took:?} < {sum:?}");
+    }
+
+    /// A hang in the middle of a round adds its length: the compute stops, it does not catch
+    /// up after.
+    #[test]
+    fn a_hang_adds_its_length_to_the_round() {
+        let mut q = Quadratic::new(16, 1, 1).paced(pace(50, 0.0));
+        let gate = HangGate::default();
+        q.set_gate(gate.clone());
+        let hang = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(70));
+            gate.set(true);
+            std::thread::sleep(Duration::from_millis(150));
+            gate.set(false);
+        });
+        let took = round(&mut q, 0);
+        hang.join().unwrap();
+        assert!(took >= Duration::from_millis(350), "{took:?}");
     }
 }

@@ -339,6 +339,19 @@ impl Proc {
         }
     }
 
+    /// Writes a fault command line to its standard input (`--control-stdin`).
+    fn command(&mut self, line: &str) {
+        use std::io::Write;
+        if self.exited {
+            return;
+        }
+        let Some(stdin) = self.child.stdin.as_mut() else { return };
+        if let Err(e) = stdin.write_all(format!("{line}\n").as_bytes()).and_then(|()| stdin.flush())
+        {
+            tracing::warn!(process = %self.name, "fault command {line:?}: {e}");
+        }
+    }
+
     /// Whether it has exited (reaped now if so); `Some(status)` the first time.
     fn poll_exit(&mut self) -> Result<Option<std::process::ExitStatus>, LaunchError> {
         if self.exited {
@@ -425,6 +438,13 @@ impl Run<'_, '_> {
     fn signal(&self, i: usize, sig: Signal) {
         if let Some(p) = self.fleet.0.get(i) {
             p.signal(sig);
+        }
+    }
+
+    /// Writes a fault command to process `i` ([`Proc::command`]).
+    fn send_command(&mut self, i: usize, line: &str) {
+        if let Some(p) = self.fleet.0.get_mut(i) {
+            p.command(line);
         }
     }
 
@@ -561,7 +581,8 @@ impl Run<'_, '_> {
             .args(["--run-start", &self.run_start.to_string()])
             .env(status::SOCKET_ENV, self.hub.path())
             .env(status::TOKEN_ENV, &token)
-            .stdin(Stdio::null());
+            .arg("--control-stdin")
+            .stdin(Stdio::piped());
         if let Some(n) = plan.synthetic_params {
             cmd.args(["--synthetic-params", &n.to_string()]);
         }

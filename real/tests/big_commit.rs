@@ -172,6 +172,7 @@ async fn commit_work_longer_than_the_heartbeat_timeout_evicts_nobody() {
             resume: None,
             faults: Vec::new(),
             status: None,
+            hang: None,
         };
         // Built on a blocking thread: filling 2e8 values is not for the runtime's threads.
         let inner = tokio::task::spawn_blocking(move || Flat::new(n, id)).await.unwrap();

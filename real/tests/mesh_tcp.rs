@@ -50,6 +50,7 @@ fn worker_in(
         resume: None,
         faults: Vec::new(),
         status: None,
+        hang: None,
     }
 }
 

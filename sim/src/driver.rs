@@ -261,7 +261,7 @@ impl<'a> Driver<'a> {
                     let ctl = run.node(id);
                     ctl.hung.set(hang);
                     self.exec.notify(id);
-                    let detail = if hang { "hangs (keeps beating)" } else { "resumes" };
+                    let detail = action.hang_detail().unwrap_or_default();
                     run.event(now, EventKind::Hang, Some(id), None, detail);
                 }
             }

@@ -18,35 +18,11 @@
 
 use loco_core::diloco::OuterConfig;
 use loco_core::node::synthetic::Objective;
-use loco_core::rng::{Purpose, mix64, stream};
 use loco_core::scenario::Scenario;
-use rand::Rng;
-use std::time::Duration;
 
 pub use loco_core::node::synthetic::{
-    INNER_NOISE, INNER_RATE, TARGET_SPREAD, initial_weights, target,
+    INNER_NOISE, INNER_RATE, TARGET_SPREAD, initial_weights, outer_step_compute, target,
 };
-
-/// The compute time of one outer step (`inner_steps` inner steps) of a node.
-pub fn outer_step_compute(
-    seed: u64,
-    node: u32,
-    incarnation: u64,
-    outer_step: u64,
-    inner_steps: u64,
-    step_time: Duration,
-    jitter: f64,
-) -> Duration {
-    let subject = mix64(u64::from(node)) ^ mix64(incarnation.wrapping_add(1) << 20) ^ outer_step;
-    let mut rng = stream(seed, subject, Purpose::StepTime);
-    let base = step_time.as_secs_f64();
-    let mut total = 0.0;
-    for _ in 0..inner_steps {
-        let u: f64 = if jitter > 0.0 { rng.random_range(-1.0..=1.0) } else { 0.0 };
-        total += base * (1.0 + jitter * u);
-    }
-    Duration::from_secs_f64(total.max(0.0))
-}
 
 /// A node's synthetic model: its objective (`loco_core::node::synthetic`, the one the real
 /// backend's `--synthetic-params` trains) and its inner weights.
@@ -86,6 +62,7 @@ pub fn outer_config(s: &Scenario) -> OuterConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn compute_time_has_the_mean_and_the_spread_of_the_scenario() {

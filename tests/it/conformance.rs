@@ -312,8 +312,6 @@ fn digest_diff(sim: &Played, real: &Played) -> Vec<String> {
 /// remove (then the test fails on the listed line that is gone, and the entry goes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Why {
-    /// A SIGSTOPped process falls silent and is evicted; the simulator's hang keeps beating.
-    SigstopIsSilence,
     /// Which survivor notices the broken ring first (or none before the eviction) is a race.
     RingFailureNoticeRace,
     /// Two joiners started at once queue in the order they arrive, and get their senders by it.
@@ -325,8 +323,7 @@ enum Why {
 }
 
 impl Why {
-    const ALL: [Why; 5] = [
-        Why::SigstopIsSilence,
+    const ALL: [Why; 4] = [
         Why::RingFailureNoticeRace,
         Why::JoinerQueueRace,
         Why::NonBlockingStateArrival,
@@ -336,7 +333,6 @@ impl Why {
     /// The name docs/conformance.md gives it.
     fn id(self) -> &'static str {
         match self {
-            Why::SigstopIsSilence => "sigstop-is-silence",
             Why::RingFailureNoticeRace => "ring-failure-notice-race",
             Why::JoinerQueueRace => "joiner-queue-race",
             Why::NonBlockingStateArrival => "non-blocking-state-arrival",
@@ -348,10 +344,7 @@ impl Why {
     fn likely_bug(self) -> bool {
         !matches!(
             self,
-            Why::SigstopIsSilence
-                | Why::RingFailureNoticeRace
-                | Why::JoinerQueueRace
-                | Why::NonBlockingStateArrival
+            Why::RingFailureNoticeRace | Why::JoinerQueueRace | Why::NonBlockingStateArrival
         )
     }
 }
@@ -437,66 +430,8 @@ fn allowed(scenario: &str) -> List {
         "overlap-crash-join" | "overlap-delay-crash-join" | "streaming-crash-join" => {
             l.broken_ring();
         }
-        "hang" => {
-            l.always(Why::SigstopIsSilence, "run", Side::Real, &["epoch e2 (n-0 n-2)"])
-                .always(
-                    Why::SigstopIsSilence,
-                    "coord/n-1",
-                    Side::Real,
-                    &["evict e2 (heartbeat timeout)"],
-                )
-                .always(
-                    Why::SigstopIsSilence,
-                    "n-1",
-                    Side::Real,
-                    &["evict e1 (evicted by the coordinator (heartbeat timeout))"],
-                )
-                // Evicted, it rejoins (docs/lifecycle.md): a new incarnation, admitted into a
-                // third epoch, the state from n-0.
-                .always(Why::SigstopIsSilence, "run", Side::Real, &["epoch e3 (n-0 n-1 n-2)"])
-                .always(
-                    Why::SigstopIsSilence,
-                    "coord/n-1",
-                    Side::Real,
-                    &["join-request -", "admit e3"],
-                )
-                .always(
-                    Why::SigstopIsSilence,
-                    "n-1",
-                    Side::Real,
-                    &["recovery-start e3 (from n-0)", "recovery-done e3 (received)"],
-                );
-            // n-1 is stopped at 1.5 s, near the end of step 3 (about 1.45 s here): whether its
-            // rows of steps 3 and 4 are written depends on the pace of the machine.
-            l.maybe(Why::SigstopIsSilence, "digests", Side::Sim, &["step 3 n-1", "step 4 n-1"]);
-            // The outer step n-1 is admitted at again depends on the machine's pace: until then
-            // only the simulated n-1 has rows; from then on both have, with other weights (the
-            // real mesh averaged two pseudo-gradients meanwhile, the simulated one three).
-            for k in 5..16 {
-                let mut alt =
-                    vec![line("n-1", Side::Real, &format!("join e3 (at outer step {k})"))];
-                alt.extend((5..k).map(|s| line("digests", Side::Sim, &format!("step {s} n-1"))));
-                alt.extend((k..16).map(|s| {
-                    line("digests", Side::Real, &format!("step {s} n-1: another digest"))
-                }));
-                match k {
-                    5 => l.either(Why::SigstopIsSilence, alt),
-                    _ => l.or(Why::SigstopIsSilence, alt),
-                };
-            }
-            // From the eviction on the survivors' weights differ too (the same on both
-            // survivors, in each backend).
-            for n in ["n-0", "n-2"] {
-                let early: Vec<String> =
-                    (3..5).map(|s| format!("step {s} {n}: another digest")).collect();
-                let early: Vec<&str> = early.iter().map(String::as_str).collect();
-                l.maybe(Why::SigstopIsSilence, "digests", Side::Real, &early);
-                let later: Vec<String> =
-                    (5..16).map(|s| format!("step {s} {n}: another digest")).collect();
-                let later: Vec<&str> = later.iter().map(String::as_str).collect();
-                l.always(Why::SigstopIsSilence, "digests", Side::Real, &later);
-            }
-        }
+        // Played in the process (its heartbeats go on), the hang tells the simulator's story.
+        "hang" => {}
         "join-during-change" => {}
         "join-non-blocking" => {
             // Admitted at step 4; how many steps its state takes to arrive depends on the load.
@@ -856,7 +791,7 @@ fn rows_are_normalised_to_their_protocol_facts_and_diffed_per_stream() {
     let mut l = List::default();
     l.always(Why::NoRunStopWithoutCoordinator, "run", Side::Sim, &["stop -"])
         .maybe(Why::RingFailureNoticeRace, "n-0", Side::Real, &["x"])
-        .either(Why::SigstopIsSilence, vec!["a".into(), "b".into()])
+        .either(Why::NonBlockingStateArrival, vec!["a".into(), "b".into()])
         .or(Why::JoinerQueueRace, vec!["c".into()]);
     let found = s(&["run sim: stop -", "c", "new"]);
     let (v, gone) = judge(&l, &found);
@@ -893,6 +828,7 @@ fn both_backends_make_the_same_node_from_a_scenario() {
         resume: None,
         faults: Vec::new(),
         status: None,
+        hang: None,
     };
     // The executor's own facts, set alike so that the rest must be equal (whether a node writes
     // checkpoints is the scenario's `[real] checkpoint_dir`, or a worker's command line).

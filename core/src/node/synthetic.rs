@@ -21,6 +21,7 @@ use crate::rng::{Purpose, mix64, stream};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::StandardNormal;
+use std::time::Duration;
 
 /// Gradient-descent rate of one inner step.
 pub const INNER_RATE: f32 = 0.05;
@@ -45,6 +46,45 @@ pub fn target(seed: u64, node: u32, n: usize) -> Vec<f32> {
     let mut centre = stream(seed, 1, Purpose::InitialWeights);
     let mut own = stream(seed, u64::from(node), Purpose::Objective);
     (0..n).map(|_| 2.0 * normal(&mut centre) + TARGET_SPREAD * normal(&mut own)).collect()
+}
+
+/// How long each of the `inner_steps` inner steps of a node's outer step takes:
+/// `step_time x (1 + jitter x u)`, `u` uniform in `[-1, 1]`, drawn from the stream of
+/// (seed, node, [`Purpose::StepTime`]) keyed further by the incarnation and the outer step, so a
+/// node's draws depend on nothing but its own history. The simulator sums them
+/// ([`outer_step_compute`]); the real backend's paced synthetic steps last them one by one.
+pub fn step_times(
+    seed: u64,
+    node: u32,
+    incarnation: u64,
+    outer_step: u64,
+    inner_steps: u64,
+    step_time: Duration,
+    jitter: f64,
+) -> impl Iterator<Item = f64> {
+    let subject = mix64(u64::from(node)) ^ mix64(incarnation.wrapping_add(1) << 20) ^ outer_step;
+    let mut rng = stream(seed, subject, Purpose::StepTime);
+    let base = step_time.as_secs_f64();
+    (0..inner_steps).map(move |_| {
+        let u: f64 = if jitter > 0.0 { rng.random_range(-1.0..=1.0) } else { 0.0 };
+        base * (1.0 + jitter * u)
+    })
+}
+
+/// The compute time of one outer step (`inner_steps` inner steps) of a node: the sum of its
+/// [`step_times`].
+pub fn outer_step_compute(
+    seed: u64,
+    node: u32,
+    incarnation: u64,
+    outer_step: u64,
+    inner_steps: u64,
+    step_time: Duration,
+    jitter: f64,
+) -> Duration {
+    let total: f64 =
+        step_times(seed, node, incarnation, outer_step, inner_steps, step_time, jitter).sum();
+    Duration::from_secs_f64(total.max(0.0))
 }
 
 /// One node's objective: its target, and the noise streams of its outer steps.

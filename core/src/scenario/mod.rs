@@ -725,6 +725,16 @@ impl ChurnAction {
         }
     }
 
+    /// The detail of the `hang` row that a hang or its end writes, the same in both backends;
+    /// `None` for other events.
+    pub fn hang_detail(&self) -> Option<&'static str> {
+        match self {
+            ChurnAction::Hang(_) => Some("hangs (keeps beating)"),
+            ChurnAction::Resume(_) => Some("resumes"),
+            _ => None,
+        }
+    }
+
     /// The events.csv rows (kind, detail) that a network event writes, the same in both
     /// backends: a partition and each cut a heal ends (`in_force`: the partitions in force
     /// before it, which a `heal` without a cut ends), a degrade and a restore. Other events

@@ -236,26 +236,20 @@ impl Run<'_, '_> {
                     }
                 }
             }
-            ChurnAction::Hang(ids) => {
+            // In-process: the node's work stops, its machine and heartbeats go on.
+            ChurnAction::Hang(ids) | ChurnAction::Resume(ids) => {
+                let hang = matches!(action, ChurnAction::Hang(_));
+                let detail = action.hang_detail().unwrap_or_default();
                 for id in ids {
                     if let Some(&i) = st.workers.get(id) {
-                        st.hung.insert(*id);
-                        self.signal(i, Signal::SIGSTOP);
-                        st.launch_events.push(
-                            EventRow::new(at, EventKind::Hang).node(name(id)).detail("SIGSTOP"),
-                        );
-                    }
-                }
-            }
-            ChurnAction::Resume(ids) => {
-                for id in ids {
-                    if let Some(&i) = st.workers.get(id) {
-                        st.hung.remove(id);
-                        self.signal(i, Signal::SIGCONT);
-                        // As the simulator writes a hang's end: a second `hang` row.
-                        st.launch_events.push(
-                            EventRow::new(at, EventKind::Hang).node(name(id)).detail("SIGCONT"),
-                        );
+                        if hang {
+                            st.hung.insert(*id);
+                        } else {
+                            st.hung.remove(id);
+                        }
+                        self.send_command(i, if hang { "hang" } else { "resume" });
+                        st.launch_events
+                            .push(EventRow::new(at, EventKind::Hang).node(name(id)).detail(detail));
                     }
                 }
             }
@@ -365,10 +359,10 @@ impl Run<'_, '_> {
     /// The coordinator is gone: lets the hung run again and waits, at most `rejoin_for` and
     /// some, for the members to stop on their own.
     fn wait_for_members(&mut self, st: &mut Loop) -> Result<(), LaunchError> {
-        // A process this launch stopped (hang) cannot stop on its own: let it run again.
+        // A hung process does not start another membership: let it go on.
         for id in std::mem::take(&mut st.hung) {
             if let Some(&i) = st.workers.get(&id) {
-                self.signal(i, Signal::SIGCONT);
+                self.send_command(i, "resume");
             }
         }
         // The coordinator is gone: members wait for it until `rejoin_for`, then checkpoint and

@@ -11,7 +11,7 @@
 
 use super::WorkerError;
 use crate::checkpoint::{CheckpointError, Checkpointer, SaveTicket, Snapshot};
-use crate::inner::{InnerError, InnerLoop};
+use crate::inner::{HangGate, InnerError, InnerLoop};
 use loco_core::node::machine::StateJob;
 
 /// What a job owns while it runs.
@@ -20,12 +20,15 @@ pub(super) struct Held<L> {
     pub(super) inner: L,
     /// The checkpointer and its period, if any.
     pub(super) checkpointer: Option<(Checkpointer, u64)>,
+    /// Closed while the node hangs: the inner steps wait on it.
+    pub(super) gate: HangGate,
 }
 
 /// A job for the inner loop.
 pub(super) enum InnerWork {
-    /// The inner steps of `outer_step`; `crash`: the fault drill kills the process in them.
-    Compute { outer_step: u64, steps: u64, crash: bool },
+    /// The inner steps of `outer_step` in the process's `draw` ([`InnerLoop::begin_round`]);
+    /// `crash`: the fault drill kills the process in them.
+    Compute { outer_step: u64, draw: u64, steps: u64, crash: bool },
     /// The inner optimiser's export for a joiner (a copy; the encoding runs elsewhere).
     Export(StateJob),
     /// A checkpoint of the committed outer state (`steps` outer steps). `dirty`: the inner loop
@@ -79,8 +82,9 @@ fn run<L: InnerLoop>(
         h.inner.set_params(&p)?;
     }
     Ok(match work {
-        InnerWork::Compute { outer_step, steps, crash } => {
-            let result = compute(&mut h.inner, steps, crash);
+        InnerWork::Compute { outer_step, draw, steps, crash } => {
+            h.inner.begin_round(outer_step, draw);
+            let result = compute(&mut h.inner, &h.gate, steps, crash);
             InnerOut::Computed { outer_step, result }
         }
         InnerWork::Export(job) => {
@@ -99,14 +103,17 @@ fn run<L: InnerLoop>(
     })
 }
 
-/// `steps` inner steps, then the inner weights (copied here, off the loop).
+/// `steps` inner steps, none while the node hangs, then the inner weights (copied here, off
+/// the loop).
 fn compute<L: InnerLoop>(
     inner: &mut L,
+    gate: &HangGate,
     steps: u64,
     crash: bool,
 ) -> Result<(Vec<f32>, Option<f64>, u64), InnerError> {
     let (mut loss, mut tokens) = (None, 0u64);
     for _ in 0..steps {
+        gate.wait();
         let s = inner.step()?;
         loss = s.loss;
         tokens = tokens.saturating_add(s.tokens);

@@ -25,10 +25,10 @@ mod options;
 mod record;
 
 pub use metrics::{CheckLine, MetricsError, MetricsFile, MetricsLine, peak_rss_bytes};
-pub use options::{CheckpointPlan, Fault, WorkerOptions};
+pub use options::{CheckpointPlan, Fault, WorkerOptions, hang_commands};
 
 use crate::checkpoint::{CheckpointError, Checkpointer};
-use crate::inner::{InnerError, InnerLoop};
+use crate::inner::{HangGate, InnerError, InnerLoop};
 use crate::tcp::{TcpError, TcpTransport};
 use jobs::{Held, InnerOut, InnerWork};
 use loco_core::diloco::{DilocoError, OuterState, buckets_from_sizes};
@@ -156,6 +156,10 @@ struct Worker<L: InnerLoop> {
     stale: u64,
     stale_written: u64,
     metrics: Option<MetricsFile>,
+    /// Closed while the node hangs (the inner steps wait on it).
+    gate: HangGate,
+    /// Whether the node hangs, as the launcher says ([`WorkerOptions::hang`]).
+    hang: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 /// Runs a worker until it stops (the run ends, it leaves, the mesh lost its state, or it gave up
@@ -206,6 +210,9 @@ pub async fn run_worker<L: InnerLoop>(
         )?;
         process.node_mut().resume_from(o)?;
     }
+    let gate = HangGate::default();
+    inner.set_gate(gate.clone());
+    let hang = opts.hang.clone();
     let mut w = Worker {
         clock,
         unreachable: t.unreachable(),
@@ -214,7 +221,9 @@ pub async fn run_worker<L: InnerLoop>(
         name,
         opts,
         last_stop: None,
-        held: Some(Held { inner, checkpointer }),
+        held: Some(Held { inner, checkpointer, gate: gate.clone() }),
+        gate,
+        hang,
         inner_job: None,
         queue: VecDeque::new(),
         pending: jobs::Pending::default(),
@@ -317,27 +326,31 @@ impl<L: InnerLoop> Worker<L> {
                     tracing::debug!(node = %self.name, %peer, "unreachable");
                     self.process.peer_unreachable(self.clock.now(), peer);
                 }
-                done = join(&mut self.inner_job), if self.inner_job.is_some() => {
+                // A hang holds what the application side finished until it ends.
+                done = join(&mut self.inner_job), if self.inner_job.is_some() && !self.hung() => {
                     self.inner_job = None;
                     let (held, out) = done.map_err(|e| panicked("the inner loop", e))?;
                     self.held = Some(held);
                     self.on_inner(out?)?;
                 }
-                done = join(&mut self.outer_job), if self.outer_job.is_some() => {
+                done = join(&mut self.outer_job), if self.outer_job.is_some() && !self.hung() => {
                     self.outer_job = None;
                     let job = done.map_err(|e| panicked("an outer job", e))?;
                     self.process.node_mut().outer_done(self.clock.now(), job);
                 }
-                Some(done) = self.preparing.join_next(), if !self.preparing.is_empty() => {
+                Some(done) = self.preparing.join_next(), if !self.preparing.is_empty() && !self.hung() => {
                     let p = done.map_err(|e| panicked("preparing a state", e))?;
                     self.process.node_mut().state_prepared(self.clock.now(), p);
                 }
-                Some(done) = self.verifying.join_next(), if !self.verifying.is_empty() => {
+                Some(done) = self.verifying.join_next(), if !self.verifying.is_empty() && !self.hung() => {
                     let r = done.map_err(|e| panicked("verifying a state", e))?;
                     self.on_verified(r);
                 }
                 () = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if deadline.is_some() => {
                     self.process.handle_timeout(self.clock.now());
+                }
+                changed = hang_changed(&mut self.hang), if self.hang.is_some() => {
+                    self.on_hang(changed)?;
                 }
                 () = &mut shutdown, if !shutting_down => {
                     shutting_down = true;
@@ -399,7 +412,10 @@ impl<L: InnerLoop> Worker<L> {
                     self.event(EventKind::Crash, None, d)?;
                 }
                 self.dirty = true;
-                self.queue.push_back(InnerWork::Compute { outer_step, steps: inner_steps, crash });
+                // The simulator counts a node's processes from 0, the launcher from 1.
+                let draw = self.process.incarnation().saturating_sub(1 << 16);
+                let work = InnerWork::Compute { outer_step, draw, steps: inner_steps, crash };
+                self.queue.push_back(work);
             }
             Effect::SetParams(p) => self.pending.params = Some(p),
             Effect::Outer(mut job) => {
@@ -441,6 +457,31 @@ impl<L: InnerLoop> Worker<L> {
                 tracing::warn!(target: "loco_real", "a modelled all-reduce was asked of a real node");
             }
         }
+        Ok(())
+    }
+
+    fn hung(&self) -> bool {
+        self.gate.is_hung()
+    }
+
+    /// The launcher said the node hangs (`Some(true)`), or no longer; `None`: it will say
+    /// nothing more (the hang, if any, goes on).
+    fn on_hang(&mut self, changed: Option<bool>) -> Result<(), WorkerError> {
+        let Some(hung) = changed else {
+            self.hang = None;
+            return Ok(());
+        };
+        if hung == self.hung() {
+            return Ok(());
+        }
+        let now = self.clock.now();
+        self.gate.set(hung);
+        if hung {
+            self.process.suspend(now);
+        } else {
+            self.process.resume(now);
+        }
+        tracing::info!(node = %self.name, hung, "hang");
         Ok(())
     }
 
@@ -561,6 +602,13 @@ impl<L: InnerLoop> Worker<L> {
 
 fn panicked(what: &str, e: tokio::task::JoinError) -> WorkerError {
     WorkerError::Inner(InnerError::Backend(format!("{what} panicked: {e}")))
+}
+
+/// The next value of the hang flag; `None` once its sender is gone.
+async fn hang_changed(rx: &mut Option<tokio::sync::watch::Receiver<bool>>) -> Option<bool> {
+    let rx = rx.as_mut()?;
+    rx.changed().await.ok()?;
+    Some(*rx.borrow_and_update())
 }
 
 /// The output of `h`'s task; pending while there is none (a `select!` arm guards it).

@@ -38,6 +38,10 @@ pub struct WorkerOptions {
     /// The launcher's status channel, when a launcher started this process: every metrics line
     /// is forwarded on it too.
     pub status: Option<crate::worker_status::StatusSender>,
+    /// Whether the node hangs (the scenario's `hang`, played by the launcher): while `true` its
+    /// application side stops (inner steps, collective frames, state sending) and its machine
+    /// keeps its timers and heartbeats, as the simulator's hang. `None`: never.
+    pub hang: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 /// When and where a worker writes its checkpoints.
@@ -104,9 +108,82 @@ impl std::str::FromStr for Fault {
     }
 }
 
+/// The longest hang command line read ([`hang_commands`]); a longer one is skipped.
+const MAX_COMMAND: u64 = 64;
+
+/// Reads the launcher's fault commands from `input` (the worker's standard input with
+/// `--control-stdin`) on a thread of its own: one a line, `hang` or `resume`; anything else is
+/// logged and ignored, a line longer than 64 bytes skipped. The flag is `true` from a `hang` to
+/// the next `resume`; the sender goes when `input` ends.
+pub fn hang_commands(
+    input: impl std::io::BufRead + Send + 'static,
+) -> tokio::sync::watch::Receiver<bool> {
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    // A plain thread: it blocks on the pipe for the process's life, before the runtime starts.
+    #[allow(clippy::disallowed_methods)]
+    std::thread::spawn(move || read_hang_commands(input, &tx));
+    rx
+}
+
+fn read_hang_commands(mut input: impl std::io::BufRead, tx: &tokio::sync::watch::Sender<bool>) {
+    use std::io::{BufRead, Read};
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match (&mut input).take(MAX_COMMAND + 1).read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        if line.last() != Some(&b'\n') && line.len() as u64 > MAX_COMMAND {
+            tracing::warn!("a fault command longer than {MAX_COMMAND} bytes: skipped");
+            // Skip to the line's end.
+            loop {
+                line.clear();
+                match (&mut input).take(MAX_COMMAND).read_until(b'\n', &mut line) {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) if line.last() == Some(&b'\n') => break,
+                    Ok(_) => {}
+                }
+            }
+            continue;
+        }
+        let hung = match String::from_utf8_lossy(&line).trim() {
+            "hang" => true,
+            "resume" => false,
+            "" => continue,
+            other => {
+                tracing::warn!("unknown fault command {other:?}: expected hang or resume");
+                continue;
+            }
+        };
+        if tx.send(hung).is_err() {
+            return;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hang_commands_read_a_line_each_and_skip_what_they_do_not_know() {
+        let (tx, mut rx) = tokio::sync::watch::channel(false);
+        let long = "x".repeat(500);
+        let text = format!("hang\n{long}\nresume\nexplode\n\nhang\n");
+        let mut seen = Vec::new();
+        // Each send is observed: collect them by reading after every line.
+        for line in text.split_inclusive('\n') {
+            read_hang_commands(std::io::Cursor::new(line.as_bytes().to_vec()), &tx);
+            if rx.has_changed().unwrap() {
+                seen.push(*rx.borrow_and_update());
+            }
+        }
+        assert_eq!(seen, [true, false, true]);
+        // A long line in one read is skipped whole; the next command counts.
+        read_hang_commands(std::io::Cursor::new(format!("{long}\nresume\n").into_bytes()), &tx);
+        assert!(!*rx.borrow_and_update());
+    }
 
     #[test]
     fn a_fault_flag_reads_back_what_the_launcher_writes() {
