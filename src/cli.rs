@@ -98,9 +98,19 @@ pub(crate) struct ChurnArgs {
 
 #[derive(Debug, Args)]
 pub(crate) struct FidelityArgs {
-    /// The scenario file (`[sim] numerics = "real"`).
-    pub(crate) scenario: PathBuf,
-    /// Output directory (default out/<scenario name>-fidelity).
+    /// The scenario file (`[sim] numerics = "real"`); none with `--random`.
+    #[arg(required_unless_present = "random", conflicts_with = "random")]
+    pub(crate) scenario: Option<PathBuf>,
+    /// Draw N scenarios at random instead (the space: docs/fidelity.md), write each beside its
+    /// results (DIR/N/scenario.toml), run both backends on each and print the distribution of
+    /// the errors (median, p90, max), the share of identical membership stories and the worst
+    /// scenarios. `--seed` names the draw; without it one is drawn and printed. Exit 0 when
+    /// every scenario's three timing figures are within the tolerance and its runs kept their
+    /// invariants.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub(crate) random: Option<u64>,
+    /// Output directory (default out/<scenario name>-fidelity; with `--random`,
+    /// out/fidelity-random-<seed>).
     #[arg(long, value_name = "DIR")]
     pub(crate) out: Option<PathBuf>,
     /// Stop both runs after this many outer steps.
@@ -119,7 +129,8 @@ pub(crate) struct FidelityArgs {
     #[arg(long, value_name = "MODE")]
     pub(crate) network: Option<NetworkArg>,
     /// Seed of both runs (overrides the scenario's: the links' draws, the jitter, the synthetic
-    /// objective); the real run reads a copy of the scenario with it, written to DIR.
+    /// objective); the real run reads a copy of the scenario with it, written to DIR. With
+    /// `--random`: the draw's seed.
     #[arg(long)]
     pub(crate) seed: Option<u64>,
 }

@@ -33,6 +33,8 @@ pub enum Purpose {
     Arrivals = 9,
     /// The latencies of a modelled ring all-reduce's frames (subject = its epoch and op).
     RingModel = 10,
+    /// A scenario of `loco fidelity --random` (subject = its index in the draw).
+    RandomScenario = 11,
 }
 
 /// SplitMix64's finaliser: a bijective mix of 64 bits.

@@ -32,6 +32,7 @@
 
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod draw;
 mod error;
 pub mod fidelity;
 mod files;

@@ -285,6 +285,7 @@ mod failures;
 mod fields;
 pub mod links;
 mod model;
+pub mod random;
 mod raw;
 pub mod units;
 mod validate;
