@@ -49,6 +49,9 @@ pub struct NetShared {
     cut: RefCell<BTreeMap<(NodeId, NodeId), u32>>,
     /// Hosts whose software is not running (crashed, or exited).
     down: RefCell<std::collections::BTreeSet<NodeId>>,
+    /// Connections take the real transport's round trips before their first frame
+    /// ([`connect`]); off with `[sim] tcp = "none"`, the fluid model without TCP's dynamics.
+    handshake: Cell<bool>,
 }
 
 fn unordered(a: NodeId, b: NodeId) -> (NodeId, NodeId) {
@@ -59,6 +62,11 @@ impl NetShared {
     /// A fresh network with an empty bandwidth model.
     pub fn new() -> Rc<NetShared> {
         Rc::new(NetShared::default())
+    }
+
+    /// Whether a connection takes the real transport's handshake ([`connect`]).
+    pub fn set_handshake(&self, on: bool) {
+        self.handshake.set(on);
     }
 
     /// The connection generation of the pair.
@@ -187,7 +195,7 @@ impl SimTransport {
         let listener = TcpListener::bind(("0.0.0.0", PORT)).await?;
         let (inbox_tx, inbox) = mpsc::unbounded_channel();
         let tx = inbox_tx.clone();
-        tokio::task::spawn_local(accept_loop(listener, tx));
+        tokio::task::spawn_local(accept_loop(listener, tx, shared.handshake.get()));
         Ok(SimTransport {
             me,
             shared,
@@ -353,7 +361,7 @@ async fn writer_loop(
     let generation = shared.generation(me, to);
     let mut conn: Option<(u64, TcpStream)> = None;
     if !shared.unreachable(me, to) {
-        conn = connect(me, to).await.ok().map(|s| (generation, s));
+        conn = connect(me, to, shared.handshake.get()).await.ok().map(|s| (generation, s));
     }
     let mut buf = Vec::new();
     while let Some(frame) = rx.recv().await {
@@ -366,7 +374,7 @@ async fn writer_loop(
                 let _ = inbox.send(Incoming::Unreachable(to));
                 continue;
             }
-            match connect(me, to).await {
+            match connect(me, to, shared.handshake.get()).await {
                 Ok(s) => conn = Some((generation, s)),
                 Err(_) => {
                     let _ = inbox.send(Incoming::Unreachable(to));
@@ -383,21 +391,43 @@ async fn writer_loop(
     }
 }
 
-async fn connect(me: NodeId, to: NodeId) -> std::io::Result<TcpStream> {
+/// Opens a connection with the round trips the real transport's takes before its first frame
+/// (`loco_real::tcp`): TCP's SYN and SYN-ACK (turmoil delivers the SYN with the link's latency
+/// but answers it at once, so the acceptor's first byte stands for the SYN-ACK's way back), then
+/// the hello and its answer. A node's first message to a peer (a joiner's request to the
+/// coordinator, the first frame after a heal) arrives two and a half round trips after it was
+/// sent, as on the wire. Without `handshake` (`[sim] tcp = "none"`) only the SYN's way and
+/// the hello.
+async fn connect(me: NodeId, to: NodeId, handshake: bool) -> std::io::Result<TcpStream> {
     let mut s = TcpStream::connect((host_name(to), PORT)).await?;
+    let mut answer = [0u8; 1];
+    if handshake {
+        s.read_exact(&mut answer).await?;
+    }
     s.write_all(&me.0.to_le_bytes()).await?;
+    if handshake {
+        s.read_exact(&mut answer).await?;
+    }
     Ok(s)
 }
 
-async fn accept_loop(listener: TcpListener, inbox: mpsc::UnboundedSender<Incoming>) {
+async fn accept_loop(
+    listener: TcpListener,
+    inbox: mpsc::UnboundedSender<Incoming>,
+    handshake: bool,
+) {
     while let Ok((stream, _)) = listener.accept().await {
-        tokio::task::spawn_local(read_loop(stream, inbox.clone()));
+        tokio::task::spawn_local(read_loop(stream, inbox.clone(), handshake));
     }
 }
 
-async fn read_loop(mut stream: TcpStream, inbox: mpsc::UnboundedSender<Incoming>) {
+async fn read_loop(mut stream: TcpStream, inbox: mpsc::UnboundedSender<Incoming>, handshake: bool) {
+    // The SYN-ACK's way back, the hello, its answer (see `connect`).
     let mut id = [0u8; 4];
-    if stream.read_exact(&mut id).await.is_err() {
+    if (handshake && stream.write_all(&[1]).await.is_err())
+        || stream.read_exact(&mut id).await.is_err()
+        || (handshake && stream.write_all(&[1]).await.is_err())
+    {
         return;
     }
     let from = NodeId(u32::from_le_bytes(id));

@@ -34,6 +34,7 @@ pub(super) fn real_setup(s: &Scenario, seed: u64) -> Result<Option<RealSetup>, S
 /// The shared network, its bandwidth model set to the scenario's TCP and NICs.
 pub(super) fn shared_net(s: &Scenario) -> Rc<NetShared> {
     let net = NetShared::new();
+    net.set_handshake(s.sim().tcp != TcpKind::None);
     {
         let mut bw: std::cell::RefMut<'_, BandwidthModel> = net.bandwidth.borrow_mut();
         let mss = f64::from(loco_core::scenario::links::EMULATED_MSS);
