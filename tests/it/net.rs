@@ -246,3 +246,74 @@ fn bench_recovery_on_emulated_links_fills_the_link() {
     assert_eq!(few.status.code(), Some(2), "{}", stderr(&few));
     assert!(stderr(&few).contains("4 node(s)"), "{}", stderr(&few));
 }
+
+/// A joiner far from the coordinator (150 ms one way) and the scenario's `start` of it.
+fn near_boundary_scenario(join_ms: u64) -> String {
+    format!(
+        "name = \"join-near-boundary\"\nseed = 5\n[model]\npreset = \"tiny\"\n\
+         [diloco]\ninner_steps = 4\ncodec = \"uint8\"\nbatch_tokens = 256\n\
+         [mesh]\nheartbeat = \"300ms\"\nheartbeat_timeout = \"2s\"\nbarrier_timeout = \"30s\"\n\
+         join_window = \"500ms\"\nmin_members = 3\nring = \"ids\"\n\
+         [[regions]]\nname = \"a\"\n[[regions]]\nname = \"b\"\n\
+         [[links]]\nfrom = \"a\"\nto = \"a\"\nbandwidth = \"200Mbit/s\"\nlatency = \"5ms\"\n\
+         [[links]]\nfrom = \"a\"\nto = \"b\"\nbandwidth = \"50Mbit/s\"\nlatency = \"150ms\"\n\
+         [[links]]\nfrom = \"b\"\nto = \"b\"\nbandwidth = \"200Mbit/s\"\nlatency = \"5ms\"\n\
+         [[nodes]]\nname = \"a\"\ncount = 3\nregion = \"a\"\nstep_time = \"200ms\"\n\
+         [[nodes]]\nname = \"late\"\nregion = \"b\"\nstep_time = \"200ms\"\nstart = \"{join_ms}ms\"\n\
+         [stop]\nouter_steps = 8\n[sim]\ntcp = \"bbr\"\nnumerics = \"real\"\nelements = 20000\n\
+         [real]\ndevice = \"cpu\"\n"
+    )
+}
+
+/// The outer step the simulator admits the joiner at, when it starts at `join_ms` (`u64::MAX`:
+/// never, the run ended first).
+fn simulated_admission(join_ms: u64) -> u64 {
+    let text = near_boundary_scenario(join_ms);
+    let s = loco_core::scenario::Scenario::from_toml_str(&text, "join.toml").expect("scenario");
+    let run = loco_sim::replay(&s, loco_sim::ReplayOptions::default()).expect("replay");
+    let join = run.events.iter().find(|e| {
+        e.kind == loco_core::metrics::EventKind::Join && e.node.as_deref() == Some("late")
+    });
+    let detail = join.map(|e| e.detail.clone()).unwrap_or_default();
+    detail.rsplit(' ').next().and_then(|n| n.parse().ok()).unwrap_or(u64::MAX)
+}
+
+/// A joiner whose join falls near an outer-step boundary is admitted at the same outer step in
+/// both backends. The simulator finds the latest start admitted at outer step 2 (by bisection),
+/// and the join is placed 0.2 s before it. Its request reaches the coordinator two and a half
+/// round trips (0.75 s here) after its start on the wire; a simulator whose connections took one
+/// round trip (as it did) puts the latest start 0.45 s later, and the join 0.25 s after the real
+/// run's: the real run then admits it a step later than the simulator. One retry, as above: a
+/// loaded machine can lose its pace.
+#[test]
+fn a_joiner_near_a_step_boundary_is_admitted_at_the_same_step_in_both_backends() {
+    let _one = one_real_run_at_a_time();
+    let (mut early, mut late) = (1_000u64, 5_000u64);
+    assert!(simulated_admission(early) <= 2, "a join at 1 s is admitted by outer step 2");
+    assert!(simulated_admission(late) > 2, "a join at 5 s is admitted after outer step 2");
+    while late - early > 5 {
+        let mid = (early + late) / 2;
+        if simulated_admission(mid) <= 2 { early = mid } else { late = mid }
+    }
+    let join_ms = early - 200;
+    assert_eq!(simulated_admission(join_ms), 2, "the join at {join_ms} ms is admitted at step 2");
+    let ctx = TestContext::new();
+    let path = ctx.path().join("join-near-boundary.toml");
+    std::fs::write(&path, near_boundary_scenario(join_ms)).expect("scenario");
+    let mut last = String::new();
+    for attempt in 0..2 {
+        let out = ctx.path().join(format!("join{attempt}"));
+        let (o, f) = fidelity(&ctx, path.to_str().unwrap(), &out, &["--tolerance", "0.5"]);
+        if !root() {
+            return assert_refused(&o);
+        }
+        let f = written(&o, f);
+        let events = std::fs::read_to_string(out.join("real/events.csv")).expect("events.csv");
+        if events.contains(",join,late,") && events.contains("admitted at outer step 2") {
+            assert_eq!(f["story_differences"].as_array().map(Vec::len), Some(0), "{f:#}");
+            return;
+        }
+        last = format!("join at {join_ms} ms\n{events}");
+    }
+    panic!("the real run admitted the joiner at another step twice:\n{last}");
+}
