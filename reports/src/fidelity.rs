@@ -26,7 +26,8 @@ pub const DEFAULT_TOLERANCE: f64 = 0.05;
 /// One backend's figures of one outer step.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct StepFigures {
-    /// Median `allreduce_s` over the nodes whose all-reduce ran (0 when none did).
+    /// Median all-reduce wall time (`allreduce_wall_s`) over the nodes whose all-reduce ran (0
+    /// when none did).
     pub allreduce_s: f64,
     /// Mean of `end_s - start_s` over the nodes.
     pub wall_s: f64,
@@ -137,8 +138,15 @@ fn by_step(rows: &[OuterStepRow]) -> BTreeMap<u64, Vec<&OuterStepRow>> {
     m
 }
 
+/// A row's all-reduce: its own wall time (`allreduce_wall_s`, from release to commit), which in
+/// overlap and streaming modes runs beside the next inner steps; `allreduce_s` (the part the node
+/// waited for) in files written before that column.
+fn allreduce_of(r: &OuterStepRow) -> f64 {
+    if r.allreduce_wall_s > 0.0 { r.allreduce_wall_s } else { r.allreduce_s }
+}
+
 fn figures(rows: &[&OuterStepRow]) -> StepFigures {
-    let ar: Vec<f64> = rows.iter().map(|r| r.allreduce_s).filter(|a| *a > 0.0).collect();
+    let ar: Vec<f64> = rows.iter().map(|r| allreduce_of(r)).filter(|a| *a > 0.0).collect();
     let mut members: Vec<String> = rows.iter().map(|r| r.node.clone()).collect();
     members.sort();
     members.dedup();
@@ -178,7 +186,7 @@ pub fn compare(sim: &Run, real: &Run) -> Fidelity {
                 (x, &mut ar_s, &mut wall_s, &mut comp_s, &mut bytes_s),
                 (y, &mut ar_r, &mut wall_r, &mut comp_r, &mut bytes_r),
             ] {
-                ar.extend(rows.iter().map(|r| r.allreduce_s).filter(|v| *v > 0.0));
+                ar.extend(rows.iter().map(|r| allreduce_of(r)).filter(|v| *v > 0.0));
                 wall.extend(rows.iter().map(|r| r.wall_s()));
                 *comp += rows.iter().map(|r| r.compute_s).sum::<f64>();
                 *bytes += rows.iter().map(|r| r.bytes_sent).sum::<u64>();

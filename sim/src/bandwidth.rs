@@ -352,9 +352,8 @@ impl Conn {
         if let Some(t) = self.idle_since.filter(|_| tcp.restart_after_idle) {
             // In nanoseconds: this runs for every frame of a modelled ring.
             let idle = now.as_nanos().saturating_sub(t.as_nanos()) as f64;
-            if idle > (rtt + tcp.rto_min) * 1e9 {
-                self.window = tcp.initial_window;
-            }
+            self.window =
+                restarted_window(self.window, tcp.initial_window, idle, (rtt + tcp.rto_min) * 1e9);
         }
         self.idle_since = None;
         let bdp = per_stream * rtt;
@@ -372,6 +371,21 @@ impl Conn {
         }
         extra
     }
+}
+
+/// The window of a connection idle for `idle` after its last send, with a retransmission
+/// timeout of `rto` (both in the same unit), as Linux restarts it (`tcp_cwnd_restart`, with
+/// `tcp_slow_start_after_idle`): nothing within one timeout; past it, halved once for every
+/// timeout of the idle time after the first, down to the initial window (or the window, when
+/// smaller). An idle time of seconds (an outer step's compute) brings any window back to the
+/// initial one; the gaps of a ring between two chunks cost a halving or two.
+pub(crate) fn restarted_window(window: f64, initial: f64, idle: f64, rto: f64) -> f64 {
+    if !(idle > rto) || rto <= 0.0 {
+        return window;
+    }
+    let floor = initial.min(window);
+    let halvings = ((idle / rto).ceil() - 1.0).clamp(1.0, 64.0);
+    (window / 2f64.powf(halvings)).max(floor)
 }
 
 /// TCP's start-up on a modelled ring's lanes: the congestion control, and per lane its path

@@ -317,3 +317,46 @@ fn a_joiner_near_a_step_boundary_is_admitted_at_the_same_step_in_both_backends()
     }
     panic!("the real run admitted the joiner at another step twice:\n{last}");
 }
+
+/// The commit's seed (the first 16 hex digits of `git rev-parse HEAD`), or `LOCO_SEED`.
+fn commit_seed() -> u64 {
+    if let Some(s) = std::env::var("LOCO_SEED").ok().and_then(|v| v.parse().ok()) {
+        return s;
+    }
+    let head = std::process::Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .current_dir(TestContext::repo())
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    u64::from_str_radix(head.get(..16).unwrap_or("0"), 16).unwrap_or(0)
+}
+
+/// `loco fidelity --random` on a scenario drawn with the commit's seed (printed; `LOCO_SEED=N`
+/// replays one): both backends run the scenario nobody tuned to its end and keep their
+/// invariants (identical replicas, every joiner's state equal to its senders'), and the draw's
+/// files say so. Its errors are printed, not bounded here: docs/fidelity.md gives the
+/// distribution over a draw of 30.
+#[test]
+fn a_drawn_scenario_runs_in_both_backends_and_keeps_their_invariants() {
+    let _one = one_real_run_at_a_time();
+    let seed = commit_seed();
+    eprintln!("draw seed {seed} (LOCO_SEED={seed} draws it again)");
+    let ctx = TestContext::new();
+    let out = ctx.path().join("draw");
+    let args = ["fidelity", "--random", "1", "--seed", &seed.to_string(), "--out"];
+    let o = ctx.loco(&[&args[..], &[out.to_str().unwrap()]].concat());
+    if !root() {
+        return assert_refused(&o);
+    }
+    eprintln!("{}", stdout(&o));
+    assert!(out.join("0/scenario.toml").is_file(), "the scenario is written beside its results");
+    let text = std::fs::read_to_string(out.join("draw.json"))
+        .unwrap_or_else(|e| panic!("draw.json: {e}\n{}\n{}", stdout(&o), stderr(&o)));
+    let draw = json(&text);
+    let one = &draw["outcomes"][0];
+    assert!(one["failure"].is_null(), "{one:#}\n{}", stderr(&o));
+    assert!(one["fidelity"]["steps_compared"].as_u64().is_some_and(|n| n >= 8), "{one:#}");
+    assert!(stdout(&o).contains("membership stories"), "{}", stdout(&o));
+}

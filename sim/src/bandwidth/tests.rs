@@ -389,3 +389,18 @@ fn recomputing_the_connected_flows_gives_the_rates_of_a_full_recomputation() {
         }
     }
 }
+
+#[test]
+fn an_idle_connection_s_window_halves_per_timeout_as_linux_restarts_it() {
+    let (iw, rto) = (10.0, 1.0);
+    // Within one timeout: as it was.
+    assert_eq!(restarted_window(160.0, iw, 0.9, rto), 160.0);
+    assert_eq!(restarted_window(160.0, iw, 1.0, rto), 160.0);
+    // Past it, one halving per timeout after the first.
+    assert_eq!(restarted_window(160.0, iw, 1.5, rto), 80.0);
+    assert_eq!(restarted_window(160.0, iw, 2.0, rto), 80.0);
+    assert_eq!(restarted_window(160.0, iw, 2.5, rto), 40.0);
+    // Down to the initial window, not below; a smaller window stays.
+    assert_eq!(restarted_window(160.0, iw, 30.0, rto), 10.0);
+    assert_eq!(restarted_window(6.0, iw, 30.0, rto), 6.0);
+}
