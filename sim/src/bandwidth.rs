@@ -380,7 +380,7 @@ impl Conn {
 /// smaller). An idle time of seconds (an outer step's compute) brings any window back to the
 /// initial one; the gaps of a ring between two chunks cost a halving or two.
 pub(crate) fn restarted_window(window: f64, initial: f64, idle: f64, rto: f64) -> f64 {
-    if !(idle > rto) || rto <= 0.0 {
+    if idle.is_nan() || idle <= rto || rto <= 0.0 {
         return window;
     }
     let floor = initial.min(window);

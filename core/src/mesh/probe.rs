@@ -1,7 +1,7 @@
 //! The bandwidth probe a member runs against its peers, measured on its own clock only.
 //!
-//! For each peer in turn: a `Probe` with an empty body (its round trip is the base latency),
-//! then `Probe`s whose body grows by 4x from [`PROBE_START_BYTES`] until one transfer takes at
+//! For each peer in turn: two `Probe`s with an empty body (the lesser round trip is the base
+//! latency: the first may carry the connection's set-up), then `Probe`s whose body grows by 4x from [`PROBE_START_BYTES`] until one transfer takes at
 //! least a quarter of [`MeshConfig::probe_duration`](super::MeshConfig::probe_duration) or the body
 //! reaches [`PROBE_MAX_BYTES`]. The peer echoes each with an empty `ProbeAck`. Bandwidth =
 //! body length / (round trip - base round trip). Both round trips are measured by the prober, so
@@ -108,10 +108,17 @@ impl Prober {
             return Vec::new(); // an echo of an abandoned probe
         }
         let rtt = now - c.sent_at;
-        let Some(base) = self.base_rtt else {
-            self.base_rtt = Some(rtt);
-            return vec![self.send(now, c.peer, PROBE_START_BYTES)];
-        };
+        if c.padding == 0 {
+            // Two empty probes: the least of their round trips is the base latency. The first
+            // to a peer may carry its connection's set-up (the transport's handshake, two round
+            // trips more), which would read as latency and make every transfer after look
+            // instantaneous.
+            let first = self.base_rtt.is_none();
+            self.base_rtt = Some(self.base_rtt.map_or(rtt, |b| b.min(rtt)));
+            let next = if first { 0 } else { PROBE_START_BYTES };
+            return vec![self.send(now, c.peer, next)];
+        }
+        let Some(base) = self.base_rtt else { return Vec::new() };
         let transfer = rtt.saturating_sub(base).max(Duration::from_nanos(1));
         self.best = Some(c.padding as f64 / transfer.as_secs_f64());
         if transfer < target / 4 && c.padding < PROBE_MAX_BYTES {
@@ -235,6 +242,17 @@ mod tests {
 
     /// Simulates a link with a fixed latency and bandwidth, the ack path being free.
     fn run(peers: Vec<NodeId>, latency: Duration, bytes_per_sec: f64) -> (Vec<ProbeResult>, Time) {
+        run_with_setup(peers, latency, bytes_per_sec, Duration::ZERO)
+    }
+
+    /// [`run`], the first message to each peer taking `setup` more (its connection's handshake).
+    fn run_with_setup(
+        peers: Vec<NodeId>,
+        latency: Duration,
+        bytes_per_sec: f64,
+        setup: Duration,
+    ) -> (Vec<ProbeResult>, Time) {
+        let mut connected = BTreeSet::new();
         let mut p = Prober::default();
         let target = Duration::from_secs(1);
         let mut now = Time::ZERO;
@@ -244,6 +262,9 @@ mod tests {
                 Some(ProbeOut::Send { to, round, seq, padding }) => {
                     let transfer = Duration::from_secs_f64(padding as f64 / bytes_per_sec);
                     now = now + latency * 2 + transfer;
+                    if connected.insert(to) {
+                        now += setup;
+                    }
                     out = p.on_ack(now, to, round, seq, target);
                 }
                 Some(ProbeOut::Report { round, results }) => {
@@ -264,6 +285,16 @@ mod tests {
                 assert!((x.bytes_per_sec / bw - 1.0).abs() < 1e-6, "{} vs {bw}", x.bytes_per_sec);
             }
         }
+    }
+
+    /// A first probe that waited for its connection's handshake does not inflate the base
+    /// latency (which made every transfer after it read as instantaneous, and the probes grow
+    /// to their largest body).
+    #[test]
+    fn a_connection_s_set_up_is_not_read_as_latency() {
+        let bw = 10e6;
+        let (r, _) = run_with_setup(vec![NodeId(1)], ms(40), bw, ms(160));
+        assert!((r[0].bytes_per_sec / bw - 1.0).abs() < 1e-6, "{} vs {bw}", r[0].bytes_per_sec);
     }
 
     #[test]
