@@ -221,9 +221,11 @@ fn make_inner(
     synthetic: Option<usize>,
 ) -> Result<AnyInner> {
     if let Some(n) = synthetic {
-        let pace = loco_real::inner::Pace {
+        let pace = loco_core::node::synthetic::StepDraw {
             seed: s.seed(),
             node: node.id.0,
+            incarnation: 0,
+            outer_step: 0,
             inner_steps: s.diloco().round_steps(),
             step_time: node.step_time,
             jitter: node.step_jitter,

@@ -3,7 +3,7 @@
 //! machines without libtorch).
 
 use crate::train::TrainerState;
-use loco_core::node::synthetic::{Objective, initial_weights, step_times};
+use loco_core::node::synthetic::{Objective, StepDraw, initial_weights};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
@@ -36,44 +36,71 @@ pub enum InnerError {
 
 /// Whether the node hangs (`hang` in the scenario): its compute stops while its heartbeats go
 /// on. The worker closes it and opens it again; the inner loop's thread waits on it between
-/// steps, and a paced step's sleep waits out the hang on top of its time. Clones share one
-/// gate.
+/// steps, and a paced step's sleep waits out the hang on top of its time. The worker also
+/// aborts the steps under way when their membership stops (their result is for nobody): a wait
+/// returns at once then. Clones share one gate.
 #[derive(Clone, Debug, Default)]
-pub struct HangGate(Arc<(Mutex<bool>, Condvar)>);
+pub struct HangGate(Arc<(Mutex<GateState>, Condvar)>);
+
+#[derive(Debug, Default)]
+struct GateState {
+    hung: bool,
+    aborted: bool,
+}
 
 impl HangGate {
+    fn lock(&self) -> std::sync::MutexGuard<'_, GateState> {
+        self.0.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn update(&self, f: impl FnOnce(&mut GateState)) {
+        f(&mut self.lock());
+        self.0.1.notify_all();
+    }
+
     /// Closes (`true`) or opens the gate.
     pub fn set(&self, hung: bool) {
-        let (m, cv) = &*self.0;
-        *m.lock().unwrap_or_else(PoisonError::into_inner) = hung;
-        cv.notify_all();
+        self.update(|g| g.hung = hung);
     }
 
     /// Whether it is closed.
     pub fn is_hung(&self) -> bool {
-        *self.0.0.lock().unwrap_or_else(PoisonError::into_inner)
+        self.lock().hung
     }
 
-    /// Blocks while the gate is closed.
+    /// Aborts (`true`) the steps under way, or lets the next ones run (`false`).
+    pub fn abort(&self, aborted: bool) {
+        self.update(|g| g.aborted = aborted);
+    }
+
+    /// Whether the steps under way are aborted.
+    pub fn is_aborted(&self) -> bool {
+        self.lock().aborted
+    }
+
+    /// Blocks while the gate is closed (and the steps not aborted).
     pub fn wait(&self) {
-        let (m, cv) = &*self.0;
-        let mut hung = m.lock().unwrap_or_else(PoisonError::into_inner);
-        while *hung {
-            hung = cv.wait(hung).unwrap_or_else(PoisonError::into_inner);
+        let cv = &self.0.1;
+        let mut g = self.lock();
+        while g.hung && !g.aborted {
+            g = cv.wait(g).unwrap_or_else(PoisonError::into_inner);
         }
     }
 
     /// Sleeps until `due`, later by however long the gate is closed meanwhile; returns when
-    /// it woke (the due time moved by the hangs).
+    /// it woke (the due time moved by the hangs), at once when the steps are aborted.
     #[allow(clippy::disallowed_methods)] // pacing only: the synthetic step's wall time
     pub fn sleep_until(&self, mut due: Instant) -> Instant {
-        let (m, cv) = &*self.0;
-        let mut hung = m.lock().unwrap_or_else(PoisonError::into_inner);
+        let cv = &self.0.1;
+        let mut g = self.lock();
         loop {
-            if *hung {
+            if g.aborted {
+                return due;
+            }
+            if g.hung {
                 let since = Instant::now();
-                while *hung {
-                    hung = cv.wait(hung).unwrap_or_else(PoisonError::into_inner);
+                while g.hung && !g.aborted {
+                    g = cv.wait(g).unwrap_or_else(PoisonError::into_inner);
                 }
                 due += since.elapsed();
                 continue;
@@ -82,7 +109,7 @@ impl HangGate {
             if now >= due {
                 return due;
             }
-            hung = cv.wait_timeout(hung, due - now).unwrap_or_else(PoisonError::into_inner).0;
+            g = cv.wait_timeout(g, due - now).unwrap_or_else(PoisonError::into_inner).0;
         }
     }
 }
@@ -102,7 +129,7 @@ pub trait InnerLoop: Send + 'static {
     /// One inner optimisation step.
     fn step(&mut self) -> Result<InnerStats, InnerError>;
     /// The inner steps of outer step `outer_step` begin, in the node's process `draw` (the
-    /// simulator's incarnation: see [`step_times`](loco_core::node::synthetic::step_times)).
+    /// simulator's incarnation: see [`StepDraw`]).
     /// A paced loop starts its round's clock here: no step of it gets back time spent before
     /// it. Nothing by default.
     fn begin_round(&mut self, _outer_step: u64, _draw: u64) {}
@@ -161,7 +188,9 @@ pub struct Quadratic {
     /// The current outer step's noise; `None` until its first step draws it from `x`.
     noise: Option<ChaCha8Rng>,
     steps: u64,
-    pace: Option<Pace>,
+    /// How long its steps take: the node's draws (the incarnation and outer step are each
+    /// round's).
+    pace: Option<StepDraw>,
     /// The step times of the round under way not yet stepped (seconds).
     round: std::collections::VecDeque<f64>,
     /// When the last step of the round under way was due to end: the next step of the round is
@@ -170,22 +199,6 @@ pub struct Quadratic {
     /// ([`begin_round`](InnerLoop::begin_round)), so no round gets back the wait before it.
     due: Option<Instant>,
     gate: HangGate,
-}
-
-/// How long a synthetic node's inner steps take: the scenario's `step_time` and `step_jitter`,
-/// drawn per step as the simulator draws them (`loco_core::node::synthetic::step_times`).
-#[derive(Clone, Copy, Debug)]
-pub struct Pace {
-    /// The run's seed.
-    pub seed: u64,
-    /// The node's id.
-    pub node: u32,
-    /// Inner steps per outer step.
-    pub inner_steps: u64,
-    /// The mean step time.
-    pub step_time: Duration,
-    /// The relative jitter, in `[0, 1)`.
-    pub jitter: f64,
 }
 
 impl Quadratic {
@@ -206,7 +219,7 @@ impl Quadratic {
     /// Makes each step take its time of `pace` (the simulator's draw for the node's step),
     /// its own work included (at least its work, when that is longer), so that a synthetic run
     /// has the scenario's timing and its churn lands where it would in a real one.
-    pub fn paced(mut self, pace: Pace) -> Quadratic {
+    pub fn paced(mut self, pace: StepDraw) -> Quadratic {
         self.pace = Some(pace);
         self
     }
@@ -264,9 +277,8 @@ impl InnerLoop for Quadratic {
         self.due = None;
         self.round.clear();
         if let Some(p) = &self.pace {
-            let times =
-                step_times(p.seed, p.node, draw, outer_step, p.inner_steps, p.step_time, p.jitter);
-            self.round.extend(times);
+            let d = StepDraw { incarnation: draw, outer_step, ..*p };
+            self.round.extend(d.times());
         }
     }
 
@@ -549,8 +561,17 @@ mod tests {
         assert_eq!(next_due(None, t0 + ms(5), 0.0), t0 + ms(5));
     }
 
-    fn pace(step_ms: u64, jitter: f64) -> Pace {
-        Pace { seed: 5, node: 1, inner_steps: 4, step_time: Duration::from_millis(step_ms), jitter }
+    fn pace(step_ms: u64, jitter: f64) -> StepDraw {
+        let step_time = Duration::from_millis(step_ms);
+        StepDraw {
+            seed: 5,
+            node: 1,
+            incarnation: 0,
+            outer_step: 0,
+            inner_steps: 4,
+            step_time,
+            jitter,
+        }
     }
 
     /// Runs one round of `q` and returns its wall time.
@@ -581,12 +602,39 @@ mod tests {
     #[test]
     fn jittered_steps_last_the_simulator_s_draws() {
         let p = pace(40, 0.5);
-        let times: Vec<f64> = step_times(p.seed, p.node, 0, 3, 4, p.step_time, p.jitter).collect();
+        let times: Vec<f64> = StepDraw { outer_step: 3, ..p }.times().collect();
         assert!(times.iter().any(|t| (t - 0.04).abs() > 1e-3), "{times:?}");
         let sum = Duration::from_secs_f64(times.iter().sum());
         let mut q = Quadratic::new(16, 1, 1).paced(p);
         let took = round(&mut q, 3);
         assert!(took >= sum, "{took:?} < {sum:?}");
+    }
+
+    /// Aborting the steps under way ends a hung round at once.
+    #[test]
+    fn an_abort_ends_a_hung_round() {
+        let mut q = Quadratic::new(16, 1, 1).paced(pace(50, 0.0));
+        let gate = HangGate::default();
+        q.set_gate(gate.clone());
+        gate.set(true);
+        let g = gate.clone();
+        let abort = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            g.abort(true);
+        });
+        #[allow(clippy::disallowed_methods)] // the test measures the abort's wall time
+        let t = Instant::now();
+        q.begin_round(0, 0);
+        for _ in 0..4 {
+            if gate.is_aborted() {
+                break;
+            }
+            gate.wait();
+            q.step().unwrap();
+        }
+        abort.join().unwrap();
+        assert!(gate.is_hung(), "an abort leaves the hang as it is");
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
     }
 
     /// A hang in the middle of a round adds its length: the compute stops, it does not catch

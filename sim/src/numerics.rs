@@ -21,7 +21,7 @@ use loco_core::node::synthetic::Objective;
 use loco_core::scenario::Scenario;
 
 pub use loco_core::node::synthetic::{
-    INNER_NOISE, INNER_RATE, TARGET_SPREAD, initial_weights, outer_step_compute, target,
+    INNER_NOISE, INNER_RATE, StepDraw, TARGET_SPREAD, initial_weights, target,
 };
 
 /// A node's synthetic model: its objective (`loco_core::node::synthetic`, the one the real
@@ -63,6 +63,18 @@ pub fn outer_config(s: &Scenario) -> OuterConfig {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    fn outer_step_compute(
+        seed: u64,
+        node: u32,
+        incarnation: u64,
+        outer_step: u64,
+        inner_steps: u64,
+        step_time: Duration,
+        jitter: f64,
+    ) -> Duration {
+        StepDraw { seed, node, incarnation, outer_step, inner_steps, step_time, jitter }.total()
+    }
 
     #[test]
     fn compute_time_has_the_mean_and_the_spread_of_the_scenario() {

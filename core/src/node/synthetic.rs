@@ -48,43 +48,48 @@ pub fn target(seed: u64, node: u32, n: usize) -> Vec<f32> {
     (0..n).map(|_| 2.0 * normal(&mut centre) + TARGET_SPREAD * normal(&mut own)).collect()
 }
 
-/// How long each of the `inner_steps` inner steps of a node's outer step takes:
-/// `step_time x (1 + jitter x u)`, `u` uniform in `[-1, 1]`, drawn from the stream of
-/// (seed, node, [`Purpose::StepTime`]) keyed further by the incarnation and the outer step, so a
-/// node's draws depend on nothing but its own history. The simulator sums them
-/// ([`outer_step_compute`]); the real backend's paced synthetic steps last them one by one.
-pub fn step_times(
-    seed: u64,
-    node: u32,
-    incarnation: u64,
-    outer_step: u64,
-    inner_steps: u64,
-    step_time: Duration,
-    jitter: f64,
-) -> impl Iterator<Item = f64> {
-    let subject = mix64(u64::from(node)) ^ mix64(incarnation.wrapping_add(1) << 20) ^ outer_step;
-    let mut rng = stream(seed, subject, Purpose::StepTime);
-    let base = step_time.as_secs_f64();
-    (0..inner_steps).map(move |_| {
-        let u: f64 = if jitter > 0.0 { rng.random_range(-1.0..=1.0) } else { 0.0 };
-        base * (1.0 + jitter * u)
-    })
+/// The inner steps of one outer step of a node, whose times are drawn: each takes
+/// `step_time x (1 + jitter x u)`, `u` uniform in `[-1, 1]`, from the stream of (seed, node,
+/// [`Purpose::StepTime`]) keyed further by the incarnation and the outer step, so a node's draws
+/// depend on nothing but its own history. The simulator sums them ([`total`](Self::total)); the
+/// real backend's paced synthetic steps last them one by one ([`times`](Self::times)).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepDraw {
+    /// The run's seed.
+    pub seed: u64,
+    /// The node's id.
+    pub node: u32,
+    /// Its process's incarnation (the simulator's count, from 0).
+    pub incarnation: u64,
+    /// The outer step.
+    pub outer_step: u64,
+    /// Inner steps in the outer step.
+    pub inner_steps: u64,
+    /// The mean step time.
+    pub step_time: Duration,
+    /// The relative jitter, in `[0, 1)`.
+    pub jitter: f64,
 }
 
-/// The compute time of one outer step (`inner_steps` inner steps) of a node: the sum of its
-/// [`step_times`].
-pub fn outer_step_compute(
-    seed: u64,
-    node: u32,
-    incarnation: u64,
-    outer_step: u64,
-    inner_steps: u64,
-    step_time: Duration,
-    jitter: f64,
-) -> Duration {
-    let total: f64 =
-        step_times(seed, node, incarnation, outer_step, inner_steps, step_time, jitter).sum();
-    Duration::from_secs_f64(total.max(0.0))
+impl StepDraw {
+    /// Each inner step's time, in seconds.
+    pub fn times(&self) -> impl Iterator<Item = f64> {
+        let subject = mix64(u64::from(self.node))
+            ^ mix64(self.incarnation.wrapping_add(1) << 20)
+            ^ self.outer_step;
+        let mut rng = stream(self.seed, subject, Purpose::StepTime);
+        let (base, jitter) = (self.step_time.as_secs_f64(), self.jitter);
+        (0..self.inner_steps).map(move |_| {
+            let u: f64 = if jitter > 0.0 { rng.random_range(-1.0..=1.0) } else { 0.0 };
+            base * (1.0 + jitter * u)
+        })
+    }
+
+    /// The outer step's compute time: the sum of its [`times`](Self::times).
+    pub fn total(&self) -> Duration {
+        let total: f64 = self.times().sum();
+        Duration::from_secs_f64(total.max(0.0))
+    }
 }
 
 /// One node's objective: its target, and the noise streams of its outer steps.

@@ -137,10 +137,26 @@ pub fn fidelity_scenario(seed: u64, index: u64) -> String {
          join_mode = \"{join_mode}\"\n",
         members.len()
     );
-    for r in &regions {
+    topology(&mut s, &regions, &links);
+    churn(rng, &mut s, &regions, &members, span, outer_s, step_max);
+    let _ = writeln!(
+        s,
+        "[stop]\nouter_steps = {outer_steps}\ntime = \"{}s\"\n",
+        (outer_steps as f64 * outer_s * 4.0 + 60.0).ceil()
+    );
+    let _ = writeln!(
+        s,
+        "[sim]\ntcp = \"{tcp}\"\nnumerics = \"real\"\nelements = {elements}\n\n[real]\ndevice = \"cpu\""
+    );
+    s
+}
+
+/// The `[[regions]]`, `[[links]]` and `[[nodes]]` tables.
+fn topology(s: &mut String, regions: &[Region], links: &[(usize, usize, f64, f64, f64)]) {
+    for r in regions {
         let _ = writeln!(s, "[[regions]]\nname = \"{}\"\n", r.name);
     }
-    for &(a, b, mbit, lat, jit) in &links {
+    for &(a, b, mbit, lat, jit) in links {
         let _ = writeln!(
             s,
             "[[links]]\nfrom = \"{}\"\nto = \"{}\"\nbandwidth = \"{mbit}Mbit/s\"\nlatency = \"{lat}ms\"",
@@ -151,7 +167,7 @@ pub fn fidelity_scenario(seed: u64, index: u64) -> String {
         }
         s.push('\n');
     }
-    for r in &regions {
+    for r in regions {
         for (g, count, step, jitter) in &r.groups {
             let _ = writeln!(
                 s,
@@ -165,17 +181,6 @@ pub fn fidelity_scenario(seed: u64, index: u64) -> String {
             s.push('\n');
         }
     }
-    churn(rng, &mut s, &regions, &members, span, outer_s, step_max);
-    let _ = writeln!(
-        s,
-        "[stop]\nouter_steps = {outer_steps}\ntime = \"{}s\"\n",
-        (outer_steps as f64 * outer_s * 4.0 + 60.0).ceil()
-    );
-    let _ = writeln!(
-        s,
-        "[sim]\ntcp = \"{tcp}\"\nnumerics = \"real\"\nelements = {elements}\n\n[real]\ndevice = \"cpu\""
-    );
-    s
 }
 
 fn log_uniform(rng: &mut ChaCha8Rng, lo: f64, hi: f64) -> f64 {
@@ -302,15 +307,8 @@ fn churn(
                 let d = rng.random_range(0.5..=4.0f64);
                 link_free = at + d + 0.1;
                 if rng.random_bool(0.5) && regions.len() >= 2 {
-                    let a = rng.random_range(0..regions.len());
-                    let b = (a + rng.random_range(1..regions.len())) % regions.len();
-                    let fields = format!(
-                        "from = \"{}\"\nto = \"{}\"\nfor = \"{}ms\"\n",
-                        regions[a].name,
-                        regions[b].name,
-                        ms(d)
-                    );
-                    event(s, at, "partition", &fields);
+                    let (a, b) = two_regions(rng, regions);
+                    event(s, at, "partition", &format!("{a}{b}for = \"{}ms\"\n", ms(d)));
                 } else if !free.is_empty() {
                     let i = pick(rng, &free);
                     busy_until[i] = at + d + 0.1;
@@ -322,15 +320,9 @@ fn churn(
             7 if link_free <= at => {
                 let d = rng.random_range(1.0..=6.0f64);
                 link_free = at + d + 0.1;
-                let a = rng.random_range(0..regions.len());
-                let b = (a + rng.random_range(1..regions.len())) % regions.len();
+                let (a, b) = two_regions(rng, regions);
                 let mbit = rng.random_range(5..=50u32);
-                let fields = format!(
-                    "from = \"{}\"\nto = \"{}\"\nbandwidth = \"{mbit}Mbit/s\"\nfor = \"{}ms\"\n",
-                    regions[a].name,
-                    regions[b].name,
-                    ms(d)
-                );
+                let fields = format!("{a}{b}bandwidth = \"{mbit}Mbit/s\"\nfor = \"{}ms\"\n", ms(d));
                 event(s, at, "degrade", &fields);
             }
             8 if coordinator_free <= at => {
@@ -341,6 +333,13 @@ fn churn(
             _ => {}
         }
     }
+}
+
+/// Two different regions, drawn: their `from` and `to` lines.
+fn two_regions(rng: &mut ChaCha8Rng, regions: &[Region]) -> (String, String) {
+    let a = rng.random_range(0..regions.len());
+    let b = (a + rng.random_range(1..regions.len())) % regions.len();
+    (format!("from = \"{}\"\n", regions[a].name), format!("to = \"{}\"\n", regions[b].name))
 }
 
 fn ms(secs: f64) -> u64 {

@@ -103,8 +103,8 @@ fn run<L: InnerLoop>(
     })
 }
 
-/// `steps` inner steps, none while the node hangs, then the inner weights (copied here, off
-/// the loop).
+/// `steps` inner steps, none while the node hangs and no more once the worker aborts them (their
+/// membership stopped), then the inner weights (copied here, off the loop).
 fn compute<L: InnerLoop>(
     inner: &mut L,
     gate: &HangGate,
@@ -114,6 +114,9 @@ fn compute<L: InnerLoop>(
     let (mut loss, mut tokens) = (None, 0u64);
     for _ in 0..steps {
         gate.wait();
+        if gate.is_aborted() {
+            break;
+        }
         let s = inner.step()?;
         loss = s.loss;
         tokens = tokens.saturating_add(s.tokens);

@@ -572,7 +572,12 @@ impl<L: InnerLoop> Worker<L> {
         self.verifying.shutdown().await;
         self.queue.clear();
         self.verified_own = None;
-        self.wait_inner().await?;
+        // The steps under way are for nobody now: a hung node's would wait for its hang to end,
+        // and this loop with them.
+        self.gate.abort(true);
+        let waited = self.wait_inner().await;
+        self.gate.abort(false);
+        waited?;
         if let Some(row) = &s.row {
             self.event(row.kind, row.epoch, row.detail.clone())?;
         }

@@ -520,15 +520,16 @@ impl Node {
 
     fn compute_duration(&self, step: u64) -> Duration {
         let spec = &self.run.node(self.id).spec;
-        numerics::outer_step_compute(
-            self.run.seed,
-            self.id.0,
-            self.process.incarnation(),
-            step,
-            self.run.scenario.diloco().round_steps(),
-            spec.step_time,
-            spec.step_jitter,
-        )
+        numerics::StepDraw {
+            seed: self.run.seed,
+            node: self.id.0,
+            incarnation: self.process.incarnation(),
+            outer_step: step,
+            inner_steps: self.run.scenario.diloco().round_steps(),
+            step_time: spec.step_time,
+            jitter: spec.step_jitter,
+        }
+        .total()
     }
 }
 
