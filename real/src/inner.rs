@@ -44,8 +44,18 @@ pub struct HangGate(Arc<(Mutex<GateState>, Condvar)>);
 
 #[derive(Debug, Default)]
 struct GateState {
-    hung: bool,
+    /// Since when it is closed; `None` while open.
+    hung_since: Option<Instant>,
+    /// How long it was closed in all, up to its last opening.
+    closed: Duration,
     aborted: bool,
+}
+
+impl GateState {
+    /// How long it has been closed in all, up to `now`.
+    fn closed_until(&self, now: Instant) -> Duration {
+        self.closed + self.hung_since.map_or(Duration::ZERO, |t| now.saturating_duration_since(t))
+    }
 }
 
 impl HangGate {
@@ -58,14 +68,30 @@ impl HangGate {
         self.0.1.notify_all();
     }
 
-    /// Closes (`true`) or opens the gate.
+    /// Closes (`true`) or opens the gate. The gate times its closings itself, so a hang
+    /// lasts from this call to the opening one, however late the inner loop notices it.
+    #[allow(clippy::disallowed_methods)] // the hang's wall time: a paced step waits it out
     pub fn set(&self, hung: bool) {
-        self.update(|g| g.hung = hung);
+        let now = Instant::now();
+        self.update(|g| match (hung, g.hung_since) {
+            (true, None) => g.hung_since = Some(now),
+            (false, Some(t)) => {
+                g.closed += now.saturating_duration_since(t);
+                g.hung_since = None;
+            }
+            _ => {}
+        });
     }
 
     /// Whether it is closed.
     pub fn is_hung(&self) -> bool {
-        self.lock().hung
+        self.lock().hung_since.is_some()
+    }
+
+    /// How long it has been closed in all, up to `now`: a paced step's mark
+    /// ([`sleep_until`](Self::sleep_until)).
+    pub fn closed_until(&self, now: Instant) -> Duration {
+        self.lock().closed_until(now)
     }
 
     /// Aborts (`true`) the steps under way, or lets the next ones run (`false`).
@@ -82,36 +108,42 @@ impl HangGate {
     pub fn wait(&self) {
         let cv = &self.0.1;
         let mut g = self.lock();
-        while g.hung && !g.aborted {
+        while g.hung_since.is_some() && !g.aborted {
             g = cv.wait(g).unwrap_or_else(PoisonError::into_inner);
         }
     }
 
-    /// Sleeps until `due`, later by however long the gate is closed meanwhile; returns when
-    /// it woke (the due time moved by the hangs), at once when the steps are aborted.
+    /// Sleeps until `due.at`, later by however long the gate was closed since `due.closed`
+    /// (its [`closed_until`](Self::closed_until) when the due time was set); returns the due
+    /// time it woke at (moved by the hangs), at once when the steps are aborted.
     #[allow(clippy::disallowed_methods)] // pacing only: the synthetic step's wall time
-    pub fn sleep_until(&self, mut due: Instant) -> Instant {
+    pub fn sleep_until(&self, due: Due) -> Due {
         let cv = &self.0.1;
         let mut g = self.lock();
         loop {
-            if g.aborted {
-                return due;
-            }
-            if g.hung {
-                let since = Instant::now();
-                while g.hung && !g.aborted {
-                    g = cv.wait(g).unwrap_or_else(PoisonError::into_inner);
-                }
-                due += since.elapsed();
-                continue;
-            }
             let now = Instant::now();
-            if now >= due {
-                return due;
+            let closed = g.closed_until(now);
+            let at = due.at + closed.saturating_sub(due.closed);
+            if g.aborted || (g.hung_since.is_none() && now >= at) {
+                return Due { at, closed };
             }
-            g = cv.wait_timeout(g, due - now).unwrap_or_else(PoisonError::into_inner).0;
+            g = if g.hung_since.is_some() {
+                cv.wait(g).unwrap_or_else(PoisonError::into_inner)
+            } else {
+                cv.wait_timeout(g, at - now).unwrap_or_else(PoisonError::into_inner).0
+            };
         }
     }
+}
+
+/// When a paced step is due to end, and how long the hang gate had been closed in all when
+/// that was set: hangs after it push it back by their length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Due {
+    /// The due time, hangs before `closed` included.
+    pub at: Instant,
+    /// The gate's [`HangGate::closed_until`] when `at` was set.
+    pub closed: Duration,
 }
 
 /// The inner optimisation of one worker. Moved into a blocking task while it computes.
@@ -197,7 +229,7 @@ pub struct Quadratic {
     /// due its time after it, so that a round lasts the sum of its steps' times from its first
     /// step's start and the sleeps' overshoot does not add up; `None` at a round's start
     /// ([`begin_round`](InnerLoop::begin_round)), so no round gets back the wait before it.
-    due: Option<Instant>,
+    due: Option<Due>,
     gate: HangGate,
 }
 
@@ -226,9 +258,11 @@ impl Quadratic {
 }
 
 /// When a paced step of `secs` that starts at `started` is due to end: `secs` after the due
-/// time of the round's last step `last`, or after its own start when it begins the round.
-fn next_due(last: Option<Instant>, started: Instant, secs: f64) -> Instant {
-    last.unwrap_or(started) + Duration::from_secs_f64(secs.max(0.0))
+/// time of the round's last step `last`, or after its own start (when the gate had been closed
+/// `closed` in all) when it begins the round.
+fn next_due(last: Option<Due>, started: Instant, closed: Duration, secs: f64) -> Due {
+    let base = last.unwrap_or(Due { at: started, closed });
+    Due { at: base.at + Duration::from_secs_f64(secs.max(0.0)), ..base }
 }
 
 impl InnerLoop for Quadratic {
@@ -267,7 +301,7 @@ impl InnerLoop for Quadratic {
         // meanwhile adds its length.
         if let Some(p) = &self.pace {
             let secs = self.round.pop_front().unwrap_or(p.step_time.as_secs_f64());
-            let due = next_due(self.due, started, secs);
+            let due = next_due(self.due, started, self.gate.closed_until(started), secs);
             self.due = Some(self.gate.sleep_until(due));
         }
         Ok(InnerStats { loss: Some(loss), tokens: self.x.len() as u64 })
@@ -553,12 +587,38 @@ mod tests {
         #[allow(clippy::disallowed_methods)] // a reference point; no time is read after it
         let t0 = Instant::now();
         let ms = |n| Duration::from_millis(n);
-        // The first step of a round is due its time after its start.
-        assert_eq!(next_due(None, t0 + ms(900), 0.2), t0 + ms(1100));
-        // The next one started 3 ms late (a wake-up delay): due at 400 ms, not 403.
-        assert_eq!(next_due(Some(t0 + ms(200)), t0 + ms(203), 0.2), t0 + ms(400));
+        let due = |at, closed| Due { at, closed };
+        // The first step of a round is due its time after its start, from the gate's mark then.
+        assert_eq!(next_due(None, t0 + ms(900), ms(7), 0.2), due(t0 + ms(1100), ms(7)));
+        // The next one started 3 ms late (a wake-up delay): due at 400 ms, not 403, and hangs
+        // are counted from the last due time's mark.
+        let last = Some(due(t0 + ms(200), ms(1)));
+        assert_eq!(next_due(last, t0 + ms(203), ms(9), 0.2), due(t0 + ms(400), ms(1)));
         // No time: due at once.
-        assert_eq!(next_due(None, t0 + ms(5), 0.0), t0 + ms(5));
+        assert_eq!(next_due(None, t0 + ms(5), ms(0), 0.0), due(t0 + ms(5), ms(0)));
+    }
+
+    /// A hang is as long as the gate was closed, counted by the gate: one that began before the
+    /// sleep (during a step's compute) counts from its start, and a late wake-up takes nothing
+    /// off it.
+    #[test]
+    fn a_sleep_waits_out_the_hangs_since_its_mark() {
+        let gate = HangGate::default();
+        #[allow(clippy::disallowed_methods)] // the test measures the sleep's wall time
+        let t0 = Instant::now();
+        let mark = gate.closed_until(t0);
+        gate.set(true);
+        std::thread::sleep(Duration::from_millis(60));
+        let g = gate.clone();
+        let opener = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(40));
+            g.set(false);
+        });
+        let woke = gate.sleep_until(Due { at: t0 + Duration::from_millis(30), closed: mark });
+        opener.join().unwrap();
+        assert!(woke.closed >= Duration::from_millis(100), "{woke:?}");
+        assert_eq!(woke.at, t0 + Duration::from_millis(30) + woke.closed);
+        assert!(t0.elapsed() >= Duration::from_millis(130), "{:?}", t0.elapsed());
     }
 
     fn pace(step_ms: u64, jitter: f64) -> StepDraw {
