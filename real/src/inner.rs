@@ -547,6 +547,8 @@ impl InnerLoop for TchInner {
 }
 
 #[cfg(test)]
+// The pacing's tests time it on the wall clock, with a thread that closes and opens the gate.
+#[allow(clippy::disallowed_methods)]
 mod tests {
     use super::*;
 
@@ -584,7 +586,6 @@ mod tests {
 
     #[test]
     fn paced_steps_of_a_round_are_due_back_to_back() {
-        #[allow(clippy::disallowed_methods)] // a reference point; no time is read after it
         let t0 = Instant::now();
         let ms = |n| Duration::from_millis(n);
         let due = |at, closed| Due { at, closed };
@@ -604,7 +605,6 @@ mod tests {
     #[test]
     fn a_sleep_waits_out_the_hangs_since_its_mark() {
         let gate = HangGate::default();
-        #[allow(clippy::disallowed_methods)] // the test measures the sleep's wall time
         let t0 = Instant::now();
         let mark = gate.closed_until(t0);
         gate.set(true);
@@ -635,7 +635,6 @@ mod tests {
     }
 
     /// Runs one round of `q` and returns its wall time.
-    #[allow(clippy::disallowed_methods)] // the test measures the pacing's wall time
     fn round(q: &mut Quadratic, outer_step: u64) -> Duration {
         let t = Instant::now();
         q.begin_round(outer_step, 0);
@@ -682,7 +681,6 @@ mod tests {
             std::thread::sleep(Duration::from_millis(100));
             g.abort(true);
         });
-        #[allow(clippy::disallowed_methods)] // the test measures the abort's wall time
         let t = Instant::now();
         q.begin_round(0, 0);
         for _ in 0..4 {
