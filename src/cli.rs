@@ -284,6 +284,10 @@ pub(crate) struct CoordinatorArgs {
     /// Append events as JSON lines to this file.
     #[arg(long, value_name = "FILE")]
     pub(crate) metrics: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (PORT alone: 127.0.0.1:PORT; port 0
+    /// picks one, printed at start). Off by default.
+    #[arg(long, value_name = "ADDR", value_parser = parse_metrics_addr)]
+    pub(crate) metrics_addr: Option<std::net::SocketAddr>,
     /// Unix time (seconds) the run started, the time base of the metrics.
     #[arg(long, hide = true)]
     pub(crate) run_start: Option<f64>,
@@ -318,6 +322,10 @@ pub(crate) struct WorkerArgs {
     /// Append outer-step rows and events as JSON lines to this file.
     #[arg(long, value_name = "FILE")]
     pub(crate) metrics: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (PORT alone: 127.0.0.1:PORT; port 0
+    /// picks one, printed at start). Off by default.
+    #[arg(long, value_name = "ADDR", value_parser = parse_metrics_addr)]
+    pub(crate) metrics_addr: Option<std::net::SocketAddr>,
     /// Unix time (seconds) the run started, the time base of the metrics.
     #[arg(long, hide = true)]
     pub(crate) run_start: Option<f64>,
@@ -733,6 +741,14 @@ fn parse_dial_via(s: &str) -> Result<(u32, std::net::SocketAddr), String> {
     let id = id.parse().map_err(|_| format!("{id:?}: expected a node id (a number)"))?;
     let addr = addr.parse().map_err(|_| format!("{addr:?}: expected HOST:PORT"))?;
     Ok((id, addr))
+}
+
+/// `PORT` (on loopback) or `HOST:PORT`.
+fn parse_metrics_addr(s: &str) -> Result<std::net::SocketAddr, String> {
+    if let Ok(port) = s.parse::<u16>() {
+        return Ok(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    s.parse().map_err(|_| format!("{s:?}: expected PORT or HOST:PORT"))
 }
 
 fn parse_codec(s: &str) -> Result<CodecKind, String> {

@@ -6,6 +6,7 @@ use loco_core::digest::HexOrEmpty;
 use loco_core::ids::NodeId;
 use loco_core::scenario::Scenario;
 use loco_real::coord::{CoordinatorOptions, bind, run_coordinator};
+use loco_real::exporter::Exporter;
 use loco_real::inner::{InnerError, InnerLoop, InnerStats, Quadratic};
 use loco_real::launch::{
     LaunchError, LaunchPlan, Launcher, Notice, READY_LIMIT, Resume, StatusSender, checkpoint_plan,
@@ -105,8 +106,11 @@ pub(crate) fn coordinator(a: &crate::cli::CoordinatorArgs) -> Result<()> {
         metrics: a.metrics.clone(),
         time_offset_s: a.run_start.map_or(0.0, |t| unix_now() - t),
         start_outer_step: a.start_step,
+        exporter: None,
     };
     runtime()?.block_on(async {
+        let mut opts = opts;
+        opts.exporter = serve_metrics(a.metrics_addr, Exporter::coordinator).await?;
         let t = bind(&opts).await?;
         let addr = t.local_addr();
         eprintln!("loco: coordinator of `{}` listening on {addr}", s.name());
@@ -117,6 +121,25 @@ pub(crate) fn coordinator(a: &crate::cli::CoordinatorArgs) -> Result<()> {
         eprintln!("loco: coordinator done: {} outer steps, {} epochs", r.outer_steps, r.epochs);
         anyhow::Ok(())
     })
+}
+
+/// With an address: binds it, serves `make()`'s metrics there in the background (on the
+/// runtime this is called in) and says where; the exporter to feed.
+async fn serve_metrics(
+    addr: Option<std::net::SocketAddr>,
+    make: impl FnOnce() -> Exporter,
+) -> Result<Option<Exporter>> {
+    let Some(addr) = addr else { return Ok(None) };
+    let (listener, at) = loco_real::exporter::bind(addr)
+        .await
+        .with_context(|| format!("--metrics-addr {addr}: cannot listen there"))?;
+    if !at.ip().is_loopback() {
+        tracing::warn!("metrics served beyond loopback, unauthenticated, on {at}");
+    }
+    let e = make();
+    tokio::spawn(loco_real::exporter::serve(listener, e.clone()));
+    eprintln!("loco: metrics on http://{at}/metrics");
+    Ok(Some(e))
 }
 
 /// Writes `bytes` to `path` through a temporary file and a rename.
@@ -354,11 +377,18 @@ pub(crate) fn worker(a: &crate::cli::WorkerArgs) -> Result<()> {
         resume: a.resume.clone(),
         faults: a.crash_during.clone(),
         status: status.clone(),
+        exporter: None,
         hang: a
             .control_stdin
             .then(|| loco_real::node::hang_commands(std::io::BufReader::new(std::io::stdin()))),
     };
-    let report = runtime()?.block_on(run_worker(opts, inner, terminate_signal()));
+    let round_steps = s.diloco().round_steps();
+    let report = runtime()?.block_on(async {
+        let mut opts = opts;
+        opts.exporter =
+            serve_metrics(a.metrics_addr, || Exporter::worker(&node.name, round_steps)).await?;
+        anyhow::Ok(run_worker(opts, inner, terminate_signal()).await)
+    })?;
     if let Some(st) = &status {
         match &report {
             Ok(r) => st.stopped(&r.stop.to_string(), r.committed, r.weights_hash),

@@ -41,6 +41,8 @@ pub struct CoordinatorOptions {
     pub time_offset_s: f64,
     /// The outer step the run starts at (a run resumed from checkpoints; 0 otherwise).
     pub start_outer_step: u64,
+    /// The Prometheus metrics served on `--metrics-addr`: events, epochs and the mesh's state.
+    pub exporter: Option<crate::exporter::Exporter>,
 }
 
 /// How the coordinator ended.
@@ -65,6 +67,9 @@ pub enum CoordinatorError {
     #[error(transparent)]
     Metrics(#[from] crate::node::MetricsError),
 }
+
+/// How often the coordinator refreshes the mesh's figures of its [`Exporter`](crate::exporter::Exporter).
+const EXPORT_EVERY: Duration = Duration::from_millis(500);
 
 /// Binds the coordinator's socket; returns it with its address (for launchers that pick port 0).
 /// Its sends never wait for a dial ([`TcpConfig::dial_in_background`]): its one loop also
@@ -156,6 +161,9 @@ pub async fn run_coordinator(
                 e.detail
             );
         }
+        if let Some(e) = &opts.exporter {
+            e.observe(&l);
+        }
         if let Some(f) = metrics.as_mut() {
             f.write(&l)?;
         }
@@ -168,7 +176,16 @@ pub async fn run_coordinator(
     let mut stopping = false;
     let mut shutdown = std::pin::pin!(shutdown);
     let deadline = opts.stop_time.map(|d| start + d);
+    // The mesh's figures are read at most this often: a heartbeat must stay O(1).
+    let mut exported: Option<tokio::time::Instant> = None;
     loop {
+        if let Some(e) = &opts.exporter {
+            let due = exported.is_none_or(|t| t.elapsed() >= EXPORT_EVERY);
+            if due {
+                exported = Some(tokio::time::Instant::now());
+                e.mesh(c.state(), now(), name);
+            }
+        }
         while let Some(a) = c.poll_action() {
             match a {
                 CoordinatorAction::Send { to, msg } => {

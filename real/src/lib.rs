@@ -11,6 +11,7 @@ pub mod sharded;
 pub mod train;
 
 pub mod coord;
+pub mod exporter;
 pub mod inner;
 pub mod launch;
 pub mod node;

@@ -146,6 +146,7 @@ async fn commit_work_longer_than_the_heartbeat_timeout_evicts_nobody() {
         metrics: Some(dir.path().join("coordinator.jsonl")),
         time_offset_s: 0.0,
         start_outer_step: 0,
+        exporter: None,
     };
     // Each node on a runtime of its own, as in its own process: their event loops do not wait
     // for each other's turns on the runtime's threads.
@@ -172,6 +173,7 @@ async fn commit_work_longer_than_the_heartbeat_timeout_evicts_nobody() {
             resume: None,
             faults: Vec::new(),
             status: None,
+            exporter: None,
             hang: None,
         };
         // Built on a blocking thread: filling 2e8 values is not for the runtime's threads.

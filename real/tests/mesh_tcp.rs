@@ -50,6 +50,7 @@ fn worker_in(
         resume: None,
         faults: Vec::new(),
         status: None,
+        exporter: None,
         hang: None,
     }
 }
@@ -114,6 +115,7 @@ async fn start_coordinator(
         metrics: Some(dir.join("coordinator.jsonl")),
         time_offset_s: 0.0,
         start_outer_step: 0,
+        exporter: None,
     };
     let t = bind(&copts).await.unwrap();
     let addr = t.local_addr();

@@ -828,6 +828,7 @@ fn both_backends_make_the_same_node_from_a_scenario() {
         resume: None,
         faults: Vec::new(),
         status: None,
+        exporter: None,
         hang: None,
     };
     // The executor's own facts, set alike so that the rest must be equal (whether a node writes

@@ -7,6 +7,7 @@ mod conformance;
 mod faults;
 mod launch;
 mod net;
+mod observe;
 mod plan;
 mod replay;
 mod structure;

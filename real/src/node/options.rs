@@ -38,6 +38,9 @@ pub struct WorkerOptions {
     /// The launcher's status channel, when a launcher started this process: every metrics line
     /// is forwarded on it too.
     pub status: Option<crate::worker_status::StatusSender>,
+    /// The Prometheus metrics served on `--metrics-addr`: every metrics line is counted there
+    /// too.
+    pub exporter: Option<crate::exporter::Exporter>,
     /// Whether the node hangs (the scenario's `hang`, played by the launcher): while `true` its
     /// application side stops (inner steps, collective frames, state sending) and its machine
     /// keeps its timers and heartbeats, as the simulator's hang. `None`: never.

@@ -152,6 +152,9 @@ impl<L: InnerLoop> Worker<L> {
         if let Some(s) = &self.opts.status {
             s.metrics(line);
         }
+        if let Some(e) = &self.opts.exporter {
+            e.observe(line);
+        }
         match self.metrics.as_mut() {
             Some(f) => Ok(f.write(line)?),
             None => Ok(()),

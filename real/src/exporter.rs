@@ -1,0 +1,367 @@
+//! A running process's metrics in Prometheus's exposition format, served over HTTP on
+//! `--metrics-addr` (`GET /metrics`).
+//!
+//! The figures come from the rows and events the process writes to its metrics file (the same
+//! [`MetricsLine`]s the launch and the report read: no second accounting), and, on the
+//! coordinator, from the mesh's state. Names follow Prometheus's conventions: a `loco_` prefix,
+//! units in names, counters ending in `_total`.
+//!
+//! The metrics and what each means are listed in `docs/real-worker.md` ("Metrics for
+//! Prometheus").
+
+use crate::node::MetricsLine;
+use http_body_util::Full;
+use hyper::body::Bytes;
+use loco_core::mesh::MeshState;
+use loco_core::metrics::EventKind;
+use loco_core::time::Time;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::{Registry, Unit};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+/// Scrapes served at once; a further connection is closed unanswered.
+pub const MAX_SCRAPES: usize = 8;
+/// How long one connection may take to ask and be answered.
+pub const SCRAPE_TIMEOUT: Duration = Duration::from_secs(10);
+
+type Labels = Vec<(&'static str, String)>;
+type FloatGauge = Gauge<f64, AtomicU64>;
+type FloatCounter = Counter<f64, AtomicU64>;
+
+/// The metrics of one process, shared between the loop that updates them and the server that
+/// encodes them. Clones share one registry.
+#[derive(Clone)]
+pub struct Exporter(Arc<Inner>);
+
+impl std::fmt::Debug for Exporter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Exporter").field("inner_steps", &self.0.inner_steps).finish()
+    }
+}
+
+struct Inner {
+    registry: Registry,
+    /// Inner steps per outer step (for the mean inner-step time); 0 on the coordinator.
+    inner_steps: u64,
+    events: Family<Labels, Counter>,
+    epoch: Gauge,
+    members: Gauge,
+    outer_step: Gauge,
+    outer_steps: Counter,
+    tokens: Counter,
+    loss: FloatGauge,
+    allreduce: Histogram,
+    sent: Counter,
+    compute: FloatCounter,
+    step: FloatCounter,
+    utilization: FloatGauge,
+    inner_step: FloatGauge,
+    recovery: FloatCounter,
+    retries: Counter,
+    queued: Gauge,
+    heartbeat_age: Family<Labels, FloatGauge>,
+}
+
+impl Exporter {
+    /// The metrics of worker `node`, whose outer steps have `inner_steps` inner steps.
+    pub fn worker(node: &str, inner_steps: u64) -> Exporter {
+        Exporter::new(Some(node), inner_steps)
+    }
+
+    /// The coordinator's metrics.
+    pub fn coordinator() -> Exporter {
+        Exporter::new(None, 0)
+    }
+
+    fn new(node: Option<&str>, inner_steps: u64) -> Exporter {
+        let mut r = Registry::with_prefix("loco");
+        let events = Family::<Labels, Counter>::default();
+        r.register("events", "Events seen, by kind", events.clone());
+        let epoch = Gauge::default();
+        r.register("epoch", "The epoch of the last outer step or formed epoch", epoch.clone());
+        let members = Gauge::default();
+        r.register("members", "Members of that epoch", members.clone());
+        let outer_step = Gauge::default();
+        r.register("outer_step", "The outer step last finished or under way", outer_step.clone());
+        let allreduce = Histogram::new(exponential_buckets(0.01, 2.0, 20));
+        let (outer_steps, tokens, sent, retries) = Default::default();
+        let (loss, utilization, inner_step) = Default::default();
+        let (compute, step, recovery) = Default::default();
+        let queued = Gauge::default();
+        let heartbeat_age = Family::<Labels, FloatGauge>::default();
+        match node {
+            Some(name) => {
+                let info = Info::new(vec![("node", name.to_string())]);
+                r.register("node", "The node this process runs", info);
+                r.register("outer_steps", "Outer steps finished", Counter::clone(&outer_steps));
+                r.register("tokens", "Tokens trained on", Counter::clone(&tokens));
+                r.register("loss", "Loss of the last outer step", FloatGauge::clone(&loss));
+                let s = Unit::Seconds;
+                r.register_with_unit("allreduce", "All-reduce time", s.clone(), allreduce.clone());
+                r.register_with_unit("sent", "Bytes sent", Unit::Bytes, Counter::clone(&sent));
+                let c = FloatCounter::clone(&compute);
+                r.register_with_unit("compute", "Inner-step compute time", s.clone(), c);
+                let w = FloatCounter::clone(&step);
+                r.register_with_unit("step", "Wall time of finished outer steps", s.clone(), w);
+                let u = FloatGauge::clone(&utilization);
+                r.register("compute_utilization_ratio", "Compute / wall of the last step", u);
+                let i = FloatGauge::clone(&inner_step);
+                r.register_with_unit("inner_step", "Mean inner-step time", s.clone(), i);
+                let rc = FloatCounter::clone(&recovery);
+                r.register_with_unit("recovery", "Time receiving the state", s, rc);
+                r.register("retries", "All-reduce attempts retried", Counter::clone(&retries));
+            }
+            None => {
+                r.register("queued_joiners", "Joiners waiting for a boundary", queued.clone());
+                let h = heartbeat_age.clone();
+                r.register_with_unit(
+                    "heartbeat_age",
+                    "Since each member was heard",
+                    Unit::Seconds,
+                    h,
+                );
+            }
+        }
+        Exporter(Arc::new(Inner {
+            registry: r,
+            inner_steps,
+            events,
+            epoch,
+            members,
+            outer_step,
+            outer_steps,
+            tokens,
+            loss,
+            allreduce,
+            sent,
+            compute,
+            step,
+            utilization,
+            inner_step,
+            recovery,
+            retries,
+            queued,
+            heartbeat_age,
+        }))
+    }
+
+    /// Counts what the process wrote to its metrics file.
+    pub fn observe(&self, line: &MetricsLine) {
+        let m = &self.0;
+        match line {
+            MetricsLine::Row(row) => {
+                m.epoch.set(clamp(row.epoch));
+                m.members.set(i64::from(row.world));
+                m.outer_step.set(clamp(row.outer_step));
+                m.outer_steps.inc();
+                m.tokens.inc_by(row.tokens);
+                if let Some(l) = row.loss.filter(|l| l.is_finite()) {
+                    m.loss.set(l);
+                }
+                m.allreduce.observe(row.allreduce_s.max(0.0));
+                m.sent.inc_by(row.bytes_sent);
+                let wall = (row.end_s - row.start_s).max(0.0);
+                m.compute.inc_by(row.compute_s.max(0.0));
+                m.step.inc_by(wall);
+                if wall > 0.0 {
+                    m.utilization.set((row.compute_s / wall).clamp(0.0, 1.0));
+                }
+                if m.inner_steps > 0 {
+                    m.inner_step.set(row.compute_s.max(0.0) / m.inner_steps as f64);
+                }
+                m.recovery.inc_by(row.recovery_s.max(0.0));
+                m.retries.inc_by(u64::from(row.retries));
+            }
+            MetricsLine::Event(e) => {
+                m.events.get_or_create(&vec![("kind", e.kind.as_str().to_string())]).inc();
+                if e.kind == EventKind::Epoch {
+                    if let Some(ep) = e.epoch {
+                        m.epoch.set(clamp(ep));
+                    }
+                }
+            }
+            MetricsLine::EpochFormed { epoch, members } => {
+                m.epoch.set(clamp(epoch.0));
+                m.members.set(clamp(members.len() as u64));
+            }
+            MetricsLine::Counters { .. }
+            | MetricsLine::Resources { .. }
+            | MetricsLine::Check { .. } => {}
+        }
+    }
+
+    /// The coordinator's view at `now`: its outer step, members, queue, and how long ago each
+    /// member was heard (`names` gives the nodes' names).
+    pub fn mesh(&self, s: &MeshState, now: Time, name: impl Fn(loco_core::ids::NodeId) -> String) {
+        let m = &self.0;
+        m.outer_step.set(clamp(s.outer_step));
+        m.members.set(clamp(s.members.len() as u64));
+        m.queued.set(clamp(s.queue.len() as u64));
+        m.heartbeat_age.clear();
+        for (&id, info) in &s.members {
+            let age = (now - info.last_seen).as_secs_f64();
+            m.heartbeat_age.get_or_create(&vec![("node", name(id))]).set(age);
+        }
+    }
+
+    /// The metrics in the OpenMetrics text format (which Prometheus reads).
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.0.registry);
+        out
+    }
+}
+
+fn clamp(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// The content type of [`Exporter::encode`]'s text.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Binds `addr` for [`serve`]; returns the listener and the address it got (for port 0).
+pub async fn bind(addr: SocketAddr) -> std::io::Result<(tokio::net::TcpListener, SocketAddr)> {
+    let l = tokio::net::TcpListener::bind(addr).await?;
+    let at = l.local_addr()?;
+    Ok((l, at))
+}
+
+/// Answers `GET /metrics` on `listener` with `exporter`'s metrics, until dropped: at most
+/// [`MAX_SCRAPES`] connections at once, each closed after [`SCRAPE_TIMEOUT`]; other paths get
+/// 404 and other methods 405. An `accept` error (out of descriptors) waits a little before the
+/// next try.
+pub async fn serve(listener: tokio::net::TcpListener, exporter: Exporter) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_SCRAPES));
+    loop {
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                tracing::warn!("metrics: accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            continue; // dropping the stream closes it
+        };
+        let exporter = exporter.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let e = exporter.clone();
+                async move { Ok::<_, std::convert::Infallible>(answer(&req, &e)) }
+            });
+            let io = hyper_util::rt::TokioIo::new(stream);
+            let conn = hyper::server::conn::http1::Builder::new().serve_connection(io, service);
+            let _ = tokio::time::timeout(SCRAPE_TIMEOUT, conn).await;
+            drop(permit);
+        });
+    }
+}
+
+fn answer<B>(req: &hyper::Request<B>, e: &Exporter) -> hyper::Response<Full<Bytes>> {
+    use hyper::{Method, StatusCode, header};
+    let (status, kind, body) = match (req.method(), req.uri().path()) {
+        (&Method::GET | &Method::HEAD, "/metrics") => (StatusCode::OK, CONTENT_TYPE, e.encode()),
+        (_, "/metrics") => (StatusCode::METHOD_NOT_ALLOWED, "text/plain", "GET only\n".into()),
+        _ => (StatusCode::NOT_FOUND, "text/plain", "not found: try /metrics\n".into()),
+    };
+    let mut r = hyper::Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    if let Ok(v) = header::HeaderValue::from_str(kind) {
+        r.headers_mut().insert(header::CONTENT_TYPE, v);
+    }
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use loco_core::metrics::{EventRow, OuterStepRow};
+
+    fn row(outer_step: u64) -> OuterStepRow {
+        OuterStepRow {
+            outer_step,
+            node: "a".into(),
+            node_id: 0,
+            epoch: 2,
+            world: 3,
+            start_s: 0.0,
+            end_s: 10.0,
+            compute_s: 8.0,
+            allreduce_s: 1.5,
+            barrier_s: 0.0,
+            recovery_s: 0.0,
+            checkpoint_s: 0.0,
+            outer_s: 0.0,
+            idle_s: 0.0,
+            bytes_sent: 100,
+            retries: 1,
+            tokens: 256,
+            loss: Some(2.5),
+            weights_hash: None,
+            weight: 1.0,
+            allreduce_wall_s: 1.5,
+        }
+    }
+
+    fn value(text: &str, name: &str) -> Option<f64> {
+        text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    /// Rows and events move the counters and set the gauges; the text ends as OpenMetrics
+    /// requires.
+    #[test]
+    fn rows_and_events_move_the_figures() {
+        let e = Exporter::worker("a", 4);
+        e.observe(&MetricsLine::Row(row(0)));
+        e.observe(&MetricsLine::Row(row(1)));
+        e.observe(&MetricsLine::Event(EventRow::new(1.0, EventKind::Evict)));
+        let t = e.encode();
+        assert_eq!(value(&t, "loco_outer_steps_total"), Some(2.0), "{t}");
+        assert_eq!(value(&t, "loco_tokens_total"), Some(512.0), "{t}");
+        assert_eq!(value(&t, "loco_sent_bytes_total"), Some(200.0), "{t}");
+        assert_eq!(value(&t, "loco_outer_step"), Some(1.0), "{t}");
+        assert_eq!(value(&t, "loco_members"), Some(3.0), "{t}");
+        assert_eq!(value(&t, "loco_compute_utilization_ratio"), Some(0.8), "{t}");
+        assert_eq!(value(&t, "loco_inner_step_seconds"), Some(2.0), "{t}");
+        assert_eq!(value(&t, "loco_allreduce_seconds_count"), Some(2.0), "{t}");
+        assert_eq!(value(&t, "loco_events_total{kind=\"evict\"}"), Some(1.0), "{t}");
+        assert!(t.contains("loco_node_info{node=\"a\"} 1"), "{t}");
+        assert!(t.ends_with("# EOF\n"), "{t}");
+    }
+
+    /// The server answers `/metrics` with the text and other paths with 404.
+    #[test]
+    fn the_server_answers_metrics_and_refuses_other_paths() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let e = Exporter::coordinator();
+            e.observe(&MetricsLine::Event(EventRow::new(1.0, EventKind::Join)));
+            let (l, addr) = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+            tokio::spawn(serve(l, e));
+            let get = |path: &'static str| async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+                let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+                s.write_all(req.as_bytes()).await.unwrap();
+                let mut out = String::new();
+                s.read_to_string(&mut out).await.unwrap();
+                out
+            };
+            let ok = get("/metrics").await;
+            assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
+            assert!(ok.contains("loco_events_total{kind=\"join\"} 1"), "{ok}");
+            assert!(ok.contains("openmetrics-text"), "{ok}");
+            let missing = get("/").await;
+            assert!(missing.starts_with("HTTP/1.1 404"), "{missing}");
+        });
+    }
+}
