@@ -233,6 +233,12 @@ pub(crate) struct LaunchArgs {
     /// protocol without libtorch); each inner step takes the node's `step_time`.
     #[arg(long, value_name = "N")]
     pub(crate) synthetic_params: Option<usize>,
+    /// Serve a live page of the run at http://ADDR/ while it goes (PORT alone: 127.0.0.1:PORT;
+    /// port 0 picks one): the report's views, redrawn as rows and events come, and the report
+    /// once the run ends. Beyond loopback the page asks for a token made for the run, shown in
+    /// the address printed at start.
+    #[arg(long, value_name = "ADDR", value_parser = parse_metrics_addr)]
+    pub(crate) http: Option<std::net::SocketAddr>,
     /// Give up after this many seconds (default: the scenario's stop time plus a minute).
     #[arg(long, value_name = "SECS")]
     pub(crate) timeout: Option<u64>,

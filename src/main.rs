@@ -11,6 +11,7 @@ mod cli;
 mod clock;
 mod fidelity_cmd;
 mod human;
+mod live;
 mod net_cmd;
 mod plan;
 mod real_cmd;

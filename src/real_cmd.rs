@@ -130,14 +130,15 @@ async fn serve_metrics(
     make: impl FnOnce() -> Exporter,
 ) -> Result<Option<Exporter>> {
     let Some(addr) = addr else { return Ok(None) };
-    let (listener, at) = loco_real::exporter::bind(addr)
+    let (listener, at) = loco_real::http::bind(addr)
         .await
         .with_context(|| format!("--metrics-addr {addr}: cannot listen there"))?;
     if !at.ip().is_loopback() {
         tracing::warn!("metrics served beyond loopback, unauthenticated, on {at}");
     }
     let e = make();
-    tokio::spawn(loco_real::exporter::serve(listener, e.clone()));
+    let site = loco_real::http::Site { exporter: Some(e.clone()), ..Default::default() };
+    tokio::spawn(loco_real::http::serve(listener, site));
     eprintln!("loco: metrics on http://{at}/metrics");
     Ok(Some(e))
 }
@@ -435,9 +436,21 @@ pub(crate) fn launch(a: &crate::cli::LaunchArgs) -> Result<bool> {
         network: a.network.map(network_mode),
         ..LaunchPlan::new(s, a.scenario.clone(), std::env::current_exe()?, out.clone())
     };
+    let live = match a.http {
+        Some(addr) => {
+            let l = crate::live::LivePage::start(addr, &plan.scenario)?;
+            eprintln!("loco: live page on {}", l.url);
+            Some(l)
+        }
+        None => None,
+    };
     let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let mut shown = false;
-    let outcome = Launcher::new(plan)
+    let mut launcher = Launcher::new(plan);
+    if let Some(l) = &live {
+        launcher = launcher.on_metrics(|line| l.line(line));
+    }
+    let outcome = launcher
         .on_notice(|n| match n {
             Notice::Progress { .. } => {
                 if progress {
@@ -451,6 +464,15 @@ pub(crate) fn launch(a: &crate::cli::LaunchArgs) -> Result<bool> {
         .run();
     if shown {
         eprintln!();
+    }
+    if let Some(l) = live {
+        let record = outcome.as_ref().ok().map(|o| loco_reports::Run {
+            dir: out.clone(),
+            summary: o.summary.clone(),
+            rows: o.rows.clone(),
+            events: o.events.clone(),
+        });
+        l.finish(&out, record);
     }
     let outcome = outcome.map_err(|e| match e {
         LaunchError::DoesNotFit { .. }

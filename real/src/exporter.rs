@@ -10,8 +10,6 @@
 //! Prometheus").
 
 use crate::node::MetricsLine;
-use http_body_util::Full;
-use hyper::body::Bytes;
 use loco_core::mesh::MeshState;
 use loco_core::metrics::EventKind;
 use loco_core::time::Time;
@@ -21,15 +19,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::{Registry, Unit};
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
-use std::time::Duration;
-
-/// Scrapes served at once; a further connection is closed unanswered.
-pub const MAX_SCRAPES: usize = 8;
-/// How long one connection may take to ask and be answered.
-pub const SCRAPE_TIMEOUT: Duration = Duration::from_secs(10);
 
 type Labels = Vec<(&'static str, String)>;
 type FloatGauge = Gauge<f64, AtomicU64>;
@@ -227,60 +218,6 @@ fn clamp(v: u64) -> i64 {
 /// The content type of [`Exporter::encode`]'s text.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// Binds `addr` for [`serve`]; returns the listener and the address it got (for port 0).
-pub async fn bind(addr: SocketAddr) -> std::io::Result<(tokio::net::TcpListener, SocketAddr)> {
-    let l = tokio::net::TcpListener::bind(addr).await?;
-    let at = l.local_addr()?;
-    Ok((l, at))
-}
-
-/// Answers `GET /metrics` on `listener` with `exporter`'s metrics, until dropped: at most
-/// [`MAX_SCRAPES`] connections at once, each closed after [`SCRAPE_TIMEOUT`]; other paths get
-/// 404 and other methods 405. An `accept` error (out of descriptors) waits a little before the
-/// next try.
-pub async fn serve(listener: tokio::net::TcpListener, exporter: Exporter) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_SCRAPES));
-    loop {
-        let stream = match listener.accept().await {
-            Ok((s, _)) => s,
-            Err(e) => {
-                tracing::warn!("metrics: accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            continue; // dropping the stream closes it
-        };
-        let exporter = exporter.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| {
-                let e = exporter.clone();
-                async move { Ok::<_, std::convert::Infallible>(answer(&req, &e)) }
-            });
-            let io = hyper_util::rt::TokioIo::new(stream);
-            let conn = hyper::server::conn::http1::Builder::new().serve_connection(io, service);
-            let _ = tokio::time::timeout(SCRAPE_TIMEOUT, conn).await;
-            drop(permit);
-        });
-    }
-}
-
-fn answer<B>(req: &hyper::Request<B>, e: &Exporter) -> hyper::Response<Full<Bytes>> {
-    use hyper::{Method, StatusCode, header};
-    let (status, kind, body) = match (req.method(), req.uri().path()) {
-        (&Method::GET | &Method::HEAD, "/metrics") => (StatusCode::OK, CONTENT_TYPE, e.encode()),
-        (_, "/metrics") => (StatusCode::METHOD_NOT_ALLOWED, "text/plain", "GET only\n".into()),
-        _ => (StatusCode::NOT_FOUND, "text/plain", "not found: try /metrics\n".into()),
-    };
-    let mut r = hyper::Response::new(Full::new(Bytes::from(body)));
-    *r.status_mut() = status;
-    if let Ok(v) = header::HeaderValue::from_str(kind) {
-        r.headers_mut().insert(header::CONTENT_TYPE, v);
-    }
-    r
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -336,32 +273,5 @@ mod tests {
         assert_eq!(value(&t, "loco_events_total{kind=\"evict\"}"), Some(1.0), "{t}");
         assert!(t.contains("loco_node_info{node=\"a\"} 1"), "{t}");
         assert!(t.ends_with("# EOF\n"), "{t}");
-    }
-
-    /// The server answers `/metrics` with the text and other paths with 404.
-    #[test]
-    fn the_server_answers_metrics_and_refuses_other_paths() {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        rt.block_on(async {
-            let e = Exporter::coordinator();
-            e.observe(&MetricsLine::Event(EventRow::new(1.0, EventKind::Join)));
-            let (l, addr) = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
-            tokio::spawn(serve(l, e));
-            let get = |path: &'static str| async move {
-                use tokio::io::{AsyncReadExt, AsyncWriteExt};
-                let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-                let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-                s.write_all(req.as_bytes()).await.unwrap();
-                let mut out = String::new();
-                s.read_to_string(&mut out).await.unwrap();
-                out
-            };
-            let ok = get("/metrics").await;
-            assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
-            assert!(ok.contains("loco_events_total{kind=\"join\"} 1"), "{ok}");
-            assert!(ok.contains("openmetrics-text"), "{ok}");
-            let missing = get("/").await;
-            assert!(missing.starts_with("HTTP/1.1 404"), "{missing}");
-        });
     }
 }

@@ -49,6 +49,50 @@ pub const READY_LIMIT: Duration = Duration::from_secs(60);
 const GATE_FILE: &str = "start";
 /// The longest the launcher sleeps between two looks at its processes.
 const TICK: Duration = Duration::from_millis(100);
+
+/// Where a launch hands its metrics lines as they come ([`Launcher::on_metrics`]).
+type OnMetrics<'a> = Box<dyn FnMut(&crate::node::MetricsLine) + 'a>;
+
+/// The coordinator's metrics file, in the run's `nodes/` folder.
+const COORDINATOR_METRICS: &str = "coordinator.jsonl";
+
+/// How far a growing metrics file was read: its complete lines are taken once each.
+#[derive(Debug, Default)]
+struct Tail {
+    offset: u64,
+    partial: Vec<u8>,
+}
+
+impl Tail {
+    /// The most bytes one read takes (the rest waits for the next).
+    const MAX_READ: u64 = 1 << 20;
+
+    /// Calls `f` with each metrics line completed in `path` since the last read; a line that is
+    /// not one is skipped (the launch's record reports it).
+    fn read(&mut self, path: &Path, f: &mut dyn FnMut(&crate::node::MetricsLine)) {
+        use std::io::{Read, Seek};
+        let Ok(mut file) = std::fs::File::open(path) else { return };
+        if file.seek(std::io::SeekFrom::Start(self.offset)).is_err() {
+            return;
+        }
+        let mut buf = Vec::new();
+        let Ok(n) = file.take(Self::MAX_READ).read_to_end(&mut buf) else { return };
+        self.offset += n as u64;
+        self.partial.extend_from_slice(&buf);
+        let Some(end) = self.partial.iter().rposition(|&b| b == b'\n') else {
+            if self.partial.len() as u64 > Self::MAX_READ {
+                self.partial.clear(); // no metrics line is that long
+            }
+            return;
+        };
+        let complete: Vec<u8> = self.partial.drain(..=end).collect();
+        for line in complete.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+            if let Ok(l) = serde_json::from_slice::<crate::node::MetricsLine>(line) {
+                f(&l);
+            }
+        }
+    }
+}
 /// The longest it waits for the coordinator's address.
 const COORDINATOR_START: Duration = Duration::from_secs(30);
 
@@ -209,6 +253,7 @@ pub fn launch(plan: LaunchPlan) -> Result<LaunchOutcome, LaunchError> {
 pub struct Launcher<'a> {
     plan: LaunchPlan,
     on_notice: Box<dyn FnMut(Notice) + 'a>,
+    on_metrics: Option<OnMetrics<'a>>,
 }
 
 impl std::fmt::Debug for Launcher<'_> {
@@ -220,7 +265,15 @@ impl std::fmt::Debug for Launcher<'_> {
 impl<'a> Launcher<'a> {
     /// A launch of `plan`.
     pub fn new(plan: LaunchPlan) -> Self {
-        Launcher { plan, on_notice: Box::new(|_| {}) }
+        Launcher { plan, on_notice: Box::new(|_| {}), on_metrics: None }
+    }
+
+    /// Calls `f` with each metrics line of the run as it comes: the workers' (through their
+    /// status channel) and the coordinator's (read from its file as it grows). For a live view;
+    /// the files stay the run's record.
+    pub fn on_metrics(mut self, f: impl FnMut(&crate::node::MetricsLine) + 'a) -> Self {
+        self.on_metrics = Some(Box::new(f));
+        self
     }
 
     /// Calls `f` with each [`Notice`] as the launch runs.
@@ -233,7 +286,7 @@ impl<'a> Launcher<'a> {
     /// this returns. `Err` only when the run could not start or be watched; a run that broke an
     /// invariant is an `Ok` whose [`LaunchOutcome::ok`] is false.
     pub fn run(self) -> Result<LaunchOutcome, LaunchError> {
-        let Launcher { plan, on_notice } = self;
+        let Launcher { plan, on_notice, on_metrics } = self;
         if plan.synthetic_params.is_none() {
             check_memory(&plan.scenario)?;
         }
@@ -305,6 +358,7 @@ impl<'a> Launcher<'a> {
             committed: 0,
             last_step: None,
             on_notice,
+            on_metrics: on_metrics.map(|f| (f, Tail::default())),
             net,
             used,
             secret,
@@ -405,6 +459,9 @@ struct Run<'p, 'a> {
     committed: u64,
     last_step: Option<u64>,
     on_notice: Box<dyn FnMut(Notice) + 'a>,
+    /// Where the run's metrics lines go as they come, and how far the coordinator's file was
+    /// read.
+    on_metrics: Option<(OnMetrics<'a>, Tail)>,
     /// The scenario's network, when the run has one.
     net: Option<Net>,
     used: NetworkUsed,
@@ -498,7 +555,7 @@ impl Run<'_, '_> {
             .arg("--addr-file")
             .arg(&addr_file)
             .arg("--metrics")
-            .arg(self.nodes_dir.join("coordinator.jsonl"))
+            .arg(self.nodes_dir.join(COORDINATOR_METRICS))
             .args(["--run-start", &self.run_start.to_string()])
             .args(["--start-step", &self.resume.unwrap_or(0).to_string()])
             .env_remove(status::SOCKET_ENV)
@@ -638,6 +695,11 @@ impl Run<'_, '_> {
             let now_s = unix_now() - self.run_start;
             match ev {
                 StatusEvent::Message { key, msg } => {
+                    if let (StatusMsg::Metrics { line }, Some((f, _))) =
+                        (&msg, &mut self.on_metrics)
+                    {
+                        f(line);
+                    }
                     let Some(p) = self.fleet.0.get_mut(key) else { continue };
                     match msg {
                         StatusMsg::Ready => {
@@ -667,5 +729,46 @@ impl Run<'_, '_> {
                 }
             }
         }
+        if let Some((f, tail)) = &mut self.on_metrics {
+            tail.read(&self.nodes_dir.join(COORDINATOR_METRICS), f);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tail_tests {
+    use super::*;
+    use loco_core::metrics::{EventKind, EventRow};
+
+    /// Complete lines are taken once each, a line written in two parts once it is whole, and a
+    /// line that is not a metrics line is skipped.
+    #[test]
+    fn a_growing_file_gives_each_complete_line_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.jsonl");
+        let line = |t| {
+            let l = crate::node::MetricsLine::Event(EventRow::new(t, EventKind::Evict));
+            serde_json::to_string(&l).unwrap()
+        };
+        let mut tail = Tail::default();
+        let mut seen = Vec::new();
+        let mut take = |tail: &mut Tail| {
+            tail.read(&path, &mut |l| {
+                if let crate::node::MetricsLine::Event(e) = l {
+                    seen.push(e.time_s);
+                }
+            });
+        };
+        take(&mut tail); // no file yet
+        let (a, b) = (line(1.0), line(2.0));
+        let (b1, b2) = b.split_at(10);
+        std::fs::write(&path, format!("{a}\nnot json\n{b1}")).unwrap();
+        take(&mut tail);
+        let mut f = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+        std::io::Write::write_all(&mut f, format!("{b2}\n").as_bytes()).unwrap();
+        take(&mut tail);
+        take(&mut tail);
+        drop(take);
+        assert_eq!(seen, vec![1.0, 2.0]);
     }
 }

@@ -12,6 +12,7 @@ pub mod train;
 
 pub mod coord;
 pub mod exporter;
+pub mod http;
 pub mod inner;
 pub mod launch;
 pub mod node;

@@ -270,6 +270,19 @@ pub(crate) fn run_report(
     let mut out = String::new();
     head(&mut out, &format!("loco report: {}", s.scenario));
     let _ = writeln!(out, "<h1>loco report: {}</h1>", esc(&s.scenario));
+    report_body(&mut out, run, plots, fidelity);
+    tail(&mut out);
+    out
+}
+
+/// The report's sections after its title: what a live page shows too.
+fn report_body(
+    out: &mut String,
+    run: &Run,
+    plots: &[RenderedPlot],
+    fidelity: Option<&crate::fidelity::Fidelity>,
+) {
+    let s = &run.summary;
     let _ = writeln!(
         out,
         "<p class=\"meta\">backend <b id=\"backend\">{}</b>, seed <b id=\"seed\">{}</b>, {} outer \
@@ -279,15 +292,15 @@ pub(crate) fn run_report(
         s.outer_steps,
         esc(&secs(s.simulated_seconds))
     );
-    invariants(&mut out, s);
+    invariants(out, s);
     out.push_str("<h2>Compared with INTELLECT-1 (Table 2)</h2>\n");
-    table2(&mut out, &[(run_label(s), s)]);
+    table2(out, &[(run_label(s), s)]);
     out.push_str("<h2>Summary</h2>\n");
-    summary_table(&mut out, s);
+    summary_table(out, s);
     out.push_str("<h2>Nodes</h2>\n");
-    nodes_table(&mut out, run);
+    nodes_table(out, run);
     out.push_str("<h2>Events</h2>\n");
-    events_table(&mut out, run);
+    events_table(out, run);
     out.push_str("<h2>Plots</h2>\n");
     for p in plots {
         let _ = write!(
@@ -306,7 +319,60 @@ pub(crate) fn run_report(
     if let Some(f) = fidelity {
         out.push_str(&f.section(crate::fidelity::DEFAULT_TOLERANCE));
     }
-    tail(&mut out);
+}
+
+/// The live view's fragment: the latest `latest` events, then the report's sections.
+pub(crate) fn live_fragment(run: &Run, plots: &[RenderedPlot], latest: usize) -> String {
+    let mut out = String::new();
+    out.push_str("<h2>Latest events</h2>\n");
+    if run.events.is_empty() {
+        out.push_str("<p>No events yet.</p>\n");
+    } else {
+        out.push_str(
+            "<table id=\"latest-events\">\n<thead><tr><th>time</th><th class=\"text\">event</th>\
+             <th class=\"text\">node</th><th>epoch</th><th class=\"text\">detail</th></tr></thead>\n\
+             <tbody>\n",
+        );
+        for e in run.events.iter().rev().take(latest) {
+            let _ = writeln!(
+                out,
+                "<tr data-kind=\"{kind}\"><td>{}</td><td class=\"text\">{kind}</td>\
+                 <td class=\"text\">{}</td><td>{}</td><td class=\"text\">{}</td></tr>",
+                esc(&secs(e.time_s)),
+                esc(e.node.as_deref().unwrap_or("")),
+                e.epoch.map_or(String::new(), |x| x.to_string()),
+                esc(&e.detail),
+                kind = esc(e.kind.as_str()),
+            );
+        }
+        out.push_str("</tbody>\n</table>\n");
+    }
+    report_body(&mut out, run, plots, None);
+    out
+}
+
+/// The live page: the report's style, a status line and the fragment, replaced by each message
+/// of the server-sent events at `events` (JSON `{"status": ..., "html": ..., "ended": bool}`).
+pub(crate) fn live_page(title: &str, events: &str) -> String {
+    let mut out = String::new();
+    head(&mut out, title);
+    let _ = writeln!(out, "<h1>{}</h1>", esc(title));
+    out.push_str(
+        "<p class=\"meta\" id=\"live-status\">connecting...</p>\n<div id=\"live\"></div>\n",
+    );
+    let _ = write!(
+        out,
+        "<script>\n(function () {{\n  const src = new EventSource({events} + location.search);\n  \
+         src.onmessage = function (e) {{\n    const m = JSON.parse(e.data);\n    \
+         document.getElementById('live-status').textContent = m.status;\n    \
+         document.getElementById('live').innerHTML = m.html;\n    \
+         if (m.ended) {{ src.close(); }}\n  }};\n  \
+         src.onerror = function () {{\n    \
+         document.getElementById('live-status').textContent += ' (connection lost)';\n  }};\n\
+         }})();\n</script>\n",
+        events = serde_json::to_string(events).unwrap_or_else(|_| "\"/events\"".into())
+    );
+    out.push_str("</body>\n</html>\n");
     out
 }
 

@@ -152,6 +152,28 @@ fn run_name(dir: &Path, i: usize) -> String {
     name.map_or_else(|| format!("run {}", i + 1), |n| n.to_string_lossy().into_owned())
 }
 
+/// Events a live page lists, newest first, above the report's sections.
+pub const LIVE_LATEST_EVENTS: usize = 20;
+
+/// The live view of a run under way (its `dir` is not read): the latest events, then the
+/// report's sections (summary, nodes, events, plots as inline SVG) drawn from the rows and events
+/// so far, as an HTML fragment for [`live_page`]. The same drawing as [`render_run`]'s report,
+/// without files or PNGs.
+///
+/// # Errors
+/// [`ReportError`] naming the plot that failed.
+pub fn live_fragment(run: &Run) -> Result<String, ReportError> {
+    let plots = plots::draw_all(&run.rows, &run.events, run.summary.simulated_seconds, false)?;
+    Ok(html::live_fragment(run, &plots, LIVE_LATEST_EVENTS))
+}
+
+/// The live page titled `title`: it shows each fragment the server-sent events at the path
+/// `events` carry, as JSON `{"status": text, "html": fragment, "ended": bool}` (and stops
+/// listening once `ended`).
+pub fn live_page(title: &str, events: &str) -> String {
+    html::live_page(title, events)
+}
+
 /// Draws one run's report, plots and CSV summaries into its directory; returns the files written.
 ///
 /// # Errors
@@ -159,7 +181,7 @@ fn run_name(dir: &Path, i: usize) -> String {
 pub fn render_run(run: &Run) -> Result<Vec<PathBuf>, ReportError> {
     let dir = run.dir.as_path();
     let mut written = Vec::new();
-    let plots = plots::draw_all(&run.rows, &run.events, run.summary.simulated_seconds)?;
+    let plots = plots::draw_all(&run.rows, &run.events, run.summary.simulated_seconds, true)?;
     for p in &plots {
         written.push(files::write_atomic(dir, &format!("{}.svg", p.name), p.svg.as_bytes())?);
         written.push(files::write_atomic(dir, &format!("{}.png", p.name), &p.png)?);

@@ -90,7 +90,7 @@ fn plot_err<E: std::fmt::Display>(plot: &'static str) -> impl Fn(E) -> ReportErr
     move |e| ReportError::Plot { plot, message: e.to_string() }
 }
 
-fn render<P: Plot>(p: &P, caption: &'static str) -> Result<RenderedPlot, ReportError> {
+fn render<P: Plot>(p: &P, caption: &'static str, png: bool) -> Result<RenderedPlot, ReportError> {
     ensure_font()?;
     let mut svg = String::new();
     {
@@ -98,6 +98,9 @@ fn render<P: Plot>(p: &P, caption: &'static str) -> Result<RenderedPlot, ReportE
         root.fill(&WHITE).map_err(plot_err(P::NAME))?;
         p.draw(&root).map_err(plot_err(P::NAME))?;
         root.present().map_err(plot_err(P::NAME))?;
+    }
+    if !png {
+        return Ok(RenderedPlot { name: P::NAME, caption, svg, png: Vec::new() });
     }
     let mut rgb = vec![0u8; WIDTH as usize * HEIGHT as usize * 3];
     {
@@ -732,25 +735,30 @@ pub const PLOT_NAMES: [&str; 8] = [
     "loss",
 ];
 
-/// Draws every plot of a run (the loss plot only when some row has a loss).
+/// Draws every plot of a run (the loss plot only when some row has a loss); without `png`, their
+/// SVG only (the PNG left empty).
 pub(crate) fn draw_all(
     rows: &[OuterStepRow],
     events: &[EventRow],
     end_s: f64,
+    png: bool,
 ) -> Result<Vec<RenderedPlot>, ReportError> {
     let mut out = vec![
         render(
             &ActiveNodes::new(rows, events, end_s),
             "Members of the mesh over time, with joins, leaves, crashes and evictions marked.",
+            png,
         )?,
         render(
             &TimeByNode::new(rows),
             "Where each node's wall time went: compute, all-reduce, waiting at the barrier, \
              recovery, checkpoints, idle.",
+            png,
         )?,
         render(
             &TimeByStep::new(rows),
             "The same breakdown per outer step, averaged over the nodes of the step.",
+            png,
         )?,
         render(
             &Timeline::new(rows),
@@ -760,6 +768,7 @@ pub(crate) fn draw_all(
              compute for it. Placement is approximate: in sync runs the all-reduce is drawn \
              just before the row's outer step (after its compute and barrier wait); all-reduce \
              from the row's end in overlapped runs (it ran beside the next row's compute).",
+            png,
         )?,
         render(
             &Bandwidth::new(rows),
@@ -767,15 +776,17 @@ pub(crate) fn draw_all(
              placed on the timeline), averaged over the nodes present and for the busiest \
              node, against the mean over the whole run: the peak a node's link must carry \
              against what it carries on average.",
+            png,
         )?,
         render(
             &AllreduceHist::new(rows),
             "Distribution of all-reduce times, one sample per node and outer step.",
+            png,
         )?,
-        render(&BytesPerStep::new(rows), "Bytes sent by all nodes during each outer step.")?,
+        render(&BytesPerStep::new(rows), "Bytes sent by all nodes during each outer step.", png)?,
     ];
     if let Some(loss) = Loss::new(rows) {
-        out.push(render(&loss, "Training loss per node, and its mean per outer step.")?);
+        out.push(render(&loss, "Training loss per node, and its mean per outer step.", png)?);
     }
     Ok(out)
 }

@@ -57,7 +57,12 @@ struct Proc {
 
 impl Proc {
     fn start(args: &[&str]) -> Proc {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_loco"))
+        Proc::spawn_tool(env!("CARGO_BIN_EXE_loco"), args)
+    }
+
+    /// `program ARGS...`, run in the repository root.
+    fn spawn_tool(program: &str, args: &[&str]) -> Proc {
+        let mut child = Command::new(program)
             .args(args)
             .current_dir(TestContext::repo())
             .env_remove("LOCO_LOG")
@@ -225,4 +230,195 @@ fn a_live_run_s_metrics_move_and_show_a_crash() {
         "no eviction shown:\n{}",
         coord.seen.join("\n")
     );
+}
+
+/// A crash scenario for the live page: three workers, n-2 crashes at 4 s, the run stops at 10 s.
+const CRASH: &str = r#"
+name = "live-crash"
+seed = 4
+
+[model]
+preset = "tiny"
+
+[diloco]
+inner_steps = 2
+codec = "int8-block"
+
+[mesh]
+heartbeat = "200ms"
+heartbeat_timeout = "1s"
+join_window = "500ms"
+
+[[regions]]
+name = "local"
+
+[[links]]
+from = "local"
+to = "local"
+bandwidth = "1Gbit/s"
+latency = "1ms"
+
+[[nodes]]
+name = "n"
+count = 3
+step_time = "100ms"
+
+[[churn]]
+at = "4s"
+kind = "crash"
+node = "n-2"
+
+[stop]
+time = "10s"
+"#;
+
+/// One HTTP/1.1 exchange with a WebDriver server: the JSON it answers.
+fn webdriver(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &serde_json::Value,
+) -> serde_json::Value {
+    let body = body.to_string();
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("chromedriver");
+    s.set_read_timeout(Some(Duration::from_secs(60))).expect("timeout");
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("ask chromedriver");
+    // chromedriver may keep the connection open: read the head, then the body's length.
+    let mut r = BufReader::new(s);
+    let (mut head, mut length, mut chunked) = (String::new(), None, false);
+    loop {
+        let mut line = String::new();
+        r.read_line(&mut line).expect("chromedriver's answer");
+        if line == "\r\n" || line.is_empty() {
+            break;
+        }
+        let lower = line.to_ascii_lowercase();
+        if let Some(n) = lower.strip_prefix("content-length:") {
+            length = n.trim().parse::<usize>().ok();
+        }
+        chunked |= lower.starts_with("transfer-encoding:") && lower.contains("chunked");
+        head.push_str(&line);
+    }
+    let mut body = Vec::new();
+    if chunked {
+        loop {
+            let mut len = String::new();
+            r.read_line(&mut len).expect("chunk length");
+            let n = usize::from_str_radix(len.trim(), 16).expect("chunk length");
+            let mut chunk = vec![0; n + 2];
+            r.read_exact(&mut chunk).expect("chunk");
+            if n == 0 {
+                break;
+            }
+            body.extend_from_slice(&chunk[..n]);
+        }
+    } else {
+        let mut b = vec![0; length.expect("a Content-Length")];
+        r.read_exact(&mut b).expect("chromedriver's body");
+        body = b;
+    }
+    let json = String::from_utf8(body).expect("utf-8");
+    serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {head}\n{json}"))
+}
+
+/// A loopback port free now (for chromedriver, which takes its port on the command line).
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("address").port()
+}
+
+/// `loco launch --http` on a crash scenario, the page open in headless Chromium: the eviction
+/// appears in the page's latest events (read from the DOM) within a few seconds of the
+/// coordinator recording it, and when the run ends the page shows the report. Chromium and
+/// chromedriver come from Debian's packages (`scripts/test.sh` installs them where missing).
+#[test]
+fn the_live_page_shows_an_eviction_within_seconds() {
+    for tool in ["chromium", "chromedriver"] {
+        let found = Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        assert!(found, "{tool} is needed (apt-get install chromium chromium-driver)");
+    }
+    let ctx = TestContext::new();
+    let scenario = ctx.path().join("live.toml");
+    std::fs::write(&scenario, CRASH).expect("write the scenario");
+    let out = ctx.path().join("run");
+    let mut launch = Proc::start(&[
+        "launch",
+        scenario.to_str().expect("utf-8 path"),
+        "--synthetic-params",
+        "4096",
+        "--network",
+        "loopback",
+        "--http",
+        "0",
+        "--out",
+        out.to_str().expect("utf-8 path"),
+    ]);
+    let url = launch.wait_for("live page on");
+
+    let port = free_port();
+    let driver = Proc::spawn_tool("chromedriver", &[&format!("--port={port}")]);
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    assert!(
+        eventually(20, || TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_ok()),
+        "chromedriver did not start"
+    );
+    let caps = serde_json::json!({ "capabilities": { "alwaysMatch": {
+        "goog:chromeOptions": {
+            "binary": "/usr/bin/chromium",
+            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
+        }
+    }}});
+    let session = webdriver(addr, "POST", "/session", &caps);
+    let id = session["value"]["sessionId"].as_str().expect("a session").to_string();
+    webdriver(addr, "POST", &format!("/session/{id}/url"), &serde_json::json!({ "url": url }));
+    let read = |script: &str| {
+        let args = serde_json::json!({ "script": script, "args": [] });
+        webdriver(addr, "POST", &format!("/session/{id}/execute/sync"), &args)["value"].clone()
+    };
+    let evict_row = "const r = document.querySelector('#latest-events tr[data-kind=\"evict\"]'); \
+                     return r ? r.textContent : null;";
+
+    // When the coordinator's file records the eviction, and when the page shows it.
+    let file = out.join("nodes").join("coordinator.jsonl");
+    let recorded =
+        || std::fs::read_to_string(&file).is_ok_and(|t| t.lines().any(|l| l.contains("\"evict\"")));
+    let start = Instant::now();
+    let (mut at_file, mut at_page) = (None, None);
+    while start.elapsed() < Duration::from_secs(60) && at_page.is_none() {
+        if at_file.is_none() && recorded() {
+            at_file = Some(Instant::now());
+        }
+        if read(evict_row).as_str().is_some_and(|t| t.contains("n-2")) {
+            at_page = Some(Instant::now());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let at_page = at_page.unwrap_or_else(|| {
+        panic!("no eviction on the page; launch said:\n{}", launch.seen.join("\n"))
+    });
+    let at_file = at_file.unwrap_or(at_page);
+    let late = at_page.saturating_duration_since(at_file);
+    eprintln!("the page showed the eviction {late:?} after the coordinator recorded it");
+    assert!(late < Duration::from_secs(5), "the page showed the eviction {late:?} after the file");
+
+    // The run ends: the page says so and shows the report's sections.
+    let status = "return document.getElementById('live-status').textContent;";
+    assert!(
+        eventually(60, || read(status).as_str().is_some_and(|s| s.starts_with("ended"))),
+        "the page never said the run ended: {}",
+        read(status)
+    );
+    let events_table = "return document.querySelector('#events') !== null;";
+    assert_eq!(read(events_table), serde_json::json!(true));
+    webdriver(addr, "DELETE", &format!("/session/{id}"), &serde_json::json!({}));
+    drop(driver);
 }
