@@ -294,6 +294,11 @@ pub(crate) struct CoordinatorArgs {
     /// picks one, printed at start). Off by default.
     #[arg(long, value_name = "ADDR", value_parser = parse_metrics_addr)]
     pub(crate) metrics_addr: Option<std::net::SocketAddr>,
+    /// Serve a live page of the mesh at http://ADDR/ (PORT alone: 127.0.0.1:PORT): its members
+    /// over time and its events, redrawn as they come (the workers' rows are the launch's; see
+    /// `loco launch --http`). Beyond loopback it asks for a token, printed at start.
+    #[arg(long, value_name = "ADDR", value_parser = parse_metrics_addr)]
+    pub(crate) http: Option<std::net::SocketAddr>,
     /// Unix time (seconds) the run started, the time base of the metrics.
     #[arg(long, hide = true)]
     pub(crate) run_start: Option<f64>,

@@ -1,7 +1,8 @@
-//! `loco launch --http ADDR`: a live page of the run, served while it goes.
+//! `loco launch --http ADDR` and `loco coordinator --http ADDR`: a live page of the run, served
+//! while it goes.
 //!
 //! The launcher hands over every metrics line as it comes (the workers' through their status
-//! channel, the coordinator's from its file); a drawing thread keeps the rows and events and, at
+//! channel, the coordinator's from its file); a coordinator its own; a drawing thread keeps the rows and events and, at
 //! most once a second when something changed, draws the report's views from them
 //! ([`loco_reports::live_fragment`], the report's own drawing) and hands the result to the page's
 //! event stream ([`loco_real::http`]). When the run ends the page shows the run's report, drawn
@@ -25,7 +26,7 @@ const REDRAW_EVERY: Duration = Duration::from_secs(1);
 /// A live page being served.
 pub(crate) struct LivePage {
     lines: Option<mpsc::Sender<MetricsLine>>,
-    drawer: Option<std::thread::JoinHandle<()>>,
+    drawer: Option<std::thread::JoinHandle<String>>,
     updates: Arc<watch::Sender<Arc<String>>>,
     /// The page's address (with its token, when it has one).
     pub(crate) url: String,
@@ -38,8 +39,8 @@ fn message(status: &str, html: &str, ended: bool) -> Arc<String> {
 }
 
 impl LivePage {
-    /// Serves the live page of a launch of `s` on `addr` (beyond loopback, behind a token made
-    /// for this run and shown in the page's address).
+    /// Serves the live page of a run of `s` on `addr` (beyond loopback, behind a token made
+    /// for this run and shown in the page's address): a launch's, or a coordinator's.
     #[allow(clippy::disallowed_methods)] // the server and the drawing run beside the launcher
     pub(crate) fn start(addr: SocketAddr, s: &Scenario) -> Result<LivePage> {
         let token = (!addr.ip().is_loopback()).then(|| {
@@ -69,7 +70,7 @@ impl LivePage {
         let (lines, incoming) = mpsc::channel();
         let meta = live_meta(s);
         let u = updates.clone();
-        let drawer = std::thread::Builder::new()
+        let drawer: std::thread::JoinHandle<String> = std::thread::Builder::new()
             .name("live-draw".into())
             .spawn(move || draw_loop(&incoming, &meta, &u))
             .context("starting the live page's drawing")?;
@@ -83,20 +84,20 @@ impl LivePage {
         }
     }
 
-    /// The run ended: the page shows its report, drawn from the run's record, and says where
-    /// the report's file is; the event stream then ends.
-    pub(crate) fn finish(mut self, out: &std::path::Path, record: Option<Run>) {
+    /// Where the lines of a process that is not the launcher go (the coordinator's own).
+    pub(crate) fn sender(&self) -> Option<mpsc::Sender<MetricsLine>> {
+        self.lines.clone()
+    }
+
+    /// The run ended: the page shows `record` (the run's report, drawn from its record; `None`:
+    /// the last view, drawn from every line taken) under `status`; the event stream then ends.
+    pub(crate) fn finish(mut self, status: &str, record: Option<Run>) {
         self.lines = None;
-        if let Some(d) = self.drawer.take() {
-            let _ = d.join();
-        }
-        let report = out.join("report.html");
+        let last = self.drawer.take().and_then(|d| d.join().ok()).unwrap_or_default();
         let msg = match record.map(|r| loco_reports::live_fragment(&r)) {
-            Some(Ok(html)) => {
-                message(&format!("ended: the report is {}", report.display()), &html, true)
-            }
-            Some(Err(e)) => message(&format!("ended; drawing the report failed: {e}"), "", true),
-            None => message("ended: the run could not be recorded (see the log)", "", true),
+            Some(Ok(html)) => message(status, &html, true),
+            Some(Err(e)) => message(&format!("{status}; drawing the report failed: {e}"), "", true),
+            None => message(status, &last, true),
         };
         self.updates.send_replace(msg);
         // Let open pages take the last view before the process exits.
@@ -118,17 +119,20 @@ fn live_meta(s: &Scenario) -> RunMeta {
 }
 
 /// Keeps the rows and events that come on `incoming` and redraws the page from them at most
-/// every [`REDRAW_EVERY`] while something changed, until the launcher is done.
+/// every [`REDRAW_EVERY`] while something changed, until every sender is gone; returns the last
+/// view, drawn from every line.
 #[allow(clippy::disallowed_methods)] // paces the drawing on the wall clock
 fn draw_loop(
     incoming: &mpsc::Receiver<MetricsLine>,
     meta: &RunMeta,
     updates: &watch::Sender<Arc<String>>,
-) {
+) -> String {
     let (mut rows, mut events): (Vec<OuterStepRow>, Vec<EventRow>) = Default::default();
     let mut changed = false;
     let mut drawn: Option<std::time::Instant> = None;
+    let mut last = String::new();
     loop {
+        let mut done = false;
         match incoming.recv_timeout(REDRAW_EVERY) {
             Ok(MetricsLine::Row(r)) => {
                 rows.push(r);
@@ -139,9 +143,13 @@ fn draw_loop(
                 changed = true;
             }
             Ok(_) | Err(mpsc::RecvTimeoutError::Timeout) => {}
-            Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            Err(mpsc::RecvTimeoutError::Disconnected) => done = true,
         }
-        if !changed || drawn.is_some_and(|t| t.elapsed() < REDRAW_EVERY) {
+        let early = drawn.is_some_and(|t| t.elapsed() < REDRAW_EVERY);
+        if !changed || (early && !done) {
+            if done {
+                return last;
+            }
             continue;
         }
         changed = false;
@@ -158,8 +166,12 @@ fn draw_loop(
         match loco_reports::live_fragment(&run) {
             Ok(html) => {
                 updates.send_replace(message(&status, &html, false));
+                last = html;
             }
             Err(e) => tracing::warn!("drawing the live page: {e}"),
+        }
+        if done {
+            return last;
         }
     }
 }

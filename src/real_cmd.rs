@@ -107,10 +107,21 @@ pub(crate) fn coordinator(a: &crate::cli::CoordinatorArgs) -> Result<()> {
         time_offset_s: a.run_start.map_or(0.0, |t| unix_now() - t),
         start_outer_step: a.start_step,
         exporter: None,
+        lines: None,
     };
-    runtime()?.block_on(async {
+    let live = match a.http {
+        Some(addr) => {
+            let l = crate::live::LivePage::start(addr, &s)?;
+            eprintln!("loco: live page on {}", l.url);
+            Some(l)
+        }
+        None => None,
+    };
+    let lines = live.as_ref().and_then(crate::live::LivePage::sender);
+    let ran = runtime()?.block_on(async {
         let mut opts = opts;
         opts.exporter = serve_metrics(a.metrics_addr, Exporter::coordinator).await?;
+        opts.lines = lines;
         let t = bind(&opts).await?;
         let addr = t.local_addr();
         eprintln!("loco: coordinator of `{}` listening on {addr}", s.name());
@@ -119,8 +130,16 @@ pub(crate) fn coordinator(a: &crate::cli::CoordinatorArgs) -> Result<()> {
         }
         let r = run_coordinator(opts, t, terminate_signal()).await?;
         eprintln!("loco: coordinator done: {} outer steps, {} epochs", r.outer_steps, r.epochs);
-        anyhow::Ok(())
-    })
+        anyhow::Ok(r)
+    });
+    if let Some(l) = live {
+        let status = match &ran {
+            Ok(r) => format!("ended: {} outer steps, {} epochs", r.outer_steps, r.epochs),
+            Err(e) => format!("ended: the coordinator failed: {e}"),
+        };
+        l.finish(&status, None);
+    }
+    ran.map(|_| ())
 }
 
 /// With an address: binds it, serves `make()`'s metrics there in the background (on the
@@ -472,7 +491,8 @@ pub(crate) fn launch(a: &crate::cli::LaunchArgs) -> Result<bool> {
             rows: o.rows.clone(),
             events: o.events.clone(),
         });
-        l.finish(&out, record);
+        let status = format!("ended: the report is {}", out.join("report.html").display());
+        l.finish(&status, record);
     }
     let outcome = outcome.map_err(|e| match e {
         LaunchError::DoesNotFit { .. }

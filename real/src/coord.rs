@@ -43,6 +43,8 @@ pub struct CoordinatorOptions {
     pub start_outer_step: u64,
     /// The Prometheus metrics served on `--metrics-addr`: events, epochs and the mesh's state.
     pub exporter: Option<crate::exporter::Exporter>,
+    /// Where a copy of every metrics line goes as it is written (a live page), when set.
+    pub lines: Option<std::sync::mpsc::Sender<MetricsLine>>,
 }
 
 /// How the coordinator ended.
@@ -151,6 +153,9 @@ pub async fn run_coordinator(
     let now = || Time::from_nanos(start.elapsed().as_nanos() as u64);
     let secs = || opts.time_offset_s + start.elapsed().as_secs_f64();
     let mut metrics = MetricsFile::open(opts.metrics.as_deref())?;
+    if let Some(e) = &opts.exporter {
+        e.watch_transport(t.stats_handle(), opts.names.clone());
+    }
     let name = |n: NodeId| opts.names.get(&n).cloned().unwrap_or_else(|| n.to_string());
     let mut write = |l: MetricsLine| -> Result<(), CoordinatorError> {
         if let MetricsLine::Event(e) = &l {
@@ -163,6 +168,9 @@ pub async fn run_coordinator(
         }
         if let Some(e) = &opts.exporter {
             e.observe(&l);
+        }
+        if let Some(tx) = &opts.lines {
+            let _ = tx.send(l.clone());
         }
         if let Some(f) = metrics.as_mut() {
             f.write(&l)?;

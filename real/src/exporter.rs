@@ -10,6 +10,8 @@
 //! Prometheus").
 
 use crate::node::MetricsLine;
+use crate::tcp::TcpStats;
+use loco_core::ids::NodeId;
 use loco_core::mesh::MeshState;
 use loco_core::metrics::EventKind;
 use loco_core::time::Time;
@@ -19,6 +21,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::{Registry, Unit};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
@@ -58,6 +61,9 @@ struct Inner {
     retries: Counter,
     queued: Gauge,
     heartbeat_age: Family<Labels, FloatGauge>,
+    peer_sent: Family<Labels, Counter>,
+    /// The transport whose bytes per peer are read at each scrape, and the peers' names.
+    transport: std::sync::OnceLock<(Arc<TcpStats>, BTreeMap<NodeId, String>)>,
 }
 
 impl Exporter {
@@ -87,6 +93,9 @@ impl Exporter {
         let (compute, step, recovery) = Default::default();
         let queued = Gauge::default();
         let heartbeat_age = Family::<Labels, FloatGauge>::default();
+        let peer_sent = Family::<Labels, Counter>::default();
+        let p = peer_sent.clone();
+        r.register_with_unit("peer_sent", "Bytes written to each peer", Unit::Bytes, p);
         match node {
             Some(name) => {
                 let info = Info::new(vec![("node", name.to_string())]);
@@ -140,6 +149,8 @@ impl Exporter {
             retries,
             queued,
             heartbeat_age,
+            peer_sent,
+            transport: std::sync::OnceLock::new(),
         }))
     }
 
@@ -202,8 +213,22 @@ impl Exporter {
         }
     }
 
+    /// Reads the bytes per peer of `stats` at each scrape (`names` names the peers; an id not
+    /// in it is shown as its number). The first transport given stays.
+    pub fn watch_transport(&self, stats: Arc<TcpStats>, names: BTreeMap<NodeId, String>) {
+        let _ = self.0.transport.set((stats, names));
+    }
+
     /// The metrics in the OpenMetrics text format (which Prometheus reads).
     pub fn encode(&self) -> String {
+        if let Some((stats, names)) = self.0.transport.get() {
+            for (id, total) in stats.sent_by_peer() {
+                let peer = names.get(&id).cloned().unwrap_or_else(|| id.to_string());
+                let c = self.0.peer_sent.get_or_create(&vec![("peer", peer)]);
+                // Counters only go up: add what was written since the last scrape.
+                c.inc_by(total.saturating_sub(c.get()));
+            }
+        }
         let mut out = String::new();
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.0.registry);

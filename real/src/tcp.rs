@@ -240,6 +240,23 @@ pub struct TcpStats {
     pub evicted_connections: AtomicU64,
     /// Messages refused for their sender: a directory from anyone but the coordinator.
     pub unauthorised: AtomicU64,
+    /// Bytes written to each peer (as `bytes_sent`); one entry per peer this endpoint sent to.
+    pub sent_to: std::sync::Mutex<BTreeMap<NodeId, u64>>,
+}
+
+impl TcpStats {
+    /// Counts `n` bytes written to `peer`.
+    fn sent(&self, peer: NodeId, n: u64) {
+        self.bytes_sent.fetch_add(n, Ordering::Relaxed);
+        let mut m = self.sent_to.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let e = m.entry(peer).or_default();
+        *e = e.saturating_add(n);
+    }
+
+    /// Bytes written to each peer so far.
+    pub fn sent_by_peer(&self) -> BTreeMap<NodeId, u64> {
+        self.sent_to.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
 }
 
 /// Errors of setting up the transport.
@@ -535,6 +552,11 @@ impl TcpTransport {
     /// This endpoint's counters.
     pub fn stats(&self) -> &TcpStats {
         &self.stats
+    }
+
+    /// This endpoint's counters, shared (for a reader on another task, as the metrics server).
+    pub fn stats_handle(&self) -> Arc<TcpStats> {
+        self.stats.clone()
     }
 
     /// Connects to `peer` now, retrying until `deadline` passes (peers that start at about the
@@ -1318,9 +1340,7 @@ async fn write_loop(
             Err(e) => Err(e),
         };
         match written {
-            Ok(n) => {
-                stats.bytes_sent.fetch_add(n, Ordering::Relaxed);
-            }
+            Ok(n) => stats.sent(to, n),
             Err(e) => {
                 tracing::debug!(peer = %to, "connection lost: {e}");
                 failed.store(true, Ordering::Relaxed);

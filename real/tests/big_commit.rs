@@ -147,6 +147,7 @@ async fn commit_work_longer_than_the_heartbeat_timeout_evicts_nobody() {
         time_offset_s: 0.0,
         start_outer_step: 0,
         exporter: None,
+        lines: None,
     };
     // Each node on a runtime of its own, as in its own process: their event loops do not wait
     // for each other's turns on the runtime's threads.

@@ -116,6 +116,7 @@ async fn start_coordinator(
         time_offset_s: 0.0,
         start_outer_step: 0,
         exporter: None,
+        lines: None,
     };
     let t = bind(&copts).await.unwrap();
     let addr = t.local_addr();

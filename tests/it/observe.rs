@@ -171,8 +171,11 @@ fn a_live_run_s_metrics_move_and_show_a_crash() {
         addr_file.to_str().expect("utf-8 path"),
         "--metrics-addr",
         "0",
+        "--http",
+        "0",
     ]);
     let coord_metrics = coord.metrics_addr();
+    let coord_page = coord.wait_for("live page on http://");
     let coord_addr = coord.wait_for("listening on");
     let mut workers: Vec<Proc> = (0..3)
         .map(|i| {
@@ -209,6 +212,11 @@ fn a_live_run_s_metrics_move_and_show_a_crash() {
     }
     assert_eq!(sample(&second, "loco_members", &[]), Some(3.0));
     assert!(sample(&second, "loco_allreduce_seconds_count", &[]).is_some_and(|n| n >= 2.0));
+    // The ring's neighbours, and the coordinator, were sent bytes.
+    for peer in ["n-1", "coordinator"] {
+        let sent = sample(&second, "loco_peer_sent_bytes_total", &[("peer", peer)]);
+        assert!(sent.is_some_and(|b| b > 0.0), "{peer}: {sent:?}");
+    }
 
     let c = scrape(coord_metrics);
     assert_eq!(sample(&c, "loco_members", &[]), Some(3.0));
@@ -230,6 +238,24 @@ fn a_live_run_s_metrics_move_and_show_a_crash() {
         "no eviction shown:\n{}",
         coord.seen.join("\n")
     );
+    // The coordinator's live page streams the eviction too.
+    let page: SocketAddr = coord_page.trim_end_matches('/').parse().expect("page address");
+    let mut s = TcpStream::connect_timeout(&page, Duration::from_secs(5)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    write!(s, "GET /events HTTP/1.1\r\nHost: loco\r\n\r\n").expect("ask");
+    let mut r = BufReader::new(s);
+    let mut line = String::new();
+    let shown = loop {
+        line.clear();
+        match r.read_line(&mut line) {
+            Ok(0) | Err(_) => break false,
+            Ok(_) if line.starts_with("data: ") && line.contains("data-kind=\\\"evict\\\"") => {
+                break true;
+            }
+            Ok(_) => {}
+        }
+    };
+    assert!(shown, "the coordinator's live page shows no eviction");
 }
 
 /// A crash scenario for the live page: three workers, n-2 crashes at 4 s, the run stops at 10 s.

@@ -176,6 +176,12 @@ pub async fn run_worker<L: InnerLoop>(
     };
     let mut t = TcpTransport::bind(opts.id, opts.listen, opts.tcp.clone()).await?;
     t.set_peer_addr(NodeId::COORDINATOR, opts.coordinator);
+    if let Some(e) = &opts.exporter {
+        let mut names: std::collections::BTreeMap<NodeId, String> =
+            opts.scenario.nodes().iter().map(|n| (n.id, n.name.clone())).collect();
+        names.insert(NodeId::COORDINATOR, "coordinator".into());
+        e.watch_transport(t.stats_handle(), names);
+    }
     let metrics = MetricsFile::open(opts.metrics.as_deref())?;
     let checkpointer = match &opts.checkpoint {
         Some(plan) => Some((Checkpointer::new(plan.config.clone())?, plan.every.max(1))),
