@@ -39,14 +39,12 @@ fn message(status: &str, html: &str, ended: bool) -> Arc<String> {
 }
 
 impl LivePage {
-    /// Serves the live page of a run of `s` on `addr` (beyond loopback, behind a token made
-    /// for this run and shown in the page's address): a launch's, or a coordinator's.
+    /// Serves the live page of a run of `s` on `addr` (beyond loopback, behind a token:
+    /// `LOCO_HTTP_TOKEN`, or one made for this run, shown in the page's address): a launch's,
+    /// or a coordinator's.
     #[allow(clippy::disallowed_methods)] // the server and the drawing run beside the launcher
     pub(crate) fn start(addr: SocketAddr, s: &Scenario) -> Result<LivePage> {
-        let token = (!addr.ip().is_loopback()).then(|| {
-            let bytes: [u8; 16] = rand::random();
-            bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
-        });
+        let token = crate::real_cmd::http_token(addr);
         let (tx, rx) = watch::channel(message("waiting for the run to start", "", false));
         let title = format!("loco live: {}", s.name());
         let page = Arc::new(loco_reports::live_page(&title, EVENTS_PATH));

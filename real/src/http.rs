@@ -5,8 +5,10 @@
 //! hyper serves HTTP/1.1, one request per connection. Bounded: at most [`MAX_CONNECTIONS`] at
 //! once (a further one is closed unanswered), a request's head must arrive within
 //! [`HEAD_TIMEOUT`], an answer other than the event stream must be sent within
-//! [`ANSWER_TIMEOUT`]. With a token, every path asks for `?token=TOKEN` (403 otherwise): a page
-//! served beyond loopback shows a run's figures to whoever knows the token only.
+//! [`ANSWER_TIMEOUT`]; at most [`MAX_STREAMS`] event streams, each pinging every
+//! [`PING_EVERY`] so that a page gone frees its connection. With a token, every path asks for
+//! it (`?token=TOKEN` or `Authorization: Bearer TOKEN`; 403 otherwise): served beyond loopback,
+//! a run's figures go to whoever knows the token only.
 
 use crate::exporter::{CONTENT_TYPE, Exporter};
 use futures::StreamExt;
@@ -16,15 +18,24 @@ use hyper::{Method, StatusCode, header};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::sync::watch;
 
 /// Connections served at once.
-pub const MAX_CONNECTIONS: usize = 32;
+pub const MAX_CONNECTIONS: usize = 64;
+/// Event streams open at once (each holds a connection while its page is open); a further one
+/// is answered 503.
+pub const MAX_STREAMS: usize = 16;
+/// How often an idle event stream sends a comment: a page gone is noticed at the next write.
+pub const PING_EVERY: Duration = Duration::from_secs(5);
 /// How long a connection may take to send its request's head.
 pub const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long an answer other than the event stream may take.
+/// How long a connection may last, from its start to its answer's end, unless that answer is an
+/// event stream (a client that does not read its answer loses the connection then).
 pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+
+const EVENT_STREAM: &str = "text/event-stream";
 
 /// The live page's path for its events.
 pub const EVENTS_PATH: &str = "/events";
@@ -61,6 +72,7 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<(tokio::net::TcpListener,
 /// a little before the next try.
 pub async fn serve(listener: tokio::net::TcpListener, site: Site) {
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let streams = Arc::new(tokio::sync::Semaphore::new(MAX_STREAMS));
     let site = Arc::new(site);
     loop {
         let stream = match listener.accept().await {
@@ -74,11 +86,20 @@ pub async fn serve(listener: tokio::net::TcpListener, site: Site) {
         let Ok(permit) = slots.clone().try_acquire_owned() else {
             continue; // dropping the stream closes it
         };
-        let site = site.clone();
+        let (site, streams) = (site.clone(), streams.clone());
         tokio::spawn(async move {
+            // Whether this connection's answer is an event stream, which may last.
+            let streaming = Arc::new(AtomicBool::new(false));
+            let s = streaming.clone();
             let service = hyper::service::service_fn(move |req| {
-                let site = site.clone();
-                async move { Ok::<_, Infallible>(answer(&req, &site)) }
+                let (site, streams, s) = (site.clone(), streams.clone(), s.clone());
+                async move {
+                    let r = answer(&req, &site, &streams);
+                    let stream = r.headers().get(header::CONTENT_TYPE)
+                        == Some(&header::HeaderValue::from_static(EVENT_STREAM));
+                    s.store(stream, Ordering::Relaxed);
+                    Ok::<_, Infallible>(r)
+                }
             });
             let io = hyper_util::rt::TokioIo::new(stream);
             let conn = hyper::server::conn::http1::Builder::new()
@@ -86,7 +107,11 @@ pub async fn serve(listener: tokio::net::TcpListener, site: Site) {
                 .header_read_timeout(HEAD_TIMEOUT)
                 .keep_alive(false)
                 .serve_connection(io, service);
-            let _ = conn.await;
+            let mut conn = std::pin::pin!(conn);
+            let timed = tokio::time::timeout(ANSWER_TIMEOUT, conn.as_mut()).await;
+            if timed.is_err() && streaming.load(Ordering::Relaxed) {
+                let _ = conn.await;
+            }
             drop(permit);
         });
     }
@@ -103,16 +128,35 @@ fn text(status: StatusCode, kind: &str, body: String) -> hyper::Response<Body> {
     r
 }
 
-/// Whether `query` holds `token=TOKEN`.
-fn has_token(query: Option<&str>, token: &str) -> bool {
-    query.is_some_and(|q| q.split('&').any(|kv| kv.strip_prefix("token=") == Some(token)))
+/// Equal bytes, compared in time independent of where they differ.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
 }
 
-fn answer<B>(req: &hyper::Request<B>, site: &Site) -> hyper::Response<Body> {
+/// Whether `req` carries `token`: `?token=TOKEN` in its query, or `Authorization: Bearer TOKEN`
+/// (Prometheus's `authorization` setting).
+fn has_token<B>(req: &hyper::Request<B>, token: &str) -> bool {
+    let t = token.as_bytes();
+    let in_query = req.uri().query().is_some_and(|q| {
+        q.split('&').any(|kv| kv.strip_prefix("token=").is_some_and(|v| same(v.as_bytes(), t)))
+    });
+    let in_header = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .is_some_and(|v| v.as_bytes().strip_prefix(b"Bearer ").is_some_and(|v| same(v, t)));
+    in_query || in_header
+}
+
+fn answer<B>(
+    req: &hyper::Request<B>,
+    site: &Site,
+    streams: &Arc<tokio::sync::Semaphore>,
+) -> hyper::Response<Body> {
     let plain = "text/plain; charset=utf-8";
     if let Some(t) = &site.token {
-        if !has_token(req.uri().query(), t) {
-            return text(StatusCode::FORBIDDEN, plain, "a token is needed: ?token=...\n".into());
+        if !has_token(req, t) {
+            let msg = "a token is needed: ?token=TOKEN or Authorization: Bearer TOKEN\n";
+            return text(StatusCode::FORBIDDEN, plain, msg.into());
         }
     }
     if !matches!(*req.method(), Method::GET | Method::HEAD) {
@@ -123,25 +167,37 @@ fn answer<B>(req: &hyper::Request<B>, site: &Site) -> hyper::Response<Body> {
         ("/", _, Some(live)) => {
             text(StatusCode::OK, "text/html; charset=utf-8", String::clone(&live.page))
         }
-        (EVENTS_PATH, _, Some(live)) => events(live.updates.clone()),
+        (EVENTS_PATH, _, Some(live)) => match streams.clone().try_acquire_owned() {
+            Ok(permit) => events(live.updates.clone(), permit),
+            Err(_) => text(StatusCode::SERVICE_UNAVAILABLE, plain, "too many pages open\n".into()),
+        },
         _ => text(StatusCode::NOT_FOUND, plain, "not found\n".into()),
     }
 }
 
-/// The event stream: the latest message at once, then each new one, until the sender goes.
-fn events(mut updates: watch::Receiver<Arc<String>>) -> hyper::Response<Body> {
+/// The event stream: the latest message at once, then each new one, and a comment every
+/// [`PING_EVERY`] without one, until the sender goes. It holds `permit` while open.
+fn events(
+    mut updates: watch::Receiver<Arc<String>>,
+    permit: tokio::sync::OwnedSemaphorePermit,
+) -> hyper::Response<Body> {
     updates.mark_changed();
-    let stream = futures::stream::unfold(updates, |mut rx| async move {
-        rx.changed().await.ok()?;
-        let msg = rx.borrow_and_update().clone();
-        // One `data:` line: the message is JSON, which holds no raw newline.
-        let frame = Frame::data(Bytes::from(format!("data: {msg}\n\n")));
-        Some((Ok::<_, Infallible>(frame), rx))
+    let stream = futures::stream::unfold((updates, permit), |(mut rx, permit)| async move {
+        let text = tokio::select! {
+            changed = rx.changed() => {
+                changed.ok()?;
+                // One `data:` line: the message is JSON, which holds no raw newline.
+                let msg = rx.borrow_and_update().clone();
+                format!("data: {msg}\n\n")
+            }
+            () = tokio::time::sleep(PING_EVERY) => ":\n\n".to_string(),
+        };
+        Some((Ok::<_, Infallible>(Frame::data(Bytes::from(text))), (rx, permit)))
     });
     let body = StreamBody::new(StreamExt::boxed(stream));
     let mut r = hyper::Response::new(body.boxed_unsync());
     let h = r.headers_mut();
-    h.insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/event-stream"));
+    h.insert(header::CONTENT_TYPE, header::HeaderValue::from_static(EVENT_STREAM));
     h.insert(header::CACHE_CONTROL, header::HeaderValue::from_static("no-store"));
     r
 }
@@ -154,8 +210,12 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     async fn get(addr: SocketAddr, path: &str) -> String {
+        get_with(addr, path, "").await
+    }
+
+    async fn get_with(addr: SocketAddr, path: &str, headers: &str) -> String {
         let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\n{headers}Connection: close\r\n\r\n");
         s.write_all(req.as_bytes()).await.unwrap();
         let mut out = String::new();
         s.read_to_string(&mut out).await.unwrap();
@@ -195,8 +255,18 @@ mod tests {
             let site = Site { live: Some(live), token: Some("k3y".into()), ..Site::default() };
             let (l, addr) = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
             tokio::spawn(serve(l, site));
-            let refused = get(addr, "/").await;
-            assert!(refused.starts_with("HTTP/1.1 403"), "{refused}");
+            for (path, headers) in [
+                ("/", ""),
+                ("/?token=k3", ""),
+                ("/?token=k3y0", ""),
+                ("/", "Authorization: Bearer k3z\r\n"),
+                (EVENTS_PATH, ""),
+            ] {
+                let refused = get_with(addr, path, headers).await;
+                assert!(refused.starts_with("HTTP/1.1 403"), "{path} {headers}: {refused}");
+            }
+            let bearer = get_with(addr, "/", "Authorization: Bearer k3y\r\n").await;
+            assert!(bearer.starts_with("HTTP/1.1 200"), "{bearer}");
             let page = get(addr, "/?token=k3y").await;
             assert!(page.starts_with("HTTP/1.1 200") && page.ends_with("<p>page</p>"), "{page}");
             let reader = tokio::spawn(get(addr, "/events?token=k3y"));

@@ -448,3 +448,178 @@ fn the_live_page_shows_an_eviction_within_seconds() {
     webdriver(addr, "DELETE", &format!("/session/{id}"), &serde_json::json!({}));
     drop(driver);
 }
+
+/// `GET path` at `addr` with `headers` (each ending in CRLF): the status line and the body.
+fn get(addr: SocketAddr, path: &str, headers: &str) -> (String, String) {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    write!(s, "GET {path} HTTP/1.1\r\nHost: loco\r\n{headers}Connection: close\r\n\r\n")
+        .expect("ask");
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    (head.lines().next().unwrap_or("").to_string(), body.to_string())
+}
+
+/// Resident memory of process `pid`, in bytes (Linux `VmRSS`).
+fn rss(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let kib: u64 = s
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("VmRSS");
+    kib * 1024
+}
+
+/// A coordinator's `/metrics` and live page scraped every 100 ms for a minute (the page's event
+/// stream opened and left once a second): every answer is whole, and the process's memory does
+/// not grow (a leak of a few KiB per request would add megabytes).
+#[test]
+fn the_endpoints_hold_a_scrape_every_100_ms_for_a_minute() {
+    let ctx = TestContext::new();
+    let scenario = ctx.path().join("observe.toml");
+    // No workers join: the run neither starts nor stops while it is scraped.
+    let idle = SCENARIO.replace("time = \"60s\"", "time = \"600s\"");
+    assert_ne!(idle, SCENARIO);
+    std::fs::write(&scenario, idle).expect("write the scenario");
+    let mut coord = Proc::start(&[
+        "coordinator",
+        scenario.to_str().expect("utf-8 path"),
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics-addr",
+        "0",
+        "--http",
+        "0",
+    ]);
+    let metrics = coord.metrics_addr();
+    let page: SocketAddr =
+        coord.wait_for("live page on http://").trim_end_matches('/').parse().expect("address");
+    let pid = coord.child.id();
+    let start = Instant::now();
+    let (mut settled, mut answers) = (None, 0u32);
+    let mut k = 0u32;
+    while start.elapsed() < Duration::from_secs(60) {
+        let (status, body) = get(metrics, "/metrics", "");
+        assert!(status.ends_with("200 OK") && body.ends_with("# EOF\n"), "{status}: {body}");
+        let (status, body) = get(page, "/", "");
+        assert!(status.ends_with("200 OK") && body.contains("EventSource"), "{status}");
+        if k % 10 == 0 {
+            // Open the stream, take its first message, leave.
+            let mut s = TcpStream::connect_timeout(&page, Duration::from_secs(5)).expect("connect");
+            s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+            write!(s, "GET /events HTTP/1.1\r\nHost: loco\r\n\r\n").expect("ask");
+            let mut r = BufReader::new(s);
+            let mut first = String::new();
+            r.read_line(&mut first).expect("the stream's status");
+            assert!(first.contains("200 OK"), "{first}");
+            let mut line = String::new();
+            while r.read_line(&mut line).is_ok_and(|n| n > 0) && !line.starts_with("data: ") {
+                line.clear();
+            }
+            assert!(line.starts_with("data: "), "no first message");
+        }
+        answers += 2;
+        k += 1;
+        if settled.is_none() && start.elapsed() >= Duration::from_secs(10) {
+            settled = Some(rss(pid));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (before, after) = (settled.expect("a reading at 10 s"), rss(pid));
+    eprintln!("{answers} answers; resident memory {before} B at 10 s, {after} B at 60 s");
+    assert!(after < before + (2 << 20), "memory grew from {before} B to {after} B");
+}
+
+/// A server beyond loopback refuses a request without its token, on `/metrics` and on the live
+/// page, and answers one that carries it (`Authorization: Bearer` or `?token=`). Run in a
+/// network namespace the test makes (198.18.7.1 on its own `lo`) and removes; without root,
+/// an address this machine lacks is refused at start with the flag's name.
+#[test]
+fn an_unauthenticated_request_beyond_loopback_is_refused() {
+    let ctx = TestContext::new();
+    let scenario = ctx.path().join("observe.toml");
+    std::fs::write(&scenario, SCENARIO).expect("write the scenario");
+    let scenario = scenario.to_str().expect("utf-8 path");
+    if !nix::unistd::geteuid().is_root() {
+        let o = ctx.loco(&[
+            "coordinator",
+            scenario,
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-addr",
+            "198.19.255.254:0",
+        ]);
+        assert!(!o.status.success());
+        assert!(
+            crate::common::stderr(&o).contains("--metrics-addr"),
+            "{}",
+            crate::common::stderr(&o)
+        );
+        return;
+    }
+    let ns = format!("loco-observe-{}", std::process::id());
+    let ip = |args: &[&str]| {
+        let o = Command::new("ip").args(args).output().expect("run ip");
+        assert!(o.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    };
+    struct Netns(String);
+    impl Drop for Netns {
+        fn drop(&mut self) {
+            let _ = Command::new("ip").args(["netns", "del", &self.0]).output();
+        }
+    }
+    ip(&["netns", "add", &ns]);
+    let _ns = Netns(ns.clone());
+    ip(&["-n", &ns, "link", "set", "lo", "up"]);
+    ip(&["-n", &ns, "addr", "add", "198.18.7.1/32", "dev", "lo"]);
+    let loco = env!("CARGO_BIN_EXE_loco");
+    let mut coord = Proc::spawn_tool(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            &ns,
+            "env",
+            "LOCO_HTTP_TOKEN=s3cret-token",
+            loco,
+            "coordinator",
+            scenario,
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-addr",
+            "198.18.7.1:0",
+            "--http",
+            "198.18.7.1:0",
+        ],
+    );
+    let metrics = coord.wait_for("metrics on http://");
+    let metrics = metrics.split('/').next().expect("address").to_string();
+    let page = coord.wait_for("live page on http://");
+    let page = page.split('/').next().expect("address").to_string();
+    // Asked from inside the namespace, with bash's /dev/tcp: the status line of each answer.
+    let status = |addr: &str, path: &str, header: &str| {
+        let (host, port) = addr.split_once(':').expect("host:port");
+        let script = format!(
+            "exec 3<>/dev/tcp/{host}/{port}; printf 'GET {path} HTTP/1.1\\r\\nHost: x\\r\\n{header}\
+             Connection: close\\r\\n\\r\\n' >&3; head -n 1 <&3"
+        );
+        let o = Command::new("ip")
+            .args(["netns", "exec", &ns, "bash", "-c", &script])
+            .output()
+            .expect("ask");
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    for (addr, path) in [(&metrics, "/metrics"), (&page, "/"), (&page, "/events")] {
+        let refused = status(addr, path, "");
+        assert!(refused.contains("403"), "{path} without a token: {refused}");
+        let wrong = status(addr, path, "Authorization: Bearer s3cret-tokem\\r\\n");
+        assert!(wrong.contains("403"), "{path} with a wrong token: {wrong}");
+    }
+    let ok = status(&metrics, "/metrics", "Authorization: Bearer s3cret-token\\r\\n");
+    assert!(ok.contains("200"), "/metrics with the token: {ok}");
+    let ok = status(&page, "/?token=s3cret-token", "");
+    assert!(ok.contains("200"), "/ with the token: {ok}");
+}
