@@ -506,7 +506,7 @@ fn the_endpoints_hold_a_scrape_every_100_ms_for_a_minute() {
         assert!(status.ends_with("200 OK") && body.ends_with("# EOF\n"), "{status}: {body}");
         let (status, body) = get(page, "/", "");
         assert!(status.ends_with("200 OK") && body.contains("EventSource"), "{status}");
-        if k % 10 == 0 {
+        if k.is_multiple_of(10) {
             // Open the stream, take its first message, leave.
             let mut s = TcpStream::connect_timeout(&page, Duration::from_secs(5)).expect("connect");
             s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
