@@ -128,6 +128,8 @@ fn draw_loop(
     let (mut rows, mut events): (Vec<OuterStepRow>, Vec<EventRow>) = Default::default();
     let mut changed = false;
     let mut drawn: Option<std::time::Instant> = None;
+    let started = std::time::Instant::now();
+    let mut meta = meta.clone();
     let mut last = String::new();
     loop {
         let mut done = false;
@@ -153,7 +155,8 @@ fn draw_loop(
         changed = false;
         drawn = Some(std::time::Instant::now());
         events.sort_by(|a, b| a.time_s.total_cmp(&b.time_s));
-        let summary: Summary = summarize(meta, &rows, &events);
+        meta.wall_seconds = started.elapsed().as_secs_f64();
+        let summary: Summary = summarize(&meta, &rows, &events);
         let status = format!(
             "live: {:.0} s on the run's clock, {} outer steps, {} events",
             summary.simulated_seconds,

@@ -270,17 +270,19 @@ pub(crate) fn run_report(
     let mut out = String::new();
     head(&mut out, &format!("loco report: {}", s.scenario));
     let _ = writeln!(out, "<h1>loco report: {}</h1>", esc(&s.scenario));
-    report_body(&mut out, run, plots, fidelity);
+    report_body(&mut out, run, plots, fidelity, false);
     tail(&mut out);
     out
 }
 
-/// The report's sections after its title: what a live page shows too.
+/// The report's sections after its title: what a live page shows too (`live`: the invariants
+/// are not checked yet, and it says so).
 fn report_body(
     out: &mut String,
     run: &Run,
     plots: &[RenderedPlot],
     fidelity: Option<&crate::fidelity::Fidelity>,
+    live: bool,
 ) {
     let s = &run.summary;
     let _ = writeln!(
@@ -292,7 +294,14 @@ fn report_body(
         s.outer_steps,
         esc(&secs(s.simulated_seconds))
     );
-    invariants(out, s);
+    if live {
+        out.push_str(
+            "<h2>Invariants</h2>\n<p class=\"note\" id=\"invariants\">Checked when the run \
+             ends, on its whole record.</p>\n",
+        );
+    } else {
+        invariants(out, s);
+    }
     out.push_str("<h2>Compared with INTELLECT-1 (Table 2)</h2>\n");
     table2(out, &[(run_label(s), s)]);
     out.push_str("<h2>Summary</h2>\n");
@@ -347,7 +356,7 @@ pub(crate) fn live_fragment(run: &Run, plots: &[RenderedPlot], latest: usize) ->
         }
         out.push_str("</tbody>\n</table>\n");
     }
-    report_body(&mut out, run, plots, None);
+    report_body(&mut out, run, plots, None, true);
     out
 }
 
