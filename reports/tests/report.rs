@@ -594,3 +594,38 @@ fn the_timeline_has_a_lane_per_node_in_sync_and_overlapped_runs() {
     assert!(texts.contains(&"Compute and all-reduce per node".to_owned()), "{texts:?}");
     assert!(texts.contains(&"no outer steps recorded".to_owned()), "{texts:?}");
 }
+
+/// The live fragment is well-formed, lists the newest events first (escaped), says the
+/// invariants wait for the end, and draws the report's plots as inline SVG; the live page holds
+/// the script that fills it from the event stream.
+#[test]
+fn the_live_fragment_holds_the_latest_events_and_the_plots() {
+    let (rows, mut events) = synthetic();
+    events.push(EventRow::new(999.0, EventKind::Evict).node("n2").detail("<timeout> & \"more\""));
+    let summary = summarize(&meta("live"), &rows, &events);
+    let run = loco_reports::Run { dir: PathBuf::new(), summary, rows, events };
+    let html = loco_reports::live_fragment(&run).unwrap();
+    let wrapped = format!("<div>{html}</div>");
+    let doc = parse_html(&wrapped);
+    let latest = doc
+        .descendants()
+        .find(|n| n.attribute("id") == Some("latest-events"))
+        .expect("a latest-events table");
+    let first =
+        latest.descendants().find(|n| n.has_tag_name("tr") && n.attribute("data-kind").is_some());
+    let first = first.expect("an event row");
+    assert_eq!(first.attribute("data-kind"), Some("evict"));
+    let text: String = first.descendants().filter_map(|n| n.text()).collect();
+    assert!(text.contains("<timeout> & \"more\""), "{text}");
+    let rows = latest.descendants().filter(|n| n.attribute("data-kind").is_some()).count();
+    assert_eq!(rows, loco_reports::LIVE_LATEST_EVENTS.min(run.events.len()));
+    assert!(doc.descendants().any(|n| n.attribute("id") == Some("invariants")));
+    let svgs = doc
+        .descendants()
+        .filter(|n| n.has_tag_name(("http://www.w3.org/2000/svg", "svg")) || n.has_tag_name("svg"))
+        .count();
+    assert!(svgs >= PLOT_NAMES.len() - 1, "{svgs} plots");
+    let page = loco_reports::live_page("loco live: <x>", "/events");
+    assert!(page.contains("new EventSource(\"/events\""), "{page}");
+    assert!(page.contains("loco live: &lt;x&gt;"), "{page}");
+}

@@ -75,11 +75,11 @@ fn timeline_keeps_40_lanes_and_30_steps_and_says_so() {
         t.title(),
         "Compute and all-reduce per node (first 30 outer steps, first 40 of 45 nodes)"
     );
-    assert!(render(&t, "").is_ok());
+    assert!(render(&t, "", true).is_ok());
     // No rows: no lanes, and the plot says so.
     let t = Timeline::new(&[]);
     assert!(t.lanes.is_empty());
-    assert!(render(&t, "").unwrap().svg.contains("no outer steps recorded"));
+    assert!(render(&t, "", true).unwrap().svg.contains("no outer steps recorded"));
 }
 
 #[test]
@@ -113,7 +113,7 @@ fn bandwidth_spreads_bytes_over_the_all_reduce_and_compares_peak_with_mean() {
     assert!((o.peak - 1e7).abs() < 1.0, "peak {}", o.peak);
     assert_eq!(o.span, (0.0, 610.0));
     assert!(o.peak / o.mean < 1.3, "{}", o.title());
-    assert!(render(&o, "").unwrap().svg.contains("Send rate per node: peak 10 Mbit/s"));
+    assert!(render(&o, "", true).unwrap().svg.contains("Send rate per node: peak 10 Mbit/s"));
     // An overlapped row holds the bytes of the all-reduce before it, which ran beside its
     // compute: row 2's land in row 1's all-reduce (204-304 s), none in row 2's own.
     let mut rows = run(102.0, 0.0, 100.0);
@@ -124,7 +124,7 @@ fn bandwidth_spreads_bytes_over_the_all_reduce_and_compares_peak_with_mean() {
     assert!((at(250.0) - 1e7).abs() < 1.0 && at(350.0) == 0.0, "{} {}", at(250.0), at(350.0));
     // Nothing sent: the plot says so.
     assert!(
-        render(&Bandwidth::new(&[row(0, 0, 0.0, 1.0, 1.0)]), "")
+        render(&Bandwidth::new(&[row(0, 0, 0.0, 1.0, 1.0)]), "", true)
             .unwrap()
             .svg
             .contains("no bytes sent")
