@@ -62,6 +62,10 @@ struct Inner {
     queued: Gauge,
     heartbeat_age: Family<Labels, FloatGauge>,
     peer_sent: Family<Labels, Counter>,
+    recovery_received: Counter,
+    recovery_progress: FloatGauge,
+    /// The bytes of the transfer under way last seen (to count what came since).
+    recovery_held: AtomicU64,
     /// The transport whose bytes per peer are read at each scrape, and the peers' names.
     transport: std::sync::OnceLock<(Arc<TcpStats>, BTreeMap<NodeId, String>)>,
 }
@@ -94,6 +98,8 @@ impl Exporter {
         let queued = Gauge::default();
         let heartbeat_age = Family::<Labels, FloatGauge>::default();
         let peer_sent = Family::<Labels, Counter>::default();
+        let recovery_received = Counter::default();
+        let recovery_progress = FloatGauge::default();
         let p = peer_sent.clone();
         r.register_with_unit("peer_sent", "Bytes written to each peer", Unit::Bytes, p);
         match node {
@@ -117,6 +123,11 @@ impl Exporter {
                 let rc = FloatCounter::clone(&recovery);
                 r.register_with_unit("recovery", "Time receiving the state", s, rc);
                 r.register("retries", "All-reduce attempts retried", Counter::clone(&retries));
+                let rr = Counter::clone(&recovery_received);
+                r.register_with_unit("recovery_received", "State bytes received", Unit::Bytes, rr);
+                let rp = FloatGauge::clone(&recovery_progress);
+                let help = "Share of the state transfer under way received (0 when none)";
+                r.register("recovery_progress_ratio", help, rp);
             }
             None => {
                 r.register("queued_joiners", "Joiners waiting for a boundary", queued.clone());
@@ -150,6 +161,9 @@ impl Exporter {
             queued,
             heartbeat_age,
             peer_sent,
+            recovery_received,
+            recovery_progress,
+            recovery_held: AtomicU64::new(0),
             transport: std::sync::OnceLock::new(),
         }))
     }
@@ -197,6 +211,18 @@ impl Exporter {
             | MetricsLine::Resources { .. }
             | MetricsLine::Check { .. } => {}
         }
+    }
+
+    /// A worker's state transfer: `(received, of)` bytes of the transfer under way, `None` when
+    /// there is none. Received bytes are counted once each; a transfer that starts over counts
+    /// from its new start.
+    pub fn recovery(&self, progress: Option<(u64, u64)>) {
+        let m = &self.0;
+        let (held, total) = progress.unwrap_or((0, 0));
+        let last = m.recovery_held.swap(held, std::sync::atomic::Ordering::Relaxed);
+        m.recovery_received.inc_by(held.checked_sub(last).unwrap_or(held));
+        let ratio = if total > 0 { (held as f64 / total as f64).clamp(0.0, 1.0) } else { 0.0 };
+        m.recovery_progress.set(ratio);
     }
 
     /// The coordinator's view at `now`: its outer step, members, queue, and how long ago each
@@ -298,5 +324,26 @@ mod tests {
         assert_eq!(value(&t, "loco_events_total{kind=\"evict\"}"), Some(1.0), "{t}");
         assert!(t.contains("loco_node_info{node=\"a\"} 1"), "{t}");
         assert!(t.ends_with("# EOF\n"), "{t}");
+    }
+
+    /// Received state bytes are counted once each, across a transfer that starts over; the
+    /// ratio follows the transfer under way and is 0 without one.
+    #[test]
+    fn a_transfer_s_bytes_count_once_and_its_share_shows() {
+        let e = Exporter::worker("a", 4);
+        let seen = |e: &Exporter| {
+            let t = e.encode();
+            let got = value(&t, "loco_recovery_received_bytes_total");
+            (got, value(&t, "loco_recovery_progress_ratio"))
+        };
+        e.recovery(Some((0, 100)));
+        e.recovery(Some((40, 100)));
+        assert_eq!(seen(&e), (Some(40.0), Some(0.4)));
+        e.recovery(Some((40, 100)));
+        e.recovery(Some((10, 100))); // started over
+        e.recovery(Some((100, 100)));
+        assert_eq!(seen(&e), (Some(140.0), Some(1.0)));
+        e.recovery(None);
+        assert_eq!(seen(&e), (Some(140.0), Some(0.0)));
     }
 }

@@ -321,6 +321,9 @@ impl<L: InnerLoop> Worker<L> {
                 return Ok(report);
             }
             self.start_inner();
+            if let Some(e) = &self.opts.exporter {
+                e.recovery(self.process.node().recovery_progress());
+            }
             let deadline = self.process.poll_timeout().map(|t| self.clock.instant(t));
             tokio::select! {
                 r = self.t.recv() => {

@@ -425,6 +425,13 @@ impl Node {
         self.acct.as_ref().map(StepAcct::step)
     }
 
+    /// How far a state transfer under way is: bytes of the replicated part received, of how
+    /// many (`None` when no transfer is under way).
+    pub fn recovery_progress(&self) -> Option<(u64, u64)> {
+        let f = self.fetch.as_ref()?;
+        Some((f.assembly.shared_held(), f.assembly.expect().shared_len))
+    }
+
     /// The outer state, unless lent to a job.
     pub fn outer(&self) -> Option<&OuterState> {
         self.outer.as_ref()
