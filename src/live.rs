@@ -44,7 +44,7 @@ impl LivePage {
     /// or a coordinator's.
     #[allow(clippy::disallowed_methods)] // the server and the drawing run beside the launcher
     pub(crate) fn start(addr: SocketAddr, s: &Scenario) -> Result<LivePage> {
-        let token = crate::real_cmd::http_token(addr);
+        let token = loco_real::http::token_for(addr);
         let (tx, rx) = watch::channel(message("waiting for the run to start", "", false));
         let title = format!("loco live: {}", s.name());
         let page = Arc::new(loco_reports::live_page(&title, EVENTS_PATH));

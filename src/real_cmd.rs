@@ -7,6 +7,7 @@ use loco_core::ids::NodeId;
 use loco_core::scenario::Scenario;
 use loco_real::coord::{CoordinatorOptions, bind, run_coordinator};
 use loco_real::exporter::Exporter;
+use loco_real::http::TOKEN_ENV;
 use loco_real::inner::{InnerError, InnerLoop, InnerStats, Quadratic};
 use loco_real::launch::{
     LaunchError, LaunchPlan, Launcher, Notice, READY_LIMIT, Resume, StatusSender, checkpoint_plan,
@@ -142,24 +143,6 @@ pub(crate) fn coordinator(a: &crate::cli::CoordinatorArgs) -> Result<()> {
     ran.map(|_| ())
 }
 
-/// The environment variable holding the token asked of HTTP requests beyond loopback.
-pub(crate) const HTTP_TOKEN_ENV: &str = "LOCO_HTTP_TOKEN";
-
-/// The token a server on `addr` asks for: none on loopback; beyond it `LOCO_HTTP_TOKEN`, or a
-/// fresh one (printed with the server's address).
-pub(crate) fn http_token(addr: std::net::SocketAddr) -> Option<String> {
-    if addr.ip().is_loopback() {
-        return None;
-    }
-    match std::env::var(HTTP_TOKEN_ENV) {
-        Ok(t) if !t.is_empty() => Some(t),
-        _ => {
-            let bytes: [u8; 16] = rand::random();
-            Some(bytes.iter().map(|b| format!("{b:02x}")).collect())
-        }
-    }
-}
-
 /// With an address: binds it, serves `make()`'s metrics there in the background (on the
 /// runtime this is called in) and says where; the exporter to feed.
 async fn serve_metrics(
@@ -170,12 +153,12 @@ async fn serve_metrics(
     let (listener, at) = loco_real::http::bind(addr)
         .await
         .with_context(|| format!("--metrics-addr {addr}: cannot listen there"))?;
-    let token = http_token(at);
+    let token = loco_real::http::token_for(at);
     match &token {
         None => eprintln!("loco: metrics on http://{at}/metrics"),
         Some(t) => eprintln!(
             "loco: metrics on http://{at}/metrics (ask with `Authorization: Bearer {t}` or \
-             ?token={t}; {HTTP_TOKEN_ENV} sets it)"
+             ?token={t}; {TOKEN_ENV} sets it)"
         ),
     }
     let e = make();

@@ -142,6 +142,36 @@ fn after_epoch(
     sent_dirs.retain(|id, _| keep.contains(id));
 }
 
+/// Where the coordinator's metrics lines go: its file, the exporter and the launch's channel.
+struct Lines<'a> {
+    file: Option<MetricsFile>,
+    opts: &'a CoordinatorOptions,
+}
+
+impl Lines<'_> {
+    /// Writes `l` everywhere it goes (an event is logged too).
+    fn write(&mut self, l: MetricsLine) -> Result<(), CoordinatorError> {
+        if let MetricsLine::Event(e) = &l {
+            tracing::info!(
+                kind = e.kind.as_str(),
+                node = e.node.as_deref().unwrap_or(""),
+                "{}",
+                e.detail
+            );
+        }
+        if let Some(e) = &self.opts.exporter {
+            e.observe(&l);
+        }
+        if let Some(tx) = &self.opts.lines {
+            let _ = tx.send(l.clone());
+        }
+        if let Some(f) = self.file.as_mut() {
+            f.write(&l)?;
+        }
+        Ok(())
+    }
+}
+
 /// Runs the coordinator on a bound transport until the stop condition, or until `shutdown`
 /// resolves (then it tells every member to stop).
 pub async fn run_coordinator(
@@ -152,31 +182,12 @@ pub async fn run_coordinator(
     let start = tokio::time::Instant::now();
     let now = || Time::from_nanos(start.elapsed().as_nanos() as u64);
     let secs = || opts.time_offset_s + start.elapsed().as_secs_f64();
-    let mut metrics = MetricsFile::open(opts.metrics.as_deref())?;
+    let mut out = Lines { file: MetricsFile::open(opts.metrics.as_deref())?, opts: &opts };
     if let Some(e) = &opts.exporter {
         e.watch_transport(t.stats_handle(), opts.names.clone());
     }
     let name = |n: NodeId| opts.names.get(&n).cloned().unwrap_or_else(|| n.to_string());
-    let mut write = |l: MetricsLine| -> Result<(), CoordinatorError> {
-        if let MetricsLine::Event(e) = &l {
-            tracing::info!(
-                kind = e.kind.as_str(),
-                node = e.node.as_deref().unwrap_or(""),
-                "{}",
-                e.detail
-            );
-        }
-        if let Some(e) = &opts.exporter {
-            e.observe(&l);
-        }
-        if let Some(tx) = &opts.lines {
-            let _ = tx.send(l.clone());
-        }
-        if let Some(f) = metrics.as_mut() {
-            f.write(&l)?;
-        }
-        Ok(())
-    };
+    let mut write = |l: MetricsLine| out.write(l);
     let mut c = Coordinator::starting_at(opts.mesh.clone(), opts.start_outer_step);
     let mut sent_dirs: BTreeMap<NodeId, BTreeMap<NodeId, SocketAddr>> = BTreeMap::new();
     let mut committed = 0u64;

@@ -9,7 +9,7 @@
 //! The metrics and what each means are listed in `docs/real-worker.md` ("Metrics for
 //! Prometheus").
 
-use crate::node::MetricsLine;
+use crate::metrics::MetricsLine;
 use crate::tcp::TcpStats;
 use loco_core::ids::NodeId;
 use loco_core::mesh::MeshState;

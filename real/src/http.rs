@@ -40,6 +40,24 @@ const EVENT_STREAM: &str = "text/event-stream";
 /// The live page's path for its events.
 pub const EVENTS_PATH: &str = "/events";
 
+/// The environment variable holding the token asked of HTTP requests beyond loopback.
+pub const TOKEN_ENV: &str = "LOCO_HTTP_TOKEN";
+
+/// The token a server on `addr` asks for: none on loopback; beyond it [`TOKEN_ENV`]'s, or a
+/// fresh random one (which the caller prints with the server's address).
+pub fn token_for(addr: SocketAddr) -> Option<String> {
+    if addr.ip().is_loopback() {
+        return None;
+    }
+    match std::env::var(TOKEN_ENV) {
+        Ok(t) if !t.is_empty() => Some(t),
+        _ => {
+            let bytes: [u8; 16] = rand::random();
+            Some(bytes.iter().map(|b| format!("{b:02x}")).collect())
+        }
+    }
+}
+
 /// A live page: the page itself, and the latest message for its event stream (one JSON text per
 /// update; the stream ends when the sender is dropped).
 #[derive(Clone, Debug)]

@@ -15,6 +15,7 @@ pub mod exporter;
 pub mod http;
 pub mod inner;
 pub mod launch;
+pub mod metrics;
 pub mod node;
 pub mod tcp;
 pub mod wan;

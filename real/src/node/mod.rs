@@ -20,11 +20,10 @@
 //! mesh without its state ends the process.
 
 mod jobs;
-mod metrics;
 mod options;
 mod record;
 
-pub use metrics::{CheckLine, MetricsError, MetricsFile, MetricsLine, peak_rss_bytes};
+pub use crate::metrics::{CheckLine, MetricsError, MetricsFile, MetricsLine, peak_rss_bytes};
 pub use options::{CheckpointPlan, Fault, WorkerOptions, hang_commands};
 
 use crate::checkpoint::{CheckpointError, Checkpointer};
