@@ -699,8 +699,16 @@ fn a_repeated_join_is_a_repeat_only_until_the_member_confirms_its_admission() {
     let drain = |c: &mut Coordinator| std::iter::from_fn(|| c.poll_action()).collect::<Vec<_>>();
     let n0 = NodeId(0);
     let n1 = NodeId(1);
-    c.handle_message(at(0), n0, MeshMsg::Join { incarnation: 4 });
-    c.handle_message(at(0), n1, MeshMsg::Join { incarnation: 9 });
+    c.handle_message(
+        at(0),
+        n0,
+        MeshMsg::Join { incarnation: 4, held: Some(loco_core::mesh::Held::default()) },
+    );
+    c.handle_message(
+        at(0),
+        n1,
+        MeshMsg::Join { incarnation: 9, held: Some(loco_core::mesh::Held::default()) },
+    );
     let a = drain(&mut c);
     let view = |to, incarnation| CoordinatorAction::Send {
         to,
@@ -708,7 +716,11 @@ fn a_repeated_join_is_a_repeat_only_until_the_member_confirms_its_admission() {
     };
     assert!(a.contains(&view(n0, 4)) && a.contains(&view(n1, 9)), "{a:?}");
     // The join repeated with the heartbeats crosses the view: a repeat, answered again.
-    c.handle_message(at(1), n0, MeshMsg::Join { incarnation: 4 });
+    c.handle_message(
+        at(1),
+        n0,
+        MeshMsg::Join { incarnation: 4, held: Some(loco_core::mesh::Held::default()) },
+    );
     let a = drain(&mut c);
     assert!(a.contains(&view(n0, 4)), "{a:?}");
     assert_eq!(c.epoch(), Epoch(1));
@@ -724,7 +736,11 @@ fn a_repeated_join_is_a_repeat_only_until_the_member_confirms_its_admission() {
     assert!(c.state().members[&n0].confirmed);
     drain(&mut c);
     // Now the same incarnation joining again is a restarted process.
-    c.handle_message(at(3), n0, MeshMsg::Join { incarnation: 4 });
+    c.handle_message(
+        at(3),
+        n0,
+        MeshMsg::Join { incarnation: 4, held: Some(loco_core::mesh::Held::default()) },
+    );
     let a = drain(&mut c);
     let reason = EvictReason::IncarnationReused;
     assert!(a.contains(&CoordinatorAction::Send { to: n0, msg: MeshMsg::Evicted { reason } }));
@@ -741,12 +757,20 @@ fn a_repeated_join_is_a_repeat_only_until_the_member_confirms_its_admission() {
     });
     assert_eq!(formed, Some(vec![(n0, EvictReason::Restarted)]));
     // It stays refused; a new incarnation is queued.
-    c.handle_message(at(4), n0, MeshMsg::Join { incarnation: 4 });
+    c.handle_message(
+        at(4),
+        n0,
+        MeshMsg::Join { incarnation: 4, held: Some(loco_core::mesh::Held::default()) },
+    );
     assert!(
         drain(&mut c)
             .contains(&CoordinatorAction::Send { to: n0, msg: MeshMsg::Evicted { reason } })
     );
-    c.handle_message(at(5), n0, MeshMsg::Join { incarnation: 5 });
+    c.handle_message(
+        at(5),
+        n0,
+        MeshMsg::Join { incarnation: 5, held: Some(loco_core::mesh::Held::default()) },
+    );
     assert!(c.state().is_queued(n0));
 }
 
@@ -767,9 +791,21 @@ fn a_joiner_that_missed_its_admission_is_not_admitted_as_a_founding_member() {
     let mut c = Coordinator::new(cfg);
     let drain = |c: &mut Coordinator| std::iter::from_fn(|| c.poll_action()).collect::<Vec<_>>();
     let (n0, n1, n5) = (NodeId(0), NodeId(1), NodeId(5));
-    c.handle_message(at(0), n0, MeshMsg::Join { incarnation: 0 });
-    c.handle_message(at(0), n1, MeshMsg::Join { incarnation: 0 });
-    c.handle_message(at(1), n5, MeshMsg::Join { incarnation: 0 });
+    c.handle_message(
+        at(0),
+        n0,
+        MeshMsg::Join { incarnation: 0, held: Some(loco_core::mesh::Held::default()) },
+    );
+    c.handle_message(
+        at(0),
+        n1,
+        MeshMsg::Join { incarnation: 0, held: Some(loco_core::mesh::Held::default()) },
+    );
+    c.handle_message(
+        at(1),
+        n5,
+        MeshMsg::Join { incarnation: 0, held: Some(loco_core::mesh::Held::default()) },
+    );
     let computing = |k| MemberPhase::Computing { outer_step: k };
     let beat =
         |epoch, phase| MeshMsg::Heartbeat { seq: 0, epoch, phase, synced: true, withheld: None };

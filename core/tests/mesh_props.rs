@@ -60,7 +60,11 @@ fn apply(c: &mut Coordinator, now: &mut Time, ev: &Ev, admitted: &mut BTreeSet<(
     };
     let from = |n: u32| NodeId(n);
     match *ev {
-        Ev::Join(n, inc) => c.handle_message(*now, from(n), MeshMsg::Join { incarnation: inc }),
+        Ev::Join(n, inc) => c.handle_message(
+            *now,
+            from(n),
+            MeshMsg::Join { incarnation: inc, held: Some(loco_core::mesh::Held::default()) },
+        ),
         Ev::Heartbeat(n, p) => {
             let phase = match p {
                 0 => MemberPhase::Joining,

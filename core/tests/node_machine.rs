@@ -1054,3 +1054,49 @@ fn a_coordinator_pause_shorter_than_rejoin_for_at_any_phase_of_the_heartbeats_ev
         }
     }
 }
+
+/// The members of each epoch the coordinator formed, in order.
+fn epochs(net: &NodeNet) -> Vec<Vec<NodeId>> {
+    net.record()
+        .iter()
+        .filter_map(|r| match &r.what {
+            Seen::Mesh(MeshEvent::EpochFormed { members, .. }) => Some(members.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A coordinator restarted among nodes that hold different states founds the new mesh on the
+/// state most of them hold at the highest step; the others receive it. Here node 2 is a fresh
+/// process (the initial weights) and node 3 was still receiving the state when the coordinator
+/// went: both join the new mesh with the survivors' weights, and every replica stays identical.
+#[test]
+fn a_restarted_coordinator_founds_the_mesh_on_the_newest_state_and_replicas_stay_identical() {
+    let mut net = formed(MeshConfig::default(), 3);
+    net.run_for(secs(200)).unwrap();
+    let before = net.coordinator().unwrap().outer_step();
+    assert!(before >= 3, "steps committed before the restart: {before}");
+    // Node 3 joins over a slow link: it is receiving the state when the coordinator goes.
+    for from in 0..3 {
+        net.set_bandwidth(NodeId(from), NodeId(3), 2_000.0);
+    }
+    net.add(NodeId(3));
+    let deadline = net.now() + secs(600);
+    let fetching = |n: &NodeNet| n.node(NodeId(3)).is_some_and(|n| n.recovery_progress().is_some());
+    assert!(net.run_until_cond(deadline, fetching).unwrap(), "node 3 receives the state");
+    net.crash(NodeId(2));
+    net.restart_coordinator();
+    net.add(NodeId(2));
+    for from in 0..3 {
+        net.set_bandwidth(NodeId(from), NodeId(3), 1e9);
+    }
+    net.run_for(secs(600)).unwrap();
+    assert_clean(&net);
+    let c = net.coordinator().unwrap();
+    assert!(c.outer_step() > before + 2, "the new mesh went on from step {before}");
+    let founded = epochs(&net).into_iter().find(|m| !m.contains(&NodeId(2))).unwrap();
+    assert_eq!(founded, vec![NodeId(0), NodeId(1)], "founded on the survivors' state");
+    assert_eq!(c.members().len(), 4, "the others joined and received the state");
+    let last = *net.hashes().keys().last().unwrap();
+    assert_eq!(net.hashes()[&last].len(), 4, "every node's weights after step {last}");
+}

@@ -233,7 +233,14 @@ fn run_joiner(
         assembly.lend(outer, momentum);
         let (start, cpu0) = (crate::clock::now(), cpu_seconds());
         for &s in senders {
-            t.send(s, signal(MeshMsg::Join { incarnation: 0 })).await?;
+            t.send(
+                s,
+                signal(MeshMsg::Join {
+                    incarnation: 0,
+                    held: Some(loco_core::mesh::Held::default()),
+                }),
+            )
+            .await?;
         }
         let mut bytes = 0u64;
         let received = loop {

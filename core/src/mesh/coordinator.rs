@@ -9,7 +9,7 @@ use super::member::MemberPhase;
 use super::probe::ProbePlan;
 use super::state::{Joiner, MemberInfo, MeshState, Outcome, Phase};
 use super::timer::TimerTable;
-use super::{EvictReason, MeshConfig, MeshMsg, ProbeResult};
+use super::{EvictReason, Held, MeshConfig, MeshMsg, ProbeResult};
 use crate::ids::{Epoch, NodeId, Weight};
 use crate::time::Time;
 use std::collections::VecDeque;
@@ -387,7 +387,7 @@ impl Coordinator {
         self.seen(now, from, &msg);
         let is_member = self.state.members.contains_key(&from);
         match msg {
-            MeshMsg::Join { incarnation } => self.on_join(now, from, incarnation),
+            MeshMsg::Join { incarnation, held } => self.on_join(now, from, incarnation, held),
             MeshMsg::Heartbeat { epoch, phase, synced, withheld, .. } => {
                 if is_member || self.state.is_queued(from) {
                     self.send(from, MeshMsg::HeartbeatAck);
@@ -694,7 +694,7 @@ impl Coordinator {
     }
 
     /// A `Join`. From a current member, see the rule in the [module documentation](super).
-    fn on_join(&mut self, now: Time, from: NodeId, incarnation: u64) {
+    fn on_join(&mut self, now: Time, from: NodeId, incarnation: u64, held: Option<Held>) {
         if let Some(m) = self.state.members.get_mut(&from) {
             if m.incarnation == incarnation && !m.confirmed {
                 // A repeat that crossed its admission (or a process that restarted before it
@@ -719,12 +719,19 @@ impl Coordinator {
                 j.incarnation = incarnation;
                 j.queued_at = now;
             }
+            j.held = held;
             let position = self.state.queue.iter().position(|j| j.id == from).unwrap_or(0);
             self.send(from, MeshMsg::Queued { position: position as u32 });
             return;
         }
         let position = self.state.queue.len() as u32;
-        self.state.queue.push(Joiner { id: from, incarnation, queued_at: now, last_seen: now });
+        self.state.queue.push(Joiner {
+            id: from,
+            incarnation,
+            queued_at: now,
+            last_seen: now,
+            held,
+        });
         self.send(from, MeshMsg::Queued { position });
         self.event(MeshEvent::JoinQueued { node: from, incarnation, position });
     }
@@ -854,6 +861,13 @@ impl Coordinator {
         }
         self.state.epoch = p.epoch;
         self.evict(&p.evicted);
+        if forming {
+            // The founders hold the state at this step (or the coordinator's count, resumed, is
+            // ahead of theirs): the mesh goes on from there.
+            let top = p.admitted.iter().filter_map(|id| self.state.joiner(*id)?.held);
+            let top = top.map(|h| h.outer_step).max().unwrap_or(0);
+            self.state.outer_step = self.state.outer_step.max(top);
+        }
         let step = self.state.outer_step;
         for &id in &p.admitted {
             let Some(pos) = self.state.queue.iter().position(|j| j.id == id) else { continue };

@@ -129,6 +129,11 @@ pub enum Reason {
         /// `min_members`.
         need: usize,
     },
+    /// No epoch yet: none of the live joiners holds a training state to found the mesh on.
+    NoStateHolder {
+        /// Live joiners queued.
+        joined: usize,
+    },
     /// No epoch yet: the join window after the first join is still open.
     JoinWindow {
         /// When it closes.
@@ -182,6 +187,9 @@ impl fmt::Display for Reason {
             Reason::NoJoiners => write!(f, "no joiners"),
             Reason::TooFewJoiners { joined, need } => {
                 write!(f, "forming: {joined} of {need} joiners")
+            }
+            Reason::NoStateHolder { joined } => {
+                write!(f, "forming: none of the {joined} joiners holds the training state")
             }
             Reason::JoinWindow { until } => write!(f, "forming: join window open until {until}"),
             Reason::Barrier { outer_step, arrived, of, deadline } => {
@@ -593,10 +601,29 @@ fn form(now: Time, s: &MeshState, cfg: &MeshConfig) -> Decision {
     if now < until {
         return Decision::Wait(Reason::JoinWindow { until });
     }
-    let admitted: Vec<NodeId> = live.iter().map(|j| j.id).collect();
+    let admitted = founders(&live);
+    if admitted.is_empty() {
+        return Decision::Wait(Reason::NoStateHolder { joined: live.len() });
+    }
     let mut members = admitted.clone();
     members.sort();
     plan(s, members, admitted, Vec::new(), Then::Compute)
+}
+
+/// The joiners a mesh is founded on: of those that hold a state, the ones at the highest outer
+/// step, and of those the largest group with one digest (on a tie, a known digest before an
+/// unknown one, then the smaller digest). The others fetch the state once the mesh runs.
+pub(super) fn founders(joiners: &[&Joiner]) -> Vec<NodeId> {
+    let holding = || joiners.iter().filter_map(|j| Some((j.id, j.held?)));
+    let Some(top) = holding().map(|(_, h)| h.outer_step).max() else { return Vec::new() };
+    let mut groups: std::collections::BTreeMap<_, Vec<NodeId>> = Default::default();
+    for (id, h) in holding().filter(|(_, h)| h.outer_step == top) {
+        groups.entry(h.digest).or_default().push(id);
+    }
+    let best = groups
+        .into_iter()
+        .min_by_key(|(digest, ids)| (std::cmp::Reverse(ids.len()), digest.is_none(), *digest));
+    best.map(|(_, ids)| ids).unwrap_or_default()
 }
 
 /// The boundary of the current step: every member arrived or the rest is evicted. Admits all

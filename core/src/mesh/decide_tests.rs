@@ -41,7 +41,13 @@ fn arrive(s: &mut MeshState, ids: &[u32], at: Time) {
 }
 
 fn queue(s: &mut MeshState, id: u32, at: Time) {
-    s.queue.push(Joiner { id: NodeId(id), incarnation: 0, queued_at: at, last_seen: at });
+    s.queue.push(Joiner {
+        id: NodeId(id),
+        incarnation: 0,
+        queued_at: at,
+        last_seen: at,
+        held: Some(crate::mesh::Held::default()),
+    });
 }
 
 fn reducing(ids: &[u32], seen: Time, attempt: u32) -> MeshState {
@@ -75,6 +81,44 @@ fn forming_waits_for_min_members_and_the_window() {
     assert_eq!(p.members, n(&[0, 1]));
     assert_eq!(p.admitted, n(&[1, 0]));
     assert_eq!(p.then, Then::Compute);
+}
+
+/// The founders of a mesh: the joiners at the highest step holding a state, the largest group
+/// with one digest among them; a joiner without a state, or behind, or in the smaller group,
+/// stays queued; a queue where nobody holds a state waits.
+#[test]
+fn a_mesh_is_founded_on_the_state_most_joiners_hold_at_the_highest_step() {
+    use crate::digest::WeightsDigest;
+    use crate::mesh::Held;
+    let c = MeshConfig { min_members: 1, join_window: secs(0), ..cfg() };
+    let d = |b: u8| Some(WeightsDigest::from_bytes([b; 8]));
+    let at = |outer_step, digest| Some(Held { outer_step, digest });
+    let mut s = MeshState::default();
+    let holds = [
+        (0, at(7, d(1))), // the majority's digest at the highest step
+        (1, at(7, d(2))), // another digest at that step
+        (2, at(7, d(1))),
+        (3, at(5, d(1))), // behind
+        (4, None),        // was receiving the state
+        (5, at(7, None)), // that step, digest unknown
+    ];
+    for (id, held) in holds {
+        queue(&mut s, id, t(0));
+        s.queue.last_mut().unwrap().held = held;
+    }
+    let p = expect_epoch(decide(t(0), &s, &c));
+    assert_eq!(p.admitted, n(&[0, 2]));
+    assert_eq!(p.members, n(&[0, 2]));
+    // A tie between groups goes to a known digest, then to the smaller one.
+    s.queue.retain(|j| [1, 2, 5].contains(&j.id.0));
+    assert_eq!(expect_epoch(decide(t(0), &s, &c)).admitted, n(&[2]));
+    s.queue.retain(|j| j.id.0 != 2);
+    assert_eq!(expect_epoch(decide(t(0), &s, &c)).admitted, n(&[1]));
+    // Nobody holds a state: nothing to found a mesh on.
+    for j in &mut s.queue {
+        j.held = None;
+    }
+    assert_eq!(decide(t(0), &s, &c), Decision::Wait(Reason::NoStateHolder { joined: 2 }));
 }
 
 #[test]

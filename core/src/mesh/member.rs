@@ -5,7 +5,7 @@
 
 use super::probe::{ProbeOut, Prober};
 use super::timer::{TimerKind, TimerTable};
-use super::{EvictReason, LeaveReason, MeshConfig, MeshError, MeshMsg, Transfer, op_id};
+use super::{EvictReason, Held, LeaveReason, MeshConfig, MeshError, MeshMsg, Transfer, op_id};
 use crate::ids::{Epoch, NodeId, Weight};
 use crate::time::Time;
 use serde::{Deserialize, Serialize};
@@ -325,6 +325,8 @@ pub struct Member {
     members: Vec<NodeId>,
     queued: bool,
     synced: bool,
+    /// The state the node holds, told in its `Join` ([`Member::set_held`]).
+    held: Option<Held>,
     collective: Option<(Epoch, u64)>,
     heard: Time,
     /// The coordinator has been silent for `coordinator_timeout`: this member said so
@@ -359,6 +361,8 @@ impl Member {
             members: Vec::new(),
             queued: false,
             synced: false,
+            // A new process holds the initial weights until told otherwise.
+            held: Some(Held::default()),
             collective: None,
             heard: Time::ZERO,
             orphaned: false,
@@ -454,10 +458,26 @@ impl Member {
         self.phase = MemberPhase::Joining;
         self.heard = now;
         self.awake = now;
-        self.send_coordinator(MeshMsg::Join { incarnation: self.incarnation });
+        self.send_join();
         self.timers.set(MemberTimer::Heartbeat, now + self.cfg.heartbeat_interval);
         self.timers.set(MemberTimer::CoordinatorDeadline, now + self.cfg.coordinator_timeout);
         Ok(())
+    }
+
+    /// Says which training state the node holds (see [`Held`]): sent with the `Join`, and sent
+    /// again if it changes while the node waits in the queue.
+    pub fn set_held(&mut self, held: Option<Held>) {
+        if self.held == held {
+            return;
+        }
+        self.held = held;
+        if self.phase == MemberPhase::Joining && self.queued {
+            self.send_join();
+        }
+    }
+
+    fn send_join(&mut self) {
+        self.send_coordinator(MeshMsg::Join { incarnation: self.incarnation, held: self.held });
     }
 
     /// Leaves now: sends the deathrattle and stops. For a graceful exit, a panic hook or a
@@ -582,7 +602,7 @@ impl Member {
             match t {
                 MemberTimer::Heartbeat => {
                     if self.phase == MemberPhase::Joining && !self.queued {
-                        self.send_coordinator(MeshMsg::Join { incarnation: self.incarnation });
+                        self.send_join();
                     } else {
                         self.send_heartbeat();
                     }

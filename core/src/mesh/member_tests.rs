@@ -77,7 +77,7 @@ fn join_then_view_admits_and_computes() {
         drain(&mut m),
         vec![MemberAction::Send {
             to: NodeId::COORDINATOR,
-            msg: MeshMsg::Join { incarnation: 0 },
+            msg: MeshMsg::Join { incarnation: 0, held: Some(crate::mesh::Held::default()) },
             padding: 0
         }]
     );
@@ -99,6 +99,33 @@ fn join_then_view_admits_and_computes() {
     assert_eq!(m.epoch(), Some(Epoch(1)));
 }
 
+/// A queued joiner whose state changes (a commit's job came back after its join left) says so
+/// with its join again; an unchanged state sends nothing, and a member's is kept for its next
+/// join.
+#[test]
+fn a_queued_joiner_tells_a_changed_state_once() {
+    use crate::mesh::Held;
+    let mut m = Member::new(NodeId(1), 3, MeshConfig::default(), 1);
+    m.set_held(None);
+    m.join(t(0)).unwrap();
+    let sent = drain(&mut m);
+    assert!(matches!(sent[..], [MemberAction::Send { msg: MeshMsg::Join { held: None, .. }, .. }]));
+    m.handle_message(t(0), NodeId::COORDINATOR, MeshMsg::Queued { position: 0 });
+    drain(&mut m);
+    let held = Some(Held { outer_step: 4, digest: None });
+    m.set_held(held);
+    let sent = drain(&mut m);
+    assert!(
+        matches!(&sent[..], [MemberAction::Send { msg: MeshMsg::Join { held: h, incarnation: 3 }, .. }] if *h == held),
+        "{sent:?}"
+    );
+    m.set_held(held);
+    assert!(drain(&mut m).is_empty(), "unchanged: nothing sent");
+    let mut member = joined(2);
+    member.set_held(None);
+    assert!(drain(&mut member).is_empty(), "a member sends no join");
+}
+
 #[test]
 fn heartbeats_repeat_join_until_queued_then_beat() {
     let cfg = MeshConfig::default();
@@ -112,7 +139,13 @@ fn heartbeats_repeat_join_until_queued_then_beat() {
     m.handle_timeout(due);
     assert!(matches!(
         drain(&mut m)[..],
-        [MemberAction::Send { msg: MeshMsg::Join { incarnation: 7 }, .. }]
+        [MemberAction::Send {
+            msg: MeshMsg::Join {
+                incarnation: 7,
+                held: Some(crate::mesh::Held { outer_step: 0, digest: None })
+            },
+            ..
+        }]
     ));
     m.handle_message(due, NodeId::COORDINATOR, MeshMsg::Queued { position: 0 });
     let due = m.poll_timeout().unwrap();

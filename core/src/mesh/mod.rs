@@ -21,9 +21,16 @@
 //! And only over time it ran and heard: a silence while it heard nobody at all (its uplink
 //! down), or while it was not running (a paused VM), is its own and evicts nobody.
 //!
-//! **Join.** A node sends `Join { incarnation }` (repeated with its heartbeats until answered);
-//! the coordinator queues it (`Queued`). Before the first epoch, the queued joiners form it once
+//! **Join.** A node sends `Join { incarnation, held }` (repeated with its heartbeats until
+//! answered, and again when the state it holds changes while it waits); the coordinator queues
+//! it (`Queued`). Before the first epoch, the queued joiners form it once
 //! [`MeshConfig::min_members`] are queued and [`MeshConfig::join_window`] has passed (`View`).
+//! The founders are the joiners that hold the state at the highest outer step among the queue,
+//! and of those the largest group with one digest ([`Held`]); the mesh starts at that step. The
+//! other joiners stay queued and fetch the state at the first boundary, as any joiner does. So
+//! a coordinator restarted among members holding different states (one that missed a commit, a
+//! joiner that was still receiving the state, a fresh process) cannot found replicas that
+//! differ. If no joiner holds a state, the mesh waits for one that does.
 //! Afterwards joiners are admitted only at an outer-step boundary, all queued ones at once, each
 //! once; a joiner that arrives while a boundary is being processed waits for the next one.
 //!
@@ -228,6 +235,19 @@ pub struct ProbeResult {
     pub bytes_per_sec: f64,
 }
 
+/// The training state a joining node holds: a fresh process holds the initial weights (step
+/// 0), a resumed one its checkpoint's, a member that lost its coordinator the state it had
+/// committed. A node whose state is not a whole replicated one (a joiner that was still
+/// receiving it, or never had it) holds none and says `None`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Held {
+    /// The outer steps applied to it (committed or skipped): the next step it computes.
+    pub outer_step: u64,
+    /// The digest of its outer weights, where the node has it (after a commit); `None` for the
+    /// initial or a resumed state, which nodes at step 0 or a checked resume step share.
+    pub digest: Option<crate::digest::WeightsDigest>,
+}
+
 /// A control-plane message of the mesh protocol (the header of a
 /// [`Frame`](crate::transport::Frame) with `Header::Mesh`).
 /// Only `Probe` has a body (padding whose length is measured).
@@ -239,6 +259,11 @@ pub enum MeshMsg {
         /// Distinguishes restarts of the same node id: a join with a new incarnation from a
         /// member evicts the old process.
         incarnation: u64,
+        /// The training state the node holds, if any: a mesh that forms (a restarted
+        /// coordinator's included) founds itself only on the states most joiners share at the
+        /// highest step ([`Held`]). Sent again, with the same incarnation, when it changes
+        /// while queued.
+        held: Option<Held>,
     },
     /// "I am alive", and where the sender is. Judged by the coordinator's own receive time;
     /// carries no clock. The state lets the coordinator repair a lost message: it records a

@@ -74,6 +74,8 @@ pub struct Joiner {
     pub queued_at: Time,
     /// When the coordinator last heard from it.
     pub last_seen: Time,
+    /// The state it holds (its latest `Join`'s).
+    pub held: Option<super::Held>,
 }
 
 /// Where the mesh is in its cycle.
@@ -187,5 +189,10 @@ impl MeshState {
     /// Whether `id` is queued.
     pub fn is_queued(&self, id: NodeId) -> bool {
         self.queue.iter().any(|j| j.id == id)
+    }
+
+    /// The queued joiner `id`.
+    pub fn joiner(&self, id: NodeId) -> Option<&Joiner> {
+        self.queue.iter().find(|j| j.id == id)
     }
 }

@@ -334,6 +334,14 @@ impl NodeNet {
         self.note(NodeId::COORDINATOR, Seen::Fault("crash".into()));
     }
 
+    /// The coordinator's process is replaced by a new one that knows nothing (an operator
+    /// restarted it, or a standby took its address): the members find they are not members and
+    /// join again, each telling which state it holds.
+    pub fn restart_coordinator(&mut self) {
+        self.coordinator = Some(Coordinator::new(self.mesh.clone()));
+        self.note(NodeId::COORDINATOR, Seen::Fault("restart".into()));
+    }
+
     /// The node leaves with its deathrattle.
     pub fn leave(&mut self, id: NodeId) {
         let now = self.now;

@@ -287,6 +287,12 @@ pub struct Node {
     closing: Option<Closing>,
     /// The digest of the outer weights after the last commit (overlap rows close before it).
     last_digest: Option<WeightsDigest>,
+    /// Whether the outer state is a whole replicated state (the initial weights, a resumed
+    /// checkpoint, or the state of a synced member), told to the mesh when joining
+    /// ([`crate::mesh::Held`]); not once admitted until synced, nor while receiving a state.
+    holds: bool,
+    /// The digest of the outer weights after the commit that brought them to that step.
+    held_digest: Option<(u64, WeightsDigest)>,
     /// A verified state that came back while the outer state was lent: taken on its return.
     verified: Option<Verified>,
     early: EarlyPieces,
@@ -331,6 +337,8 @@ impl Node {
             released_at: None,
             closing: None,
             last_digest: None,
+            holds: true,
+            held_digest: None,
             verified: None,
             early: EarlyPieces::default(),
             suspended: false,
@@ -389,11 +397,23 @@ impl Node {
         }
         self.outer = Some(outer);
         self.params_current = false;
+        self.holds = true;
+        self.held_digest = None;
         Ok(())
+    }
+
+    /// The training state this node holds, as its `Join` tells the mesh: `None` unless the
+    /// outer state is a whole replicated one and is not lent to a job.
+    pub fn held(&self) -> Option<crate::mesh::Held> {
+        let o = self.outer.as_ref().filter(|_| self.holds)?;
+        let outer_step = o.steps();
+        let digest = self.held_digest.filter(|(s, _)| *s == outer_step).map(|(_, d)| d);
+        Some(crate::mesh::Held { outer_step, digest })
     }
 
     /// Asks to join the mesh (once per incarnation).
     pub fn join(&mut self, now: Time) -> Result<(), MeshError> {
+        self.member.set_held(self.held());
         let r = self.member.join(now);
         self.pump(now);
         r
@@ -740,6 +760,8 @@ impl Node {
     /// Drains the member: sends go out at once; other actions wait while suspended or while
     /// the outer state is lent.
     fn pump(&mut self, now: Time) {
+        // A state that came back from a job or was received changes what a queued join says.
+        self.member.set_held(self.held());
         loop {
             if self.suspended || self.outer.is_none() {
                 while let Some(a) = self.member.poll_action() {
@@ -774,6 +796,8 @@ impl Node {
             MemberAction::Send { to, msg, padding } => self.send_mesh(to, msg, padding),
             MemberAction::Admitted { epoch, outer_step } => {
                 self.lost_logged = false;
+                // Not a replica of the mesh's state until it founds the mesh or receives it.
+                self.holds = false;
                 self.effects.push_back(Effect::Event(NodeEvent::Admitted { epoch, outer_step }));
                 self.just_admitted = true;
                 self.open_row(outer_step, now);

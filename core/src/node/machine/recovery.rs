@@ -158,6 +158,8 @@ impl Node {
     /// `FetchState`: a new fetch (the pieces that came before it are fed), or new senders for
     /// the one under way (one died: every piece already held is kept).
     pub(super) fn fetch_state(&mut self, epoch: Epoch, senders: Vec<NodeId>, now: Time) {
+        // The outer state's buffers go to the assembly: it holds no whole state until it ends.
+        self.holds = false;
         let (kept, refused) = match &mut self.fetch {
             Some(f) => {
                 let r = f.assembly.reassign(epoch, senders.clone());
@@ -324,9 +326,12 @@ impl Node {
             let _ = outer.put_pseudo_gradient(g);
         }
         let weights = self.real.then(|| crate::node::digest::weights_digest(outer.outer()));
+        let steps = outer.steps();
         *current = outer;
         self.set_params();
         self.synced = true;
+        self.holds = true;
+        self.held_digest = weights.map(|d| (steps, d));
         self.digest_ahead();
         let ev = NodeEvent::RecoveryDone {
             epoch: f.assembly.epoch(),

@@ -63,6 +63,7 @@ impl Node {
             // initial weights.
             self.just_admitted = false;
             self.synced = true;
+            self.holds = true;
         }
         if self.report_sync {
             self.report_sync = false;
@@ -224,6 +225,9 @@ impl Node {
             self.effects.push_back(Effect::Check(c));
         }
         self.last_digest = back.digest;
+        if let (Some(d), Some(o)) = (back.digest, &self.outer) {
+            self.held_digest = Some((o.steps(), d));
+        }
         if let Some(a) = self.step_row(outer_step) {
             a.set_epoch(epoch);
         }
@@ -270,6 +274,9 @@ impl Node {
         self.work = Work::Idle;
         self.released_at = None;
         self.log_result(outer_step, None);
+        if let (Some(d), Some(o)) = (back.digest, &self.outer) {
+            self.held_digest = Some((o.steps(), d));
+        }
         if let Some(a) = self.step_row(outer_step) {
             a.set_epoch(epoch);
             a.set_retries(attempts.saturating_sub(1));

@@ -39,7 +39,13 @@ fn restarts(net: &NodeNet, id: NodeId) -> usize {
 #[test]
 fn a_frame_belongs_to_the_phase_it_is_sent_in() {
     use crate::mesh::MeshMsg;
-    assert_eq!(fault_phase(&Header::Mesh(MeshMsg::Join { incarnation: 0 })), None);
+    assert_eq!(
+        fault_phase(&Header::Mesh(MeshMsg::Join {
+            incarnation: 0,
+            held: Some(crate::mesh::Held::default())
+        })),
+        None
+    );
 }
 
 #[test]
