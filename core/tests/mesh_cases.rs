@@ -842,3 +842,58 @@ fn a_joiner_that_missed_its_admission_is_not_admitted_as_a_founding_member() {
     assert_eq!(sent, ids(&[0]));
     assert!(!c.state().members[&n5].synced);
 }
+
+/// Bounded coordinator state: 40,000 ids that join (a flood of fake ids, or a planner's huge
+/// run) fill the queue up to `max_queue` and no further; the rest are told the queue is full,
+/// said once as an event. A boundary admits at most `max_admissions`, the longest queued first,
+/// and the next joins are queued again as places free.
+#[test]
+fn forty_thousand_joins_fill_the_queue_to_its_cap_and_admissions_are_capped_per_boundary() {
+    let cfg = MeshConfig {
+        min_members: 1,
+        join_window: Duration::ZERO,
+        heartbeat_timeout: secs(100_000), // nobody is silent here
+        ..MeshConfig::default()
+    };
+    let (max_queue, max_admissions) = (cfg.max_queue, cfg.max_admissions);
+    let mut c = Coordinator::new(cfg);
+    let held = Some(loco_core::mesh::Held::default());
+    let drain = |c: &mut Coordinator| std::iter::from_fn(|| c.poll_action()).collect::<Vec<_>>();
+    // The mesh forms with node 0 alone; then the flood.
+    c.handle_message(at(0), NodeId(0), MeshMsg::Join { incarnation: 0, held });
+    c.handle_timeout(at(0));
+    drain(&mut c);
+    assert_eq!(c.members(), vec![NodeId(0)]);
+    let mut full = 0;
+    let mut events = 0;
+    for i in 1..=40_000u32 {
+        c.handle_message(at(1), NodeId(i), MeshMsg::Join { incarnation: 0, held });
+        for a in drain(&mut c) {
+            match a {
+                CoordinatorAction::Send { msg: MeshMsg::QueueFull, .. } => full += 1,
+                CoordinatorAction::Event(MeshEvent::QueueFull { max }) => {
+                    assert_eq!(max, max_queue);
+                    events += 1;
+                }
+                _ => {}
+            }
+        }
+    }
+    assert_eq!(c.state().queue.len(), max_queue);
+    assert_eq!(full, 40_000 - max_queue, "every join beyond the cap is told");
+    assert_eq!(events, 1, "the queue filling is said once");
+    // Node 0 reaches the barrier: the boundary admits the first `max_admissions` joiners.
+    c.handle_message(at(70), NodeId(0), MeshMsg::Barrier { outer_step: 0, withheld: false });
+    let admitted: Vec<NodeId> = drain(&mut c)
+        .into_iter()
+        .find_map(|a| match a {
+            CoordinatorAction::Event(MeshEvent::EpochFormed { admitted, .. }) => Some(admitted),
+            _ => None,
+        })
+        .expect("a new epoch at the boundary");
+    assert_eq!(admitted, (1..=max_admissions as u32).map(NodeId).collect::<Vec<_>>());
+    assert_eq!(c.state().queue.len(), max_queue - max_admissions);
+    // Places freed: a join that was refused is queued now.
+    c.handle_message(at(71), NodeId(40_000), MeshMsg::Join { incarnation: 0, held });
+    assert!(c.state().is_queued(NodeId(40_000)));
+}

@@ -239,7 +239,9 @@ pub async fn run_coordinator(
                                 EventRow::new(at, EventKind::Stop).detail(detail),
                             ))?
                         }
-                        MeshEvent::JoinRefused { .. } => tracing::warn!("{ev}"),
+                        MeshEvent::JoinRefused { .. } | MeshEvent::QueueFull { .. } => {
+                            tracing::warn!("{ev}")
+                        }
                         MeshEvent::Shutdown => write(MetricsLine::Event(
                             EventRow::new(at, EventKind::Stop).detail(ev.to_string()),
                         ))?,

@@ -49,6 +49,8 @@ pub enum RingOrder {
 /// | `state_senders` | 1 | loco |
 /// | `state_resend_after` | 60 s | loco |
 /// | `ring_order` | measured | PRIME |
+/// | `max_queue` | 16384 | loco |
+/// | `max_admissions` | 1024 | loco |
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct MeshConfig {
     /// How often a member sends a heartbeat to the coordinator (default 2 s).
@@ -121,6 +123,16 @@ pub struct MeshConfig {
     /// How the ring of each all-reduce is ordered (default by measured bandwidth).
     #[serde(default)]
     pub ring_order: RingOrder,
+    /// At most this many joiners wait in the queue (default 16384); a join beyond it is told
+    /// the queue is full and sent again with the joiner's heartbeats. Bounds the coordinator's
+    /// memory and work per join whatever joins.
+    #[serde(default = "defaults::max_queue")]
+    pub max_queue: usize,
+    /// At most this many joiners are admitted at one outer-step boundary, the longest queued
+    /// first (default 1024); the rest wait for the next. The formation of the mesh admits every
+    /// founder.
+    #[serde(default = "defaults::max_admissions")]
+    pub max_admissions: usize,
 }
 
 mod defaults {
@@ -150,6 +162,12 @@ mod defaults {
     pub(super) fn rejoin_for() -> Duration {
         Duration::from_secs(36)
     }
+    pub(super) fn max_queue() -> usize {
+        16_384
+    }
+    pub(super) fn max_admissions() -> usize {
+        1024
+    }
     pub(super) fn compute_timeout() -> Duration {
         Duration::from_secs(4 * 3600)
     }
@@ -175,6 +193,8 @@ impl Default for MeshConfig {
             state_senders: defaults::state_senders(),
             compute_timeout: defaults::compute_timeout(),
             ring_order: RingOrder::Measured,
+            max_queue: defaults::max_queue(),
+            max_admissions: defaults::max_admissions(),
         }
     }
 }
@@ -247,6 +267,12 @@ impl MeshConfig {
         }
         if self.state_senders == 0 {
             return Err(MeshConfigError::Zero { field: "state_senders" });
+        }
+        if self.max_queue == 0 {
+            return Err(MeshConfigError::Zero { field: "max_queue" });
+        }
+        if self.max_admissions == 0 {
+            return Err(MeshConfigError::Zero { field: "max_admissions" });
         }
         if self.heartbeat_timeout <= self.heartbeat_interval {
             return Err(MeshConfigError::TimeoutBelowInterval {

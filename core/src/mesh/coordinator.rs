@@ -32,6 +32,12 @@ pub enum MeshEvent {
         /// Its position in the queue.
         position: u32,
     },
+    /// The queue of joiners reached [`MeshConfig::max_queue`]: joins beyond it are answered
+    /// `QueueFull` until a place frees (said once each time it fills).
+    QueueFull {
+        /// The cap.
+        max: usize,
+    },
     /// A queued joiner went silent or left before its admission.
     JoinerForgotten {
         /// The node.
@@ -142,6 +148,9 @@ impl fmt::Display for MeshEvent {
                 write!(f, "{node} queued to join (position {position})")
             }
             MeshEvent::JoinerForgotten { node } => write!(f, "joiner {node} forgotten"),
+            MeshEvent::QueueFull { max } => {
+                write!(f, "the join queue is full ({max} joiners): later joins wait")
+            }
             MeshEvent::JoinRefused { node, incarnation, reason } => {
                 write!(f, "join of {node} (incarnation {incarnation}) refused: {reason}")
             }
@@ -228,6 +237,8 @@ pub struct Coordinator {
     farewell: Option<MeshMsg>,
     /// When it last handled an input: the start of a gap in which it may not have been running.
     last_ran: Option<Time>,
+    /// The queue is full, said once ([`MeshEvent::QueueFull`]) until a join is queued again.
+    queue_full: bool,
 }
 
 impl Coordinator {
@@ -239,6 +250,7 @@ impl Coordinator {
             actions: VecDeque::new(),
             timers: TimerTable::new(),
             last_reason: None,
+            queue_full: false,
             probes: ProbePlan::default(),
             stopped: false,
             farewell: None,
@@ -443,6 +455,7 @@ impl Coordinator {
             // Messages meant for members or peers: not ours, ignore.
             MeshMsg::Queued { .. }
             | MeshMsg::HeartbeatAck
+            | MeshMsg::QueueFull
             | MeshMsg::View { .. }
             | MeshMsg::Sync { .. }
             | MeshMsg::Release { .. }
@@ -724,6 +737,15 @@ impl Coordinator {
             self.send(from, MeshMsg::Queued { position: position as u32 });
             return;
         }
+        if self.state.queue.len() >= self.cfg.max_queue {
+            if !self.queue_full {
+                self.queue_full = true;
+                self.event(MeshEvent::QueueFull { max: self.cfg.max_queue });
+            }
+            self.send(from, MeshMsg::QueueFull);
+            return;
+        }
+        self.queue_full = false;
         let position = self.state.queue.len() as u32;
         self.state.queue.push(Joiner {
             id: from,

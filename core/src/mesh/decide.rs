@@ -639,6 +639,7 @@ fn boundary(
         .iter()
         .map(|j| j.id)
         .filter(|id| !survivors.contains(id))
+        .take(cfg.max_admissions)
         .collect();
     if admitted.is_empty() && evicted.is_empty() {
         return Decision::Release(round(s, cfg, &survivors, 0, Vec::new()));

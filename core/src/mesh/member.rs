@@ -769,6 +769,8 @@ impl Member {
         self.timers.set(MemberTimer::CoordinatorDeadline, now + self.cfg.coordinator_timeout);
         match msg {
             MeshMsg::Queued { .. } => self.queued = true,
+            // Not queued: the join goes again with the next heartbeat.
+            MeshMsg::QueueFull => self.queued = false,
             MeshMsg::HeartbeatAck => {}
             MeshMsg::View { epoch, outer_step, members, incarnation } => {
                 self.on_view(epoch, outer_step, members, incarnation)

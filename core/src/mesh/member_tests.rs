@@ -126,6 +126,20 @@ fn a_queued_joiner_tells_a_changed_state_once() {
     assert!(drain(&mut member).is_empty(), "a member sends no join");
 }
 
+/// A joiner told the queue is full is not queued: its next heartbeat is its join again.
+#[test]
+fn a_joiner_told_the_queue_is_full_sends_its_join_again_with_the_next_heartbeat() {
+    let cfg = MeshConfig::default();
+    let mut m = Member::new(NodeId(1), 2, cfg.clone(), 1);
+    m.join(t(0)).unwrap();
+    drain(&mut m);
+    m.handle_message(t(0), NodeId::COORDINATOR, MeshMsg::QueueFull);
+    assert!(drain(&mut m).is_empty());
+    m.handle_timeout(t(0) + cfg.heartbeat_interval);
+    let sent = drain(&mut m);
+    assert!(matches!(sent[..], [MemberAction::Send { msg: MeshMsg::Join { .. }, .. }]), "{sent:?}");
+}
+
 #[test]
 fn heartbeats_repeat_join_until_queued_then_beat() {
     let cfg = MeshConfig::default();

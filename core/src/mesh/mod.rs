@@ -32,7 +32,10 @@
 //! joiner that was still receiving the state, a fresh process) cannot found replicas that
 //! differ. If no joiner holds a state, the mesh waits for one that does.
 //! Afterwards joiners are admitted only at an outer-step boundary, all queued ones at once, each
-//! once; a joiner that arrives while a boundary is being processed waits for the next one.
+//! once; a joiner that arrives while a boundary is being processed waits for the next one. At
+//! most [`MeshConfig::max_admissions`] are admitted at one boundary, the longest queued first;
+//! at most [`MeshConfig::max_queue`] wait in the queue: a join beyond it is answered
+//! `QueueFull`, and the joiner sends it again with its heartbeats.
 //!
 //! **Join from a current member.** Each (node, incarnation) is admitted at most once. A `Join`
 //! from a node that is a member:
@@ -326,6 +329,9 @@ pub enum MeshMsg {
     },
 
     // ---- coordinator -> member ----
+    /// The queue of joiners is full ([`MeshConfig::max_queue`]): the join is not queued. The
+    /// joiner keeps sending it with its heartbeats until a place frees.
+    QueueFull,
     /// The join is queued; admission happens at the next boundary.
     Queued {
         /// Position in the queue (0-based).

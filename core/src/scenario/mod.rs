@@ -106,6 +106,10 @@
 //! state_senders = 1            # default 1; peers sending the state to one joiner
 //! ring = "measured"            # default "measured" (by probed bandwidth); or "ids" (node-id
 //!                              # order: links all alike, the same sums run to run)
+//! max_queue = 16384            # default 16384; joiners waiting at most (a join beyond is told
+//!                              # the queue is full and sent again with the joiner's heartbeats)
+//! max_admissions = 1024        # default 1024; joiners admitted at one boundary at most, the
+//!                              # longest queued first (the formation admits every founder)
 //!
 //! [[regions]]                  # at least one
 //! name = "us"                  # required, unique

@@ -195,6 +195,8 @@ pub(crate) struct RawMesh {
     pub(crate) retry_backoff: Option<RawScalar>,
     pub(crate) state_senders: Option<u32>,
     pub(crate) ring: Option<String>,
+    pub(crate) max_queue: Option<u32>,
+    pub(crate) max_admissions: Option<u32>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]

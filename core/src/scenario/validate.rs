@@ -515,6 +515,8 @@ fn mesh(m: &RawMesh, regions: &[Region]) -> R<(MeshConfig, RegionId)> {
         // When not given, `validate` raises it to the nodes' compute.
         compute_timeout: opt_pos("compute_timeout", &m.compute_timeout, def.compute_timeout)?,
         ring_order,
+        max_queue: usize_at_least_one("max_queue", m.max_queue, def.max_queue)?,
+        max_admissions: usize_at_least_one("max_admissions", m.max_admissions, def.max_admissions)?,
     };
     // The mesh's own rules, for any this function does not check itself.
     config.validate().map_err(|e| conflict(&p, e.to_string()))?;
