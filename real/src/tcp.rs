@@ -36,9 +36,12 @@
 //! body in its header, which the joiner checks before it takes the piece: the checksum covers
 //! the header only, so that the transfer's bytes are hashed once at each end, not twice.
 //!
-//! A frame, once its first byte has arrived, must complete within [`TcpConfig::frame_timeout`];
-//! a connection may be idle for any time between frames (DiLoCo's rings are idle during inner
-//! steps). A corrupt frame (bad checksum, impossible length, undecodable header) is dropped,
+//! A frame's header, once its first byte has arrived, and then its body must each come within
+//! [`TcpConfig::frame_timeout`]; a connection may be idle for any time between frames (DiLoCo's
+//! rings are idle during inner steps). A body is read only once its share of the receive
+//! queue's byte budget is taken, and only up to its kind's limit (none for control messages, a
+//! probe's 64 MiB, [`TcpConfig::max_body`] for ring segments and state pieces). A message a
+//! peer does not take within the same limit fails the connection, with its queue. A corrupt frame (bad checksum, impossible length, undecodable header) is dropped,
 //! logged and counted, and its connection closed; the dialer reconnects on its next send.
 //!
 //! Size: one connection's life (dial, handshake, read, write, close) under one set of bounds;
@@ -47,6 +50,7 @@
 use admission::{Admission, Backoff, HELLO_TIMEOUT};
 pub use admission::{MAX_HANDSHAKES, raise_fd_limit};
 use loco_core::ids::NodeId;
+use loco_core::mesh::{MeshMsg, PROBE_MAX_BYTES};
 use loco_core::transport::{Body, Frame, Header, Transport, TransportError, pool};
 use std::collections::BTreeMap;
 use std::hash::Hasher;
@@ -105,7 +109,9 @@ pub struct TcpConfig {
     pub state_streams: usize,
     /// Limit for establishing a connection and its handshake (default 10 s).
     pub connect_timeout: Duration,
-    /// Limit for the rest of a frame once its first byte arrived (default 120 s).
+    /// Limit for the rest of a frame's header once its first byte arrived, for its body once
+    /// the receive queue has room for it, and for a peer to take one message this endpoint
+    /// writes (default 120 s).
     pub frame_timeout: Duration,
     /// The run's shared secret; when set, peers must prove they know it.
     pub secret: Option<Vec<u8>>,
@@ -722,7 +728,7 @@ impl Dialer {
                     let took = nanos(started.elapsed());
                     let _ =
                         dial_time.compare_exchange(0, took, Ordering::Relaxed, Ordering::Relaxed);
-                    return write_loop(to, stream, rx, failed, stats).await;
+                    return write_loop(to, stream, rx, failed, stats, cfg.frame_timeout).await;
                 }
                 Ok(Err(e @ TransportError::Unreachable(_))) => {
                     tracing::debug!(peer = %to, %addr, "dial failed: {e}");
@@ -769,7 +775,14 @@ impl Dialer {
     ) -> Result<mpsc::UnboundedSender<Outgoing>, TransportError> {
         let stream = dial(self.me, self.port, to, addr, &self.cfg, false).await?;
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(write_loop(to, stream, rx, failed.clone(), self.stats.clone()));
+        tokio::spawn(write_loop(
+            to,
+            stream,
+            rx,
+            failed.clone(),
+            self.stats.clone(),
+            self.cfg.frame_timeout,
+        ));
         Ok(tx)
     }
 }
@@ -1131,22 +1144,14 @@ async fn accept_handshake<S: AsyncRead + AsyncWrite + Send + Unpin + 'static>(
 
 async fn read_loop(from: NodeId, mut s: WireIn, ctx: &AcceptCtx, inbox: &mpsc::Sender<Inbound>) {
     loop {
-        match read_frame(&mut s, &ctx.cfg).await {
-            Ok(Some(Incoming::Frame(frame))) => {
+        match read_frame_charged(&mut s, &ctx.cfg, Some(&ctx.budget)).await {
+            Ok(Some((Incoming::Frame(frame), permit))) => {
                 ctx.stats.frames_received.fetch_add(1, Ordering::Relaxed);
-                // Its share of the byte budget (all of it for a body beyond the whole budget).
-                let want = inbox_permits(frame.body.len()).min(inbox_permits(ctx.cfg.inbox_bytes));
-                let permit = if frame.body.is_empty() {
-                    None
-                } else {
-                    let n = u32::try_from(want).unwrap_or(u32::MAX);
-                    ctx.budget.clone().acquire_many_owned(n).await.ok()
-                };
                 if inbox.send((from, frame, permit)).await.is_err() {
                     return; // this endpoint is gone
                 }
             }
-            Ok(Some(Incoming::Directory(entries))) => {
+            Ok(Some((Incoming::Directory(entries), _))) => {
                 // Only the coordinator tells a node where its peers listen: a member's directory
                 // could point the others' traffic anywhere.
                 if from != NodeId::COORDINATOR || ctx.me == NodeId::COORDINATOR {
@@ -1173,18 +1178,50 @@ async fn read_loop(from: NodeId, mut s: WireIn, ctx: &AcceptCtx, inbox: &mpsc::S
 }
 
 /// Reads one frame; `Ok(None)` when the peer closed the connection between frames.
+#[cfg(any(test, feature = "fuzzing"))]
 async fn read_frame<R: AsyncRead + Unpin>(
     s: &mut R,
     cfg: &TcpConfig,
 ) -> Result<Option<Incoming>, String> {
+    Ok(read_frame_charged(s, cfg, None).await?.map(|(i, _)| i))
+}
+
+/// The largest body a frame with `header` may carry: none for control messages but a probe's
+/// padding, at most [`PROBE_MAX_BYTES`] for that, [`TcpConfig::max_body`] for ring segments and
+/// state pieces. Checked before the body is read.
+fn body_limit(header: &Header, cfg: &TcpConfig) -> u64 {
+    match header {
+        Header::Mesh(MeshMsg::Probe { .. }) => PROBE_MAX_BYTES.min(cfg.max_body),
+        Header::Mesh(_) | Header::StateAsk(_) => 0,
+        Header::Collective(_) | Header::State(_) => cfg.max_body,
+    }
+}
+
+/// What a frame's parts read before its body tell.
+struct Head {
+    kind: u8,
+    blen: u64,
+    header: Vec<u8>,
+}
+
+/// Reads one frame as [`read_frame`] does, and with a `budget` takes the body's share of it
+/// before reading the body (all of it for a body beyond the whole budget): a connection whose
+/// body does not fit waits, unread, until the node takes frames, so that the bodies held in
+/// memory, read or being read, never exceed the budget. The header is read and its body's
+/// limit for its kind checked first ([`body_limit`]).
+async fn read_frame_charged<R: AsyncRead + Unpin>(
+    s: &mut R,
+    cfg: &TcpConfig,
+    budget: Option<&Arc<tokio::sync::Semaphore>>,
+) -> Result<Option<(Incoming, Option<tokio::sync::OwnedSemaphorePermit>)>, String> {
     let mut prefix = [0u8; PREFIX_LEN];
     // Idle for as long as the peer likes before the first byte ...
     let n = s.read(&mut prefix[..1]).await.map_err(|e| e.to_string())?;
     if n == 0 {
         return Ok(None);
     }
-    // ... then the frame must complete in time.
-    let rest = async {
+    // ... then the header must come in time ...
+    let head = async {
         s.read_exact(&mut prefix[1..]).await.map_err(|e| e.to_string())?;
         let kind = prefix[0];
         let hlen = u32::from_le_bytes(prefix[1..5].try_into().expect("4 bytes"));
@@ -1192,9 +1229,6 @@ async fn read_frame<R: AsyncRead + Unpin>(
         if !matches!(kind, KIND_FRAME | KIND_DIRECTORY | KIND_STATE) {
             return Err(format!("unknown frame kind {kind}"));
         }
-        // A state piece's body is checked against its digest by its taker, not here.
-        let (sum_body, chunk) =
-            if kind == KIND_STATE { (false, STATE_CHUNK as u64) } else { (true, PIECE as u64) };
         if hlen == 0 || hlen > MAX_HEADER {
             return Err(format!("header length {hlen}"));
         }
@@ -1203,6 +1237,34 @@ async fn read_frame<R: AsyncRead + Unpin>(
         }
         let mut header = vec![0u8; hlen as usize];
         s.read_exact(&mut header).await.map_err(|e| e.to_string())?;
+        Ok(Head { kind, blen, header })
+    };
+    let Head { kind, blen, header } = within(cfg, head).await?;
+    // The kind's limit, from the header (checksummed with the body: checked again below).
+    let decoded = match kind {
+        KIND_DIRECTORY => None,
+        _ => Some(
+            postcard::from_bytes::<Header>(&header)
+                .map_err(|e| format!("undecodable header: {e}"))?,
+        ),
+    };
+    let limit = decoded.as_ref().map_or(0, |h| body_limit(h, cfg));
+    if blen > limit {
+        return Err(format!("body length {blen} above the limit {limit} for its kind"));
+    }
+    let permit = match budget {
+        Some(b) if blen > 0 => {
+            let whole = inbox_permits(cfg.inbox_bytes);
+            let n = u32::try_from(inbox_permits(blen).min(whole)).unwrap_or(u32::MAX);
+            Some(b.clone().acquire_many_owned(n).await.map_err(|e| e.to_string())?)
+        }
+        _ => None,
+    };
+    // ... and the body once there is room for it.
+    let rest = async {
+        // A state piece's body is checked against its digest by its taker, not here.
+        let (sum_body, chunk) =
+            if kind == KIND_STATE { (false, STATE_CHUNK as u64) } else { (true, PIECE as u64) };
         // Read into uninitialised capacity (no zeroing of large bodies), of a recycled buffer
         // (no fresh pages for the kernel to zero either).
         let mut body = pool::with_capacity(blen.min(BODY_RESERVE) as usize);
@@ -1230,24 +1292,32 @@ async fn read_frame<R: AsyncRead + Unpin>(
         if h.finish() != u64::from_le_bytes(sum) {
             return Err("checksum mismatch".into());
         }
-        if kind == KIND_DIRECTORY {
-            let entries: Vec<(u32, String)> =
-                postcard::from_bytes(&header).map_err(|e| format!("undecodable directory: {e}"))?;
-            let entries = entries
-                .into_iter()
-                .map(|(id, a)| Ok((NodeId(id), a.parse().map_err(|_| format!("bad address {a}"))?)))
-                .collect::<Result<Vec<_>, String>>()?;
-            return Ok(Incoming::Directory(entries));
-        }
-        let header: Header =
-            postcard::from_bytes(&header).map_err(|e| format!("undecodable header: {e}"))?;
-        if kind == KIND_STATE && !matches!(header, Header::State(_)) {
-            return Err("a body without a checksum that is not a state piece".into());
-        }
-        Ok(Incoming::Frame(Frame { header, body: Body::Bytes(pool::freeze(body)) }))
+        Ok(body)
     };
-    match tokio::time::timeout(cfg.frame_timeout, rest).await {
-        Ok(r) => r.map(Some),
+    let body = within(cfg, rest).await?;
+    let Some(header) = decoded else {
+        let entries: Vec<(u32, String)> =
+            postcard::from_bytes(&header).map_err(|e| format!("undecodable directory: {e}"))?;
+        let entries = entries
+            .into_iter()
+            .map(|(id, a)| Ok((NodeId(id), a.parse().map_err(|_| format!("bad address {a}"))?)))
+            .collect::<Result<Vec<_>, String>>()?;
+        return Ok(Some((Incoming::Directory(entries), None)));
+    };
+    if kind == KIND_STATE && !matches!(header, Header::State(_)) {
+        return Err("a body without a checksum that is not a state piece".into());
+    }
+    let frame = Frame { header, body: Body::Bytes(pool::freeze(body)) };
+    Ok(Some((Incoming::Frame(frame), permit)))
+}
+
+/// `part` of a frame, within [`TcpConfig::frame_timeout`].
+async fn within<T>(
+    cfg: &TcpConfig,
+    part: impl Future<Output = Result<T, String>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(cfg.frame_timeout, part).await {
+        Ok(r) => r,
         Err(_) => Err(format!("frame incomplete after {:?}", cfg.frame_timeout)),
     }
 }
@@ -1326,18 +1396,27 @@ async fn write_msg<W: AsyncWrite + Unpin>(w: &mut W, msg: &Outgoing) -> Result<u
     Ok((head.len() + body.len() + CHECKSUM_LEN) as u64)
 }
 
+/// Writes a connection's queue. A message not written within `limit` (a peer that stopped
+/// reading, whose window stays shut) fails the connection: its queue is dropped with it, so a
+/// peer that does not read holds no more than what was sent to it meanwhile, and the next send
+/// dials again.
 async fn write_loop(
     to: NodeId,
     mut s: WireOut,
     mut rx: mpsc::UnboundedReceiver<Outgoing>,
     failed: Arc<AtomicBool>,
     stats: Arc<TcpStats>,
+    limit: Duration,
 ) {
     while let Some(msg) = rx.recv().await {
         // A secured connection seals its last record of the message on the flush.
-        let written = match write_msg(&mut s, &msg).await {
-            Ok(n) => s.flush().await.map(|()| n).map_err(|e| e.to_string()),
-            Err(e) => Err(e),
+        let write = async {
+            let n = write_msg(&mut s, &msg).await?;
+            s.flush().await.map(|()| n).map_err(|e| e.to_string())
+        };
+        let written = match tokio::time::timeout(limit, write).await {
+            Ok(r) => r,
+            Err(_) => Err(format!("a message not taken by the peer within {limit:?}")),
         };
         match written {
             Ok(n) => stats.sent(to, n),

@@ -887,3 +887,123 @@ async fn learned_addresses_are_kept_only_while_named_or_connected() {
     b.send(NodeId(0), collective(3)).await.unwrap();
     assert_eq!(recv_within(&mut a).await.expect("b's frame").0, NodeId(1));
 }
+
+/// A control message carries no body, a probe at most `PROBE_MAX_BYTES`: a frame announcing
+/// more is refused from its header, before a byte of its body is read.
+#[tokio::test]
+async fn a_body_beyond_its_kinds_limit_is_refused_before_it_is_read() {
+    let cfg = TcpConfig::default();
+    let announce = |header: &Header, blen: u64| {
+        let header = postcard::to_allocvec(header).unwrap();
+        let mut wire = vec![KIND_FRAME];
+        wire.extend_from_slice(&(header.len() as u32).to_le_bytes());
+        wire.extend_from_slice(&blen.to_le_bytes());
+        wire.extend_from_slice(&header);
+        wire // no body: a refusal must not wait for one
+    };
+    let beat = Header::Mesh(MeshMsg::HeartbeatAck);
+    let probe = Header::Mesh(MeshMsg::Probe { round: 1, seq: 1 });
+    for (header, blen, limit) in [
+        (&beat, 10, 0),
+        (&probe, PROBE_MAX_BYTES + 1, PROBE_MAX_BYTES),
+        (&probe, 1 << 30, PROBE_MAX_BYTES),
+    ] {
+        let e = read_frame(&mut &announce(header, blen)[..], &cfg).await.unwrap_err();
+        assert!(e.contains(&format!("above the limit {limit} for its kind")), "{e}");
+    }
+    // A probe's padding within the limit is read.
+    let frame = Frame { header: probe, body: Body::Bytes(Bytes::from(vec![0u8; 4096])) };
+    let wire = encode_msg(&Outgoing::Frame(frame.clone())).unwrap();
+    let got = read_frame(&mut &wire[..], &cfg).await;
+    assert!(matches!(got, Ok(Some(Incoming::Frame(ref f))) if *f == frame));
+}
+
+/// Twenty connections each streaming a 32 MiB body to a node that takes no frame: one body is
+/// read (it takes the whole 4 MiB budget), the other nineteen wait unread, held back by TCP,
+/// so the senders get no further than the kernel's buffers. When the node takes its frames,
+/// every one arrives whole. Reading a body before taking its share of the budget would have
+/// read all 640 MiB.
+#[tokio::test]
+async fn twenty_connections_streaming_huge_bodies_are_read_only_within_the_budget() {
+    const BODY: usize = 32 << 20;
+    const PEERS: u32 = 20;
+    let cfg = TcpConfig { inbox_bytes: 4 << 20, max_body: 64 << 20, ..TcpConfig::default() };
+    let mut b = TcpTransport::bind(NodeId(1), loopback(), cfg).await.unwrap();
+    let written = Arc::new(AtomicU64::new(0));
+    let mut senders = Vec::new();
+    for i in 0..PEERS {
+        let (addr, written) = (b.local_addr(), written.clone());
+        senders.push(tokio::spawn(async move {
+            let mut raw = TcpStream::connect(addr).await.unwrap();
+            raw.write_all(&hello(PROTOCOL_VERSION, NodeId(10 + i), 0, None)).await.unwrap();
+            let mut reply = [0u8; HELLO_REPLY_LEN];
+            raw.read_exact(&mut reply).await.unwrap();
+            let frame =
+                Frame { body: Body::Bytes(Bytes::from(vec![i as u8; BODY])), ..collective(i) };
+            let wire = encode_msg(&Outgoing::Frame(frame)).unwrap();
+            for piece in wire.chunks(64 << 10) {
+                raw.write_all(piece).await.unwrap();
+                written.fetch_add(piece.len() as u64, Ordering::Relaxed);
+            }
+            raw
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let held = written.load(Ordering::Relaxed);
+    let all = u64::from(PEERS) * BODY as u64;
+    eprintln!("sent before any frame was taken: {} MiB of {} MiB", held >> 20, all >> 20);
+    assert!(
+        held < all / 2,
+        "{} MiB of {} MiB sent before any frame was taken",
+        held >> 20,
+        all >> 20
+    );
+    assert!(b.stats().frames_received.load(Ordering::Relaxed) <= 1);
+    let mut from = std::collections::BTreeSet::new();
+    for _ in 0..PEERS {
+        let (peer, f) = recv_within(&mut b).await.expect("every frame, once taken");
+        assert_eq!(f.body.len(), BODY as u64);
+        from.insert(peer);
+    }
+    assert_eq!(from.len(), PEERS as usize);
+    for s in senders {
+        drop(s.await.unwrap());
+    }
+}
+
+/// A peer that completes the handshake and then reads nothing loses its connection once a
+/// message has waited `frame_timeout` to be taken: the queue of what was sent to it goes with
+/// the connection, and a send after that hears the peer is unreachable (before, the writer
+/// waited on it for ever and every frame sent to it stayed queued in memory).
+#[tokio::test]
+async fn a_peer_that_stops_reading_loses_its_connection_and_its_queue() {
+    let listener = tokio::net::TcpListener::bind(loopback()).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let deaf = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut hello = [0u8; HELLO_LEN];
+        s.read_exact(&mut hello).await.unwrap();
+        let mut reply = vec![HelloStatus::Ok as u8];
+        reply.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+        s.write_all(&reply).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(10)).await; // reads nothing
+        drop(s);
+    });
+    let cfg = TcpConfig { frame_timeout: Duration::from_millis(500), ..TcpConfig::default() };
+    let mut a = TcpTransport::bind(NodeId(0), loopback(), cfg).await.unwrap();
+    a.set_peer_addr(NodeId(9), addr);
+    let big =
+        |i: u32| Frame { body: Body::Bytes(Bytes::from(vec![1u8; 1 << 20])), ..collective(i) };
+    // Far more than the kernel's buffers hold.
+    for i in 0..64 {
+        a.send(NodeId(9), big(i)).await.unwrap();
+    }
+    let gave_up = tokio::time::Instant::now() + Duration::from_secs(5);
+    let mut refused = false;
+    while tokio::time::Instant::now() < gave_up && !refused {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        refused = a.send(NodeId(9), collective(100)).await.is_err();
+    }
+    assert!(refused, "a peer reading nothing kept its connection");
+    deaf.abort();
+}
