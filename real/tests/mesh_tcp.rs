@@ -383,3 +383,48 @@ async fn a_state_frame_damaged_on_the_path_is_fetched_again() {
     let waited: f64 = joiner.iter().map(|r| r.recovery_s).sum();
     assert!(waited < QUIET.as_secs_f64(), "the piece was asked for at once: recovery_s {waited}");
 }
+
+/// A worker whose checkpoints keep failing (here its directory is replaced by a file) trains on,
+/// says so in its log and events from the third failure in a row, and ends with an error naming
+/// the failures, not as a run that could be resumed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_checkpoints_keep_failing_ends_with_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let mesh = MeshConfig { min_members: 1, ..mesh() };
+    let (addr, coord) = start_coordinator(dir.path(), mesh.clone(), 10).await;
+    let scenario = common::scenario(1, 1, 5, "uint8", Some(1000), mesh);
+    let name = scenario.node(NodeId(0)).unwrap().name.clone();
+    let mut o = worker_in(scenario, 0, addr, dir.path());
+    let config = loco_real::checkpoint::CheckpointConfig {
+        dir: dir.path().join("ckpt"),
+        scenario: "test".into(),
+        node: name.clone(),
+        keep: 2,
+        remote: None,
+    };
+    o.checkpoint = Some(loco_real::node::CheckpointPlan { config, every: 1 });
+    let node_dir = dir.path().join("ckpt").join(&name);
+    let inner = Slow(Quadratic::new(2_000, 1, 0), Duration::from_millis(40), 0);
+    let w = tokio::spawn(run_worker(o, inner, std::future::pending()));
+    // Once the worker made its directory, a file takes its place: every save fails from then.
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while !node_dir.is_dir() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the worker makes its checkpoint directory");
+    std::fs::remove_dir_all(&node_dir).unwrap();
+    std::fs::write(&node_dir, b"not a directory").unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(60), w).await.expect("the run ends").unwrap();
+    match r {
+        Err(loco_real::node::WorkerError::CheckpointsFailing { failures, last }) => {
+            assert!(failures >= 3, "{failures} failures");
+            assert!(last.contains(&name), "{last}");
+        }
+        other => panic!("a run whose checkpoints all failed ended with {other:?}"),
+    }
+    assert_eq!(coord.await.unwrap().unwrap().outer_steps, 10, "training went on");
+    let log = std::fs::read_to_string(dir.path().join("w0.jsonl")).unwrap();
+    assert!(log.contains("3 in a row"), "the third failure in a row is said as such");
+}

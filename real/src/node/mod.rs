@@ -88,6 +88,17 @@ pub enum WorkerError {
     /// The checkpoint to resume from, or the checkpoint settings.
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
+    /// The checkpoints this worker was asked to keep kept failing: the run went on, and the
+    /// worker ends with this error so that nobody takes its run for one that can be resumed.
+    #[error(
+        "{failures} checkpoints in a row failed (the last: {last}); the latest state on disk is older than the run"
+    )]
+    CheckpointsFailing {
+        /// Failures in a row, up to the end of the run.
+        failures: u32,
+        /// The last one's error.
+        last: String,
+    },
     /// A checkpoint that does not belong to this worker or model.
     #[error("resume from {path}: {what}")]
     Resume {
@@ -159,7 +170,13 @@ struct Worker<L: InnerLoop> {
     gate: HangGate,
     /// Whether the node hangs, as the launcher says ([`WorkerOptions::hang`]).
     hang: Option<tokio::sync::watch::Receiver<bool>>,
+    /// Checkpoints failed in a row since the last one saved, and the last failure.
+    checkpoint_failures: (u32, String),
 }
+
+/// Checkpoints failed in a row from which the worker says so as an error (in its log and
+/// events at once, and in its exit status at the end of the run).
+pub const CHECKPOINT_FAILURES_LIMIT: u32 = 3;
 
 /// Runs a worker until it stops (the run ends, it leaves, the mesh lost its state, or it gave up
 /// rejoining). `shutdown` resolving makes it leave gracefully (its deathrattle).
@@ -241,6 +258,7 @@ pub async fn run_worker<L: InnerLoop>(
         stale: 0,
         stale_written: 0,
         metrics,
+        checkpoint_failures: (0, String::new()),
     };
     if let Some((o, path)) = &resumed {
         let detail = format!(
@@ -317,6 +335,10 @@ impl<L: InnerLoop> Worker<L> {
         let mut shutting_down = false;
         loop {
             if let Some(report) = self.drain().await? {
+                let (failures, last) = std::mem::take(&mut self.checkpoint_failures);
+                if failures >= CHECKPOINT_FAILURES_LIMIT {
+                    return Err(WorkerError::CheckpointsFailing { failures, last });
+                }
                 return Ok(report);
             }
             self.start_inner();
@@ -525,9 +547,7 @@ impl<L: InnerLoop> Worker<L> {
                             self.on_saved(prev)?;
                         }
                     }
-                    Err(e) => {
-                        self.event(EventKind::Checkpoint, None, format!("checkpoint failed: {e}"))?
-                    }
+                    Err(e) => self.on_saved(Err(e))?,
                 }
             }
             InnerOut::Nothing => {}

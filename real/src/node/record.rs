@@ -98,18 +98,32 @@ impl<L: InnerLoop> Worker<L> {
         r: Result<crate::checkpoint::Saved, CheckpointError>,
     ) -> Result<(), WorkerError> {
         match r {
-            Ok(s) => self.event(
-                EventKind::Checkpoint,
-                None,
-                format!(
-                    "saved {} ({} bytes)",
-                    crate::checkpoint::step_dir_name(s.outer_step),
-                    s.bytes
-                ),
-            ),
+            Ok(s) => {
+                self.checkpoint_failures = (0, String::new());
+                self.event(
+                    EventKind::Checkpoint,
+                    None,
+                    format!(
+                        "saved {} ({} bytes)",
+                        crate::checkpoint::step_dir_name(s.outer_step),
+                        s.bytes
+                    ),
+                )
+            }
             Err(e) => {
-                tracing::warn!(node = %self.name, "checkpoint failed: {e}");
-                self.event(EventKind::Checkpoint, None, format!("checkpoint failed: {e}"))
+                let failures = self.checkpoint_failures.0.saturating_add(1);
+                self.checkpoint_failures = (failures, e.to_string());
+                let limit = super::CHECKPOINT_FAILURES_LIMIT;
+                let detail = if failures >= limit {
+                    tracing::error!(node = %self.name, "{failures} checkpoints in a row failed; training goes on, and the worker will exit with an error: {e}");
+                    format!(
+                        "checkpoint failed ({failures} in a row: the run is not resumable from here): {e}"
+                    )
+                } else {
+                    tracing::warn!(node = %self.name, "checkpoint failed: {e}");
+                    format!("checkpoint failed: {e}")
+                };
+                self.event(EventKind::Checkpoint, None, detail)
             }
         }
     }
