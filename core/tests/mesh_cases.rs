@@ -702,12 +702,12 @@ fn a_repeated_join_is_a_repeat_only_until_the_member_confirms_its_admission() {
     c.handle_message(
         at(0),
         n0,
-        MeshMsg::Join { incarnation: 4, held: Some(loco_core::mesh::Held::default()) },
+        MeshMsg::Join { incarnation: 4, held: Some(loco_core::mesh::Held::default()), finished: 0 },
     );
     c.handle_message(
         at(0),
         n1,
-        MeshMsg::Join { incarnation: 9, held: Some(loco_core::mesh::Held::default()) },
+        MeshMsg::Join { incarnation: 9, held: Some(loco_core::mesh::Held::default()), finished: 0 },
     );
     let a = drain(&mut c);
     let view = |to, incarnation| CoordinatorAction::Send {
@@ -719,7 +719,7 @@ fn a_repeated_join_is_a_repeat_only_until_the_member_confirms_its_admission() {
     c.handle_message(
         at(1),
         n0,
-        MeshMsg::Join { incarnation: 4, held: Some(loco_core::mesh::Held::default()) },
+        MeshMsg::Join { incarnation: 4, held: Some(loco_core::mesh::Held::default()), finished: 0 },
     );
     let a = drain(&mut c);
     assert!(a.contains(&view(n0, 4)), "{a:?}");
@@ -739,7 +739,7 @@ fn a_repeated_join_is_a_repeat_only_until_the_member_confirms_its_admission() {
     c.handle_message(
         at(3),
         n0,
-        MeshMsg::Join { incarnation: 4, held: Some(loco_core::mesh::Held::default()) },
+        MeshMsg::Join { incarnation: 4, held: Some(loco_core::mesh::Held::default()), finished: 0 },
     );
     let a = drain(&mut c);
     let reason = EvictReason::IncarnationReused;
@@ -760,7 +760,7 @@ fn a_repeated_join_is_a_repeat_only_until_the_member_confirms_its_admission() {
     c.handle_message(
         at(4),
         n0,
-        MeshMsg::Join { incarnation: 4, held: Some(loco_core::mesh::Held::default()) },
+        MeshMsg::Join { incarnation: 4, held: Some(loco_core::mesh::Held::default()), finished: 0 },
     );
     assert!(
         drain(&mut c)
@@ -769,7 +769,7 @@ fn a_repeated_join_is_a_repeat_only_until_the_member_confirms_its_admission() {
     c.handle_message(
         at(5),
         n0,
-        MeshMsg::Join { incarnation: 5, held: Some(loco_core::mesh::Held::default()) },
+        MeshMsg::Join { incarnation: 5, held: Some(loco_core::mesh::Held::default()), finished: 0 },
     );
     assert!(c.state().is_queued(n0));
 }
@@ -794,17 +794,17 @@ fn a_joiner_that_missed_its_admission_is_not_admitted_as_a_founding_member() {
     c.handle_message(
         at(0),
         n0,
-        MeshMsg::Join { incarnation: 0, held: Some(loco_core::mesh::Held::default()) },
+        MeshMsg::Join { incarnation: 0, held: Some(loco_core::mesh::Held::default()), finished: 0 },
     );
     c.handle_message(
         at(0),
         n1,
-        MeshMsg::Join { incarnation: 0, held: Some(loco_core::mesh::Held::default()) },
+        MeshMsg::Join { incarnation: 0, held: Some(loco_core::mesh::Held::default()), finished: 0 },
     );
     c.handle_message(
         at(1),
         n5,
-        MeshMsg::Join { incarnation: 0, held: Some(loco_core::mesh::Held::default()) },
+        MeshMsg::Join { incarnation: 0, held: Some(loco_core::mesh::Held::default()), finished: 0 },
     );
     let computing = |k| MemberPhase::Computing { outer_step: k };
     let beat =
@@ -860,14 +860,14 @@ fn forty_thousand_joins_fill_the_queue_to_its_cap_and_admissions_are_capped_per_
     let held = Some(loco_core::mesh::Held::default());
     let drain = |c: &mut Coordinator| std::iter::from_fn(|| c.poll_action()).collect::<Vec<_>>();
     // The mesh forms with node 0 alone; then the flood.
-    c.handle_message(at(0), NodeId(0), MeshMsg::Join { incarnation: 0, held });
+    c.handle_message(at(0), NodeId(0), MeshMsg::Join { incarnation: 0, held, finished: 0 });
     c.handle_timeout(at(0));
     drain(&mut c);
     assert_eq!(c.members(), vec![NodeId(0)]);
     let mut full = 0;
     let mut events = 0;
     for i in 1..=40_000u32 {
-        c.handle_message(at(1), NodeId(i), MeshMsg::Join { incarnation: 0, held });
+        c.handle_message(at(1), NodeId(i), MeshMsg::Join { incarnation: 0, held, finished: 0 });
         for a in drain(&mut c) {
             match a {
                 CoordinatorAction::Send { msg: MeshMsg::QueueFull, .. } => full += 1,
@@ -894,6 +894,66 @@ fn forty_thousand_joins_fill_the_queue_to_its_cap_and_admissions_are_capped_per_
     assert_eq!(admitted, (1..=max_admissions as u32).map(NodeId).collect::<Vec<_>>());
     assert_eq!(c.state().queue.len(), max_queue - max_admissions);
     // Places freed: a join that was refused is queued now.
-    c.handle_message(at(71), NodeId(40_000), MeshMsg::Join { incarnation: 0, held });
+    c.handle_message(at(71), NodeId(40_000), MeshMsg::Join { incarnation: 0, held, finished: 0 });
     assert!(c.state().is_queued(NodeId(40_000)));
+}
+
+/// A restarted coordinator (a new process that knows nobody): a node beating as a member of
+/// epoch 7 is answered "not a member" and awaited, the mesh is founded on its state (a fresh
+/// joiner behind it waits for the first boundary), and its epochs go on above 7; a joiner that
+/// knows step 5 was finished keeps the mesh from being founded on a state of step 3; a forged
+/// epoch at the end of the count is not taken.
+#[test]
+fn a_restarted_coordinator_awaits_its_old_members_and_numbers_its_epochs_above_theirs() {
+    use loco_core::mesh::Held;
+    let cfg = MeshConfig { min_members: 1, join_window: Duration::ZERO, ..MeshConfig::default() };
+    let drain = |c: &mut Coordinator| std::iter::from_fn(|| c.poll_action()).collect::<Vec<_>>();
+    let formed = |actions: &[CoordinatorAction]| {
+        actions.iter().find_map(|a| match a {
+            CoordinatorAction::Event(MeshEvent::EpochFormed { epoch, admitted, .. }) => {
+                Some((*epoch, admitted.clone()))
+            }
+            _ => None,
+        })
+    };
+    let beat = |epoch: u64| MeshMsg::Heartbeat {
+        seq: 9,
+        epoch: Some(Epoch(epoch)),
+        phase: MemberPhase::Computing { outer_step: 5 },
+        synced: true,
+        withheld: None,
+    };
+    let fresh = Some(Held::default());
+    let at_step = |s| Some(Held { outer_step: s, digest: None });
+    let (n0, n1, n2, n3) = (NodeId(0), NodeId(1), NodeId(2), NodeId(3));
+
+    let mut c = Coordinator::new(cfg.clone());
+    c.handle_message(at(0), n0, beat(7));
+    let refused = CoordinatorAction::Send {
+        to: n0,
+        msg: MeshMsg::Evicted { reason: EvictReason::NotAMember },
+    };
+    assert!(drain(&mut c).contains(&refused));
+    c.handle_message(at(1), n1, MeshMsg::Join { incarnation: 0, held: fresh, finished: 0 });
+    c.handle_timeout(at(1));
+    assert_eq!(formed(&drain(&mut c)), None, "an old member still beats: it is awaited");
+    c.handle_message(at(2), n0, MeshMsg::Join { incarnation: 1, held: at_step(5), finished: 5 });
+    let (epoch, admitted) = formed(&drain(&mut c)).expect("formed once the old member joined");
+    assert_eq!((epoch, admitted), (Epoch(8), vec![n0]));
+    assert_eq!(c.outer_step(), 5);
+    assert!(c.state().is_queued(n1), "the fresh joiner receives the state at the boundary");
+
+    // A state behind a step a joiner knows was finished founds nothing.
+    let mut c = Coordinator::new(MeshConfig { min_members: 2, ..cfg.clone() });
+    c.handle_message(at(0), n2, MeshMsg::Join { incarnation: 0, held: at_step(3), finished: 3 });
+    c.handle_message(at(0), n3, MeshMsg::Join { incarnation: 0, held: None, finished: 5 });
+    c.handle_timeout(at(0));
+    assert_eq!(formed(&drain(&mut c)), None, "the newest state is gone: nothing is founded");
+
+    // A forged epoch at the end of the count is not taken as the floor.
+    let mut c = Coordinator::new(cfg);
+    c.handle_message(at(0), n0, beat(u64::MAX));
+    c.handle_message(at(0), n0, MeshMsg::Join { incarnation: 1, held: fresh, finished: 0 });
+    c.handle_timeout(at(0));
+    assert_eq!(formed(&drain(&mut c)).map(|f| f.0), Some(Epoch(1)));
 }

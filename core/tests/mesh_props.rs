@@ -63,7 +63,11 @@ fn apply(c: &mut Coordinator, now: &mut Time, ev: &Ev, admitted: &mut BTreeSet<(
         Ev::Join(n, inc) => c.handle_message(
             *now,
             from(n),
-            MeshMsg::Join { incarnation: inc, held: Some(loco_core::mesh::Held::default()) },
+            MeshMsg::Join {
+                incarnation: inc,
+                held: Some(loco_core::mesh::Held::default()),
+                finished: 0,
+            },
         ),
         Ev::Heartbeat(n, p) => {
             let phase = match p {

@@ -8,8 +8,8 @@
 //! diff). Commands, one per line (`#` starts a comment):
 //!
 //! ```text
-//! config KEY=VALUE ...      min_members, heartbeat_timeout, barrier_timeout, allreduce_timeout,
-//!                           sync_timeout, max_retries,
+//! config KEY=VALUE ...      min_members, join_window, heartbeat_timeout, barrier_timeout,
+//!                           allreduce_timeout, sync_timeout, max_retries,
 //!                           state_senders, join_mode=blocking|non-blocking (durations: 30s, 500ms)
 //! params N                  parameters of the model (default 4096)
 //! mode sync|overlap|streaming [P]   the DiLoCo mode (P fragments in streaming mode)
@@ -25,6 +25,7 @@
 //!                           every cut heals
 //! cut-oneway nA nB          frames from nA to nB are lost
 //! coordinator-pause D | coordinator-cut-off D   the coordinator stops, or runs hearing nobody
+//! coordinator-restart       a new coordinator process that knows nobody takes its place
 //! diverge nX                nX's inner weights of the step under way come out NaN
 //! ```
 //!
@@ -149,6 +150,7 @@ fn script_net(script: &str) -> Result<Option<NodeNet>, String> {
                         .ok_or_else(|| err(format!("{kv}: expected KEY=VALUE")))?;
                     match k {
                         "min_members" => cfg.min_members = count(v)?,
+                        "join_window" => cfg.join_window = duration(v).map_err(err)?,
                         "max_retries" => cfg.max_retries = count(v)? as u32,
                         "state_senders" => cfg.state_senders = count(v)?,
                         "heartbeat_timeout" => cfg.heartbeat_timeout = duration(v).map_err(err)?,
@@ -205,6 +207,7 @@ fn script_net(script: &str) -> Result<Option<NodeNet>, String> {
                     ("resume", [n]) => net.hang(node(n).map_err(err)?, false),
                     ("leave", [n]) => net.leave(node(n).map_err(err)?),
                     ("coordinator-crash", []) => net.crash_coordinator(),
+                    ("coordinator-restart", []) => net.restart_coordinator(),
                     ("coordinator-pause", [d]) => {
                         net.pause_coordinator(duration(d).map_err(err)?);
                     }
@@ -574,7 +577,7 @@ fn chaos_script(seed: u64, nodes: u32, events: usize, mode: &str) -> String {
     let min_members = 4;
     let mut s = format!(
         "# chaos seed {seed}: {nodes} nodes, {events} events\nmode {mode}\n\
-         config min_members={min_members} heartbeat_timeout=6s barrier_timeout=120s \
+         config min_members={min_members} join_window=5s heartbeat_timeout=6s barrier_timeout=120s \
          allreduce_timeout=120s sync_timeout=120s\n\
          params 1024\ncompute 20s\nstart"
     );
@@ -600,11 +603,12 @@ fn chaos_script(seed: u64, nodes: u32, events: usize, mode: &str) -> String {
             (8, _) if clock_ms >= resumed_ms + 4_000 => {
                 let pause_ms = rng.random_range(1_000..30_000);
                 resumed_ms = clock_ms + pause_ms;
-                // A third of the time its uplink goes down instead: it runs, hearing nobody.
-                if rng.random_range(0..3) == 0 {
-                    format!("coordinator-cut-off {pause_ms}ms")
-                } else {
-                    format!("coordinator-pause {pause_ms}ms")
+                // A third of the time its uplink goes down instead: it runs, hearing nobody; a
+                // sixth of the time a new process that knows nobody takes its place.
+                match rng.random_range(0..6) {
+                    0 => "coordinator-restart".to_string(),
+                    1 | 2 => format!("coordinator-cut-off {pause_ms}ms"),
+                    _ => format!("coordinator-pause {pause_ms}ms"),
                 }
             }
             (9, 0) if !sprayer => {
@@ -721,10 +725,12 @@ fn chaos_seeds_keep_every_invariant() {
         std::env::var("LOCO_CHAOS_SEEDS").ok().and_then(|v| v.parse().ok()).unwrap_or(50);
     let (mut went, mut steps, mut lost) = (0u64, 0u64, Vec::new());
     let (mut pauses, mut sprays, mut coordinator_cuts, mut cut_offs) = (0, 0, 0, 0usize);
+    let mut restarts = 0;
     for seed in 0..seeds {
         let script = chaos_script(seed, 16, 200, "sync");
         pauses += script.matches("coordinator-pause").count();
         cut_offs += script.matches("coordinator-cut-off").count();
+        restarts += script.matches("coordinator-restart").count();
         coordinator_cuts +=
             script.lines().filter(|l| l.starts_with("cut") && l.contains("coordinator")).count();
         sprays += script.matches("spray").count();
@@ -739,7 +745,8 @@ fn chaos_seeds_keep_every_invariant() {
     }
     eprintln!(
         "chaos: {seeds} seeds x 200 faults on 16 nodes ({pauses} coordinator pauses, \
-         {cut_offs} cut-offs of the coordinator from everyone, {coordinator_cuts} cuts between a \
+         {cut_offs} cut-offs of the coordinator from everyone, {restarts} coordinators restarted \
+         knowing nobody, {coordinator_cuts} cuts between a \
          member and the coordinator, {sprays} spraying members): {went} went on ({steps} steps), {} lost every holder of the state and \
          stopped {lost:?}",
         lost.len()
@@ -747,6 +754,7 @@ fn chaos_seeds_keep_every_invariant() {
     assert!(pauses > seeds as usize && sprays * 2 > seeds as usize, "{pauses} {sprays}");
     assert!(coordinator_cuts > seeds as usize / 2, "{coordinator_cuts}");
     assert!(cut_offs > seeds as usize / 2, "{cut_offs}");
+    assert!(restarts > seeds as usize / 2, "{restarts}");
     // Losing every state holder takes crashes of all of them while the joiners wait: rare.
     assert!(went * 10 >= seeds * 9, "{} of {seeds} seeds lost the state", lost.len());
     assert!(steps > went * 10, "{steps} steps committed over {went} seeds");

@@ -238,6 +238,7 @@ fn run_joiner(
                 signal(MeshMsg::Join {
                     incarnation: 0,
                     held: Some(loco_core::mesh::Held::default()),
+                    finished: 0,
                 }),
             )
             .await?;

@@ -12,6 +12,10 @@ use super::timer::TimerTable;
 use super::{EvictReason, Held, MeshConfig, MeshMsg, ProbeResult};
 use crate::ids::{Epoch, NodeId, Weight};
 use crate::time::Time;
+
+/// The largest epoch a forming coordinator takes from a stranger's heartbeat as the floor of its
+/// own (far beyond any run's count: a forged one cannot bring the count to its end).
+const EPOCH_FLOOR_MAX: u64 = 1 << 48;
 use std::collections::VecDeque;
 use std::fmt;
 use std::time::Duration;
@@ -399,7 +403,9 @@ impl Coordinator {
         self.seen(now, from, &msg);
         let is_member = self.state.members.contains_key(&from);
         match msg {
-            MeshMsg::Join { incarnation, held } => self.on_join(now, from, incarnation, held),
+            MeshMsg::Join { incarnation, held, finished } => {
+                self.on_join(now, from, incarnation, held, finished)
+            }
             MeshMsg::Heartbeat { epoch, phase, synced, withheld, .. } => {
                 if is_member || self.state.is_queued(from) {
                     self.send(from, MeshMsg::HeartbeatAck);
@@ -410,6 +416,20 @@ impl Coordinator {
                         self.repair(now, from, epoch, phase, synced);
                     }
                 } else {
+                    // A member of an epoch this coordinator never formed (it restarted): it
+                    // joins again at once, and a forming mesh waits for its state.
+                    if self.state.phase == Phase::Forming
+                        && let Some(e) = epoch
+                    {
+                        if self.state.expected.len() < self.cfg.max_queue {
+                            self.state.expected.insert(from, now);
+                        }
+                        // Its epochs go on above the old mesh's: a frame still on its way from
+                        // an old collective can never pass for one of the new mesh.
+                        if e.0 < EPOCH_FLOOR_MAX {
+                            self.state.epoch = self.state.epoch.max(e);
+                        }
+                    }
                     self.send(from, MeshMsg::Evicted { reason: EvictReason::NotAMember });
                 }
             }
@@ -707,7 +727,14 @@ impl Coordinator {
     }
 
     /// A `Join`. From a current member, see the rule in the [module documentation](super).
-    fn on_join(&mut self, now: Time, from: NodeId, incarnation: u64, held: Option<Held>) {
+    fn on_join(
+        &mut self,
+        now: Time,
+        from: NodeId,
+        incarnation: u64,
+        held: Option<Held>,
+        finished: u64,
+    ) {
         if let Some(m) = self.state.members.get_mut(&from) {
             if m.incarnation == incarnation && !m.confirmed {
                 // A repeat that crossed its admission (or a process that restarted before it
@@ -732,7 +759,7 @@ impl Coordinator {
                 j.incarnation = incarnation;
                 j.queued_at = now;
             }
-            j.held = held;
+            (j.held, j.finished) = (held, finished);
             let position = self.state.queue.iter().position(|j| j.id == from).unwrap_or(0);
             self.send(from, MeshMsg::Queued { position: position as u32 });
             return;
@@ -753,6 +780,7 @@ impl Coordinator {
             queued_at: now,
             last_seen: now,
             held,
+            finished,
         });
         self.send(from, MeshMsg::Queued { position });
         self.event(MeshEvent::JoinQueued { node: from, incarnation, position });

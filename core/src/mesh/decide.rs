@@ -129,10 +129,19 @@ pub enum Reason {
         /// `min_members`.
         need: usize,
     },
-    /// No epoch yet: none of the live joiners holds a training state to found the mesh on.
+    /// No epoch yet: none of the live joiners holds a training state to found the mesh on, at
+    /// least as new as the steps some joiner knows were finished.
     NoStateHolder {
         /// Live joiners queued.
         joined: usize,
+        /// The outer steps finished in the run, as the joiners know.
+        finished: u64,
+    },
+    /// No epoch yet: nodes that were members of an epoch before this coordinator started (it
+    /// restarted) still beat and are about to join again with their state.
+    AwaitingMembers {
+        /// Those nodes.
+        nodes: Vec<NodeId>,
     },
     /// No epoch yet: the join window after the first join is still open.
     JoinWindow {
@@ -188,8 +197,13 @@ impl fmt::Display for Reason {
             Reason::TooFewJoiners { joined, need } => {
                 write!(f, "forming: {joined} of {need} joiners")
             }
-            Reason::NoStateHolder { joined } => {
-                write!(f, "forming: none of the {joined} joiners holds the training state")
+            Reason::NoStateHolder { joined, finished } => write!(
+                f,
+                "forming: none of the {joined} joiners holds the training state after the \
+                 {finished} outer steps finished (resume from checkpoints)"
+            ),
+            Reason::AwaitingMembers { nodes } => {
+                write!(f, "forming: waiting for earlier members {} to join again", list(nodes))
             }
             Reason::JoinWindow { until } => write!(f, "forming: join window open until {until}"),
             Reason::Barrier { outer_step, arrived, of, deadline } => {
@@ -309,6 +323,7 @@ pub(crate) fn timers(s: &MeshState, cfg: &MeshConfig) -> TimerTable<CoordTimer> 
         .values()
         .map(|m| m.last_seen)
         .chain(s.queue.iter().map(|j| j.last_seen))
+        .chain(s.expected.values().copied())
         .min()
         .map(|seen| seen + cfg.heartbeat_timeout);
     t.set_opt(CoordTimer::HeartbeatExpiry, hb);
@@ -601,9 +616,20 @@ fn form(now: Time, s: &MeshState, cfg: &MeshConfig) -> Decision {
     if now < until {
         return Decision::Wait(Reason::JoinWindow { until });
     }
-    let admitted = founders(&live);
+    // A restarted coordinator's old members are about to join again, with their state.
+    let awaited: Vec<NodeId> = s
+        .expected
+        .iter()
+        .filter(|&(&id, &seen)| !is_silent(now, seen, cfg) && !s.is_queued(id))
+        .map(|(&id, _)| id)
+        .collect();
+    if !awaited.is_empty() {
+        return Decision::Wait(Reason::AwaitingMembers { nodes: awaited });
+    }
+    let finished = live.iter().map(|j| j.finished).max().unwrap_or(0);
+    let admitted = founders(&live, finished);
     if admitted.is_empty() {
-        return Decision::Wait(Reason::NoStateHolder { joined: live.len() });
+        return Decision::Wait(Reason::NoStateHolder { joined: live.len(), finished });
     }
     let mut members = admitted.clone();
     members.sort();
@@ -612,10 +638,14 @@ fn form(now: Time, s: &MeshState, cfg: &MeshConfig) -> Decision {
 
 /// The joiners a mesh is founded on: of those that hold a state, the ones at the highest outer
 /// step, and of those the largest group with one digest (on a tie, a known digest before an
-/// unknown one, then the smaller digest). The others fetch the state once the mesh runs.
-pub(super) fn founders(joiners: &[&Joiner]) -> Vec<NodeId> {
+/// unknown one, then the smaller digest). The others fetch the state once the mesh runs. None
+/// when the highest state is behind `finished` steps (the newest state is gone).
+pub(super) fn founders(joiners: &[&Joiner], finished: u64) -> Vec<NodeId> {
     let holding = || joiners.iter().filter_map(|j| Some((j.id, j.held?)));
     let Some(top) = holding().map(|(_, h)| h.outer_step).max() else { return Vec::new() };
+    if top < finished {
+        return Vec::new();
+    }
     let mut groups: std::collections::BTreeMap<_, Vec<NodeId>> = Default::default();
     for (id, h) in holding().filter(|(_, h)| h.outer_step == top) {
         groups.entry(h.digest).or_default().push(id);

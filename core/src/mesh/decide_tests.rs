@@ -47,6 +47,7 @@ fn queue(s: &mut MeshState, id: u32, at: Time) {
         queued_at: at,
         last_seen: at,
         held: Some(crate::mesh::Held::default()),
+        finished: 0,
     });
 }
 
@@ -118,7 +119,10 @@ fn a_mesh_is_founded_on_the_state_most_joiners_hold_at_the_highest_step() {
     for j in &mut s.queue {
         j.held = None;
     }
-    assert_eq!(decide(t(0), &s, &c), Decision::Wait(Reason::NoStateHolder { joined: 2 }));
+    assert_eq!(
+        decide(t(0), &s, &c),
+        Decision::Wait(Reason::NoStateHolder { joined: 2, finished: 0 })
+    );
 }
 
 #[test]

@@ -325,8 +325,10 @@ pub struct Member {
     members: Vec<NodeId>,
     queued: bool,
     synced: bool,
-    /// The state the node holds, told in its `Join` ([`Member::set_held`]).
+    /// The state the node holds and the steps it knows finished, told in its `Join`
+    /// ([`Member::set_held`]).
     held: Option<Held>,
+    finished: u64,
     collective: Option<(Epoch, u64)>,
     heard: Time,
     /// The coordinator has been silent for `coordinator_timeout`: this member said so
@@ -363,6 +365,7 @@ impl Member {
             synced: false,
             // A new process holds the initial weights until told otherwise.
             held: Some(Held::default()),
+            finished: 0,
             collective: None,
             heard: Time::ZERO,
             orphaned: false,
@@ -466,18 +469,24 @@ impl Member {
 
     /// Says which training state the node holds (see [`Held`]): sent with the `Join`, and sent
     /// again if it changes while the node waits in the queue.
-    pub fn set_held(&mut self, held: Option<Held>) {
-        if self.held == held {
+    /// `finished`: the outer steps the node knows were finished in the run (committed or
+    /// skipped), in any membership of its process.
+    pub fn set_held(&mut self, held: Option<Held>, finished: u64) {
+        if (self.held, self.finished) == (held, finished) {
             return;
         }
-        self.held = held;
+        (self.held, self.finished) = (held, finished);
         if self.phase == MemberPhase::Joining && self.queued {
             self.send_join();
         }
     }
 
     fn send_join(&mut self) {
-        self.send_coordinator(MeshMsg::Join { incarnation: self.incarnation, held: self.held });
+        self.send_coordinator(MeshMsg::Join {
+            incarnation: self.incarnation,
+            held: self.held,
+            finished: self.finished,
+        });
     }
 
     /// Leaves now: sends the deathrattle and stops. For a graceful exit, a panic hook or a

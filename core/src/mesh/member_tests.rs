@@ -77,7 +77,11 @@ fn join_then_view_admits_and_computes() {
         drain(&mut m),
         vec![MemberAction::Send {
             to: NodeId::COORDINATOR,
-            msg: MeshMsg::Join { incarnation: 0, held: Some(crate::mesh::Held::default()) },
+            msg: MeshMsg::Join {
+                incarnation: 0,
+                held: Some(crate::mesh::Held::default()),
+                finished: 0
+            },
             padding: 0
         }]
     );
@@ -106,23 +110,23 @@ fn join_then_view_admits_and_computes() {
 fn a_queued_joiner_tells_a_changed_state_once() {
     use crate::mesh::Held;
     let mut m = Member::new(NodeId(1), 3, MeshConfig::default(), 1);
-    m.set_held(None);
+    m.set_held(None, 0);
     m.join(t(0)).unwrap();
     let sent = drain(&mut m);
     assert!(matches!(sent[..], [MemberAction::Send { msg: MeshMsg::Join { held: None, .. }, .. }]));
     m.handle_message(t(0), NodeId::COORDINATOR, MeshMsg::Queued { position: 0 });
     drain(&mut m);
     let held = Some(Held { outer_step: 4, digest: None });
-    m.set_held(held);
+    m.set_held(held, 0);
     let sent = drain(&mut m);
     assert!(
-        matches!(&sent[..], [MemberAction::Send { msg: MeshMsg::Join { held: h, incarnation: 3 }, .. }] if *h == held),
+        matches!(&sent[..], [MemberAction::Send { msg: MeshMsg::Join { held: h, incarnation: 3, finished: 0 }, .. }] if *h == held),
         "{sent:?}"
     );
-    m.set_held(held);
+    m.set_held(held, 0);
     assert!(drain(&mut m).is_empty(), "unchanged: nothing sent");
     let mut member = joined(2);
-    member.set_held(None);
+    member.set_held(None, 0);
     assert!(drain(&mut member).is_empty(), "a member sends no join");
 }
 
@@ -156,7 +160,8 @@ fn heartbeats_repeat_join_until_queued_then_beat() {
         [MemberAction::Send {
             msg: MeshMsg::Join {
                 incarnation: 7,
-                held: Some(crate::mesh::Held { outer_step: 0, digest: None })
+                held: Some(crate::mesh::Held { outer_step: 0, digest: None }),
+                finished: 0,
             },
             ..
         }]

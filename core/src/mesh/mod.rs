@@ -30,7 +30,11 @@
 //! other joiners stay queued and fetch the state at the first boundary, as any joiner does. So
 //! a coordinator restarted among members holding different states (one that missed a commit, a
 //! joiner that was still receiving the state, a fresh process) cannot found replicas that
-//! differ. If no joiner holds a state, the mesh waits for one that does.
+//! differ. A forming mesh also waits for the nodes it answered "not a member" while they said
+//! they were members of an epoch (a restarted coordinator's old members, rejoining), for as long
+//! as they beat; and it is never founded on a state behind a step some joiner knows was
+//! finished (`finished`): if no joiner holds such a state, it waits for one that does (the
+//! newest state is gone, as when no member holds it: resume from checkpoints).
 //! Afterwards joiners are admitted only at an outer-step boundary, all queued ones at once, each
 //! once; a joiner that arrives while a boundary is being processed waits for the next one. At
 //! most [`MeshConfig::max_admissions`] are admitted at one boundary, the longest queued first;
@@ -267,6 +271,9 @@ pub enum MeshMsg {
         /// highest step ([`Held`]). Sent again, with the same incarnation, when it changes
         /// while queued.
         held: Option<Held>,
+        /// The outer steps the node knows were finished (committed or skipped) in the run, in
+        /// any membership of its process: a mesh is never founded on a state behind it.
+        finished: u64,
     },
     /// "I am alive", and where the sender is. Judged by the coordinator's own receive time;
     /// carries no clock. The state lets the coordinator repair a lost message: it records a

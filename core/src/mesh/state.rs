@@ -76,6 +76,8 @@ pub struct Joiner {
     pub last_seen: Time,
     /// The state it holds (its latest `Join`'s).
     pub held: Option<super::Held>,
+    /// The outer steps it knows were finished in the run (its latest `Join`'s).
+    pub finished: u64,
 }
 
 /// Where the mesh is in its cycle.
@@ -154,6 +156,10 @@ pub struct MeshState {
     pub admitted: BTreeSet<(NodeId, u64)>,
     /// When the coordinator last received a message from anyone (its own receive clock).
     pub last_heard: Option<Time>,
+    /// Before the first epoch: nodes that beat as members of an epoch this coordinator does not
+    /// know (a restarted coordinator's old members, about to join again), with when they were
+    /// last heard. The mesh waits for them while they beat.
+    pub expected: BTreeMap<NodeId, Time>,
 }
 
 impl Default for MeshState {
@@ -169,6 +175,7 @@ impl Default for MeshState {
             last_outcome: None,
             transfers: Vec::new(),
             bandwidth: BandwidthMatrix::new(),
+            expected: BTreeMap::new(),
             admitted: BTreeSet::new(),
             last_heard: None,
         }

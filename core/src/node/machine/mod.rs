@@ -293,6 +293,9 @@ pub struct Node {
     holds: bool,
     /// The digest of the outer weights after the commit that brought them to that step.
     held_digest: Option<(u64, WeightsDigest)>,
+    /// The outer steps this process knows were finished (committed or skipped) in the run, in
+    /// any of its memberships.
+    finished: u64,
     /// A verified state that came back while the outer state was lent: taken on its return.
     verified: Option<Verified>,
     early: EarlyPieces,
@@ -339,6 +342,7 @@ impl Node {
             last_digest: None,
             holds: true,
             held_digest: None,
+            finished: 0,
             verified: None,
             early: EarlyPieces::default(),
             suspended: false,
@@ -399,6 +403,7 @@ impl Node {
         self.params_current = false;
         self.holds = true;
         self.held_digest = None;
+        self.finished = self.finished.max(self.outer.as_ref().map_or(0, OuterState::steps));
         Ok(())
     }
 
@@ -411,9 +416,16 @@ impl Node {
         Some(crate::mesh::Held { outer_step, digest })
     }
 
+    /// Tells the member which state this node holds and the steps it knows finished.
+    fn tell_held(&mut self) {
+        let held = self.held();
+        let finished = self.finished.max(held.map_or(0, |h| h.outer_step));
+        self.member.set_held(held, finished);
+    }
+
     /// Asks to join the mesh (once per incarnation).
     pub fn join(&mut self, now: Time) -> Result<(), MeshError> {
-        self.member.set_held(self.held());
+        self.tell_held();
         let r = self.member.join(now);
         self.pump(now);
         r
@@ -761,7 +773,7 @@ impl Node {
     /// the outer state is lent.
     fn pump(&mut self, now: Time) {
         // A state that came back from a job or was received changes what a queued join says.
-        self.member.set_held(self.held());
+        self.tell_held();
         loop {
             if self.suspended || self.outer.is_none() {
                 while let Some(a) = self.member.poll_action() {
@@ -818,8 +830,12 @@ impl Node {
                 self.start_allreduce(s, now);
             }
             MemberAction::AbortAllReduce { epoch, op } => self.abort_allreduce(epoch, op),
-            MemberAction::Commit { epoch, outer_step } => self.commit(epoch, outer_step, now),
+            MemberAction::Commit { epoch, outer_step } => {
+                self.finished = self.finished.max(outer_step.saturating_add(1));
+                self.commit(epoch, outer_step, now)
+            }
             MemberAction::SkipStep { epoch, outer_step, attempts } => {
+                self.finished = self.finished.max(outer_step.saturating_add(1));
                 self.skip(epoch, outer_step, attempts, now)
             }
             MemberAction::CoordinatorSilent { silent_for, last_committed, waits } => {

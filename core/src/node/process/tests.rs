@@ -42,7 +42,8 @@ fn a_frame_belongs_to_the_phase_it_is_sent_in() {
     assert_eq!(
         fault_phase(&Header::Mesh(MeshMsg::Join {
             incarnation: 0,
-            held: Some(crate::mesh::Held::default())
+            held: Some(crate::mesh::Held::default()),
+            finished: 0,
         })),
         None
     );
