@@ -428,3 +428,90 @@ async fn a_worker_whose_checkpoints_keep_failing_ends_with_an_error() {
     let log = std::fs::read_to_string(dir.path().join("w0.jsonl")).unwrap();
     assert!(log.contains("3 in a row"), "the third failure in a row is said as such");
 }
+
+/// One run of 3 workers for `steps` outer steps (inner steps paced at 20 ms) with `flood` idle
+/// connections opened to worker 0 and to the coordinator while it trains: its wall time, the
+/// process's CPU time over it, and the epochs the coordinator formed.
+async fn run_under_flood(flood: usize, steps: u64) -> (Duration, Duration, u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let mesh = MeshConfig {
+        heartbeat_interval: Duration::from_millis(200),
+        heartbeat_timeout: Duration::from_millis(1500),
+        ..mesh()
+    };
+    let cpu0 = cpu_time();
+    let t0 = tokio::time::Instant::now();
+    let (addr, coord) = start_coordinator(dir.path(), mesh.clone(), steps).await;
+    // Worker 0 listens on a port known here, for the flood.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let target: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let scenario = common::scenario(3, 1, 5, "uint8", Some(1000), mesh);
+    let mut ws = Vec::new();
+    for id in 0..3 {
+        let mut o = worker_in(scenario.clone(), id, addr, dir.path());
+        if id == 0 {
+            o.listen = target;
+        }
+        let inner = Slow(Quadratic::new(20_000, 1, id), Duration::from_millis(20), 0);
+        ws.push(tokio::spawn(run_worker(o, inner, std::future::pending())));
+    }
+    // The flood: idle connections, opened as fast as they are accepted, held open to the end.
+    let flooding = tokio::spawn(async move {
+        let mut held = Vec::new();
+        for i in 0..2 * flood {
+            let to = if i % 2 == 0 { target } else { addr };
+            match tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(to))
+                .await
+            {
+                Ok(Ok(s)) => held.push(s),
+                // Worker 0 not listening yet: try again shortly.
+                _ => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
+        held
+    });
+    let reports = reports_of(ws, 120).await;
+    let wall = t0.elapsed();
+    let cpu = cpu_time() - cpu0;
+    let c = coord.await.unwrap().unwrap();
+    assert_eq!(c.outer_steps, steps);
+    for r in &reports {
+        assert_eq!(r.committed, steps, "every worker committed every step");
+    }
+    let held = flooding.await.unwrap();
+    assert!(flood == 0 || held.len() > flood, "{} idle connections held open", held.len());
+    (wall, cpu, c.epochs)
+}
+
+/// CPU time of this process (user and system), from `/proc/self/stat`.
+fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = after.split(' ').collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    Duration::from_millis(ticks * 10) // USER_HZ is 100 on Linux
+}
+
+/// 2,000 idle connections to a worker and 2,000 to the coordinator while they train leave the
+/// run as it was: one epoch (nobody evicted), every step committed by every worker, and a wall
+/// and CPU time within a small factor of the same run without them, measured here (the
+/// listeners evict the oldest handshakes in flight, at most 128 each).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_thousand_idle_connections_each_to_a_worker_and_the_coordinator_slow_nothing() {
+    let steps = 15;
+    let (base_wall, base_cpu, base_epochs) = run_under_flood(0, steps).await;
+    let (wall, cpu, epochs) = run_under_flood(2000, steps).await;
+    eprintln!(
+        "flood of 2 x 2000 idle connections: wall {:.2} s against {:.2} s ({:.2}x), \
+         CPU {:.2} s against {:.2} s ({:.2}x)",
+        wall.as_secs_f64(),
+        base_wall.as_secs_f64(),
+        wall.as_secs_f64() / base_wall.as_secs_f64(),
+        cpu.as_secs_f64(),
+        base_cpu.as_secs_f64(),
+        cpu.as_secs_f64() / base_cpu.as_secs_f64().max(0.01),
+    );
+    assert_eq!(base_epochs, 1);
+    assert_eq!(epochs, 1, "a member was evicted under the flood");
+    assert!(wall < base_wall * 2, "{wall:?} under the flood against {base_wall:?}");
+}
