@@ -27,6 +27,8 @@
 //! coordinator-pause D | coordinator-cut-off D   the coordinator stops, or runs hearing nobody
 //! coordinator-restart       a new coordinator process that knows nobody takes its place
 //! diverge nX                nX's inner weights of the step under way come out NaN
+//! spray nX                  nX also sends its ring frames to every other node
+//! liar nX                   nX reports every attempt failed and sends no ring frame
 //! ```
 //!
 //! The trace lists the coordinator's epochs, releases, commits and skips, the nodes' events and
@@ -215,6 +217,7 @@ fn script_net(script: &str) -> Result<Option<NodeNet>, String> {
                         net.isolate_coordinator(duration(d).map_err(err)?);
                     }
                     ("spray", [n]) => net.spray_collectives(node(n).map_err(err)?),
+                    ("liar", [n]) => net.fail_every_attempt(node(n).map_err(err)?),
                     ("cut", [a, b]) => net.cut(host(a).map_err(err)?, host(b).map_err(err)?),
                     ("cut-oneway", [a, b]) => {
                         net.cut_oneway(host(a).map_err(err)?, host(b).map_err(err)?);
@@ -585,10 +588,11 @@ fn chaos_script(seed: u64, nodes: u32, events: usize, mode: &str) -> String {
         s.push_str(&format!(" n{i}"));
     }
     s.push('\n');
-    // 0 up, 1 down (crashed or left), 2 hung.
+    // 0 up, 1 down (crashed or left), 2 hung, 3 failing every attempt.
     let mut state = vec![0u8; nodes as usize];
     let mut cuts = 0;
     let mut sprayer = false;
+    let mut liar = false;
     // Script time, and when the coordinator runs again after its last pause: a pause starts
     // only once members have heard it again since the last one (two pauses back to back are one
     // pause as long as both, past the members' `rejoin_for`: a coordinator lost).
@@ -618,6 +622,12 @@ fn chaos_script(seed: u64, nodes: u32, events: usize, mode: &str) -> String {
             (0, 0) if up > min_members + 2 => {
                 state[n] = 1;
                 format!("crash n{n}")
+            }
+            // A member that fails every attempt it is released into, for the rest of the run.
+            (7, 0) if !liar && up > min_members + 2 => {
+                liar = true;
+                state[n] = 3;
+                format!("liar n{n}")
             }
             (1, 0) if up > min_members + 2 => {
                 state[n] = 1;
@@ -725,12 +735,13 @@ fn chaos_seeds_keep_every_invariant() {
         std::env::var("LOCO_CHAOS_SEEDS").ok().and_then(|v| v.parse().ok()).unwrap_or(50);
     let (mut went, mut steps, mut lost) = (0u64, 0u64, Vec::new());
     let (mut pauses, mut sprays, mut coordinator_cuts, mut cut_offs) = (0, 0, 0, 0usize);
-    let mut restarts = 0;
+    let (mut restarts, mut liars) = (0, 0);
     for seed in 0..seeds {
         let script = chaos_script(seed, 16, 200, "sync");
         pauses += script.matches("coordinator-pause").count();
         cut_offs += script.matches("coordinator-cut-off").count();
         restarts += script.matches("coordinator-restart").count();
+        liars += script.matches("liar").count();
         coordinator_cuts +=
             script.lines().filter(|l| l.starts_with("cut") && l.contains("coordinator")).count();
         sprays += script.matches("spray").count();
@@ -746,7 +757,7 @@ fn chaos_seeds_keep_every_invariant() {
     eprintln!(
         "chaos: {seeds} seeds x 200 faults on 16 nodes ({pauses} coordinator pauses, \
          {cut_offs} cut-offs of the coordinator from everyone, {restarts} coordinators restarted \
-         knowing nobody, {coordinator_cuts} cuts between a \
+         knowing nobody, {liars} members failing every attempt, {coordinator_cuts} cuts between a \
          member and the coordinator, {sprays} spraying members): {went} went on ({steps} steps), {} lost every holder of the state and \
          stopped {lost:?}",
         lost.len()
@@ -755,6 +766,7 @@ fn chaos_seeds_keep_every_invariant() {
     assert!(coordinator_cuts > seeds as usize / 2, "{coordinator_cuts}");
     assert!(cut_offs > seeds as usize / 2, "{cut_offs}");
     assert!(restarts > seeds as usize / 2, "{restarts}");
+    assert!(liars * 2 > seeds as usize, "{liars}");
     // Losing every state holder takes crashes of all of them while the joiners wait: rare.
     assert!(went * 10 >= seeds * 9, "{} of {seeds} seeds lost the state", lost.len());
     assert!(steps > went * 10, "{steps} steps committed over {went} seeds");
