@@ -1120,3 +1120,37 @@ fn a_restarted_coordinator_founds_the_mesh_on_the_newest_state_and_replicas_stay
     let last = *net.hashes().keys().last().unwrap();
     assert_eq!(net.hashes()[&last].len(), 4, "every node's weights after step {last}");
 }
+
+/// A member evicted as uncorroborated is admitted again only after a wait that doubles with
+/// each such eviction: over two hours of 60-s steps a member failing every attempt is evicted
+/// a handful of times, not at every boundary, and the others commit nearly every step.
+#[test]
+fn a_member_failing_every_attempt_is_admitted_again_less_and_less_often() {
+    let mut net = formed(MeshConfig::default(), 4);
+    net.run_for(secs(5)).unwrap();
+    net.fail_every_attempt(NodeId(3));
+    net.run_for(secs(7200)).unwrap();
+    let evicted: Vec<Time> = net
+        .record()
+        .iter()
+        .filter(|r| {
+            matches!(&r.what, Seen::Mesh(MeshEvent::EpochFormed { evicted, .. })
+                if evicted.contains(&(NodeId(3), EvictReason::Uncorroborated)))
+        })
+        .map(|r| r.at)
+        .collect();
+    let gaps: Vec<f64> =
+        evicted.windows(2).map(|w| w[1].saturating_since(w[0]).as_secs_f64()).collect();
+    assert!(evicted.len() >= 3, "evicted {} times", evicted.len());
+    assert!(gaps.windows(2).all(|g| g[1] >= g[0]), "the waits grow: {gaps:?}");
+    assert!(gaps.last().unwrap() > &gaps[0], "the waits grow: {gaps:?}");
+    let steps = net.coordinator().unwrap().outer_step();
+    let committed = net.hashes().values().filter(|by| by.len() >= 3).count() as u64;
+    eprintln!(
+        "a member failing every attempt for 2 h: evicted {} times, waits {gaps:.0?} s, \
+         {committed} of {steps} steps committed",
+        evicted.len()
+    );
+    assert!(committed * 10 >= steps * 8, "{committed} of {steps} steps committed");
+    assert_clean(&net);
+}

@@ -911,6 +911,13 @@ impl Coordinator {
         }
         self.state.epoch = p.epoch;
         self.evict(&p.evicted);
+        for &(id, reason) in &p.evicted {
+            if reason == EvictReason::Uncorroborated {
+                let (times, until) = self.state.barred.entry(id).or_insert((0, now));
+                *times = times.saturating_add(1);
+                *until = now + super::decide::barred_for(*times, &self.cfg);
+            }
+        }
         if forming {
             // The founders hold the state at this step (or the coordinator's count, resumed, is
             // ahead of theirs): the mesh goes on from there.

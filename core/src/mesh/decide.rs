@@ -401,7 +401,17 @@ fn dead_members(now: Time, s: &MeshState, cfg: &MeshConfig) -> Vec<(NodeId, Evic
 }
 
 fn live_joiners<'a>(now: Time, s: &'a MeshState, cfg: &MeshConfig) -> Vec<&'a Joiner> {
-    s.queue.iter().filter(|j| !is_silent(now, j.last_seen, cfg)).collect()
+    let free = |id: &NodeId| s.barred.get(id).is_none_or(|&(_, until)| now >= until);
+    s.queue.iter().filter(|j| !is_silent(now, j.last_seen, cfg) && free(&j.id)).collect()
+}
+
+/// How long a node evicted as uncorroborated for the `times`-th time waits before it is admitted
+/// again: the heartbeat timeout, doubled with each such eviction, at most an hour. A member that
+/// fails every attempt on purpose costs the mesh its three attempts less and less often; one
+/// whose link was broken is back once it works.
+pub(crate) fn barred_for(times: u32, cfg: &MeshConfig) -> std::time::Duration {
+    let doubled = cfg.heartbeat_timeout.saturating_mul(1u32 << times.min(20));
+    doubled.min(std::time::Duration::from_secs(3600))
 }
 
 /// Weights for a round of `outer_step` among `members`: 1, or 0 for a member without the state or

@@ -160,6 +160,9 @@ pub struct MeshState {
     /// know (a restarted coordinator's old members, about to join again), with when they were
     /// last heard. The mesh waits for them while they beat.
     pub expected: BTreeMap<NodeId, Time>,
+    /// Nodes evicted as [`Uncorroborated`](super::EvictReason::Uncorroborated): how many times,
+    /// and when they may be admitted again (each such eviction doubles the wait).
+    pub barred: BTreeMap<NodeId, (u32, Time)>,
 }
 
 impl Default for MeshState {
@@ -175,6 +178,7 @@ impl Default for MeshState {
             last_outcome: None,
             transfers: Vec::new(),
             bandwidth: BandwidthMatrix::new(),
+            barred: BTreeMap::new(),
             expected: BTreeMap::new(),
             admitted: BTreeSet::new(),
             last_heard: None,
