@@ -515,3 +515,86 @@ async fn two_thousand_idle_connections_each_to_a_worker_and_the_coordinator_slow
     assert_eq!(epochs, 1, "a member was evicted under the flood");
     assert!(wall < base_wall * 2, "{wall:?} under the flood against {base_wall:?}");
 }
+
+/// A coordinator that dies mid-run and is started again on the same address, knowing nobody:
+/// the workers are told they are not members, join again saying which state they hold, and the
+/// new coordinator founds its mesh on it, at the step they reached, with epochs above the old
+/// ones. Every step's weights are the same on every worker, each step recorded once, and the
+/// run ends at its step count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coordinator_restarted_on_its_address_goes_on_from_the_workers_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let mesh = MeshConfig { heartbeat_interval: Duration::from_millis(200), ..mesh() };
+    let steps = 12;
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let listen: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let coordinator = |metrics: &str| CoordinatorOptions {
+        listen,
+        mesh: mesh.clone(),
+        tcp: TcpConfig::default(),
+        stop_outer_steps: Some(steps),
+        stop_time: None,
+        names: BTreeMap::new(),
+        metrics: Some(dir.path().join(metrics)),
+        time_offset_s: 0.0,
+        start_outer_step: 0,
+        exporter: None,
+        lines: None,
+    };
+    let first = coordinator("first.jsonl");
+    let t = bind(&first).await.unwrap();
+    let old = tokio::spawn(run_coordinator(first, t, std::future::pending()));
+    let scenario = common::scenario(3, 1, 5, "uint8", Some(1000), mesh.clone());
+    let mut ws = Vec::new();
+    for id in 0..3 {
+        let o = worker_in(scenario.clone(), id, listen, dir.path());
+        let inner = Slow(Quadratic::new(5_000, 1, id), Duration::from_millis(20), 0);
+        ws.push(tokio::spawn(run_worker(o, inner, std::future::pending())));
+    }
+    // Some steps, then the coordinator's process dies and a new one takes its address.
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while rows(&dir.path().join("w0.jsonl")).len() < 4 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("steps before the restart");
+    old.abort();
+    let _ = old.await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = coordinator("second.jsonl");
+    let t = bind(&second).await.unwrap();
+    let c = tokio::spawn(run_coordinator(second, t, std::future::pending()));
+    let reports = reports_of(ws, 90).await;
+    let c = c.await.unwrap().unwrap();
+    assert!(c.outer_steps < steps, "the new coordinator went on from the workers' step");
+    let per: Vec<_> = (0..3).map(|i| rows(&dir.path().join(format!("w{i}.jsonl")))).collect();
+    for r in &reports {
+        assert_eq!(r.weights_hash, reports[0].weights_hash, "replicas equal at the end");
+    }
+    for w in &per {
+        let mut seen = std::collections::BTreeMap::new();
+        for r in w {
+            let before = seen.insert(r.outer_step, r.weights_hash);
+            assert!(before.is_none(), "step {} recorded twice: the run started over", r.outer_step);
+        }
+        assert_eq!(seen.keys().copied().collect::<Vec<_>>(), (0..steps).collect::<Vec<_>>());
+    }
+    for step in 0..steps as usize {
+        let hashes: Vec<_> = per.iter().map(|r| r[step].weights_hash).collect();
+        assert!(hashes.iter().all(|h| *h == hashes[0] && h.is_some()), "step {step}: {hashes:?}");
+    }
+    // The new mesh's epochs go on above the old one's.
+    let epochs = |f: &str| -> Vec<u64> {
+        std::fs::read_to_string(dir.path().join(f))
+            .unwrap()
+            .lines()
+            .filter_map(|l| match serde_json::from_str::<MetricsLine>(l).ok()? {
+                MetricsLine::EpochFormed { epoch, .. } => Some(epoch.0),
+                _ => None,
+            })
+            .collect()
+    };
+    let (a, b) = (epochs("first.jsonl"), epochs("second.jsonl"));
+    assert!(b.first() > a.last(), "epochs {a:?} then {b:?}");
+}
