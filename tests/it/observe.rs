@@ -258,45 +258,24 @@ fn a_live_run_s_metrics_move_and_show_a_crash() {
     assert!(shown, "the coordinator's live page shows no eviction");
 }
 
-/// A crash scenario for the live page: three workers, n-2 crashes at 4 s, the run stops at 10 s.
-const CRASH: &str = r#"
-name = "live-crash"
-seed = 4
-
-[model]
-preset = "tiny"
-
-[diloco]
-inner_steps = 2
-codec = "int8-block"
-
-[mesh]
-heartbeat = "200ms"
-heartbeat_timeout = "1s"
-join_window = "500ms"
-
-[[regions]]
-name = "local"
-
-[[links]]
-from = "local"
-to = "local"
-bandwidth = "1Gbit/s"
-latency = "1ms"
-
-[[nodes]]
-name = "n"
-count = 3
-step_time = "100ms"
-
-[[churn]]
-at = "4s"
-kind = "crash"
-node = "n-2"
-
-[stop]
-time = "10s"
-"#;
+/// A crash scenario for the live page: [`SCENARIO`]'s three workers, without a minimum to form,
+/// n-2 crashing at 4 s, the run stopping at 10 s.
+fn crash_scenario() -> String {
+    let edits = [
+        ("name = \"observe\"\nseed = 3", "name = \"live-crash\"\nseed = 4"),
+        ("min_members = 3\n", ""),
+        (
+            "[stop]\ntime = \"60s\"",
+            "[[churn]]\nat = \"4s\"\nkind = \"crash\"\nnode = \"n-2\"\n\n[stop]\ntime = \"10s\"",
+        ),
+    ];
+    let mut s = SCENARIO.to_owned();
+    for (from, to) in edits {
+        assert!(s.contains(from), "the scenario holds {from:?}");
+        s = s.replace(from, to);
+    }
+    s
+}
 
 /// One HTTP/1.1 exchange with a WebDriver server: the JSON it answers.
 fn webdriver(
@@ -374,7 +353,7 @@ fn the_live_page_shows_an_eviction_within_seconds() {
     }
     let ctx = TestContext::new();
     let scenario = ctx.path().join("live.toml");
-    std::fs::write(&scenario, CRASH).expect("write the scenario");
+    std::fs::write(&scenario, crash_scenario()).expect("write the scenario");
     let out = ctx.path().join("run");
     let mut launch = Proc::start(&[
         "launch",
