@@ -942,6 +942,7 @@ fn a_restarted_coordinator_awaits_its_old_members_and_numbers_its_epochs_above_t
     assert_eq!((epoch, admitted), (Epoch(8), vec![n0]));
     assert_eq!(c.outer_step(), 5);
     assert!(c.state().is_queued(n1), "the fresh joiner receives the state at the boundary");
+    assert!(c.state().expected.is_empty(), "nobody is awaited once the mesh runs");
 
     // A state behind a step a joiner knows was finished founds nothing.
     let mut c = Coordinator::new(MeshConfig { min_members: 2, ..cfg.clone() });

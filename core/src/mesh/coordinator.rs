@@ -924,6 +924,8 @@ impl Coordinator {
             let top = p.admitted.iter().filter_map(|id| self.state.joiner(*id)?.held);
             let top = top.map(|h| h.outer_step).max().unwrap_or(0);
             self.state.outer_step = self.state.outer_step.max(top);
+            // Those awaited have joined or gone silent: nobody is awaited once the mesh runs.
+            self.state.expected.clear();
         }
         let step = self.state.outer_step;
         for &id in &p.admitted {
