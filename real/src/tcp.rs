@@ -1197,6 +1197,12 @@ fn body_limit(header: &Header, cfg: &TcpConfig) -> u64 {
     }
 }
 
+/// Header bytes a frame may carry without being charged to the receive budget.
+const HEADER_FREE: usize = 4096;
+/// What one header byte may decode to, at most about (lists of ids and weights): a header above
+/// [`HEADER_FREE`] is charged this many times its length.
+const HEADER_DECODED: u64 = 16;
+
 /// What a frame's parts read before its body tell.
 struct Head {
     kind: u8,
@@ -1205,9 +1211,10 @@ struct Head {
 }
 
 /// Reads one frame as [`read_frame`] does, and with a `budget` takes the body's share of it
-/// before reading the body (all of it for a body beyond the whole budget): a connection whose
-/// body does not fit waits, unread, until the node takes frames, so that the bodies held in
-/// memory, read or being read, never exceed the budget. The header is read and its body's
+/// before reading the body (all of it for a body beyond the whole budget), and a large header's
+/// at its decoded size: a connection whose frame does not fit waits, unread, until the node
+/// takes frames, so that the frames held in memory, read or being read, never exceed the
+/// budget. The header is read and its body's
 /// limit for its kind checked first ([`body_limit`]).
 async fn read_frame_charged<R: AsyncRead + Unpin>(
     s: &mut R,
@@ -1252,10 +1259,16 @@ async fn read_frame_charged<R: AsyncRead + Unpin>(
     if blen > limit {
         return Err(format!("body length {blen} above the limit {limit} for its kind"));
     }
+    // A large header is charged at what it may decode to; small ones (every heartbeat) are free,
+    // so that control messages never wait behind bulk bodies.
+    let charged = match header.len() {
+        n if n > HEADER_FREE => blen.saturating_add(n as u64 * HEADER_DECODED),
+        _ => blen,
+    };
     let permit = match budget {
-        Some(b) if blen > 0 => {
+        Some(b) if charged > 0 => {
             let whole = inbox_permits(cfg.inbox_bytes);
-            let n = u32::try_from(inbox_permits(blen).min(whole)).unwrap_or(u32::MAX);
+            let n = u32::try_from(inbox_permits(charged).min(whole)).unwrap_or(u32::MAX);
             Some(b.clone().acquire_many_owned(n).await.map_err(|e| e.to_string())?)
         }
         _ => None,

@@ -1007,3 +1007,40 @@ async fn a_peer_that_stops_reading_loses_its_connection_and_its_queue() {
     assert!(refused, "a peer reading nothing kept its connection");
     deaf.abort();
 }
+
+/// A large header is charged to the receive budget at what it may decode to: a peer sending
+/// frames whose headers are 300 KB of ids, to a node that takes none, gets only as many read as
+/// the budget holds at sixteen times their length; every one arrives once the node takes them.
+#[tokio::test]
+async fn large_headers_are_charged_to_the_budget_at_their_decoded_size() {
+    let cfg = TcpConfig { inbox_bytes: 16 << 20, ..TcpConfig::default() };
+    let (_a, mut b) = pair(cfg).await;
+    let results: Vec<loco_core::mesh::ProbeResult> = (0..30_000)
+        .map(|i| loco_core::mesh::ProbeResult { peer: NodeId(i), bytes_per_sec: 1.0 })
+        .collect();
+    let big = Frame::control(MeshMsg::ProbeReport { round: 1, results });
+    let wire = encode_msg(&Outgoing::Frame(big.clone())).unwrap();
+    let hlen = wire.len();
+    assert!(hlen > 250_000, "{hlen} bytes");
+    let mut raw = TcpStream::connect(b.local_addr()).await.unwrap();
+    raw.write_all(&hello(PROTOCOL_VERSION, NodeId(5), 0, None)).await.unwrap();
+    let mut reply = [0u8; HELLO_REPLY_LEN];
+    raw.read_exact(&mut reply).await.unwrap();
+    let writer = tokio::spawn(async move {
+        for _ in 0..40 {
+            if raw.write_all(&wire).await.is_err() {
+                break;
+            }
+        }
+        raw
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let read = b.stats().frames_received.load(Ordering::Relaxed);
+    let fit = (16u64 << 20) / (hlen as u64 * 16) + 1;
+    assert!(read <= fit, "{read} frames of {hlen}-byte headers read past a full budget");
+    for _ in 0..40 {
+        let (from, f) = recv_within(&mut b).await.expect("every frame, once taken");
+        assert_eq!((from, &f), (NodeId(5), &big));
+    }
+    drop(writer.await.unwrap());
+}
