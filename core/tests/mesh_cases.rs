@@ -958,3 +958,23 @@ fn a_restarted_coordinator_awaits_its_old_members_and_numbers_its_epochs_above_t
     c.handle_timeout(at(0));
     assert_eq!(formed(&drain(&mut c)).map(|f| f.0), Some(Epoch(1)));
 }
+
+/// A member's probe report is kept for links between members only: 40,000 made-up peer ids in
+/// one report grow the coordinator's bandwidth matrix by nothing, and the real link is kept.
+#[test]
+fn a_probe_report_naming_made_up_peers_grows_nothing() {
+    use loco_core::mesh::{Held, ProbeResult};
+    let cfg = MeshConfig { min_members: 2, join_window: Duration::ZERO, ..MeshConfig::default() };
+    let mut c = Coordinator::new(cfg);
+    let held = Some(Held::default());
+    for id in 0..2 {
+        c.handle_message(at(0), NodeId(id), MeshMsg::Join { incarnation: 0, held, finished: 0 });
+    }
+    assert_eq!(c.members(), vec![NodeId(0), NodeId(1)]);
+    let mut results: Vec<ProbeResult> =
+        (100..40_100).map(|i| ProbeResult { peer: NodeId(i), bytes_per_sec: 1e9 }).collect();
+    results.push(ProbeResult { peer: NodeId(1), bytes_per_sec: 5e8 });
+    c.handle_message(at(1), NodeId(0), MeshMsg::ProbeReport { round: 1, results });
+    assert_eq!(c.state().bandwidth.len(), 1);
+    assert_eq!(c.state().bandwidth.get(NodeId(0), NodeId(1)), Some(5e8));
+}

@@ -570,8 +570,11 @@ impl Coordinator {
     /// A member's bandwidths to its peers, measured in probe `round`.
     fn on_probe_report(&mut self, from: NodeId, round: u64, results: Vec<ProbeResult>) {
         self.probes.on_report(from, round);
+        // Links between members only: a report naming other ids (made up, or gone) grows
+        // nothing here.
         for r in results {
-            if r.peer != from && r.bytes_per_sec.is_finite() && r.bytes_per_sec > 0.0 {
+            let member = self.state.members.contains_key(&r.peer);
+            if member && r.peer != from && r.bytes_per_sec.is_finite() && r.bytes_per_sec > 0.0 {
                 self.state.bandwidth.set(from, r.peer, r.bytes_per_sec);
                 self.event(MeshEvent::BandwidthMeasured {
                     from,
