@@ -119,10 +119,12 @@ pub struct TcpConfig {
     pub max_body: u64,
     /// Capacity of the receive queue, in frames (default 4096).
     pub inbox_frames: usize,
-    /// Bytes of frame bodies the receive queue may hold (default 256 MiB): a connection's reader
-    /// that would go beyond waits until the node takes frames, and TCP's window then holds the
+    /// Bytes of frame bodies the receive queue may hold, for state pieces and again for all other
+    /// frames (default 256 MiB each): a connection's reader whose next body would go beyond
+    /// waits, before reading it, until the node takes frames, and TCP's window then holds the
     /// sender back, so that a peer sending faster than this node consumes (a state transfer of
-    /// gigabytes) cannot fill its memory. A body larger than the bound waits for an empty queue.
+    /// gigabytes) cannot fill its memory, and a state transfer never holds up the ring. A body
+    /// larger than the bound waits for an empty queue.
     pub inbox_bytes: u64,
     /// The TCP congestion control of every connection (`[sim] tcp`: "cubic" or "bbr"); `None`
     /// keeps the host's default. Set per socket, which a process with `CAP_NET_ADMIN` may do
@@ -437,7 +439,7 @@ impl TcpTransport {
         let stats = Arc::new(TcpStats::default());
         let (tx, inbox) = mpsc::channel(cfg.inbox_frames.max(1));
         let addrs = Directory::default();
-        let budget = Arc::new(tokio::sync::Semaphore::new(inbox_permits(cfg.inbox_bytes)));
+        let budget = Budgets::new(cfg.inbox_bytes);
         let inbound = OpenInbound::default();
         let ctx = AcceptCtx {
             me: id,
@@ -943,8 +945,8 @@ struct AcceptCtx {
     cfg: Arc<TcpConfig>,
     stats: Arc<TcpStats>,
     addrs: Directory,
-    /// The receive queue's byte budget, in permits of [`INBOX_UNIT`] bytes.
-    budget: Arc<tokio::sync::Semaphore>,
+    /// The receive queue's byte budgets.
+    budget: Budgets,
     /// Authenticated incoming connections open now, per peer.
     inbound: OpenInbound,
 }
@@ -1197,6 +1199,27 @@ fn body_limit(header: &Header, cfg: &TcpConfig) -> u64 {
     }
 }
 
+/// The receive queue's byte budgets, in permits of [`INBOX_UNIT`] bytes, each of
+/// [`TcpConfig::inbox_bytes`]: one for state pieces, one for everything else, so that a joiner's
+/// state transfer never holds up the ring's frames or the heartbeats behind it.
+#[derive(Clone, Debug)]
+struct Budgets {
+    bulk: Arc<tokio::sync::Semaphore>,
+    other: Arc<tokio::sync::Semaphore>,
+}
+
+impl Budgets {
+    fn new(bytes: u64) -> Budgets {
+        let each = || Arc::new(tokio::sync::Semaphore::new(inbox_permits(bytes)));
+        Budgets { bulk: each(), other: each() }
+    }
+
+    /// The budget a frame of `kind` is charged to.
+    fn of(&self, kind: u8) -> &Arc<tokio::sync::Semaphore> {
+        if kind == KIND_STATE { &self.bulk } else { &self.other }
+    }
+}
+
 /// Header bytes a frame may carry without being charged to the receive budget.
 const HEADER_FREE: usize = 4096;
 /// What one header byte may decode to, at most about (lists of ids and weights): a header above
@@ -1219,7 +1242,7 @@ struct Head {
 async fn read_frame_charged<R: AsyncRead + Unpin>(
     s: &mut R,
     cfg: &TcpConfig,
-    budget: Option<&Arc<tokio::sync::Semaphore>>,
+    budget: Option<&Budgets>,
 ) -> Result<Option<(Incoming, Option<tokio::sync::OwnedSemaphorePermit>)>, String> {
     let mut prefix = [0u8; PREFIX_LEN];
     // Idle for as long as the peer likes before the first byte ...
@@ -1265,7 +1288,7 @@ async fn read_frame_charged<R: AsyncRead + Unpin>(
         n if n > HEADER_FREE => blen.saturating_add(n as u64 * HEADER_DECODED),
         _ => blen,
     };
-    let permit = match budget {
+    let permit = match budget.map(|b| b.of(kind)) {
         Some(b) if charged > 0 => {
             let whole = inbox_permits(cfg.inbox_bytes);
             let n = u32::try_from(inbox_permits(charged).min(whole)).unwrap_or(u32::MAX);
