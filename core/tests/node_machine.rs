@@ -578,10 +578,12 @@ fn chaos_script(seed: u64, nodes: u32, events: usize, mode: &str) -> String {
     use rand::{Rng, SeedableRng};
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let min_members = 4;
+    // Odd seeds join without blocking: the joiner computes at weight 0 while its state comes.
+    let join_mode = if seed % 2 == 1 { "non-blocking" } else { "blocking" };
     let mut s = format!(
         "# chaos seed {seed}: {nodes} nodes, {events} events\nmode {mode}\n\
          config min_members={min_members} join_window=5s heartbeat_timeout=6s barrier_timeout=120s \
-         allreduce_timeout=120s sync_timeout=120s\n\
+         allreduce_timeout=120s sync_timeout=120s join_mode={join_mode}\n\
          params 1024\ncompute 20s\nstart"
     );
     for i in 0..nodes {

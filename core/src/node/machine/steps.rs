@@ -65,7 +65,15 @@ impl Node {
             self.synced = true;
             self.holds = true;
         }
-        if self.report_sync {
+        // A non-blocking joiner that holds the state says so at the start of the first round it
+        // computes from it: the coordinator gives it weight 1 from that step on. In overlap
+        // modes a round may have started before the state came (ahead, from the joiner's own
+        // weights): that round's pseudo-gradient is not the mesh's, so the report waits a round.
+        let from_state = match self.ahead.as_ref().filter(|a| a.outer_step == step) {
+            Some(a) if self.overlaps() => a.valid,
+            _ => self.synced,
+        };
+        if self.report_sync && from_state {
             self.report_sync = false;
             if let Err(e) = self.member.report_sync_done(now) {
                 tracing::debug!(target: "loco_core", "{}: sync report refused: {e}", self.cfg.id);
