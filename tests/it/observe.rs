@@ -7,6 +7,7 @@
 use crate::common::TestContext;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -60,10 +61,28 @@ impl Proc {
         Proc::spawn_tool(env!("CARGO_BIN_EXE_loco"), args)
     }
 
+    /// `loco ARGS...` with transparent huge pages off for the process (`PR_SET_THP_DISABLE`), so
+    /// its resident memory moves by 4 KiB pages: where the kernel backs memory with huge pages
+    /// (`always`), a short-lived runtime thread's stack adds 2 MiB at once while it lives.
+    #[allow(unsafe_code)]
+    fn start_in_small_pages(args: &[&str]) -> Proc {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_loco"));
+        // SAFETY: the closure runs between fork and exec and makes one system call (prctl),
+        // which is async-signal-safe; it allocates nothing and takes no lock.
+        unsafe {
+            cmd.pre_exec(|| nix::sys::prctl::set_thp_disable(true).map_err(std::io::Error::from));
+        }
+        Proc::spawn(cmd.args(args))
+    }
+
     /// `program ARGS...`, run in the repository root.
     fn spawn_tool(program: &str, args: &[&str]) -> Proc {
-        let mut child = Command::new(program)
-            .args(args)
+        Proc::spawn(Command::new(program).args(args))
+    }
+
+    /// Starts `cmd` in the repository root with stdin closed and stderr read line by line.
+    fn spawn(cmd: &mut Command) -> Proc {
+        let mut child = cmd
             .current_dir(TestContext::repo())
             .env_remove("LOCO_LOG")
             .env_remove("LOCO_SECRET")
@@ -440,15 +459,17 @@ fn get(addr: SocketAddr, path: &str, headers: &str) -> (String, String) {
     (head.lines().next().unwrap_or("").to_string(), body.to_string())
 }
 
-/// Resident memory of process `pid`, in bytes (Linux `VmRSS`).
+/// Anonymous resident memory of process `pid` (heap and stacks, what a leak grows), in bytes
+/// (Linux `RssAnon`): the pages of its binary and libraries (libtorch's, where linked) that are
+/// read in as code first runs are not counted.
 fn rss(pid: u32) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
     let kib: u64 = s
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix("RssAnon:"))
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
-        .expect("VmRSS");
+        .expect("RssAnon");
     kib * 1024
 }
 
@@ -463,7 +484,7 @@ fn the_endpoints_hold_a_scrape_every_100_ms_for_a_minute() {
     let idle = SCENARIO.replace("time = \"60s\"", "time = \"600s\"");
     assert_ne!(idle, SCENARIO);
     std::fs::write(&scenario, idle).expect("write the scenario");
-    let mut coord = Proc::start(&[
+    let mut coord = Proc::start_in_small_pages(&[
         "coordinator",
         scenario.to_str().expect("utf-8 path"),
         "--listen",
@@ -478,7 +499,9 @@ fn the_endpoints_hold_a_scrape_every_100_ms_for_a_minute() {
         coord.wait_for("live page on http://").trim_end_matches('/').parse().expect("address");
     let pid = coord.child.id();
     let start = Instant::now();
-    let (mut settled, mut answers) = (None, 0u32);
+    // Resident memory read after every round of requests; each end of the minute is judged by
+    // its smallest reading over two seconds, so a leak shows and a passing peak does not.
+    let (mut early, mut late, mut answers) = (Vec::new(), Vec::new(), 0u32);
     let mut k = 0u32;
     while start.elapsed() < Duration::from_secs(60) {
         let (status, body) = get(metrics, "/metrics", "");
@@ -502,13 +525,21 @@ fn the_endpoints_hold_a_scrape_every_100_ms_for_a_minute() {
         }
         answers += 2;
         k += 1;
-        if settled.is_none() && start.elapsed() >= Duration::from_secs(10) {
-            settled = Some(rss(pid));
+        match start.elapsed().as_secs() {
+            10..12 => early.push(rss(pid)),
+            58.. => late.push(rss(pid)),
+            _ => {}
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    let (before, after) = (settled.expect("a reading at 10 s"), rss(pid));
-    eprintln!("{answers} answers; resident memory {before} B at 10 s, {after} B at 60 s");
+    let before = *early.iter().min().expect("readings at 10-12 s");
+    let after = *late.iter().min().expect("readings at 58-60 s");
+    eprintln!(
+        "{answers} answers; anonymous resident memory at least {before} B at 10-12 s ({} readings), \
+         {after} B at 58-60 s ({} readings)",
+        early.len(),
+        late.len()
+    );
     assert!(after < before + (2 << 20), "memory grew from {before} B to {after} B");
 }
 
