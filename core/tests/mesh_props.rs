@@ -23,7 +23,8 @@ enum Ev {
     Barrier(u32, i8),
     /// Done for the current round, or a stale one.
     Done(u32, bool),
-    Failed(u32),
+    /// Failed for the current round, naming another node (any, member or not) or none.
+    Failed(u32, Option<u32>),
     Synced(u32),
     Leave(u32),
     Advance(u64),
@@ -36,7 +37,7 @@ fn ev() -> impl Strategy<Value = Ev> {
         (node.clone(), 0u8..6).prop_map(|(n, p)| Ev::Heartbeat(n, p)),
         (node.clone(), -1i8..=1).prop_map(|(n, o)| Ev::Barrier(n, o)),
         (node.clone(), any::<bool>()).prop_map(|(n, s)| Ev::Done(n, s)),
-        node.clone().prop_map(Ev::Failed),
+        (node.clone(), proptest::option::of(0u32..7)).prop_map(|(n, a)| Ev::Failed(n, a)),
         node.clone().prop_map(Ev::Synced),
         node.prop_map(Ev::Leave),
         (0u64..20_000).prop_map(Ev::Advance),
@@ -100,8 +101,9 @@ fn apply(c: &mut Coordinator, now: &mut Time, ev: &Ev, admitted: &mut BTreeSet<(
             let msg = MeshMsg::Done { epoch, outer_step: s.outer_step, attempt };
             c.handle_message(*now, from(n), msg);
         }
-        Ev::Failed(n) => {
-            let msg = MeshMsg::Failed { epoch: round_epoch, outer_step: s.outer_step, attempt };
+        Ev::Failed(n, a) => {
+            let (epoch, outer_step, accused) = (round_epoch, s.outer_step, a.map(from));
+            let msg = MeshMsg::Failed { epoch, outer_step, attempt, accused };
             c.handle_message(*now, from(n), msg);
         }
         Ev::Synced(n) => c.handle_message(*now, from(n), MeshMsg::Synced { epoch: s.epoch }),

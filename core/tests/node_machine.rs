@@ -1042,6 +1042,59 @@ fn a_member_failing_every_attempt_alone_is_evicted_and_training_goes_on() {
     assert_clean(&net);
 }
 
+/// A member whose ring frames carry a NaN: its right neighbour refuses them before decoding,
+/// fails each attempt naming it, and after `BLAME_LIMIT` attempts both sides of the dispute are
+/// evicted (which of them lies cannot be told without per-node keys). No replica ever holds a
+/// value that is not finite, the replicas stay identical, and training goes on.
+#[test]
+fn a_member_sending_values_that_are_not_finite_is_named_and_evicted_with_its_accuser() {
+    use loco_core::mesh::BLAME_LIMIT;
+    let mut net = formed(MeshConfig::default(), 5);
+    net.run_for(secs(5)).unwrap();
+    net.poison_values(NodeId(3));
+    net.run_for(secs(900)).unwrap();
+    let (mut accusations, mut evictions) = (Vec::new(), Vec::new());
+    for r in net.record() {
+        match &r.what {
+            Seen::Mesh(MeshEvent::AllReduceFailed { node, accused, .. }) => {
+                accusations.push((*node, *accused));
+            }
+            Seen::Mesh(MeshEvent::EpochFormed { evicted, .. }) if !evicted.is_empty() => {
+                evictions.push(evicted.clone());
+            }
+            _ => {}
+        }
+    }
+    // Each dispute: BLAME_LIMIT attempts in a row failed by node 3's right neighbour naming
+    // it, then both go (they join again, and are barred for longer each time).
+    assert!(!evictions.is_empty(), "{accusations:?}");
+    assert!(accusations.iter().all(|(by, a)| *a == Some(NodeId(3)) && *by != NodeId(3)));
+    for (k, evicted) in evictions.iter().enumerate() {
+        let by = accusations[k * BLAME_LIMIT as usize].0;
+        let mut both = vec![(by, EvictReason::Disputed), (NodeId(3), EvictReason::Disputed)];
+        both.sort();
+        assert_eq!(evicted, &both, "dispute {k}: {accusations:?}");
+    }
+    let disputes = accusations.len().div_ceil(BLAME_LIMIT as usize);
+    assert!((evictions.len()..=evictions.len() + 1).contains(&disputes), "{accusations:?}");
+    // The bar doubles from twice the heartbeat timeout: within 900 s at most log2(900 / 6) + 1.
+    let bound = (900.0 / MeshConfig::default().heartbeat_timeout.as_secs_f64()).log2() + 1.0;
+    assert!(evictions.len() as f64 <= bound, "the bar grows: {evictions:?}");
+    // Every refusal is the accuser's, of values from node 3.
+    let v = net.violations();
+    assert!(
+        !v.is_empty() && v.iter().all(|v| v.contains("not finite") || v.contains("NaN")),
+        "{v:?}"
+    );
+    assert!(net.disagreements().is_empty(), "{:?}", net.hashes());
+    let committed = net.hashes().values().filter(|by| by.len() == 3).count();
+    assert!(committed >= 3, "training went on: {:?}", net.hashes().keys());
+    for id in (0..5).map(NodeId) {
+        let Some(outer) = net.node(id).and_then(|n| n.outer()) else { continue };
+        assert!(outer.outer().iter().all(|x| x.is_finite()), "{id}'s weights are finite");
+    }
+}
+
 /// Pauses of the coordinator past the heartbeat timeout and short of the members' `rejoin_for`,
 /// started anywhere between two heartbeats, evict nobody: silence is judged only over time it ran and heard, even when the
 /// pause ends just after a member's deadline (late by less than a heartbeat interval) and the

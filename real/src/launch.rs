@@ -768,7 +768,6 @@ mod tail_tests {
         std::io::Write::write_all(&mut f, format!("{b2}\n").as_bytes()).unwrap();
         take(&mut tail);
         take(&mut tail);
-        drop(take);
         assert_eq!(seen, vec![1.0, 2.0]);
     }
 }

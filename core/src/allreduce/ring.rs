@@ -5,7 +5,7 @@ use super::schedule::{
     segment_range, sum_over_chunks,
 };
 use super::scratch::Scratch;
-use crate::codec::{Codec, CodecKind};
+use crate::codec::{BadEncoding, Codec, CodecKind};
 use crate::ids::{Epoch, NodeId, Weight};
 use crate::transport::{Body, CollectiveHeader, Frame, Header, Phase, pool};
 use std::collections::VecDeque;
@@ -129,6 +129,20 @@ pub enum RingError {
         from: NodeId,
         /// What did not fit.
         reason: String,
+    },
+    /// Values from the left neighbour that are not finite, or that made the sum not finite:
+    /// refused before anything is decoded from them or sent on, so no replica takes them. The
+    /// neighbour named either sent them or (in the all-gather) forwarded them unchecked, which
+    /// an honest node never does.
+    #[error("{what} from {from}: {source}")]
+    BadValues {
+        /// The left neighbour the bytes came from.
+        from: NodeId,
+        /// Which: the values received, or the sum made with them.
+        what: &'static str,
+        /// The first value that is not finite.
+        #[source]
+        source: BadEncoding,
     },
     /// A non-collective frame was handed to the collective.
     #[error("not a collective frame")]
@@ -393,6 +407,10 @@ impl<'a> RingAllReduce<'a> {
         if !h.weight_sum.is_finite() || h.weight_sum < 0.0 {
             return Err(unexpected(format!("weight sum {}", h.weight_sum)));
         }
+        if let Body::Bytes(b) = &frame.body {
+            let what = "values received";
+            self.codec.check(b).map_err(|source| RingError::BadValues { from, what, source })?;
+        }
         let idx = step * self.max_segs + seg;
         let got = match h.phase {
             Phase::ReduceScatter => &mut self.got_rs[idx],
@@ -405,12 +423,18 @@ impl<'a> RingAllReduce<'a> {
         self.remaining -= 1;
         self.stats.frames_received += 1;
         match h.phase {
-            Phase::ReduceScatter => self.on_reduce_scatter(h, step, chunk, seg, range, &frame.body),
+            Phase::ReduceScatter => {
+                let sum = self.on_reduce_scatter(h, step, chunk, seg, range, &frame.body);
+                let what = "the sum with the values received";
+                sum.map_err(|source| RingError::BadValues { from, what, source })?;
+            }
             Phase::AllGather => self.on_all_gather(h, step, chunk, seg, range, &frame.body),
         }
         Ok(())
     }
 
+    /// Reduces a received segment with this node's own and queues what goes on. An encoded sum
+    /// that is not finite (finite values that overflow together) is refused, not sent on.
     fn on_reduce_scatter(
         &mut self,
         h: &CollectiveHeader,
@@ -419,7 +443,7 @@ impl<'a> RingAllReduce<'a> {
         seg: usize,
         range: Range<usize>,
         body: &Body,
-    ) {
+    ) -> Result<(), BadEncoding> {
         let n = range.len();
         let weight_sum = h.weight_sum + f64::from(self.weight);
         if step + 2 < self.world {
@@ -432,13 +456,14 @@ impl<'a> RingAllReduce<'a> {
                 (Body::Bytes(b), Some(own)) => {
                     let mut out = pool::for_overwrite(codec.encoded_len(n));
                     codec.reduce_encode(b, &own[range], w, self.scratch.get(n), &mut out);
+                    codec.check(&out)?;
                     Body::Bytes(pool::freeze(out))
                 }
                 _ => Body::Virtual(self.codec.encoded_len(n) as u64),
             };
             let f = self.frame(Phase::ReduceScatter, step + 1, chunk, seg, weight_sum, body);
             self.queue.push_back(Pending::Ready(f));
-            return;
+            return Ok(());
         }
         // Last reduce-scatter step: this node owns the chunk. Average, encode once, and take
         // the decoded bytes as its own result, exactly as every other rank will (one call: the
@@ -450,6 +475,7 @@ impl<'a> RingAllReduce<'a> {
                 let mut buf = pool::for_overwrite(codec.encoded_len(n));
                 let scratch = self.scratch.get(n);
                 codec.reduce_average(b, &mut d[range], w, weight_sum, scratch, &mut buf);
+                codec.check(&buf)?;
                 Body::Bytes(pool::freeze(buf))
             }
             // Virtual numerics: only the length travels.
@@ -457,6 +483,7 @@ impl<'a> RingAllReduce<'a> {
         };
         let f = self.frame(Phase::AllGather, 0, chunk, seg, weight_sum, body);
         self.queue.push_back(Pending::Ready(f));
+        Ok(())
     }
 
     fn on_all_gather(

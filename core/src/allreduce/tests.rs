@@ -394,3 +394,50 @@ fn real_values_and_rings_under_way_are_not_completed_virtually() {
     assert!(!started.complete_virtual());
     assert!(!started.is_done());
 }
+
+/// Bytes that would decode to a value that is not finite are refused before they are used, with
+/// the sender named, and nothing is sent on for them; so is a sum that overflows.
+#[test]
+fn values_that_are_not_finite_are_refused_and_the_sender_named() {
+    let ring = ids(3);
+    fn start<'a>(
+        ring: &[NodeId],
+        codec: CodecKind,
+        me: usize,
+        x: &'a mut [f32],
+    ) -> RingAllReduce<'a> {
+        RingAllReduce::new(cfg(ring, ring[me], codec, 256), Payload::Real(x), Weight::ONE).unwrap()
+    }
+    // A NaN scale in int8-block bytes from the left neighbour.
+    let (mut a, mut b) = (gaussian(1536, 1, 1.0), gaussian(1536, 2, 1.0));
+    let mut ma = start(&ring, CodecKind::Int8Block, 0, &mut a);
+    let mut mb = start(&ring, CodecKind::Int8Block, 1, &mut b);
+    let (to, mut f) = ma.poll_send().unwrap();
+    assert_eq!(to, ring[1]);
+    let own = std::iter::from_fn(|| mb.poll_send()).count();
+    let Body::Bytes(good) = &f.body else { panic!("real bytes") };
+    let mut bad = good.to_vec();
+    bad[..4].copy_from_slice(&f32::NAN.to_le_bytes());
+    f.body = Body::Bytes(bad.into());
+    match mb.handle_frame(ring[0], &f) {
+        Err(RingError::BadValues { from, what: "values received", source }) => {
+            assert_eq!((from, source.what, source.index), (ring[0], "block scale", 0));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(mb.poll_send().is_none(), "nothing sent on for the refused frame ({own} own)");
+    // fp32 values that are finite alone but overflow in the sum.
+    let (mut a, mut b) = (vec![3e38f32; 1536], vec![3e38f32; 1536]);
+    let mut ma = start(&ring, CodecKind::Fp32, 0, &mut a);
+    let mut mb = start(&ring, CodecKind::Fp32, 1, &mut b);
+    let (_, f) = ma.poll_send().unwrap();
+    while mb.poll_send().is_some() {}
+    match mb.handle_frame(ring[0], &f) {
+        Err(RingError::BadValues { from, what, source }) => {
+            assert_eq!((from, what), (ring[0], "the sum with the values received"));
+            assert_eq!(source.value, f32::INFINITY);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(mb.poll_send().is_none(), "the overflowed sum is not sent on");
+}

@@ -4,7 +4,7 @@
 //! independently, and the reduce steps of the ring run fused one block at a time while it is in
 //! registers and the L1 cache. A format says only how one block's values become codes and back.
 
-use super::Codec;
+use super::{BadEncoding, Codec};
 
 /// Values per block (the last block of a chunk may be shorter).
 pub(crate) const BLOCK: usize = 256;
@@ -111,6 +111,34 @@ fn reduce_block<'a, F: Format>(
     super::load_weighted(acc, own, weight);
     decode_with::<F>(src, acc, |a, v| *a += v);
     acc
+}
+
+/// [`Codec::check`] of a blockwise format: every block's scale is one [`block_scale`] can
+/// write (finite, not negative, and `LEVELS` times it finite), so every code an encoder writes
+/// decodes to a finite value. A code one beyond `-LEVELS` (which no encoder writes, but a byte
+/// can hold) could still overflow under a scale within a 128th of the largest: such a block,
+/// which no pseudo-gradient comes near, is decoded to be sure.
+pub(crate) fn check<F: Format>(src: &[u8]) -> Result<(), BadEncoding> {
+    for (index, block) in src.chunks(F::BLOCK_BYTES).enumerate() {
+        let Some((head, codes)) = block.split_first_chunk::<4>() else {
+            // A short tail holds no scale: the length check refuses it before this.
+            continue;
+        };
+        let value = f32::from_le_bytes(*head);
+        let bad = BadEncoding { what: "block scale", index, value };
+        if !(value >= 0.0 && value * F::LEVELS < f32::INFINITY) {
+            return Err(bad);
+        }
+        if value * (F::LEVELS + 1.0) == f32::INFINITY {
+            let n = (codes.len() * BLOCK).div_ceil(F::BLOCK_BYTES - 4).min(BLOCK);
+            let mut values = [0.0f32; BLOCK];
+            F::decode_block(codes, value, &mut values[..n], &|d, v| *d = v);
+            if values[..n].iter().any(|v| !v.is_finite()) {
+                return Err(bad);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// [`Codec::encode`] of a blockwise format.

@@ -8,7 +8,7 @@
 //! input propagates into the sum, as it would without a codec). The loops compile to plain vector
 //! copies and adds.
 
-use super::{Codec, CodecKind};
+use super::{BadEncoding, Codec, CodecKind};
 
 /// 32-bit floats, little endian; exact (4 bytes per value).
 #[derive(Clone, Copy, Debug, Default)]
@@ -21,6 +21,10 @@ impl Codec for Fp32 {
 
     fn encoded_len(&self, n: usize) -> usize {
         4 * n
+    }
+
+    fn check(&self, src: &[u8]) -> Result<(), BadEncoding> {
+        super::check_values(src, 4, |s| f32::from_le_bytes([s[0], s[1], s[2], s[3]]), "value")
     }
 
     fn encode(&self, src: &[f32], dst: &mut [u8]) {

@@ -20,7 +20,7 @@
 //! detected at run time) on stack buffers of [`CHUNK`] values; bf16 is a branch-free bit
 //! manipulation the compiler vectorises, bit-identical to `half::bf16::from_f32` / `to_f32`.
 
-use super::{Codec, CodecKind};
+use super::{BadEncoding, Codec, CodecKind};
 use half::f16;
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 
@@ -61,6 +61,10 @@ impl Codec for Fp16 {
 
     fn encoded_len(&self, n: usize) -> usize {
         2 * n
+    }
+
+    fn check(&self, src: &[u8]) -> Result<(), BadEncoding> {
+        super::check_values(src, 2, |s| f16::from_le_bytes([s[0], s[1]]).to_f32(), "value")
     }
 
     fn encode(&self, src: &[f32], dst: &mut [u8]) {
@@ -112,6 +116,10 @@ impl Codec for Bf16 {
 
     fn encoded_len(&self, n: usize) -> usize {
         2 * n
+    }
+
+    fn check(&self, src: &[u8]) -> Result<(), BadEncoding> {
+        super::check_values(src, 2, |s| from_bf16(u16::from_le_bytes([s[0], s[1]])), "value")
     }
 
     fn encode(&self, src: &[f32], dst: &mut [u8]) {

@@ -39,7 +39,7 @@
 //! -8.
 
 use super::blockwise::{self, BLOCK, Format, LANES, code};
-use super::{Codec, CodecKind};
+use super::{BadEncoding, Codec, CodecKind};
 
 /// Encoded bytes of a full block: the f32 scale, then the codes, two per byte.
 const BLOCK_BYTES: usize = 4 + BLOCK / 2;
@@ -129,6 +129,10 @@ impl Codec for Int4Block {
 
     fn encoded_len(&self, n: usize) -> usize {
         n.div_ceil(2) + 4 * n.div_ceil(BLOCK)
+    }
+
+    fn check(&self, src: &[u8]) -> Result<(), BadEncoding> {
+        blockwise::check::<Self>(src)
     }
 
     fn encode(&self, src: &[f32], dst: &mut [u8]) {

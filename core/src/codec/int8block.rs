@@ -31,7 +31,7 @@
 //! be decoded independently.
 
 use super::blockwise::{self, BLOCK, Format, LANES, code};
-use super::{Codec, CodecKind};
+use super::{BadEncoding, Codec, CodecKind};
 
 /// Encoded bytes of a full block: the f32 scale, then the codes.
 const BLOCK_BYTES: usize = 4 + BLOCK;
@@ -85,6 +85,10 @@ impl Codec for Int8Block {
 
     fn encoded_len(&self, n: usize) -> usize {
         n + 4 * n.div_ceil(BLOCK)
+    }
+
+    fn check(&self, src: &[u8]) -> Result<(), BadEncoding> {
+        blockwise::check::<Self>(src)
     }
 
     fn encode(&self, src: &[f32], dst: &mut [u8]) {

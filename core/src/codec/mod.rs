@@ -139,6 +139,19 @@ impl FromStr for CodecKind {
     }
 }
 
+/// Why received bytes were refused before decoding: they are not something this codec's
+/// `encode` writes, and would decode to a value that is not finite.
+#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
+#[error("{what} {index} is {value}, which no encoding holds")]
+pub struct BadEncoding {
+    /// What holds it: a value, a block's scale, a table entry.
+    pub what: &'static str,
+    /// Its index among those.
+    pub index: usize,
+    /// What it is.
+    pub value: f32,
+}
+
 /// A way to send f32 values as bytes. Implementations are stateless and thread-safe.
 pub trait Codec: Send + Sync {
     /// Which codec this is.
@@ -146,6 +159,17 @@ pub trait Codec: Send + Sync {
 
     /// Exact number of bytes `encode` writes for `n` values.
     fn encoded_len(&self, n: usize) -> usize;
+
+    /// Checks bytes from the network before they are decoded: every value they decode to is
+    /// finite (and every scale or table entry is one `encode` can write). `encode` of finite
+    /// values always passes; an encoding of a NaN or an infinity passes where the codec maps
+    /// them to finite values (the quantised codecs do) and fails where it sends them as they
+    /// are (`fp32`, `fp16`, `bf16`). One pass over the bytes (over the scales or the table
+    /// only, for the blockwise codecs and `uint8`).
+    ///
+    /// # Errors
+    /// The first value, scale or table entry that is not finite (or out of range).
+    fn check(&self, src: &[u8]) -> Result<(), BadEncoding>;
 
     /// Encodes `src` into `dst`.
     ///
@@ -216,6 +240,30 @@ pub trait Codec: Send + Sync {
         self.encode(acc, dst);
         self.decode(dst, own);
     }
+}
+
+/// [`Codec::check`] of values of `width` bytes each, decoded by `value`, named `what`: the
+/// values are judged a block at a time with no branch per value (the loop vectorises), and a
+/// block that has a bad one is searched again for it.
+pub(crate) fn check_values(
+    src: &[u8],
+    width: usize,
+    value: impl Fn(&[u8]) -> f32,
+    what: &'static str,
+) -> Result<(), BadEncoding> {
+    const PER_BLOCK: usize = 1024;
+    for (b, block) in src.chunks(width * PER_BLOCK).enumerate() {
+        let bad = block.chunks_exact(width).fold(false, |bad, s| bad | !value(s).is_finite());
+        if !bad {
+            continue;
+        }
+        if let Some((i, v)) =
+            block.chunks_exact(width).map(&value).enumerate().find(|(_, v)| !v.is_finite())
+        {
+            return Err(BadEncoding { what, index: b * PER_BLOCK + i, value: v });
+        }
+    }
+    Ok(())
 }
 
 /// The reduce steps' length contract: `src` and `dst` both hold the encoding of `n` values.

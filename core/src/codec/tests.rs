@@ -194,6 +194,10 @@ proptest! {
                     prop_assert!(b.is_finite(), "{} {:e} -> {:e}", kind, a, b);
                 }
             }
+            // What a node encodes from values in range passes its peers' check.
+            if x.iter().all(|a| a.abs() <= range) {
+                prop_assert_eq!(c.check(&e), Ok(()), "{}", kind);
+            }
         }
     }
 
@@ -247,6 +251,69 @@ proptest! {
             c.decode_accumulate(&bytes, &mut d);
             c.decode(&bytes, &mut d);
         }
+    }
+
+    /// Bytes that pass the check decode to finite values, whatever they are; for the float
+    /// codecs, which send values as they are, bytes that fail it decode to a value that is not
+    /// finite at the index named.
+    #[test]
+    fn checked_bytes_decode_to_finite_values(n in 0usize..700, seed in any::<u64>()) {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        for kind in CodecKind::ALL {
+            let c = kind.codec();
+            let mut bytes: Vec<u8> = (0..c.encoded_len(n)).map(|_| rng.random()).collect();
+            if rng.random_bool(0.5) {
+                // Mostly good bytes: an encoding of values with one byte flipped.
+                let x: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+                c.encode(&x, &mut bytes);
+                if let Some(b) = (!bytes.is_empty()).then(|| rng.random_range(0..bytes.len())) {
+                    bytes[b] ^= 1 << rng.random_range(0..8);
+                }
+            }
+            let d = decode(c, &bytes, n);
+            match c.check(&bytes) {
+                Ok(()) => prop_assert!(d.iter().all(|v| v.is_finite()), "{} passed {:?}", kind, d),
+                Err(e) => if matches!(kind, CodecKind::Fp32 | CodecKind::Fp16 | CodecKind::Bf16) {
+                    prop_assert_eq!(e.what, "value");
+                    prop_assert!(!d[e.index].is_finite(), "{} {}", kind, e);
+                    prop_assert!(d[..e.index].iter().all(|v| v.is_finite()), "{} {}", kind, e);
+                }
+            }
+        }
+    }
+}
+
+/// A scale or a table entry that is not finite is refused and named, as is a scale no encoder
+/// writes (negative, or one whose largest code would overflow); values are named by index.
+#[test]
+fn the_check_names_what_is_not_finite() {
+    let x: Vec<f32> = (0..600).map(|i| (i as f32 - 300.0) / 300.0).collect();
+    let cases: [(CodecKind, usize, f32, &str, usize); 8] = [
+        (CodecKind::Int8Block, 260, f32::NAN, "block scale", 1),
+        (CodecKind::Int8Block, 0, -1.0, "block scale", 0),
+        (CodecKind::Int8Block, 520, f32::MAX, "block scale", 2),
+        (CodecKind::Int4Block, 132, f32::INFINITY, "block scale", 1),
+        (CodecKind::Uint8, 4 * 17, f32::NAN, "table entry", 17),
+        (CodecKind::Fp32, 4 * 599, f32::NEG_INFINITY, "value", 599),
+        (CodecKind::Fp16, 2 * 5, f32::NAN, "value", 5),
+        (CodecKind::Bf16, 2 * 7, f32::INFINITY, "value", 7),
+    ];
+    for (kind, at, bad, what, index) in cases {
+        let c = kind.codec();
+        let mut e = encode_over(c, &x, 0);
+        assert_eq!(c.check(&e), Ok(()), "{kind}");
+        match kind {
+            CodecKind::Fp16 => {
+                e[at..at + 2].copy_from_slice(&half::f16::from_f32(bad).to_le_bytes())
+            }
+            CodecKind::Bf16 => {
+                e[at..at + 2].copy_from_slice(&half::bf16::from_f32(bad).to_le_bytes())
+            }
+            _ => e[at..at + 4].copy_from_slice(&bad.to_le_bytes()),
+        }
+        let got = c.check(&e).expect_err("refused");
+        assert_eq!((got.what, got.index), (what, index), "{kind}: {got}");
+        assert!(got.value.is_nan() && bad.is_nan() || got.value == bad, "{kind}: {got}");
     }
 }
 

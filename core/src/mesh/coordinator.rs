@@ -89,6 +89,8 @@ pub enum MeshEvent {
         epoch: Epoch,
         /// The attempt.
         attempt: u32,
+        /// The member it named for the failure (values that are not finite), if any.
+        accused: Option<NodeId>,
     },
     /// Every member finished the all-reduce; the outer step is committed.
     Committed {
@@ -175,9 +177,13 @@ impl fmt::Display for MeshEvent {
                     ring.len()
                 )
             }
-            MeshEvent::AllReduceFailed { node, epoch, attempt } => {
+            MeshEvent::AllReduceFailed { node, epoch, attempt, accused: None } => {
                 write!(f, "{epoch}: {node} reports attempt {attempt} failed")
             }
+            MeshEvent::AllReduceFailed { node, epoch, attempt, accused: Some(a) } => write!(
+                f,
+                "{epoch}: {node} reports attempt {attempt} failed: values from {a} not finite"
+            ),
             MeshEvent::Committed { epoch, outer_step } => {
                 write!(f, "{epoch}: step {outer_step} committed")
             }
@@ -445,8 +451,8 @@ impl Coordinator {
                     self.stale(from, MeshMsg::Done { epoch, outer_step, attempt });
                 }
             }
-            MeshMsg::Failed { epoch, outer_step, attempt } if is_member => {
-                self.on_failed(now, from, epoch, outer_step, attempt)
+            MeshMsg::Failed { epoch, outer_step, attempt, accused } if is_member => {
+                self.on_failed(now, from, (epoch, outer_step, attempt), accused)
             }
             MeshMsg::Synced { .. } if is_member => {
                 if let Some(m) = self.state.members.get_mut(&from) {
@@ -552,18 +558,27 @@ impl Coordinator {
         }
     }
 
-    /// A member's all-reduce attempt failed (stale unless it is the current round's).
-    fn on_failed(&mut self, now: Time, from: NodeId, epoch: Epoch, outer_step: u64, attempt: u32) {
+    /// A member's all-reduce attempt `(epoch, outer step, attempt)` failed (stale unless it is
+    /// the current round's), naming `accused` (kept only when that is another member).
+    fn on_failed(
+        &mut self,
+        now: Time,
+        from: NodeId,
+        (epoch, outer_step, attempt): (Epoch, u64, u32),
+        accused: Option<NodeId>,
+    ) {
         if self.is_current_round(epoch, outer_step, attempt) {
+            let accused = accused.filter(|a| *a != from && self.state.members.contains_key(a));
             if let Some(m) = self.state.members.get_mut(&from) {
                 m.failed = true;
+                m.accuses = accused;
             }
             if let Phase::Reduce { failed_at, .. } = &mut self.state.phase {
                 failed_at.get_or_insert(now);
             }
-            self.event(MeshEvent::AllReduceFailed { node: from, epoch, attempt });
+            self.event(MeshEvent::AllReduceFailed { node: from, epoch, attempt, accused });
         } else {
-            self.stale(from, MeshMsg::Failed { epoch, outer_step, attempt });
+            self.stale(from, MeshMsg::Failed { epoch, outer_step, attempt, accused });
         }
     }
 
@@ -906,16 +921,16 @@ impl Coordinator {
         let forming = self.state.phase == Phase::Forming;
         // An attempt given up with nobody dead, failed by the word of one member alone.
         if matches!(self.state.phase, Phase::Reduce { .. }) && p.evicted.is_empty() {
-            if let Some(m) = super::decide::sole_reporter(&self.state)
-                .and_then(|id| self.state.members.get_mut(&id))
-            {
-                m.blamed += 1;
+            for id in super::decide::blamed_parties(&self.state) {
+                if let Some(m) = self.state.members.get_mut(&id) {
+                    m.blamed += 1;
+                }
             }
         }
         self.state.epoch = p.epoch;
         self.evict(&p.evicted);
         for &(id, reason) in &p.evicted {
-            if reason == EvictReason::Uncorroborated {
+            if matches!(reason, EvictReason::Uncorroborated | EvictReason::Disputed) {
                 let (times, until) = self.state.barred.entry(id).or_insert((0, now));
                 *times = times.saturating_add(1);
                 *until = now + super::decide::barred_for(*times, &self.cfg);
@@ -993,6 +1008,7 @@ impl Coordinator {
         for m in self.state.members.values_mut() {
             m.done = false;
             m.failed = false;
+            m.accuses = None;
         }
         self.state.ring = r.ring.clone();
         self.state.weights = r.weights.clone();
@@ -1025,6 +1041,7 @@ impl Coordinator {
         for m in self.state.members.values_mut() {
             m.done = false;
             m.failed = false;
+            m.accuses = None;
         }
         self.request_probes();
     }

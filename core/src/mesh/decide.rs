@@ -28,7 +28,9 @@
 //!   skips the step. Past the all-reduce deadline with nobody dead, every member skips the step
 //!   at once (retrying the ring that just stalled for the whole deadline would stall again).
 //!   A member that alone reported [`BLAME_LIMIT`] attempts in a row failed, with nobody dead,
-//!   is evicted at the retry ([`EvictReason::Uncorroborated`]); a commit clears its count.
+//!   is evicted at the retry ([`EvictReason::Uncorroborated`]); a commit clears its count. A
+//!   member it named for values that are not finite is blamed beside it, and the two are
+//!   evicted together ([`EvictReason::Disputed`]).
 //!
 //! A joiner is admitted only at a boundary of the Compute phase, so one that arrives during a
 //! Sync or Reduce waits for the next step.
@@ -578,9 +580,18 @@ pub fn decide(now: Time, s: &MeshState, cfg: &MeshConfig) -> Decision {
             let retry = !dead.is_empty() || backoff.is_some_and(|b| now >= b) || timed_out;
             if retry {
                 let mut dead = dead;
-                if let Some(id) = sole_reporter(s).filter(|_| dead.is_empty()) {
-                    if s.members.get(&id).is_some_and(|m| m.blamed + 1 >= BLAME_LIMIT) {
-                        dead.push((id, EvictReason::Uncorroborated));
+                if dead.is_empty() {
+                    let why = match sole_reporter(s).and_then(|id| s.members.get(&id)) {
+                        Some(m) if m.accuses.is_some() => EvictReason::Disputed,
+                        _ => EvictReason::Uncorroborated,
+                    };
+                    let parties = blamed_parties(s);
+                    // Both sides of a dispute reach the limit together: both go, or neither.
+                    if parties
+                        .iter()
+                        .all(|id| s.members.get(id).is_some_and(|m| m.blamed + 1 >= BLAME_LIMIT))
+                    {
+                        dead.extend(parties.into_iter().map(|id| (id, why)));
                     }
                 }
                 let members = without(&ids, &dead);
@@ -602,6 +613,16 @@ pub fn decide(now: Time, s: &MeshState, cfg: &MeshConfig) -> Decision {
             })
         }
     }
+}
+
+/// Who is blamed for the current attempt when it is given up with nobody dead: the one member
+/// that reported it failed (when exactly one did) and the member it named, if any. Id order.
+pub(super) fn blamed_parties(s: &MeshState) -> Vec<NodeId> {
+    let Some(id) = sole_reporter(s) else { return Vec::new() };
+    let accused = s.members.get(&id).and_then(|m| m.accuses);
+    let mut parties: Vec<NodeId> = [Some(id), accused].into_iter().flatten().collect();
+    parties.sort_unstable();
+    parties
 }
 
 /// The one member that reported the current attempt failed, when exactly one did.

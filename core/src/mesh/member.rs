@@ -230,6 +230,8 @@ pub enum Command {
         epoch: Epoch,
         /// The op id.
         op: u64,
+        /// The neighbour named for the failure, if any.
+        accused: Option<NodeId>,
     },
     /// [`Member::report_sync_done`].
     SyncDone,
@@ -565,10 +567,11 @@ impl Member {
         _now: Time,
         epoch: Epoch,
         op: u64,
+        accused: Option<NodeId>,
     ) -> Result<(), MeshError> {
         let (outer_step, attempt, _) = self.check_op(epoch, op)?;
         self.phase = MemberPhase::Reducing { outer_step, attempt, done: false };
-        self.send_coordinator(MeshMsg::Failed { epoch, outer_step, attempt });
+        self.send_coordinator(MeshMsg::Failed { epoch, outer_step, attempt, accused });
         Ok(())
     }
 
@@ -591,7 +594,9 @@ impl Member {
         match c {
             Command::BarrierArrive { outer_step } => self.barrier_arrive(now, outer_step),
             Command::AllReduceDone { epoch, op } => self.report_allreduce_done(now, epoch, op),
-            Command::AllReduceFailed { epoch, op } => self.report_allreduce_failed(now, epoch, op),
+            Command::AllReduceFailed { epoch, op, accused } => {
+                self.report_allreduce_failed(now, epoch, op, accused)
+            }
             Command::SyncDone => self.report_sync_done(now),
             Command::Leave(r) => {
                 self.leave(now, r);

@@ -196,6 +196,12 @@ pub enum EvictReason {
     /// link of its own, or a member failing every attempt on purpose) would otherwise have every
     /// step retried and skipped.
     Uncorroborated,
+    /// One side of a dispute that lasted [`BLAME_LIMIT`] attempts in a row: one member alone
+    /// reported each attempt failed and named the other for values that are not finite. Which
+    /// of the two lies cannot be told without per-node keys, so both go: a node that sends bad
+    /// values, or that says it got them, takes at most one other with it, where the accuser
+    /// alone would be evicted and the sender would poison its next neighbour.
+    Disputed,
     /// It sent a member's message but is not a member (evicted earlier, or unknown).
     NotAMember,
 }
@@ -219,6 +225,11 @@ impl fmt::Display for EvictReason {
             EvictReason::Uncorroborated => {
                 write!(f, "alone reported {BLAME_LIMIT} attempts in a row failed")
             }
+            EvictReason::Disputed => write!(
+                f,
+                "in a dispute over {BLAME_LIMIT} attempts in a row: one member named the other's \
+                 values not finite"
+            ),
         }
     }
 }
@@ -316,6 +327,9 @@ pub enum MeshMsg {
         outer_step: u64,
         /// Attempt of the release.
         attempt: u32,
+        /// The member it names for the failure: its ring neighbour that sent values that are
+        /// not finite (none for a link or a peer that went away).
+        accused: Option<NodeId>,
     },
     /// The sender (a joiner) holds the training state.
     Synced {

@@ -37,6 +37,8 @@ pub struct MemberInfo {
     pub done: bool,
     /// It reported the current all-reduce attempt failed.
     pub failed: bool,
+    /// The member it named when it reported the current attempt failed.
+    pub accuses: Option<NodeId>,
     /// Attempts in a row that it alone reported failed, with nobody dead (cleared at a commit):
     /// at [`BLAME_LIMIT`](super::BLAME_LIMIT) it is evicted.
     pub blamed: u32,
@@ -58,6 +60,7 @@ impl MemberInfo {
             confirmed: false,
             done: false,
             failed: false,
+            accuses: None,
             blamed: 0,
         }
     }

@@ -69,11 +69,14 @@ pub fn coordinator_rows(
             None,
             format!("outer step {outer_step} attempt {attempt} on {} nodes", ring.len()),
         )],
-        MeshEvent::AllReduceFailed { node, epoch, attempt } => vec![row(
+        MeshEvent::AllReduceFailed { node, epoch, attempt, accused } => vec![row(
             EventKind::AllreduceFailed,
             Some(*epoch),
             Some(*node),
-            format!("attempt {attempt}"),
+            match accused {
+                Some(a) => format!("attempt {attempt}: values from node {a} not finite"),
+                None => format!("attempt {attempt}"),
+            },
         )],
         MeshEvent::StepSkipped { epoch, outer_step, attempts } => vec![row(
             EventKind::SkipStep,

@@ -117,6 +117,8 @@ pub struct NodeNet {
     sprayers: BTreeSet<NodeId>,
     /// Nodes that report every all-reduce attempt failed ([`NodeNet::fail_every_attempt`]).
     liars: BTreeSet<NodeId>,
+    /// Nodes whose ring frames carry a NaN ([`NodeNet::poison_values`]).
+    poisoners: BTreeSet<NodeId>,
 }
 
 /// A fault of one state piece on its way ([`NodeNet::fault_next_piece`]).
@@ -164,6 +166,7 @@ impl NodeNet {
             coordinator_isolated_until: Time::ZERO,
             sprayers: BTreeSet::new(),
             liars: BTreeSet::new(),
+            poisoners: BTreeSet::new(),
         }
     }
 
@@ -409,7 +412,23 @@ impl NodeNet {
         self.liars.insert(id);
     }
 
-    fn enqueue(&mut self, from: NodeId, to: NodeId, frame: Frame) {
+    /// From now on every ring frame with real bytes that node `id` sends has its first four
+    /// bytes set to an f32 NaN (the first value, scale or table entry): a member that sends
+    /// values that are not finite, as a diverged or hostile node would.
+    pub fn poison_values(&mut self, id: NodeId) {
+        self.poisoners.insert(id);
+    }
+
+    fn enqueue(&mut self, from: NodeId, to: NodeId, mut frame: Frame) {
+        if let (true, Header::Collective(_), crate::transport::Body::Bytes(b)) =
+            (self.poisoners.contains(&from), &frame.header, &frame.body)
+        {
+            if b.len() >= 4 {
+                let mut v = b.to_vec();
+                v[..4].copy_from_slice(&f32::NAN.to_le_bytes());
+                frame.body = crate::transport::Body::Bytes(v.into());
+            }
+        }
         if self.liars.contains(&from) && matches!(frame.header, Header::Collective(_)) {
             return;
         }
@@ -607,6 +626,7 @@ impl NodeNet {
                             epoch: *epoch,
                             outer_step: *outer_step,
                             attempt: *attempt,
+                            accused: None,
                         };
                         self.enqueue(to, NodeId::COORDINATOR, Frame::control(msg));
                     }

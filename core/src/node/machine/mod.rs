@@ -568,7 +568,7 @@ impl Node {
             if !r.failed && (peer == left || peer == right) && r.rings.start().ring.len() > 1 {
                 r.failed = true;
                 let (epoch, op) = r.rings.collective();
-                let _ = self.member.report_allreduce_failed(now, epoch, op);
+                let _ = self.member.report_allreduce_failed(now, epoch, op, None);
             }
         }
         self.pump(now);

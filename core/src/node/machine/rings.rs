@@ -6,7 +6,7 @@ use super::{Check, Effect, ModelledAllReduce, Node, Reducing, Violation, Work};
 use crate::ids::{Epoch, NodeId};
 use crate::mesh::AllReduceStart;
 use crate::node::acct::Span;
-use crate::node::rings::{Admission, ShardRings, Values};
+use crate::node::rings::{Admission, FeedError, ShardRings, Values};
 use crate::time::Time;
 use crate::transport::{Frame, HEADER_WIRE_BYTES};
 
@@ -49,7 +49,7 @@ impl Node {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(target: "loco_core", "{}: cannot start the all-reduce: {}", self.cfg.id, e.source);
-                let _ = self.member.report_allreduce_failed(now, epoch, op);
+                let _ = self.member.report_allreduce_failed(now, epoch, op, None);
                 return;
             }
         };
@@ -137,9 +137,16 @@ impl Node {
             let (epoch, op) = r.rings.collective();
             let first = !r.failed;
             r.failed = true;
+            // Values that are not finite name their sender; a frame off the schedule does not
+            // (it is refused, and the attempt fails as a link would).
+            let accused = matches!(
+                e,
+                FeedError::Ring { source: crate::allreduce::RingError::BadValues { .. }, .. }
+            )
+            .then_some(from);
             self.violation(Violation::RingRefused { epoch, op, from, error: e.to_string() });
             if first {
-                let _ = self.member.report_allreduce_failed(now, epoch, op);
+                let _ = self.member.report_allreduce_failed(now, epoch, op, accused);
             }
         }
     }
