@@ -85,6 +85,9 @@ pub struct CodecFigures {
     pub encode_gbps: f64,
     /// Single-threaded decode_accumulate, GB/s of f32 output.
     pub decode_acc_gbps: f64,
+    /// Single-threaded `check` of the encoding (what a ring runs on every body it receives
+    /// before decoding it), GB/s of the f32 values it holds.
+    pub check_gbps: f64,
     /// `encode_gbps / memcpy_gbps`.
     pub encode_vs_memcpy: f64,
     /// `decode_acc_gbps / memcpy_gbps`.
@@ -94,10 +97,12 @@ pub struct CodecFigures {
 }
 
 impl CodecFigures {
-    /// Seconds per value of one thread's encode and decode-accumulate: the figures for a
-    /// scenario's `[sim] encode_cost` and `decode_cost` (4 bytes of f32 a value).
+    /// Seconds per value of one thread's encode and of its check and decode-accumulate (a ring
+    /// checks every body it receives before decoding it): the figures for a scenario's
+    /// `[sim] encode_cost` and `decode_cost` (4 bytes of f32 a value).
     pub fn seconds_per_value(&self) -> (f64, f64) {
-        (4.0 / (self.encode_gbps * 1e9), 4.0 / (self.decode_acc_gbps * 1e9))
+        let per_value = |gbps: f64| 4.0 / (gbps * 1e9);
+        (per_value(self.encode_gbps), per_value(self.decode_acc_gbps) + per_value(self.check_gbps))
     }
 }
 
@@ -221,6 +226,9 @@ pub fn run(args: &CodecBenchArgs) -> Result<CodecBenchReport> {
             codec.decode_accumulate(&encoded, &mut out);
             black_box(&mut out);
         });
+        let check_s = best_seconds(args.repeats, || {
+            black_box(codec.check(black_box(&encoded)).is_ok());
+        });
         let encode_gbps = gbps(input_bytes, enc_s);
         let decode_acc_gbps = gbps(input_bytes, dec_s);
 
@@ -265,6 +273,7 @@ pub fn run(args: &CodecBenchArgs) -> Result<CodecBenchReport> {
             rel_rms_error,
             encode_gbps,
             decode_acc_gbps,
+            check_gbps: gbps(input_bytes, check_s),
             encode_vs_memcpy: encode_gbps / memcpy_gbps,
             decode_acc_vs_memcpy: decode_acc_gbps / memcpy_gbps,
             threaded,
@@ -303,8 +312,8 @@ impl CodecBenchReport {
         writeln!(out)?;
         write!(
             out,
-            "{:<11} {:>8} {:>10} {:>16} {:>16}",
-            "codec", "B/value", "rel RMS", "encode", "decode-acc"
+            "{:<11} {:>8} {:>10} {:>16} {:>16} {:>9}",
+            "codec", "B/value", "rel RMS", "encode", "decode-acc", "check"
         )?;
         if self.memcpy_threaded_gbps.is_some() {
             let t = self.threads;
@@ -319,14 +328,15 @@ impl CodecBenchReport {
         for r in &self.codecs {
             write!(
                 out,
-                "{:<11} {:>8.3} {:>10.2e} {:>8.2} ({:>4.2}x) {:>8.2} ({:>4.2}x)",
+                "{:<11} {:>8.3} {:>10.2e} {:>8.2} ({:>4.2}x) {:>8.2} ({:>4.2}x) {:>9.2}",
                 r.codec.name(),
                 r.bytes_per_value,
                 r.rel_rms_error,
                 r.encode_gbps,
                 r.encode_vs_memcpy,
                 r.decode_acc_gbps,
-                r.decode_acc_vs_memcpy
+                r.decode_acc_vs_memcpy,
+                r.check_gbps
             )?;
             if let Some(t) = &r.threaded {
                 write!(
@@ -350,7 +360,11 @@ impl CodecBenchReport {
             )?;
         }
         writeln!(out)?;
-        writeln!(out, "seconds per value on one thread, for the scenario's [sim] section:")?;
+        writeln!(
+            out,
+            "seconds per value on one thread (decode_cost: check and decode-accumulate), for the \
+             scenario's [sim] section:"
+        )?;
         for r in &self.codecs {
             let (e, d) = r.seconds_per_value();
             writeln!(out, "{:<11} encode_cost = {e:.2e}   decode_cost = {d:.2e}", r.codec.name())?;

@@ -105,7 +105,7 @@ fn bench_codec_prints_memcpy_and_ratios() {
         ctx.loco(&["bench", "codec", "--elements", "65536", "--repeats", "1", "--threads", "2"]);
     assert!(out.status.success(), "stderr: {}", stderr(&out));
     let text = stdout(&out);
-    for needle in ["memcpy", "uint8", "int8-block", "fp16", "bf16", "fp32"] {
+    for needle in ["memcpy", "uint8", "int8-block", "fp16", "bf16", "fp32", "check"] {
         assert!(text.contains(needle), "missing {needle} in:\n{text}");
     }
 }

@@ -24,7 +24,7 @@ impl Codec for Fp32 {
     }
 
     fn check(&self, src: &[u8]) -> Result<(), BadEncoding> {
-        super::check_values(src, 4, |s| f32::from_le_bytes([s[0], s[1], s[2], s[3]]), "value")
+        super::check_f32s(src, "value")
     }
 
     fn encode(&self, src: &[f32], dst: &mut [u8]) {

@@ -64,7 +64,8 @@ impl Codec for Fp16 {
     }
 
     fn check(&self, src: &[u8]) -> Result<(), BadEncoding> {
-        super::check_values(src, 2, |s| f16::from_le_bytes([s[0], s[1]]).to_f32(), "value")
+        let value = |s: [u8; 2]| f16::from_le_bytes(s).to_f32();
+        super::check_floats(src, half_magnitude, 0x7c00, value, "value")
     }
 
     fn encode(&self, src: &[f32], dst: &mut [u8]) {
@@ -88,6 +89,12 @@ impl Codec for Fp16 {
         assert_eq!(src.len(), self.encoded_len(dst.len()), "fp16 decode: wrong buffer length");
         fp16_decode_with(src, dst, |d, v| *d = v);
     }
+}
+
+/// The bits of a 16-bit float's magnitude (sign cleared), from its little-endian bytes.
+#[inline(always)]
+fn half_magnitude(s: [u8; 2]) -> u32 {
+    u32::from(u16::from_le_bytes(s) & 0x7fff)
 }
 
 /// f32 -> bf16 bits, round to nearest even; NaN stays NaN (quieted, sign and top payload kept).
@@ -119,7 +126,8 @@ impl Codec for Bf16 {
     }
 
     fn check(&self, src: &[u8]) -> Result<(), BadEncoding> {
-        super::check_values(src, 2, |s| from_bf16(u16::from_le_bytes([s[0], s[1]])), "value")
+        let value = |s: [u8; 2]| from_bf16(u16::from_le_bytes(s));
+        super::check_floats(src, half_magnitude, 0x7f80, value, "value")
     }
 
     fn encode(&self, src: &[f32], dst: &mut [u8]) {

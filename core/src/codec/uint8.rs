@@ -557,8 +557,7 @@ impl Codec for Uint8 {
     /// The table only: every code decodes to one of its entries.
     fn check(&self, src: &[u8]) -> Result<(), BadEncoding> {
         let table = src.get(..TABLE_BYTES).unwrap_or(src);
-        let entry = |s: &[u8]| f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
-        super::check_values(table, 4, entry, "table entry")
+        super::check_f32s(table, "table entry")
     }
 
     fn encode(&self, src: &[f32], dst: &mut [u8]) {
