@@ -6,7 +6,7 @@
 
 use loco_core::mesh::{
     BandwidthMatrix, Coordinator, CoordinatorAction, LeaveReason, MemberAction, MemberPhase,
-    MeshConfig, MeshEvent, MeshMsg, Phase, op_id, ring_order,
+    MeshConfig, MeshEvent, MeshMsg, Phase, UpdateNorms, op_id, ring_order,
 };
 use loco_core::testing::{Network, TraceKind, Workload};
 use loco_core::{Epoch, NodeId, Time};
@@ -21,8 +21,9 @@ enum Ev {
     Heartbeat(u32, u8),
     /// Barrier for the current step plus this offset (-1, 0, +1).
     Barrier(u32, i8),
-    /// Done for the current round, or a stale one.
-    Done(u32, bool),
+    /// Done for the current round, or a stale one, with the update's norms (own, average; a
+    /// negative average stands for NaN), or none.
+    Done(u32, bool, Option<(f64, f64)>),
     /// Failed for the current round, naming another node (any, member or not) or none.
     Failed(u32, Option<u32>),
     Synced(u32),
@@ -36,7 +37,8 @@ fn ev() -> impl Strategy<Value = Ev> {
         (node.clone(), 0u64..2).prop_map(|(n, i)| Ev::Join(n, i)),
         (node.clone(), 0u8..6).prop_map(|(n, p)| Ev::Heartbeat(n, p)),
         (node.clone(), -1i8..=1).prop_map(|(n, o)| Ev::Barrier(n, o)),
-        (node.clone(), any::<bool>()).prop_map(|(n, s)| Ev::Done(n, s)),
+        (node.clone(), any::<bool>(), proptest::option::of((0.0f64..10.0, -1.0f64..1e3)))
+            .prop_map(|(n, s, norms)| Ev::Done(n, s, norms)),
         (node.clone(), proptest::option::of(0u32..7)).prop_map(|(n, a)| Ev::Failed(n, a)),
         node.clone().prop_map(Ev::Synced),
         node.prop_map(Ev::Leave),
@@ -96,9 +98,13 @@ fn apply(c: &mut Coordinator, now: &mut Time, ev: &Ev, admitted: &mut BTreeSet<(
             let outer_step = s.outer_step.saturating_add_signed(i64::from(o));
             c.handle_message(*now, from(n), MeshMsg::Barrier { outer_step, withheld: false });
         }
-        Ev::Done(n, stale) => {
+        Ev::Done(n, stale, norms) => {
             let epoch = if stale { Epoch(round_epoch.0.saturating_sub(1)) } else { round_epoch };
-            let msg = MeshMsg::Done { epoch, outer_step: s.outer_step, attempt };
+            let norms = norms.map(|(own, average)| UpdateNorms {
+                own: Some(own),
+                average: if average < 0.0 { f64::NAN } else { average },
+            });
+            let msg = MeshMsg::Done { epoch, outer_step: s.outer_step, attempt, norms };
             c.handle_message(*now, from(n), msg);
         }
         Ev::Failed(n, a) => {
@@ -164,6 +170,12 @@ fn apply(c: &mut Coordinator, now: &mut Time, ev: &Ev, admitted: &mut BTreeSet<(
                 assert!(members.iter().all(|id| !c.state().members[id].synced));
                 assert!(c.is_stopped());
             }
+            CoordinatorAction::Event(MeshEvent::UpdateRefused { epoch: e, stopping, .. }) => {
+                // Only an attempt every member finished is judged, and only with the guard on.
+                assert_eq!(e, epoch);
+                assert!(c.config().max_update_ratio > 0.0);
+                assert_eq!(stopping, c.is_stopped());
+            }
             CoordinatorAction::Send {
                 to,
                 msg: MeshMsg::Release { epoch: e, ring, weights, .. },
@@ -206,9 +218,11 @@ proptest! {
         events in proptest::collection::vec(ev(), 1..200),
         blocking in any::<bool>(),
         min_members in 1usize..4,
+        guarded in any::<bool>(),
     ) {
         let cfg = MeshConfig {
             min_members,
+            max_update_ratio: if guarded { 3.0 } else { 0.0 },
             join_window: Duration::from_secs(1),
             barrier_timeout: Duration::from_secs(30),
             sync_timeout: Duration::from_secs(20),

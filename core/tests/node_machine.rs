@@ -1095,6 +1095,82 @@ fn a_member_sending_values_that_are_not_finite_is_named_and_evicted_with_its_acc
     }
 }
 
+/// The guard on the averaged update: one node's pseudo-gradient multiplied by 1,000 at one
+/// outer step makes the average's norm far beyond the running median; every member skips that
+/// step, the event names the node, and the steps before and after commit with identical
+/// replicas. With the guard off the same update is committed.
+#[test]
+fn an_update_a_thousand_times_too_large_is_skipped_by_all_and_its_node_named() {
+    for guarded in [true, false] {
+        let ratio = if guarded { 10.0 } else { 0.0 };
+        let mut net = formed(MeshConfig { max_update_ratio: ratio, ..MeshConfig::default() }, 4);
+        net.run_for(secs(400)).unwrap();
+        let bad = net.coordinator().unwrap().outer_step() + 1;
+        assert!(bad >= 6, "history first: {bad}");
+        net.scale_update(NodeId(2), bad, 1000.0);
+        net.run_for(secs(400)).unwrap();
+        let refused: Vec<_> = net
+            .record()
+            .iter()
+            .filter_map(|r| match &r.what {
+                Seen::Mesh(MeshEvent::UpdateRefused { outer_step, outlier, stopping, .. }) => {
+                    Some((*outer_step, *outlier, *stopping))
+                }
+                _ => None,
+            })
+            .collect();
+        let committed = |s: u64| net.hashes().get(&s).is_some_and(|by| by.len() == 4);
+        if guarded {
+            assert_eq!(refused, vec![(bad, Some(NodeId(2)), false)]);
+            assert!(!committed(bad), "step {bad} skipped: {:?}", net.hashes().keys());
+        } else {
+            assert!(refused.is_empty(), "{refused:?}");
+            assert!(committed(bad));
+        }
+        assert!((0..bad).all(committed), "{:?}", net.hashes().keys());
+        assert!((bad + 1..bad + 4).all(committed), "{:?}", net.hashes().keys());
+        assert_clean(&net);
+    }
+}
+
+/// Updates refused three steps in a row stop the run, every member told why.
+#[test]
+fn updates_refused_three_steps_in_a_row_stop_the_run() {
+    use loco_core::mesh::{StopReason, UPDATE_REFUSALS_LIMIT};
+    let mut net = formed(MeshConfig { max_update_ratio: 10.0, ..MeshConfig::default() }, 4);
+    net.run_for(secs(400)).unwrap();
+    let bad = net.coordinator().unwrap().outer_step() + 1;
+    for k in 0..u64::from(UPDATE_REFUSALS_LIMIT) {
+        net.scale_update(NodeId(1), bad + k, 1000.0);
+    }
+    net.run_for(secs(400)).unwrap();
+    let stopping: Vec<bool> = net
+        .record()
+        .iter()
+        .filter_map(|r| match &r.what {
+            Seen::Mesh(MeshEvent::UpdateRefused { stopping, .. }) => Some(*stopping),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(stopping, [false, false, true]);
+    assert!(net.coordinator().unwrap().is_stopped());
+    let why = StopReason::UpdatesRefused { outer_step: 0, last_committed: None }.to_string();
+    let why = why.split(" at outer step").next().unwrap_or_default().to_owned();
+    let stops = net
+        .record()
+        .iter()
+        .filter(
+            |r| matches!(&r.what, Seen::Stop { reason, rejoin: false } if reason.starts_with(&why)),
+        )
+        .count();
+    assert_eq!(
+        stops,
+        4,
+        "every member told: {:?}",
+        net.record().iter().filter(|r| matches!(r.what, Seen::Stop { .. })).collect::<Vec<_>>()
+    );
+}
+
 /// Pauses of the coordinator past the heartbeat timeout and short of the members' `rejoin_for`,
 /// started anywhere between two heartbeats, evict nobody: silence is judged only over time it ran and heard, even when the
 /// pause ends just after a member's deadline (late by less than a heartbeat interval) and the

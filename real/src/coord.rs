@@ -239,6 +239,17 @@ pub async fn run_coordinator(
                                 EventRow::new(at, EventKind::Stop).detail(detail),
                             ))?
                         }
+                        MeshEvent::UpdateRefused { stopping: false, .. } => {
+                            // The step is skipped (its `skip_step` row is written above).
+                            tracing::warn!("{ev}");
+                            committed += 1;
+                        }
+                        MeshEvent::UpdateRefused { stopping: true, .. } => {
+                            tracing::error!("{ev}");
+                            write(MetricsLine::Event(
+                                EventRow::new(at, EventKind::Stop).detail(ev.to_string()),
+                            ))?
+                        }
                         MeshEvent::JoinRefused { .. } | MeshEvent::QueueFull { .. } => {
                             tracing::warn!("{ev}")
                         }

@@ -94,8 +94,15 @@ fn on_event(run: &RunCtx, now: Time, e: MeshEvent) {
             rec.epoch_formed(epoch, &members);
             rec.touch(now);
         }
-        MeshEvent::Committed { outer_step, .. } | MeshEvent::StepSkipped { outer_step, .. } => {
+        MeshEvent::Committed { outer_step, .. }
+        | MeshEvent::StepSkipped { outer_step, .. }
+        | MeshEvent::UpdateRefused { outer_step, stopping: false, .. } => {
             rec.step_done(now, outer_step)
+        }
+        MeshEvent::UpdateRefused { stopping: true, .. } => {
+            let why = e.to_string();
+            drop(rec);
+            *run.mesh_stopped.borrow_mut() = Some(why);
         }
         MeshEvent::NoSyncedMember { outer_step, .. } => {
             drop(rec);

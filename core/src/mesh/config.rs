@@ -51,6 +51,7 @@ pub enum RingOrder {
 /// | `ring_order` | measured | PRIME |
 /// | `max_queue` | 16384 | loco |
 /// | `max_admissions` | 1024 | loco |
+/// | `max_update_ratio` | 0 (off) | loco |
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct MeshConfig {
     /// How often a member sends a heartbeat to the coordinator (default 2 s).
@@ -133,6 +134,17 @@ pub struct MeshConfig {
     /// founder.
     #[serde(default = "defaults::max_admissions")]
     pub max_admissions: usize,
+    /// The guard on the averaged update: a step whose average's L2 norm is not finite, or is
+    /// above this many times the median of the last committed ones
+    /// ([`UPDATE_HISTORY`](super::UPDATE_HISTORY), judged once
+    /// [`UPDATE_MIN_HISTORY`](super::UPDATE_MIN_HISTORY) are kept), is skipped by every member;
+    /// [`UPDATE_REFUSALS_LIMIT`](super::UPDATE_REFUSALS_LIMIT) in a row stop the run. Members
+    /// report the norms with `Done` (two passes over the values, only while the guard is on).
+    /// 0 turns it off (the default: a legitimate change of regime, a learning-rate warm-up or a
+    /// changed membership, can move the norm by more than any fixed ratio; set it where the
+    /// run's norms are known, 10 for example).
+    #[serde(default)]
+    pub max_update_ratio: f64,
 }
 
 mod defaults {
@@ -195,12 +207,13 @@ impl Default for MeshConfig {
             ring_order: RingOrder::Measured,
             max_queue: defaults::max_queue(),
             max_admissions: defaults::max_admissions(),
+            max_update_ratio: 0.0,
         }
     }
 }
 
 /// A [`MeshConfig`] whose fields contradict each other.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum MeshConfigError {
     /// A duration that must be positive is zero.
     #[error("mesh.{field} must be greater than zero")]
@@ -227,6 +240,12 @@ pub enum MeshConfigError {
         coordinator: Duration,
         /// The heartbeat interval.
         interval: Duration,
+    },
+    /// The guard's ratio is not 0 (off) or a finite number above 1.
+    #[error("mesh.max_update_ratio is {got}: expected 0 (off) or a finite number above 1")]
+    UpdateRatio {
+        /// The value given.
+        got: f64,
     },
     /// More retries than the op id can number.
     #[error("mesh.max_retries is {got}, at most {max} is allowed")]
@@ -274,6 +293,10 @@ impl MeshConfig {
         if self.max_admissions == 0 {
             return Err(MeshConfigError::Zero { field: "max_admissions" });
         }
+        let r = self.max_update_ratio;
+        if !(r == 0.0 || r.is_finite() && r > 1.0) {
+            return Err(MeshConfigError::UpdateRatio { got: r });
+        }
         if self.heartbeat_timeout <= self.heartbeat_interval {
             return Err(MeshConfigError::TimeoutBelowInterval {
                 timeout: self.heartbeat_timeout,
@@ -320,6 +343,13 @@ mod tests {
         assert_eq!(c.validate(), Err(MeshConfigError::Zero { field: "barrier_timeout" }));
         let c = MeshConfig { compute_timeout: Duration::ZERO, ..MeshConfig::default() };
         assert_eq!(c.validate(), Err(MeshConfigError::Zero { field: "compute_timeout" }));
+        for r in [-1.0, 0.5, 1.0, f64::NAN, f64::INFINITY] {
+            let c = MeshConfig { max_update_ratio: r, ..MeshConfig::default() };
+            let e = c.validate().unwrap_err();
+            assert!(e.to_string().contains("mesh.max_update_ratio"), "{e}");
+        }
+        let c = MeshConfig { max_update_ratio: 10.0, ..MeshConfig::default() };
+        assert_eq!(c.validate(), Ok(()));
         let c = MeshConfig { max_retries: 5000, ..MeshConfig::default() };
         assert_eq!(
             c.validate(),

@@ -99,6 +99,24 @@ pub enum MeshEvent {
         /// The step.
         outer_step: u64,
     },
+    /// The averaged update failed the guard ([`MeshConfig::max_update_ratio`]): every member
+    /// skips the step (or, at the limit, the run stops).
+    UpdateRefused {
+        /// The epoch.
+        epoch: Epoch,
+        /// The step.
+        outer_step: u64,
+        /// The largest norm of the average reported (infinite for NaN).
+        norm: f64,
+        /// The median of the committed norms kept (`None` before there are enough).
+        median: Option<f64>,
+        /// The member whose own pseudo-gradient stands out (beyond the ratio of the others'
+        /// median), if one does.
+        outlier: Option<NodeId>,
+        /// Whether the run stops for it ([`UPDATE_REFUSALS_LIMIT`](super::UPDATE_REFUSALS_LIMIT)
+        /// in a row).
+        stopping: bool,
+    },
     /// Retries were exhausted: every member skips this step's outer update.
     StepSkipped {
         /// The epoch in which the skip was decided.
@@ -186,6 +204,16 @@ impl fmt::Display for MeshEvent {
             ),
             MeshEvent::Committed { epoch, outer_step } => {
                 write!(f, "{epoch}: step {outer_step} committed")
+            }
+            MeshEvent::UpdateRefused { epoch, outer_step, norm, median, outlier, stopping } => {
+                write!(f, "{epoch}: step {outer_step}'s update refused: norm {norm:.3e}")?;
+                if let Some(m) = median {
+                    write!(f, " against a median of {m:.3e}")?;
+                }
+                if let Some(o) = outlier {
+                    write!(f, "; {o}'s own pseudo-gradient stands out")?;
+                }
+                f.write_str(if *stopping { "; the run stops" } else { "; skipped" })
             }
             MeshEvent::StepSkipped { epoch, outer_step, attempts } => write!(
                 f,
@@ -442,13 +470,14 @@ impl Coordinator {
             MeshMsg::Barrier { outer_step, withheld } if is_member => {
                 self.on_barrier(now, from, outer_step, withheld)
             }
-            MeshMsg::Done { epoch, outer_step, attempt } if is_member => {
+            MeshMsg::Done { epoch, outer_step, attempt, norms } if is_member => {
                 if self.is_current_round(epoch, outer_step, attempt) {
                     if let Some(m) = self.state.members.get_mut(&from) {
                         m.done = true;
+                        m.norms = norms;
                     }
                 } else {
-                    self.stale(from, MeshMsg::Done { epoch, outer_step, attempt });
+                    self.stale(from, MeshMsg::Done { epoch, outer_step, attempt, norms });
                 }
             }
             MeshMsg::Failed { epoch, outer_step, attempt, accused } if is_member => {
@@ -487,6 +516,7 @@ impl Coordinator {
             | MeshMsg::Release { .. }
             | MeshMsg::Commit { .. }
             | MeshMsg::Skip { .. }
+            | MeshMsg::UpdatesRefused { .. }
             | MeshMsg::Evicted { .. }
             | MeshMsg::ProbeRequest { .. }
             | MeshMsg::Shutdown
@@ -852,8 +882,21 @@ impl Coordinator {
                     break;
                 }
                 Decision::Release(round) => self.start_round(now, round),
+                Decision::RefuseUpdate(r) => {
+                    if self.refuse_update(now, r) {
+                        break;
+                    }
+                }
                 Decision::Commit { outer_step } => {
                     let epoch = self.state.epoch;
+                    if let Some(norm) = super::decide::reported_norm(&self.state) {
+                        let kept = &mut self.state.update_norms;
+                        kept.push_back(norm);
+                        while kept.len() > super::UPDATE_HISTORY {
+                            kept.pop_front();
+                        }
+                    }
+                    self.state.refused_updates = 0;
                     self.state.last_outcome = Some(Outcome::Committed { outer_step, epoch });
                     self.broadcast(&MeshMsg::Commit { epoch, outer_step });
                     self.event(MeshEvent::Committed { epoch, outer_step });
@@ -891,6 +934,39 @@ impl Coordinator {
                 self.send(id, MeshMsg::Evicted { reason });
             }
         }
+    }
+
+    /// The guard refused the update of this step: every member skips it, or at the limit the
+    /// run stops (returns true).
+    fn refuse_update(&mut self, now: Time, r: super::decide::Refusal) -> bool {
+        self.state.refused_updates = self.state.refused_updates.saturating_add(1);
+        let stopping = self.state.refused_updates >= super::UPDATE_REFUSALS_LIMIT;
+        let (epoch, outer_step) = (self.state.epoch, self.state.outer_step);
+        self.event(MeshEvent::UpdateRefused {
+            epoch,
+            outer_step,
+            norm: r.norm,
+            median: r.median,
+            outlier: r.outlier,
+            stopping,
+        });
+        if stopping {
+            let msg = MeshMsg::UpdatesRefused { outer_step };
+            self.broadcast(&msg);
+            self.stopped = true;
+            self.farewell = Some(msg);
+            return true;
+        }
+        let attempts = match self.state.phase {
+            Phase::Reduce { attempt, .. } => attempt + 1,
+            _ => 1,
+        };
+        let members = self.state.member_ids();
+        // The `UpdateRefused` event above is the skip's record (no `StepSkipped` beside it).
+        self.state.last_outcome = Some(Outcome::Skipped { outer_step, attempts });
+        self.broadcast(&MeshMsg::Skip { epoch, outer_step, members, attempts });
+        self.next_step(now);
+        false
     }
 
     /// No member holding the state is left after `evicted`: stop the run. The members left and
@@ -1009,6 +1085,7 @@ impl Coordinator {
             m.done = false;
             m.failed = false;
             m.accuses = None;
+            m.norms = None;
         }
         self.state.ring = r.ring.clone();
         self.state.weights = r.weights.clone();
@@ -1042,6 +1119,7 @@ impl Coordinator {
             m.done = false;
             m.failed = false;
             m.accuses = None;
+            m.norms = None;
         }
         self.request_probes();
     }

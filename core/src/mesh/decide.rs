@@ -55,6 +55,9 @@ pub enum Decision {
     NewEpoch(EpochPlan),
     /// Release the all-reduce in the current epoch (nothing changed at the boundary).
     Release(Round),
+    /// Every member finished the all-reduce of this step, but its update fails the guard
+    /// ([`MeshConfig::max_update_ratio`]): skip it (or stop the run at the limit).
+    RefuseUpdate(Refusal),
     /// Every member finished the all-reduce of this step: commit it.
     Commit {
         /// The step committed.
@@ -68,6 +71,17 @@ pub enum Decision {
         /// The members left, none of which holds the state, in id order.
         unsynced: Vec<NodeId>,
     },
+}
+
+/// Why the guard refused an update ([`Decision::RefuseUpdate`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Refusal {
+    /// The largest norm of the average that a member reported (infinite for NaN).
+    pub norm: f64,
+    /// The median of the committed norms kept, when there are enough to judge by.
+    pub median: Option<f64>,
+    /// The member whose own pseudo-gradient norm is beyond the ratio of the others' median.
+    pub outlier: Option<NodeId>,
 }
 
 /// A new epoch: who is in it, who came and went, and what the members do next.
@@ -267,6 +281,16 @@ impl fmt::Display for Decision {
             }
             Decision::Release(r) => write!(f, "release {r}"),
             Decision::Commit { outer_step } => write!(f, "commit step {outer_step}"),
+            Decision::RefuseUpdate(r) => {
+                write!(f, "refuse the update: norm {:.3e}", r.norm)?;
+                if let Some(m) = r.median {
+                    write!(f, " against a median of {m:.3e}")?;
+                }
+                match r.outlier {
+                    Some(o) => write!(f, ", {o} stands out"),
+                    None => Ok(()),
+                }
+            }
             Decision::NoSyncedMember { evicted, unsynced } => {
                 write!(f, "stop: no member holds the state")?;
                 for (id, why) in evicted {
@@ -570,6 +594,9 @@ pub fn decide(now: Time, s: &MeshState, cfg: &MeshConfig) -> Decision {
             let done = s.members.values().filter(|m| m.done).count();
             if done == s.members.len() {
                 // Everyone holds the same result, even a member that died since sending Done.
+                if let Some(r) = guard(s, cfg) {
+                    return Decision::RefuseUpdate(r);
+                }
                 return Decision::Commit { outer_step: s.outer_step };
             }
             let backoff = failed_at.map(|f| f + cfg.retry_backoff);
@@ -623,6 +650,57 @@ pub(super) fn blamed_parties(s: &MeshState) -> Vec<NodeId> {
     let mut parties: Vec<NodeId> = [Some(id), accused].into_iter().flatten().collect();
     parties.sort_unstable();
     parties
+}
+
+/// The norm of the current attempt's average as the members reported it: the largest (every
+/// replica holds the same bits, so they agree unless one lies or errs; NaN counts as
+/// infinite). `None` when nobody reported one (values that are not real, or the guard off).
+pub(super) fn reported_norm(s: &MeshState) -> Option<f64> {
+    s.members
+        .values()
+        .filter_map(|m| m.norms.map(|n| if n.average.is_nan() { f64::INFINITY } else { n.average }))
+        .reduce(f64::max)
+}
+
+/// The median of `xs` (the mean of the middle two for an even count; `None` when empty).
+fn median(mut xs: Vec<f64>) -> Option<f64> {
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(xs[n / 2]),
+        _ => Some((xs[n / 2 - 1] + xs[n / 2]) / 2.0),
+    }
+}
+
+/// The guard on the averaged update ([`MeshConfig::max_update_ratio`]): refused when its norm
+/// is not finite, or, once [`UPDATE_MIN_HISTORY`](super::UPDATE_MIN_HISTORY) committed norms
+/// are kept, above the ratio times their median. Names the member whose own pseudo-gradient
+/// norm is above the ratio times the median of the others', if one is.
+fn guard(s: &MeshState, cfg: &MeshConfig) -> Option<Refusal> {
+    let ratio = cfg.max_update_ratio;
+    if ratio <= 0.0 {
+        return None;
+    }
+    let norm = reported_norm(s)?;
+    let kept = s.update_norms.iter().copied().collect::<Vec<_>>();
+    let typical = (kept.len() >= super::UPDATE_MIN_HISTORY).then(|| median(kept)).flatten();
+    let refused = !norm.is_finite() || typical.is_some_and(|m| norm > ratio * m);
+    if !refused {
+        return None;
+    }
+    let own: Vec<(NodeId, f64)> = s
+        .members
+        .iter()
+        .filter_map(|(&id, m)| m.norms.and_then(|n| n.own).map(|o| (id, o)))
+        .map(|(id, o)| (id, if o.is_nan() { f64::INFINITY } else { o }))
+        .collect();
+    let top = own.iter().copied().max_by(|a, b| a.1.total_cmp(&b.1));
+    let outlier = top.and_then(|(id, o)| {
+        let others = own.iter().filter(|(i, _)| *i != id).map(|&(_, x)| x).collect();
+        median(others).filter(|m| o > ratio * m).map(|_| id)
+    });
+    Some(Refusal { norm, median: typical, outlier })
 }
 
 /// The one member that reported the current attempt failed, when exactly one did.

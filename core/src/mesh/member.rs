@@ -60,6 +60,16 @@ pub enum StopReason {
     },
     /// The coordinator ended the run.
     Shutdown,
+    /// The coordinator stopped the run: the averaged update was refused
+    /// [`UPDATE_REFUSALS_LIMIT`](super::UPDATE_REFUSALS_LIMIT) outer steps in a row
+    /// ([`MeshConfig::max_update_ratio`](super::MeshConfig::max_update_ratio)). The weights of
+    /// the last commit are good: checkpoint them.
+    UpdatesRefused {
+        /// The outer step the mesh was at.
+        outer_step: u64,
+        /// The last outer step this member committed.
+        last_committed: Option<u64>,
+    },
     /// The coordinator stopped the run because no member holding the training state is left
     /// (they were all evicted, left, crashed or restarted): going on would train from fresh
     /// weights. The run must be resumed from checkpoints taken after `outer_step` outer steps.
@@ -96,6 +106,13 @@ impl fmt::Display for StopReason {
                 write!(f, " and stopping")
             }
             StopReason::Shutdown => write!(f, "the coordinator ended the run"),
+            StopReason::UpdatesRefused { outer_step, .. } => write!(
+                f,
+                "the coordinator stopped the run at outer step {outer_step}: the averaged update \
+                 was refused {} steps in a row (its norm beyond mesh.max_update_ratio times the \
+                 running median); the last committed weights are kept",
+                super::UPDATE_REFUSALS_LIMIT
+            ),
             StopReason::NoSyncedMember { outer_step, synced, .. } => {
                 write!(
                     f,
@@ -351,6 +368,11 @@ pub struct Member {
 }
 
 impl Member {
+    /// The mesh's settings this member runs with.
+    pub fn config(&self) -> &MeshConfig {
+        &self.cfg
+    }
+
     /// A member for node `id`. `incarnation` must differ between restarts of the same id (a
     /// counter, or a number drawn from the run's seeded stream); `shards` is the number of local
     /// rings (GPUs) it runs in each all-reduce.
@@ -551,11 +573,12 @@ impl Member {
         _now: Time,
         epoch: Epoch,
         op: u64,
+        norms: Option<super::UpdateNorms>,
     ) -> Result<(), MeshError> {
         let (outer_step, attempt, done) = self.check_op(epoch, op)?;
         if !done {
             self.phase = MemberPhase::Reducing { outer_step, attempt, done: true };
-            self.send_coordinator(MeshMsg::Done { epoch, outer_step, attempt });
+            self.send_coordinator(MeshMsg::Done { epoch, outer_step, attempt, norms });
         }
         Ok(())
     }
@@ -593,7 +616,9 @@ impl Member {
     pub fn handle_command(&mut self, now: Time, c: Command) -> Result<(), MeshError> {
         match c {
             Command::BarrierArrive { outer_step } => self.barrier_arrive(now, outer_step),
-            Command::AllReduceDone { epoch, op } => self.report_allreduce_done(now, epoch, op),
+            Command::AllReduceDone { epoch, op } => {
+                self.report_allreduce_done(now, epoch, op, None)
+            }
             Command::AllReduceFailed { epoch, op, accused } => {
                 self.report_allreduce_failed(now, epoch, op, accused)
             }
@@ -852,6 +877,10 @@ impl Member {
                 self.probe_out(out);
             }
             MeshMsg::Shutdown => self.stop(StopReason::Shutdown),
+            MeshMsg::UpdatesRefused { outer_step } => self.stop(StopReason::UpdatesRefused {
+                outer_step,
+                last_committed: self.last_committed,
+            }),
             MeshMsg::NoSyncedMember { outer_step } => self.stop(StopReason::NoSyncedMember {
                 outer_step,
                 synced: self.synced,

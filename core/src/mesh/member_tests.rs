@@ -293,10 +293,10 @@ fn a_retry_aborts_then_restarts_and_old_reports_are_refused() {
     let MemberAction::StartAllReduce(s) = a[2].clone() else { panic!("{a:?}") };
     assert_eq!((s.epoch, s.attempt, s.total_weight), (Epoch(2), 1, 2.0));
     assert_eq!(
-        m.report_allreduce_done(t(4), Epoch(1), op_id(0, 0)),
+        m.report_allreduce_done(t(4), Epoch(1), op_id(0, 0), None),
         Err(MeshError::StaleEpoch { got: Epoch(1), current: Some(Epoch(2)) })
     );
-    m.report_allreduce_done(t(4), Epoch(2), op_id(0, 1)).unwrap();
+    m.report_allreduce_done(t(4), Epoch(2), op_id(0, 1), None).unwrap();
     // A stale release of the older epoch changes nothing.
     m.handle_message(t(5), NodeId::COORDINATOR, release(1, 0, &[0, 1]));
     assert!(matches!(
@@ -318,7 +318,7 @@ fn commands_in_the_wrong_phase_are_errors_not_panics() {
     let mut m = joined(1);
     assert_eq!(m.barrier_arrive(t(0), 5), Err(MeshError::WrongStep { got: 5, expected: Some(0) }));
     assert_eq!(
-        m.report_allreduce_done(t(0), Epoch(1), 0),
+        m.report_allreduce_done(t(0), Epoch(1), 0, None),
         Err(MeshError::UnknownOp { got: 0, running: None })
     );
 }

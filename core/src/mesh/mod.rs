@@ -206,6 +206,22 @@ pub enum EvictReason {
     NotAMember,
 }
 
+/// The norms of an update as one member saw it at the end of an all-reduce, in its `Done`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct UpdateNorms {
+    /// The L2 norm of the member's own pseudo-gradient (`None` when it contributed weight 0).
+    pub own: Option<f64>,
+    /// The L2 norm of the average every member holds (the same bits on every replica).
+    pub average: f64,
+}
+
+/// Committed updates whose norms the guard keeps ([`MeshConfig::max_update_ratio`]).
+pub const UPDATE_HISTORY: usize = 16;
+/// The guard compares with the median only once it holds this many committed norms.
+pub const UPDATE_MIN_HISTORY: usize = 4;
+/// Updates refused in a row before the run stops ([`MeshMsg::UpdatesRefused`]).
+pub const UPDATE_REFUSALS_LIMIT: u32 = 3;
+
 /// How many all-reduce attempts in a row one member may alone report failed before it is
 /// evicted ([`EvictReason::Uncorroborated`]). A commit clears the count.
 pub const BLAME_LIMIT: u32 = 3;
@@ -318,6 +334,9 @@ pub enum MeshMsg {
         outer_step: u64,
         /// Attempt of the release.
         attempt: u32,
+        /// The update's norms, where the values are real and the guard is on
+        /// ([`MeshConfig::max_update_ratio`]).
+        norms: Option<UpdateNorms>,
     },
     /// The sender's all-reduce of this epoch and attempt failed.
     Failed {
@@ -438,6 +457,12 @@ pub enum MeshMsg {
     },
     /// The run is over: stop.
     Shutdown,
+    /// The averaged update was refused [`UPDATE_REFUSALS_LIMIT`] outer steps in a row: the run
+    /// stops with the weights of the last commit, for a person to look at.
+    UpdatesRefused {
+        /// The outer step the mesh was at (every step before it was committed or skipped).
+        outer_step: u64,
+    },
     /// The run cannot go on: no member holding the training state is left (see the module
     /// documentation). Stop; the run must be resumed from checkpoints.
     NoSyncedMember {

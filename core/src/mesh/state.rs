@@ -39,6 +39,8 @@ pub struct MemberInfo {
     pub failed: bool,
     /// The member it named when it reported the current attempt failed.
     pub accuses: Option<NodeId>,
+    /// The update's norms it reported with `Done` for the current attempt.
+    pub norms: Option<super::UpdateNorms>,
     /// Attempts in a row that it alone reported failed, with nobody dead (cleared at a commit):
     /// at [`BLAME_LIMIT`](super::BLAME_LIMIT) it is evicted.
     pub blamed: u32,
@@ -61,6 +63,7 @@ impl MemberInfo {
             done: false,
             failed: false,
             accuses: None,
+            norms: None,
             blamed: 0,
         }
     }
@@ -166,6 +169,11 @@ pub struct MeshState {
     /// Nodes evicted as [`Uncorroborated`](super::EvictReason::Uncorroborated): how many times,
     /// and when they may be admitted again (each such eviction doubles the wait).
     pub barred: BTreeMap<NodeId, (u32, Time)>,
+    /// The norms of the last [`UPDATE_HISTORY`](super::UPDATE_HISTORY) committed updates, the
+    /// oldest first (the guard's running median; empty on a restarted coordinator).
+    pub update_norms: std::collections::VecDeque<f64>,
+    /// Updates the guard refused in a row (cleared by a commit).
+    pub refused_updates: u32,
 }
 
 impl Default for MeshState {
@@ -185,6 +193,8 @@ impl Default for MeshState {
             expected: BTreeMap::new(),
             admitted: BTreeSet::new(),
             last_heard: None,
+            update_norms: std::collections::VecDeque::new(),
+            refused_updates: 0,
         }
     }
 }

@@ -84,6 +84,23 @@ pub fn coordinator_rows(
             None,
             format!("outer step {outer_step} after {attempts} attempts"),
         )],
+        // The step skipped for its update (the step's one `skip_step` row), naming the member
+        // whose own pseudo-gradient stands out. At the limit the run stops instead: its `stop`
+        // row, written by whoever ends the run, says why.
+        MeshEvent::UpdateRefused { epoch, outer_step, norm, median, outlier, stopping: false } => {
+            vec![row(
+                EventKind::SkipStep,
+                Some(*epoch),
+                *outlier,
+                format!(
+                    "outer step {outer_step}: update refused, norm {norm:.3e}{}{}",
+                    median.map_or(String::new(), |m| format!(" against a median of {m:.3e}")),
+                    outlier.map_or(String::new(), |o| format!(
+                        "; node {o}'s own pseudo-gradient stands out"
+                    )),
+                ),
+            )]
+        }
         MeshEvent::NoSyncedMember { epoch, evicted, .. } => evicted
             .iter()
             .filter(|(_, why)| !matches!(why, EvictReason::Deathrattle(_)))
@@ -106,7 +123,9 @@ pub fn stop_kind(reason: &StopReason) -> EventKind {
         StopReason::Left(_) => EventKind::Leave,
         StopReason::Evicted(_) => EventKind::Evict,
         StopReason::CoordinatorLost { .. } => EventKind::CoordinatorLost,
-        StopReason::Shutdown | StopReason::NoSyncedMember { .. } => EventKind::Stop,
+        StopReason::Shutdown
+        | StopReason::UpdatesRefused { .. }
+        | StopReason::NoSyncedMember { .. } => EventKind::Stop,
     }
 }
 

@@ -110,6 +110,10 @@
 //!                              # the queue is full and sent again with the joiner's heartbeats)
 //! max_admissions = 1024        # default 1024; joiners admitted at one boundary at most, the
 //!                              # longest queued first (the formation admits every founder)
+//! max_update_ratio = 0         # default 0 (off); a step whose averaged update's norm is not
+//!                              # finite or above this many times the median of the last 16
+//!                              # committed is skipped by all (3 in a row stop the run); real
+//!                              # values only, so a replay never refuses one
 //!
 //! [[regions]]                  # at least one
 //! name = "us"                  # required, unique

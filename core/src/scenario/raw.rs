@@ -197,6 +197,7 @@ pub(crate) struct RawMesh {
     pub(crate) ring: Option<String>,
     pub(crate) max_queue: Option<u32>,
     pub(crate) max_admissions: Option<u32>,
+    pub(crate) max_update_ratio: Option<f64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]

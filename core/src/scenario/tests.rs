@@ -898,6 +898,13 @@ fn mesh_constraints() {
     assert_eq!(e.path.to_string(), "mesh");
     assert_eq!(e.location.unwrap().to_string(), pos(&src, "[mesh]"));
     assert!(matches!(*e.kind, ErrorKind::Conflict { .. }));
+    let src = format!("{BASE}[mesh]\nmax_update_ratio = 0.5\n");
+    let e = err(&src);
+    assert_eq!(e.path.to_string(), "mesh");
+    assert!(e.to_string().contains("mesh.max_update_ratio is 0.5"), "{e}");
+    let guarded =
+        Scenario::from_toml_str(&format!("{BASE}[mesh]\nmax_update_ratio = 10\n"), "t.toml");
+    assert_eq!(guarded.unwrap().mesh().max_update_ratio, 10.0);
 }
 
 #[test]

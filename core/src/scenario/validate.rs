@@ -517,6 +517,7 @@ fn mesh(m: &RawMesh, regions: &[Region]) -> R<(MeshConfig, RegionId)> {
         ring_order,
         max_queue: usize_at_least_one("max_queue", m.max_queue, def.max_queue)?,
         max_admissions: usize_at_least_one("max_admissions", m.max_admissions, def.max_admissions)?,
+        max_update_ratio: m.max_update_ratio.unwrap_or(def.max_update_ratio),
     };
     // The mesh's own rules, for any this function does not check itself.
     config.validate().map_err(|e| conflict(&p, e.to_string()))?;

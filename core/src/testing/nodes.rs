@@ -70,6 +70,8 @@ struct Host {
     hung: bool,
     /// An outer step whose inner weights come out NaN (a diverged inner loop).
     diverge_at: Option<u64>,
+    /// Outer steps whose pseudo-gradient comes out multiplied by a factor.
+    scale_at: BTreeMap<u64, f32>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -292,6 +294,7 @@ impl NodeNet {
             paused_left: None,
             hung: false,
             diverge_at: None,
+            scale_at: BTreeMap::new(),
         };
         self.hosts.insert(id, host);
         let now = self.now;
@@ -299,6 +302,14 @@ impl NodeNet {
             let _ = p.start(now);
         }
         self.drain(id);
+    }
+
+    /// Node `id`'s pseudo-gradient of `outer_step` comes out `factor` times what its inner loop
+    /// made (finite values, far off: a faulty device or a hostile member).
+    pub fn scale_update(&mut self, id: NodeId, outer_step: u64, factor: f32) {
+        if let Some(h) = self.hosts.get_mut(&id) {
+            h.scale_at.insert(outer_step, factor);
+        }
     }
 
     /// Node `id`'s inner loop diverges in `outer_step`: the inner weights it hands over hold NaN
@@ -653,6 +664,7 @@ impl NodeNet {
                     let n = h.process.as_mut().map(Process::node_mut);
                     if let (Some((_, step)), Some(n)) = (h.computing.take(), n) {
                         // Halfway to this node's target: a pseudo-gradient that differs per node.
+                        let before = h.params.clone();
                         for (w, t) in h.params.iter_mut().zip(&h.target) {
                             *w += 0.5 * (*t - *w);
                         }
@@ -663,6 +675,11 @@ impl NodeNet {
                             .map(|(w, t)| f64::from((w - t).powi(2)))
                             .sum();
                         let mut inner = h.params.clone();
+                        if let Some(&factor) = h.scale_at.get(&step) {
+                            for (w, b) in inner.iter_mut().zip(&before) {
+                                *w = b + factor * (*w - b);
+                            }
+                        }
                         if h.diverge_at == Some(step) {
                             for (i, w) in inner.iter_mut().enumerate().step_by(7) {
                                 *w = if i % 2 == 0 { f32::NAN } else { f32::INFINITY };

@@ -237,6 +237,9 @@ pub struct Reducing {
     modelled: bool,
     /// The executor said it is done while the node was suspended.
     modelled_done: bool,
+    /// The L2 norm of this node's own contribution, taken before the rings start where the
+    /// guard is on and the values are real (`None` for weight 0).
+    own_norm: Option<f64>,
 }
 
 impl std::fmt::Debug for Reducing {
@@ -857,7 +860,10 @@ impl Node {
             StopReason::Evicted(_) => true,
             // The member said so when the coordinator fell silent (`CoordinatorSilent`).
             StopReason::CoordinatorLost { .. } => true,
-            StopReason::Left(_) | StopReason::Shutdown | StopReason::NoSyncedMember { .. } => false,
+            StopReason::Left(_)
+            | StopReason::Shutdown
+            | StopReason::UpdatesRefused { .. }
+            | StopReason::NoSyncedMember { .. } => false,
         };
         self.effects.push_back(Effect::Stop { reason, rejoin });
     }

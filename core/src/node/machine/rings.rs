@@ -4,7 +4,7 @@
 
 use super::{Check, Effect, ModelledAllReduce, Node, Reducing, Violation, Work};
 use crate::ids::{Epoch, NodeId};
-use crate::mesh::AllReduceStart;
+use crate::mesh::{AllReduceStart, UpdateNorms};
 use crate::node::acct::Span;
 use crate::node::rings::{Admission, FeedError, ShardRings, Values};
 use crate::time::Time;
@@ -39,6 +39,10 @@ impl Node {
             _ => Values::Virtual(fragment.len()),
         };
         let (epoch, op) = (start.epoch, start.op);
+        let own_norm = match &values {
+            Values::Real(v) if self.guarded() && start.weight.get() > 0.0 => Some(l2_norm(v)),
+            _ => None,
+        };
         let rings = match ShardRings::new(
             start,
             self.cfg.id,
@@ -59,7 +63,7 @@ impl Node {
             let m = ModelledAllReduce { start: rings.start().clone(), shards: rings.plan() };
             self.effects.push_back(Effect::ModelledAllReduce(m));
         }
-        let r = Reducing { rings, failed: false, modelled, modelled_done: false };
+        let r = Reducing { rings, failed: false, modelled, modelled_done: false, own_norm };
         self.work = Work::Reducing(Box::new(r));
         // Frames that arrived before this node's release (a neighbour started first).
         let early = self.inbox.take_for((epoch, op));
@@ -103,11 +107,17 @@ impl Node {
             };
             self.effects.push_back(Effect::Check(c));
         }
-        if let Err(e) = self.member.report_allreduce_done(now, s.epoch, s.op) {
+        let own = r.own_norm;
+        // Virtual values reduce to an empty average (the step is counted all the same).
+        let values = r.rings.into_values();
+        let norms = match &values {
+            Some(v) if self.guarded() => Some(UpdateNorms { own, average: l2_norm(v) }),
+            _ => None,
+        };
+        if let Err(e) = self.member.report_allreduce_done(now, s.epoch, s.op, norms) {
             tracing::debug!(target: "loco_core", "{}: done refused: {e}", self.cfg.id);
         }
-        // Virtual values reduce to an empty average (the step is counted all the same).
-        let average = Some(r.rings.into_values().unwrap_or_default());
+        let average = Some(values.unwrap_or_default());
         self.work = Work::Reduced { epoch: s.epoch, op: s.op, average };
     }
 
@@ -151,6 +161,12 @@ impl Node {
         }
     }
 
+    /// Whether the coordinator guards the averaged update ([`crate::mesh::MeshConfig`]'s
+    /// `max_update_ratio`): only then are the norms taken (two passes over the values).
+    fn guarded(&self) -> bool {
+        self.member.config().max_update_ratio > 0.0
+    }
+
     /// Checks the release against what this node knows: the ring is the epoch's membership (for
     /// the executor's check), and its weight is 1 exactly when it holds a pseudo-gradient.
     fn check_release(&mut self, s: &AllReduceStart) {
@@ -183,4 +199,19 @@ impl Node {
         }
         self.inbox.abort(epoch, op);
     }
+}
+
+/// The L2 norm of `values`, summed in f64 in index order (the same bits on every replica that
+/// holds the same values); NaN when any value is NaN, infinite when any is infinite.
+fn l2_norm(values: &[f32]) -> f64 {
+    // Four sums side by side, so that the loop is not one long chain of dependent adds.
+    let mut acc = [0.0f64; 4];
+    let mut chunks = values.chunks_exact(4);
+    for c in &mut chunks {
+        for i in 0..4 {
+            acc[i] += f64::from(c[i]) * f64::from(c[i]);
+        }
+    }
+    let tail: f64 = chunks.remainder().iter().map(|&x| f64::from(x) * f64::from(x)).sum();
+    ((acc[0] + acc[1]) + (acc[2] + acc[3]) + tail).sqrt()
 }
