@@ -33,21 +33,65 @@ fn secret(s: &Scenario) -> Option<Vec<u8>> {
         .map(String::into_bytes)
 }
 
+/// The least entropy a secret must carry beyond loopback: one captured handshake lets anyone
+/// guess at it offline, as fast as they can compute.
+const SECRET_BITS: f64 = 128.0;
+
+/// The most entropy `secret` can carry, judged as a guesser would: its length times the bits of
+/// the smallest usual alphabet its characters come from (hex digits 4, letters and digits 5.95,
+/// base64's 6, printable ASCII 6.57, other bytes 8); a secret of fewer distinct characters than
+/// half of what a random one of its length would show is judged by those alone (40 characters
+/// of two kinds carry 40 bits).
+fn secret_bits(secret: &[u8]) -> f64 {
+    let all = |f: fn(&u8) -> bool| secret.iter().all(f);
+    let alphabet: f64 = if all(u8::is_ascii_hexdigit) {
+        16.0
+    } else if all(u8::is_ascii_alphanumeric) {
+        62.0
+    } else if all(|b| b.is_ascii_alphanumeric() || b"+/=-_".contains(b)) {
+        64.0
+    } else if all(|b| b.is_ascii_graphic() || *b == b' ') {
+        95.0
+    } else {
+        256.0
+    };
+    let distinct = secret.iter().collect::<std::collections::BTreeSet<_>>().len() as f64;
+    let len = secret.len() as f64;
+    let per_char = if distinct < alphabet.min(len) / 2.0 { distinct } else { alphabet };
+    len * per_char.max(1.0).log2()
+}
+
 /// A process that listens where other machines may reach it needs the run's secret: without one
-/// anyone who reaches the address could join the run, or read and alter its traffic. Refuses to
-/// start, saying how to give one.
+/// anyone who reaches the address could join the run, or read and alter its traffic; with a
+/// weak one a captured handshake gives it away. Refuses to start, saying how to give one.
 fn require_secret(s: &Scenario, path: &Path, listen: std::net::SocketAddr) -> Result<()> {
-    if listen.ip().is_loopback() || secret(s).is_some() {
+    let var = &s.real().secret_env;
+    let strong = format!("`export {var}=$(head -c 32 /dev/urandom | base64)`");
+    if listen.ip().is_loopback() {
         return Ok(());
     }
-    let var = &s.real().secret_env;
+    if let Some(k) = secret(s) {
+        let bits = secret_bits(&k);
+        if bits >= SECRET_BITS {
+            return Ok(());
+        }
+        return Err(InputError(anyhow!(
+            "{}: refusing to listen on {listen} with a weak run secret: it carries at most \
+             {bits:.0} bits ({} characters), and one captured handshake lets anyone guess it \
+             offline; at least {SECRET_BITS:.0} bits are needed beyond loopback (32 random hex \
+             digits, 22 of base64). Give every process the same strong secret in {var} (for \
+             example {strong}) or in `[real] secret`",
+            path.display(),
+            k.len()
+        ))
+        .into());
+    }
     Err(InputError(anyhow!(
         "{}: refusing to listen on {listen} without a run secret: anyone who reaches that \
          address could join the run, or read and alter its traffic. Give every process of the \
-         run the same secret in the environment variable {var} (for example \
-         `export {var}=$(head -c 32 /dev/urandom | base64)` here, and the same value on the \
-         other machines), or set `[real] secret` in the scenario (`loco launch` makes one for \
-         its own processes)",
+         run the same secret in the environment variable {var} (for example {strong} here, and \
+         the same value on the other machines), or set `[real] secret` in the scenario \
+         (`loco launch` makes one for its own processes)",
         path.display()
     ))
     .into())
@@ -513,4 +557,43 @@ pub(crate) fn launch(a: &crate::cli::LaunchArgs) -> Result<bool> {
         println!("peak memory         {node}: {:.0} MB resident", *b as f64 / 1e6);
     }
     Ok(outcome.ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{SECRET_BITS, secret_bits};
+
+    /// What a guesser would try first carries few bits; random bytes written out carry many.
+    #[test]
+    fn a_secret_is_judged_by_its_alphabet_length_and_variety() {
+        let weak: [&[u8]; 6] = [
+            b"a run secret",
+            b"fault-suite secret",
+            b"password1234567890",
+            b"0123456789abcdef0123456789abcde",
+            b"abababababababababababababababababababab",
+            b"",
+        ];
+        for k in weak {
+            assert!(
+                secret_bits(k) < SECRET_BITS,
+                "{:?}: {}",
+                String::from_utf8_lossy(k),
+                secret_bits(k)
+            );
+        }
+        let strong: [&[u8]; 3] = [
+            b"3f9a0c7e51b2d4861a0f3e9c7b5d2a41",
+            b"q8Zr2LmX0vYp4TnW7sKd1A",
+            b"correct horse battery staple, with more words to it",
+        ];
+        for k in strong {
+            assert!(
+                secret_bits(k) >= SECRET_BITS,
+                "{:?}: {}",
+                String::from_utf8_lossy(k),
+                secret_bits(k)
+            );
+        }
+    }
 }

@@ -480,7 +480,7 @@ fn strangers_old_versions_and_forged_handshakes_are_refused_and_the_run_goes_on(
     let _turn = one_real_run_at_a_time();
     let ctx = TestContext::new();
     let out = ctx.path().join("run");
-    let secret = b"fault-suite secret";
+    let secret = b"5d0b8e2f7a1c94e63b0d5f8a2c7e1b94";
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_loco"))
         .args(["launch", &scenario("leave"), "--synthetic-params", "20000", "--timeout", "120"])
         .arg("--out")

@@ -186,8 +186,13 @@ fn a_process_listening_beyond_loopback_without_a_secret_refuses_to_start() {
             assert!(err.contains(needle), "no {needle:?} in: {err}");
         }
     }
-    // With a secret the worker gets past the check (and fails to bind the address instead).
-    let mut child = command(&[&worker[..], &[listen]].concat(), Some("a run secret"))
+    // A weak secret is refused the same way, saying why.
+    let o = command(&[&worker[..], &[listen]].concat(), Some("a run secret")).output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("weak run secret"), "{}", stderr(&o));
+    // With a strong secret the worker gets past the check (and fails to bind the address
+    // instead).
+    let mut child = command(&[&worker[..], &[listen]].concat(), Some("q8Zr2LmX0vYp4TnW7sKd1A"))
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("run loco");
