@@ -404,7 +404,11 @@ impl<'a> RingAllReduce<'a> {
                 )));
             }
         }
-        if !h.weight_sum.is_finite() || h.weight_sum < 0.0 {
+        // Checked in the type the average divides in: a positive sum that is zero or
+        // subnormal as an f32 would divide the values into infinities.
+        let ws = h.weight_sum as f32;
+        let usable = h.weight_sum == 0.0 || ws.is_finite() && ws >= f32::MIN_POSITIVE;
+        if !h.weight_sum.is_finite() || h.weight_sum < 0.0 || !usable {
             return Err(unexpected(format!("weight sum {}", h.weight_sum)));
         }
         if let Body::Bytes(b) = &frame.body {

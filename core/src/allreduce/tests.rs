@@ -441,3 +441,25 @@ fn values_that_are_not_finite_are_refused_and_the_sender_named() {
     }
     assert!(mb.poll_send().is_none(), "the overflowed sum is not sent on");
 }
+
+/// A weight sum is checked as the f32 the average divides by: one that is positive but zero or
+/// subnormal as an f32, or beyond its range, is refused like a negative one.
+#[test]
+fn weight_sums_that_would_divide_into_infinities_are_refused() {
+    let ring = ids(3);
+    for bad in [1e-50, 1e-40, 1e39, -1.0, f64::NAN] {
+        let (mut a, mut b) = (vec![1.0f32; 6], vec![2.0f32; 6]);
+        let cfg_a = cfg(&ring, ring[0], CodecKind::Fp32, 2);
+        let mut ma = RingAllReduce::new(cfg_a, Payload::Real(&mut a), Weight::ONE).unwrap();
+        let cfg_b = cfg(&ring, ring[1], CodecKind::Fp32, 2);
+        let mut mb = RingAllReduce::new(cfg_b, Payload::Real(&mut b), Weight::ONE).unwrap();
+        let (_, mut f) = ma.poll_send().unwrap();
+        if let Header::Collective(h) = &mut f.header {
+            h.weight_sum = bad;
+        }
+        match mb.handle_frame(ring[0], &f) {
+            Err(RingError::Unexpected { reason, .. }) => assert!(reason.contains("weight sum")),
+            other => panic!("{bad}: {other:?}"),
+        }
+    }
+}
