@@ -160,8 +160,10 @@ impl Node {
     pub(super) fn fetch_state(&mut self, epoch: Epoch, senders: Vec<NodeId>, now: Time) {
         // The outer state's buffers go to the assembly: it holds no whole state until it ends.
         self.holds = false;
+        let ceiling = step_ceiling(self.member.phase());
         let (kept, refused) = match &mut self.fetch {
             Some(f) => {
+                f.assembly.set_ceiling(ceiling);
                 let r = f.assembly.reassign(epoch, senders.clone());
                 (Some(r.kept_bytes), r.fed.refused)
             }
@@ -172,6 +174,7 @@ impl Node {
                 };
                 let mut assembly =
                     StateAssembly::new(epoch, senders.clone(), self.blocking(), expect);
+                assembly.set_ceiling(ceiling);
                 // A blocking joiner computes nothing until the state is here, which replaces
                 // its outer state: the state is written into that state's buffers, not into
                 // memory allocated for it (given back should the fetch end without it).
@@ -215,6 +218,7 @@ impl Node {
             }
             return;
         };
+        f.assembly.set_ceiling(step_ceiling(self.member.phase()));
         match f.assembly.put(from, &h, &body) {
             Ok(p) => {
                 if matches!(p, Progress::Stored { .. }) {
@@ -352,6 +356,19 @@ impl Node {
         } else {
             self.report_sync = true;
         }
+    }
+}
+
+/// The latest outer step a state piece can be of, as a member in `phase` knows the mesh: a
+/// sender can be one commit ahead of what this node has heard (no bound before it knows a step).
+fn step_ceiling(phase: crate::mesh::MemberPhase) -> u64 {
+    use crate::mesh::MemberPhase as P;
+    match phase {
+        P::Computing { outer_step }
+        | P::AtBarrier { outer_step }
+        | P::Syncing { outer_step }
+        | P::Reducing { outer_step, .. } => outer_step.saturating_add(1),
+        _ => u64::MAX,
     }
 }
 

@@ -123,6 +123,18 @@ pub enum Refused {
         /// The copy's outer step.
         held: u64,
     },
+    /// The piece is of a state beyond the outer step the mesh can be at (a sender can be one
+    /// commit ahead of what this node has heard, no more): refused, so that a made-up step
+    /// cannot make every honest piece look stale.
+    #[error("piece of part {part} as of outer step {got}, beyond the mesh's ({ceiling} at most)")]
+    FutureStep {
+        /// The part.
+        part: u32,
+        /// The piece's outer step.
+        got: u64,
+        /// The latest step a state can be at.
+        ceiling: u64,
+    },
     /// Two replicated copies of one outer step disagree.
     #[error(
         "replicated copies of outer step {outer_step} disagree: digest {}, held {}",
@@ -584,6 +596,8 @@ pub struct StateAssembly {
     pending: EarlyPieces,
     /// Buffers lent for the replicated part ([`StateAssembly::lend`]).
     spare: Option<PartBytes>,
+    /// Pieces of a later outer step are refused ([`StateAssembly::set_ceiling`]).
+    ceiling: u64,
 }
 
 impl std::fmt::Debug for StateAssembly {
@@ -618,7 +632,14 @@ impl StateAssembly {
             pending: EarlyPieces::new(expect.hold_bytes),
             expect,
             spare: None,
+            ceiling: u64::MAX,
         }
+    }
+
+    /// Refuses pieces of a state beyond outer step `ceiling` from now on (the mesh's step as
+    /// this node knows it, plus the one commit a sender can be ahead of it).
+    pub fn set_ceiling(&mut self, ceiling: u64) {
+        self.ceiling = ceiling;
     }
 
     /// Lends the replicated part's buffers: outer weights and momentum the joiner holds anyway
@@ -807,6 +828,10 @@ impl StateAssembly {
                 return Ok(Progress::Held);
             }
             return Err(Refused::NotAssigned { from, part: h.part });
+        }
+        if h.outer_step > self.ceiling {
+            let (part, got, ceiling) = (h.part, h.outer_step, self.ceiling);
+            return Err(Refused::FutureStep { part, got, ceiling });
         }
         // The bytes are checked against the digest their sender computed before anything is
         // stored (an unassigned sender cannot make the joiner hash).

@@ -206,6 +206,44 @@ fn non_blocking_copy_restarts_for_a_newer_outer_step() {
     );
 }
 
+/// A piece that claims a state beyond the mesh's step (one commit ahead of the joiner's view
+/// at most) is refused before it can make the honest copy look stale, and the honest pieces
+/// complete the state; without the ceiling the made-up step would have won.
+#[test]
+fn a_piece_of_a_made_up_later_step_is_refused_and_the_honest_copy_completes() {
+    let honest = src(6, 3);
+    let ab = [A, B];
+    let fa = frames(&honest, 2, share(&ab, A, false));
+    let mut forged = fa[0].clone();
+    forged.0.outer_step = u64::MAX;
+    for ceiling in [Some(6), None] {
+        let mut a = StateAssembly::new(Epoch(2), ab.to_vec(), false, expect());
+        if let Some(c) = ceiling {
+            a.set_ceiling(c);
+        }
+        let first = a.put(B, &forged.0, &forged.1);
+        let rest = put_all(&mut a, A, &fa);
+        match ceiling {
+            Some(c) => {
+                let want = Refused::FutureStep { part: PART_SHARED, got: u64::MAX, ceiling: c };
+                assert_eq!(first, Err(want));
+                assert!(all_ok(&rest));
+                assert_eq!(verified(&mut a).outer_step, 6);
+            }
+            None => {
+                // Every honest piece of the replicated part looks stale: no state comes.
+                assert!(first.is_ok());
+                let stale = |r: &Result<Progress, Refused>| {
+                    matches!(r, Err(Refused::StaleDigest { part: PART_SHARED, .. }))
+                };
+                let shared = fa.iter().filter(|(h, _)| h.part == PART_SHARED).count();
+                assert_eq!(rest.iter().filter(|r| stale(r)).count(), shared);
+                assert!(a.take_complete().is_none());
+            }
+        }
+    }
+}
+
 #[test]
 fn every_refusal_names_its_reason() {
     let s = src(7, 3);
