@@ -71,6 +71,15 @@ pub enum PartFault {
     /// The digest matched, but the replicated part does not decode.
     #[error("does not decode: {0}")]
     Decode(StateError),
+    /// The replicated part decodes to values that are not finite: no node could have committed
+    /// them (a diverged or hostile sender), so the state is not installed.
+    #[error("holds a value that is not finite: {what} {index}")]
+    NotFinite {
+        /// Which vector: the outer weights or the momentum.
+        what: &'static str,
+        /// The index of the first such value.
+        index: usize,
+    },
     /// The replicated part decodes to another outer step than its pieces said.
     #[error("holds outer step {inside}, its pieces said {header}")]
     Step {
@@ -167,10 +176,21 @@ impl Received {
             }
         });
         let own_ok = own.check();
+        // Decoded once both parts are right, and checked finite before anything installs it.
+        let decoded = match (&checked, &own_ok) {
+            (Ok(()), Ok(())) => {
+                shared.bytes.take().and_then(|b| SharedState::from_part(b, expect_n))
+            }
+            _ => None,
+        };
+        let checked = match (checked, &decoded) {
+            (Ok(()), Some(s)) => not_finite(s).map_or(Ok(()), Err),
+            (c, _) => c,
+        };
         match (checked, own_ok) {
             (Ok(()), Ok(())) => Ok(Verified {
                 outer_step: shared.outer_step,
-                shared: shared.bytes.take().and_then(|b| SharedState::from_part(b, expect_n)),
+                shared: decoded,
                 bytes: shared.total.saturating_add(own.total),
                 own: own.bytes.map(PartBytes::into_vec),
                 own_from,
@@ -190,6 +210,17 @@ impl Received {
             })),
         }
     }
+}
+
+/// The first value of a decoded state that is not finite, as a fault.
+fn not_finite(s: &SharedState) -> Option<PartFault> {
+    [("outer weight", s.outer()), ("momentum", s.momentum())].into_iter().find_map(|(what, v)| {
+        // A branch-free pass first (it vectorises); the index is looked for only on a hit.
+        let bad = v.iter().fold(false, |b, x| b | !x.is_finite());
+        bad.then(|| v.iter().position(|x| !x.is_finite()))
+            .flatten()
+            .map(|index| PartFault::NotFinite { what, index })
+    })
 }
 
 #[cfg(test)]

@@ -416,12 +416,24 @@ fn verify_refuses_a_state_that_does_not_decode_or_names_another_step() {
         e.shared,
         Err(Rejected { fault: PartFault::Decode(StateError::BadMagic { .. }), .. })
     ));
-    let r = Received { shared: part(s.shared.to_vec(), 8), own, own_from: A };
+    let r = Received { shared: part(s.shared.to_vec(), 8), own: own.clone(), own_from: A };
     let e = r.verify(N).unwrap_err();
     assert!(matches!(
         e.shared,
         Err(Rejected { fault: PartFault::Step { header: 8, inside: 7 }, .. })
     ));
+    // A state whose digests hold but whose momentum holds a NaN: no node committed it.
+    let mut momentum: Vec<f32> = (0..N).map(|i| i as f32).collect();
+    momentum[N / 2] = f32::NAN;
+    let outer = (0..N).map(|i| i as f32 * 0.5).collect();
+    let poisoned = SharedState::new(7, outer, momentum).unwrap().encode();
+    let r = Received { shared: part(poisoned, 7), own, own_from: A };
+    let e = r.verify(N).unwrap_err();
+    assert_eq!(
+        e.shared.map(|_| ()).map_err(|r| r.fault),
+        Err(PartFault::NotFinite { what: "momentum", index: N / 2 })
+    );
+    assert!(e.own.is_ok(), "the own part, right, is kept");
 }
 
 #[test]
