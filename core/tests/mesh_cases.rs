@@ -811,7 +811,7 @@ fn a_joiner_that_missed_its_admission_is_not_admitted_as_a_founding_member() {
         |epoch, phase| MeshMsg::Heartbeat { seq: 0, epoch, phase, synced: true, withheld: None };
     for n in [n0, n1] {
         c.handle_message(at(2), n, beat(Some(Epoch(1)), computing(0)));
-        c.handle_message(at(2), n, MeshMsg::Barrier { outer_step: 0, withheld: false });
+        c.handle_message(at(2), n, MeshMsg::Barrier { outer_step: 0, withheld: false, held: None });
     }
     assert_eq!(c.members(), ids(&[0, 1, 5]), "admitted at the boundary");
     drain(&mut c); // n5's Release is lost
@@ -883,7 +883,11 @@ fn forty_thousand_joins_fill_the_queue_to_its_cap_and_admissions_are_capped_per_
     assert_eq!(full, 40_000 - max_queue, "every join beyond the cap is told");
     assert_eq!(events, 1, "the queue filling is said once");
     // Node 0 reaches the barrier: the boundary admits the first `max_admissions` joiners.
-    c.handle_message(at(70), NodeId(0), MeshMsg::Barrier { outer_step: 0, withheld: false });
+    c.handle_message(
+        at(70),
+        NodeId(0),
+        MeshMsg::Barrier { outer_step: 0, withheld: false, held: None },
+    );
     let admitted: Vec<NodeId> = drain(&mut c)
         .into_iter()
         .find_map(|a| match a {
@@ -977,4 +981,59 @@ fn a_probe_report_naming_made_up_peers_grows_nothing() {
     c.handle_message(at(1), NodeId(0), MeshMsg::ProbeReport { round: 1, results });
     assert_eq!(c.state().bandwidth.len(), 1);
     assert_eq!(c.state().bandwidth.get(NodeId(0), NodeId(1)), Some(5e8));
+}
+
+/// Members report the state they hold with their barrier arrival; one whose weights' digest
+/// differs from a strict majority's after the same outer steps is evicted at the boundary
+/// (`Diverged`), while a split with no strict majority evicts nobody.
+#[test]
+fn a_member_whose_weights_differ_from_the_majoritys_is_evicted() {
+    use loco_core::digest::WeightsDigest;
+    use loco_core::mesh::Held;
+    for (digests, evicted) in [
+        (vec![1u8, 1, 1, 1, 2], vec![4u32]),
+        (vec![1, 1, 2, 2], vec![]),
+        (vec![1, 1, 1, 1], vec![]),
+        (vec![3, 1, 1, 2, 1], vec![0, 3]),
+    ] {
+        let n = digests.len() as u32;
+        let cfg = MeshConfig {
+            min_members: n as usize,
+            join_window: Duration::ZERO,
+            ..MeshConfig::default()
+        };
+        let mut c = Coordinator::new(cfg);
+        for i in 0..n {
+            let held = Some(Held::default());
+            c.handle_message(at(0), NodeId(i), MeshMsg::Join { incarnation: 0, held, finished: 0 });
+        }
+        assert_eq!(c.members(), (0..n).map(NodeId).collect::<Vec<_>>());
+        // Step 0: everyone arrives with the initial state and the step commits.
+        for i in 0..n {
+            let barrier =
+                MeshMsg::Barrier { outer_step: 0, withheld: false, held: Some(Held::default()) };
+            c.handle_message(at(60), NodeId(i), barrier);
+        }
+        let (epoch, attempt) = (c.epoch(), 0);
+        for i in 0..n {
+            let done = MeshMsg::Done { epoch, outer_step: 0, attempt, norms: None };
+            c.handle_message(at(70), NodeId(i), done);
+        }
+        assert_eq!(c.outer_step(), 1);
+        while c.poll_action().is_some() {}
+        // Step 1: the digests of the weights after step 0.
+        for (i, d) in digests.iter().enumerate() {
+            let held = Held { outer_step: 1, digest: Some(WeightsDigest::from_bytes([*d; 8])) };
+            let barrier = MeshMsg::Barrier { outer_step: 1, withheld: false, held: Some(held) };
+            c.handle_message(at(130), NodeId(i as u32), barrier);
+        }
+        let got: Vec<(NodeId, EvictReason)> = std::iter::from_fn(|| c.poll_action())
+            .find_map(|a| match a {
+                CoordinatorAction::Event(MeshEvent::EpochFormed { evicted, .. }) => Some(evicted),
+                _ => None,
+            })
+            .unwrap_or_default();
+        let want: Vec<_> = evicted.iter().map(|&i| (NodeId(i), EvictReason::Diverged)).collect();
+        assert_eq!(got, want, "digests {digests:?}");
+    }
 }

@@ -96,7 +96,11 @@ fn apply(c: &mut Coordinator, now: &mut Time, ev: &Ev, admitted: &mut BTreeSet<(
         }
         Ev::Barrier(n, o) => {
             let outer_step = s.outer_step.saturating_add_signed(i64::from(o));
-            c.handle_message(*now, from(n), MeshMsg::Barrier { outer_step, withheld: false });
+            c.handle_message(
+                *now,
+                from(n),
+                MeshMsg::Barrier { outer_step, withheld: false, held: None },
+            );
         }
         Ev::Done(n, stale, norms) => {
             let epoch = if stale { Epoch(round_epoch.0.saturating_sub(1)) } else { round_epoch };

@@ -302,6 +302,15 @@ fn three_nodes_commit_steps_with_identical_weights_and_rows() {
         assert_eq!(net.hashes()[&s].len(), 3, "step {s}");
     }
     assert_clean(&net);
+    // Each member's last barrier arrival (step 2's) carried its weights' digest after the two
+    // steps it had applied, the same for all (the coordinator compares them).
+    let held: Vec<_> =
+        net.coordinator().unwrap().state().members.values().map(|m| m.held_at_barrier).collect();
+    assert!(
+        held.iter().all(|h| h.is_some_and(|h| h.outer_step == 2 && h.digest.is_some())),
+        "{held:?}"
+    );
+    assert!(held.windows(2).all(|w| w[0] == w[1]), "{held:?}");
     // Rows: one per node and step, compute 60 s each, the weights' digest filled in.
     assert_eq!(net.rows().len(), 9);
     for r in net.rows() {

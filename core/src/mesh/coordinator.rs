@@ -467,8 +467,8 @@ impl Coordinator {
                     self.send(from, MeshMsg::Evicted { reason: EvictReason::NotAMember });
                 }
             }
-            MeshMsg::Barrier { outer_step, withheld } if is_member => {
-                self.on_barrier(now, from, outer_step, withheld)
+            MeshMsg::Barrier { outer_step, withheld, held } if is_member => {
+                self.on_barrier(now, from, outer_step, withheld, held)
             }
             MeshMsg::Done { epoch, outer_step, attempt, norms } if is_member => {
                 if self.is_current_round(epoch, outer_step, attempt) {
@@ -572,19 +572,27 @@ impl Coordinator {
     }
 
     /// A member arrived at the barrier of `outer_step` (stale unless that step computes).
-    fn on_barrier(&mut self, now: Time, from: NodeId, outer_step: u64, withheld: bool) {
+    fn on_barrier(
+        &mut self,
+        now: Time,
+        from: NodeId,
+        outer_step: u64,
+        withheld: bool,
+        held: Option<super::Held>,
+    ) {
         let cur = self.state.outer_step;
         match &mut self.state.phase {
             Phase::Compute { barrier_opened, .. } if outer_step == cur => {
                 barrier_opened.get_or_insert(now);
                 if let Some(m) = self.state.members.get_mut(&from) {
                     m.arrived = Some(outer_step);
+                    m.held_at_barrier = held;
                     if withheld {
                         m.withheld = Some(outer_step);
                     }
                 }
             }
-            _ => self.stale(from, MeshMsg::Barrier { outer_step, withheld }),
+            _ => self.stale(from, MeshMsg::Barrier { outer_step, withheld, held }),
         }
     }
 

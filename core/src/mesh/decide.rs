@@ -547,13 +547,15 @@ pub fn decide(now: Time, s: &MeshState, cfg: &MeshConfig) -> Decision {
                 .collect();
             let deadline = barrier_deadline(*since, *barrier_opened, cfg);
             if missing.is_empty() {
-                return boundary(now, s, cfg, Vec::new());
+                return boundary(now, s, cfg, diverged(s));
             }
             if now >= deadline {
                 // With nobody arrived, that is every member: then no member holding the state is
                 // left, and `plan` stops the run.
                 let evicted = missing.into_iter().map(|id| (id, EvictReason::BarrierMissed));
-                return boundary(now, s, cfg, evicted.collect());
+                let mut evicted: Vec<_> = evicted.chain(diverged(s)).collect();
+                evicted.sort();
+                return boundary(now, s, cfg, evicted);
             }
             Decision::Wait(Reason::Barrier {
                 outer_step: s.outer_step,
@@ -640,6 +642,35 @@ pub fn decide(now: Time, s: &MeshState, cfg: &MeshConfig) -> Decision {
             })
         }
     }
+}
+
+/// Members whose weights differ from a strict majority's: of those that arrived at this step's
+/// barrier holding a state of exactly this many applied steps with a digest, the digest most of
+/// them reported, when more than half did; every other one of them has diverged. Id order.
+fn diverged(s: &MeshState) -> Vec<(NodeId, EvictReason)> {
+    let reports: Vec<(NodeId, crate::digest::WeightsDigest)> = s
+        .members
+        .iter()
+        .filter(|(_, m)| m.arrived == Some(s.outer_step))
+        .filter_map(|(&id, m)| {
+            let h = m.held_at_barrier?;
+            (h.outer_step == s.outer_step).then_some(())?;
+            h.digest.map(|d| (id, d))
+        })
+        .collect();
+    let mut counts: std::collections::BTreeMap<_, usize> = std::collections::BTreeMap::new();
+    for (_, d) in &reports {
+        *counts.entry(*d).or_default() += 1;
+    }
+    let Some((&top, &n)) = counts.iter().max_by_key(|(_, n)| **n) else { return Vec::new() };
+    if n * 2 <= reports.len() {
+        return Vec::new();
+    }
+    reports
+        .into_iter()
+        .filter(|(_, d)| *d != top)
+        .map(|(id, _)| (id, EvictReason::Diverged))
+        .collect()
 }
 
 /// Who is blamed for the current attempt when it is given up with nobody dead: the one member

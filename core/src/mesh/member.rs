@@ -541,7 +541,8 @@ impl Member {
             MemberPhase::Computing { outer_step: s } if s == outer_step => {
                 self.phase = MemberPhase::AtBarrier { outer_step };
                 let withheld = self.withheld == Some(outer_step);
-                self.send_coordinator(MeshMsg::Barrier { outer_step, withheld });
+                let held = self.held;
+                self.send_coordinator(MeshMsg::Barrier { outer_step, withheld, held });
                 Ok(())
             }
             MemberPhase::Computing { outer_step: s } => {

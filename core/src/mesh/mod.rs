@@ -202,6 +202,10 @@ pub enum EvictReason {
     /// values, or that says it got them, takes at most one other with it, where the accuser
     /// alone would be evicted and the sender would poison its next neighbour.
     Disputed,
+    /// Its weights' digest at the barrier differs from the one a strict majority of the members
+    /// that applied the same outer steps reported: its replica diverged (a fault, or a bad
+    /// commit of its own). It may join again and receive the state.
+    Diverged,
     /// It sent a member's message but is not a member (evicted earlier, or unknown).
     NotAMember,
 }
@@ -240,6 +244,9 @@ impl fmt::Display for EvictReason {
             EvictReason::NotAMember => f.write_str("not a member"),
             EvictReason::Uncorroborated => {
                 write!(f, "alone reported {BLAME_LIMIT} attempts in a row failed")
+            }
+            EvictReason::Diverged => {
+                f.write_str("its weights differ from the majority's after the same outer steps")
             }
             EvictReason::Disputed => write!(
                 f,
@@ -325,6 +332,10 @@ pub enum MeshMsg {
         /// Its pseudo-gradient is not finite (a diverged inner loop): it takes part in the
         /// all-reduce with weight 0 and takes the others' average.
         withheld: bool,
+        /// The state it holds: every member that applied the same steps holds the same
+        /// weights, so the coordinator compares their digests (a member in a minority is
+        /// evicted as [`EvictReason::Diverged`]).
+        held: Option<Held>,
     },
     /// The sender finished the all-reduce of this epoch and attempt (on every shard).
     Done {

@@ -41,6 +41,8 @@ pub struct MemberInfo {
     pub accuses: Option<NodeId>,
     /// The update's norms it reported with `Done` for the current attempt.
     pub norms: Option<super::UpdateNorms>,
+    /// The state it said it held at its last barrier arrival.
+    pub held_at_barrier: Option<super::Held>,
     /// Attempts in a row that it alone reported failed, with nobody dead (cleared at a commit):
     /// at [`BLAME_LIMIT`](super::BLAME_LIMIT) it is evicted.
     pub blamed: u32,
@@ -64,6 +66,7 @@ impl MemberInfo {
             failed: false,
             accuses: None,
             norms: None,
+            held_at_barrier: None,
             blamed: 0,
         }
     }

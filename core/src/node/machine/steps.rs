@@ -192,6 +192,8 @@ impl Node {
             let ev = NodeEvent::Withheld { epoch, outer_step, values: back.nonfinite, of: back.of };
             self.effects.push_back(Effect::Event(ev));
         }
+        // The arrival says which state this node holds (its outer state is back from the job).
+        self.tell_held();
         if let Err(e) = self.member.barrier_arrive(now, outer_step) {
             tracing::debug!(target: "loco_core", "{}: barrier refused: {e}", self.cfg.id);
         }
