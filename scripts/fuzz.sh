@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Coverage-guided fuzzing (libFuzzer, through cargo-fuzz) of the decoders that take bytes from the
 # network or the disk: the frame decoder, both ends of the handshake and the secured records,
-# a joiner's state-piece assembly, the scenario parser and the checkpoint loader.
+# a joiner's state-piece assembly, the scenario parser, the checkpoint loader, the mesh's
+# coordinator and member under decoded messages, and the ring all-reduce under hostile frames.
 #
 #   scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET ...]     (default: 20 s each, every target)
 #
@@ -19,7 +20,7 @@ cd "$(dirname "$0")/.."
 
 seconds="${1:-20}"
 shift || true
-all=(frame handshake state_assembly scenario checkpoint)
+all=(frame handshake state_assembly scenario checkpoint mesh ring)
 targets=("$@")
 [[ ${#targets[@]} -gt 0 ]] || targets=("${all[@]}")
 [[ "$seconds" =~ ^[0-9]+$ && "$seconds" -ge 1 ]] || {
