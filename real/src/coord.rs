@@ -172,6 +172,42 @@ impl Lines<'_> {
     }
 }
 
+/// Whether the coordinator's event ends an outer step (committed or skipped).
+fn ends_a_step(ev: &MeshEvent) -> bool {
+    matches!(
+        ev,
+        MeshEvent::Committed { .. }
+            | MeshEvent::StepSkipped { .. }
+            | MeshEvent::UpdateRefused { stopping: false, .. }
+    )
+}
+
+/// Logs a coordinator's event at the level it deserves.
+fn log_event(ev: &MeshEvent) {
+    match ev {
+        MeshEvent::NoSyncedMember { .. } | MeshEvent::UpdateRefused { stopping: true, .. } => {
+            tracing::error!("{ev}")
+        }
+        MeshEvent::UpdateRefused { stopping: false, .. }
+        | MeshEvent::JoinRefused { .. }
+        | MeshEvent::QueueFull { .. } => tracing::warn!("{ev}"),
+        _ => tracing::debug!("{ev}"),
+    }
+}
+
+/// The `stop` row of an event that ends the run, at `at` seconds.
+fn stop_row(ev: &MeshEvent, at: f64) -> Option<EventRow> {
+    let detail = match ev {
+        MeshEvent::NoSyncedMember { outer_step, .. } => format!(
+            "no member holds the training state any more: stopped at outer step {outer_step} \
+             (resume from checkpoints)"
+        ),
+        MeshEvent::UpdateRefused { stopping: true, .. } | MeshEvent::Shutdown => ev.to_string(),
+        _ => return None,
+    };
+    Some(EventRow::new(at, EventKind::Stop).detail(detail))
+}
+
 /// Runs the coordinator on a bound transport until the stop condition, or until `shutdown`
 /// resolves (then it tells every member to stop).
 pub async fn run_coordinator(
@@ -225,38 +261,13 @@ pub async fn run_coordinator(
                             })?;
                             after_epoch(&mut t, &mut sent_dirs, &c, evicted);
                         }
-                        MeshEvent::Committed { .. } | MeshEvent::StepSkipped { .. } => {
-                            committed += 1
-                        }
-                        MeshEvent::NoSyncedMember { outer_step, .. } => {
-                            tracing::error!("{ev}");
-                            let detail = format!(
-                                "no member holds the training state any more: stopped at outer \
-                                 step {outer_step} (resume from checkpoints)"
-                            );
-                            // The run's end, as the simulator writes it: no epoch.
-                            write(MetricsLine::Event(
-                                EventRow::new(at, EventKind::Stop).detail(detail),
-                            ))?
-                        }
-                        MeshEvent::UpdateRefused { stopping: false, .. } => {
-                            // The step is skipped (its `skip_step` row is written above).
-                            tracing::warn!("{ev}");
-                            committed += 1;
-                        }
-                        MeshEvent::UpdateRefused { stopping: true, .. } => {
-                            tracing::error!("{ev}");
-                            write(MetricsLine::Event(
-                                EventRow::new(at, EventKind::Stop).detail(ev.to_string()),
-                            ))?
-                        }
-                        MeshEvent::JoinRefused { .. } | MeshEvent::QueueFull { .. } => {
-                            tracing::warn!("{ev}")
-                        }
-                        MeshEvent::Shutdown => write(MetricsLine::Event(
-                            EventRow::new(at, EventKind::Stop).detail(ev.to_string()),
-                        ))?,
-                        _ => tracing::debug!("{ev}"),
+                        _ if ends_a_step(&ev) => committed += 1,
+                        _ => {}
+                    }
+                    log_event(&ev);
+                    if let Some(row) = stop_row(&ev, at) {
+                        // The run's end, as the simulator writes it: no epoch.
+                        write(MetricsLine::Event(row))?;
                     }
                 }
             }

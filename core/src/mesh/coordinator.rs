@@ -897,7 +897,7 @@ impl Coordinator {
                 }
                 Decision::Commit { outer_step } => {
                     let epoch = self.state.epoch;
-                    if let Some(norm) = super::decide::reported_norm(&self.state) {
+                    if let Some(norm) = super::guard::reported_norm(&self.state) {
                         let kept = &mut self.state.update_norms;
                         kept.push_back(norm);
                         while kept.len() > super::UPDATE_HISTORY {
@@ -946,7 +946,7 @@ impl Coordinator {
 
     /// The guard refused the update of this step: every member skips it, or at the limit the
     /// run stops (returns true).
-    fn refuse_update(&mut self, now: Time, r: super::decide::Refusal) -> bool {
+    fn refuse_update(&mut self, now: Time, r: super::guard::Refusal) -> bool {
         self.state.refused_updates = self.state.refused_updates.saturating_add(1);
         let stopping = self.state.refused_updates >= super::UPDATE_REFUSALS_LIMIT;
         let (epoch, outer_step) = (self.state.epoch, self.state.outer_step);

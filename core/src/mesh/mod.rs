@@ -135,6 +135,7 @@ use std::fmt;
 mod config;
 mod coordinator;
 mod decide;
+mod guard;
 mod member;
 mod probe;
 mod ring;
@@ -144,6 +145,7 @@ mod timer;
 pub use config::{JoinMode, MAX_RETRIES_LIMIT, MeshConfig, MeshConfigError, RingOrder};
 pub use coordinator::{Coordinator, CoordinatorAction, MeshEvent};
 pub use decide::{Decision, EpochPlan, Reason, Round, Then, decide, next_deadline};
+pub use guard::Refusal;
 pub use member::{AllReduceStart, Command, Member, MemberAction, MemberPhase, StopReason};
 pub use probe::{PROBE_MAX_BYTES, PROBE_START_BYTES};
 pub use ring::{
