@@ -287,6 +287,14 @@ fn incarnations(net: &NodeNet, n: u32) -> Vec<u64> {
     (0..n).map(|i| net.node(NodeId(i)).unwrap().member().incarnation()).collect()
 }
 
+/// The coordinator's events, in order.
+fn mesh_events(net: &NodeNet) -> impl Iterator<Item = &MeshEvent> {
+    net.record().iter().filter_map(|r| match &r.what {
+        Seen::Mesh(e) => Some(e),
+        _ => None,
+    })
+}
+
 fn assert_clean(net: &NodeNet) {
     assert!(net.violations().is_empty(), "{:?}", net.violations());
     assert!(net.disagreements().is_empty(), "{:?}", net.hashes());
@@ -1063,12 +1071,10 @@ fn a_member_sending_values_that_are_not_finite_is_named_and_evicted_with_its_acc
     net.poison_values(NodeId(3));
     net.run_for(secs(900)).unwrap();
     let (mut accusations, mut evictions) = (Vec::new(), Vec::new());
-    for r in net.record() {
-        match &r.what {
-            Seen::Mesh(MeshEvent::AllReduceFailed { node, accused, .. }) => {
-                accusations.push((*node, *accused));
-            }
-            Seen::Mesh(MeshEvent::EpochFormed { evicted, .. }) if !evicted.is_empty() => {
+    for e in mesh_events(&net) {
+        match e {
+            MeshEvent::AllReduceFailed { node, accused, .. } => accusations.push((*node, *accused)),
+            MeshEvent::EpochFormed { evicted, .. } if !evicted.is_empty() => {
                 evictions.push(evicted.clone());
             }
             _ => {}
@@ -1118,11 +1124,9 @@ fn an_update_a_thousand_times_too_large_is_skipped_by_all_and_its_node_named() {
         assert!(bad >= 6, "history first: {bad}");
         net.scale_update(NodeId(2), bad, 1000.0);
         net.run_for(secs(400)).unwrap();
-        let refused: Vec<_> = net
-            .record()
-            .iter()
-            .filter_map(|r| match &r.what {
-                Seen::Mesh(MeshEvent::UpdateRefused { outer_step, outlier, stopping, .. }) => {
+        let refused: Vec<_> = mesh_events(&net)
+            .filter_map(|e| match e {
+                MeshEvent::UpdateRefused { outer_step, outlier, stopping, .. } => {
                     Some((*outer_step, *outlier, *stopping))
                 }
                 _ => None,
@@ -1153,11 +1157,9 @@ fn updates_refused_three_steps_in_a_row_stop_the_run() {
         net.scale_update(NodeId(1), bad + k, 1000.0);
     }
     net.run_for(secs(400)).unwrap();
-    let stopping: Vec<bool> = net
-        .record()
-        .iter()
-        .filter_map(|r| match &r.what {
-            Seen::Mesh(MeshEvent::UpdateRefused { stopping, .. }) => Some(*stopping),
+    let stopping: Vec<bool> = mesh_events(&net)
+        .filter_map(|e| match e {
+            MeshEvent::UpdateRefused { stopping, .. } => Some(*stopping),
             _ => None,
         })
         .collect();

@@ -1090,10 +1090,7 @@ impl Coordinator {
     fn start_round(&mut self, now: Time, r: Round) {
         self.state.phase = Phase::Reduce { attempt: r.attempt, since: now, failed_at: None };
         for m in self.state.members.values_mut() {
-            m.done = false;
-            m.failed = false;
-            m.accuses = None;
-            m.norms = None;
+            m.forget_attempt();
         }
         self.state.ring = r.ring.clone();
         self.state.weights = r.weights.clone();
@@ -1124,10 +1121,7 @@ impl Coordinator {
         self.state.phase = Phase::Compute { since: now, barrier_opened: None };
         self.state.transfers.clear();
         for m in self.state.members.values_mut() {
-            m.done = false;
-            m.failed = false;
-            m.accuses = None;
-            m.norms = None;
+            m.forget_attempt();
         }
         self.request_probes();
     }

@@ -51,10 +51,12 @@ pub(super) fn diverged(s: &MeshState) -> Vec<(NodeId, EvictReason)> {
 /// replica holds the same bits, so they agree unless one lies or errs; NaN counts as
 /// infinite). `None` when nobody reported one (values that are not real, or the guard off).
 pub(super) fn reported_norm(s: &MeshState) -> Option<f64> {
-    s.members
-        .values()
-        .filter_map(|m| m.norms.map(|n| if n.average.is_nan() { f64::INFINITY } else { n.average }))
-        .reduce(f64::max)
+    s.members.values().filter_map(|m| m.norms.map(|n| nan_as_infinite(n.average))).reduce(f64::max)
+}
+
+/// A norm as the guard compares it: NaN (a value that is not finite) counts as infinite.
+fn nan_as_infinite(x: f64) -> f64 {
+    if x.is_nan() { f64::INFINITY } else { x }
 }
 
 /// The median of `xs` (the mean of the middle two for an even count; `None` when empty).
@@ -87,8 +89,7 @@ pub(super) fn guard(s: &MeshState, cfg: &MeshConfig) -> Option<Refusal> {
     let own: Vec<(NodeId, f64)> = s
         .members
         .iter()
-        .filter_map(|(&id, m)| m.norms.and_then(|n| n.own).map(|o| (id, o)))
-        .map(|(id, o)| (id, if o.is_nan() { f64::INFINITY } else { o }))
+        .filter_map(|(&id, m)| m.norms.and_then(|n| n.own).map(|o| (id, nan_as_infinite(o))))
         .collect();
     let top = own.iter().copied().max_by(|a, b| a.1.total_cmp(&b.1));
     let outlier = top.and_then(|(id, o)| {

@@ -49,6 +49,15 @@ pub struct MemberInfo {
 }
 
 impl MemberInfo {
+    /// Forgets what it reported of an attempt (done, failed and whom it named, the norms), at
+    /// the start of a round or of a step.
+    pub fn forget_attempt(&mut self) {
+        self.done = false;
+        self.failed = false;
+        self.accuses = None;
+        self.norms = None;
+    }
+
     /// A member admitted now.
     pub fn new(incarnation: u64, last_seen: Time, epoch: Epoch, step: u64, synced: bool) -> Self {
         MemberInfo {

@@ -172,6 +172,14 @@ impl Node {
         }
     }
 
+    /// Keeps the digest of the outer weights just returned (`None` keeps the last one), with
+    /// the steps they hold, for the state this node says it holds.
+    fn note_held_digest(&mut self, digest: Option<crate::digest::WeightsDigest>) {
+        if let (Some(d), Some(o)) = (digest, &self.outer) {
+            self.held_digest = Some((o.steps(), d));
+        }
+    }
+
     /// The pseudo-gradient's job of `outer_step` came back: the node arrives at the barrier
     /// (in overlap modes the next round's inner steps start now, beside the all-reduce).
     pub(super) fn arrive(&mut self, now: Time, outer_step: u64, back: Returned) {
@@ -235,9 +243,7 @@ impl Node {
             self.effects.push_back(Effect::Check(c));
         }
         self.last_digest = back.digest;
-        if let (Some(d), Some(o)) = (back.digest, &self.outer) {
-            self.held_digest = Some((o.steps(), d));
-        }
+        self.note_held_digest(back.digest);
         if let Some(a) = self.step_row(outer_step) {
             a.set_epoch(epoch);
         }
@@ -284,9 +290,7 @@ impl Node {
         self.work = Work::Idle;
         self.released_at = None;
         self.log_result(outer_step, None);
-        if let (Some(d), Some(o)) = (back.digest, &self.outer) {
-            self.held_digest = Some((o.steps(), d));
-        }
+        self.note_held_digest(back.digest);
         if let Some(a) = self.step_row(outer_step) {
             a.set_epoch(epoch);
             a.set_retries(attempts.saturating_sub(1));
