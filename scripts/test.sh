@@ -7,6 +7,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/torch-env.sh
 source scripts/torch-env.sh
+# The data and export tests compare with Hugging Face's own code (tokenizers, transformers),
+# installed into the same environment on first use.
+if ! "$LOCO_TORCH_VENV/bin/python" -c "import tokenizers, transformers, sys; sys.exit(tokenizers.__version__ != '0.22.1' or transformers.__version__ != '4.57.1')" 2>/dev/null; then
+    echo "loco: installing tokenizers and transformers into $LOCO_TORCH_VENV (once)" >&2
+    "$LOCO_TORCH_VENV/bin/pip" install --quiet --no-cache-dir --disable-pip-version-check \
+        "tokenizers==0.22.1" "transformers==4.57.1"
+fi
 # The live page's test opens it in headless Chromium through chromedriver (Debian's packages).
 if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
     if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then

@@ -1330,6 +1330,13 @@ pub struct RealSpec {
     pub precision: Precision,
     /// Training data file as written (relative to the scenario file); `None` for synthetic data.
     pub data: Option<String>,
+    /// A Hugging Face Llama directory (`config.json`, `model.safetensors`) the run starts from,
+    /// as written (relative to the scenario file); `None` for the seeded initialisation.
+    pub init: Option<String>,
+    /// Held-out loss of the global weights every this many outer steps (0: never).
+    pub eval_every: u64,
+    /// Held-out sequences each evaluation reads (the first of the held-out split).
+    pub eval_sequences: u32,
     /// Sequences per forward pass.
     pub micro_batch: u32,
     /// Sequence length override.
@@ -1397,6 +1404,9 @@ impl Default for RealSpec {
             device: Device::Cpu,
             precision: Precision::F32,
             data: None,
+            init: None,
+            eval_every: 0,
+            eval_sequences: 64,
             micro_batch: 1,
             seq_len: None,
             checkpoint_dir: None,

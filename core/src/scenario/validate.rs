@@ -864,6 +864,12 @@ fn real(r: &RawReal) -> R<RealSpec> {
         device,
         precision,
         data: path_field("data", &r.data)?,
+        init: path_field("init", &r.init)?,
+        eval_every: r.eval_every.unwrap_or(def.eval_every),
+        eval_sequences: at_least_one(
+            &p.key("eval_sequences"),
+            r.eval_sequences.unwrap_or(def.eval_sequences),
+        )?,
         micro_batch: at_least_one(&p.key("micro_batch"), r.micro_batch.unwrap_or(def.micro_batch))?,
         seq_len: r.seq_len.map(|s| at_least_one(&p.key("seq_len"), s)).transpose()?,
         checkpoint_dir: path_field("checkpoint_dir", &r.checkpoint_dir)?,
