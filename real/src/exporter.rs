@@ -297,6 +297,7 @@ mod tests {
             weights_hash: None,
             weight: 1.0,
             allreduce_wall_s: 1.5,
+            eval_loss: None,
         }
     }
 

@@ -121,6 +121,7 @@ fn row(node: &str, t: f64) -> OuterStepRow {
         weights_hash: AB.parse().ok(),
         weight: 1.0,
         allreduce_wall_s: 0.0,
+        eval_loss: None,
     }
 }
 

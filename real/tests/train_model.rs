@@ -312,3 +312,35 @@ fn bad_input_and_non_finite_steps_change_nothing() {
         .unwrap_err();
     assert!(matches!(err, TrainError::BadConfig { field: "micro_batch", .. }), "{err}");
 }
+
+/// The held-out loss of the global weights is taken with those weights swapped in, and leaves
+/// the node's own (inner) parameters exactly as they were.
+#[test]
+fn held_out_evaluation_swaps_the_global_weights_in_and_back() {
+    use loco_real::inner::{InnerLoop, NodeTrainer, TchInner};
+    let spec = tiny();
+    let trainer = Trainer::new(&spec, config(1e-2), Device::Cpu, 3).unwrap();
+    let global = trainer.model().flat_params().unwrap();
+    let mut held_out = genesis(Order::Sequential);
+    let rows = held_out.next_batch(8).unwrap();
+    let fresh = trainer.eval_loss(&rows).unwrap();
+    let mut inner = TchInner::new(NodeTrainer::One(trainer), genesis(Order::Sequential))
+        .with_held_out(rows.clone());
+    for _ in 0..5 {
+        inner.step().unwrap();
+    }
+    let mut own = vec![0.0f32; inner.num_params()];
+    inner.params_into(&mut own).unwrap();
+    assert_ne!(own, global, "the inner steps moved the weights");
+    let at_global = inner.eval_loss(&global).unwrap().unwrap();
+    assert_eq!(at_global, fresh, "the loss of the global weights, not the node's own");
+    let mut after = vec![0.0f32; inner.num_params()];
+    inner.params_into(&mut after).unwrap();
+    assert_eq!(after, own, "the node's own parameters are back, bit for bit");
+    let at_own = inner.eval_loss(&own).unwrap().unwrap();
+    assert!(at_own < at_global, "trained weights fit the text better: {at_own} vs {at_global}");
+    // A weights vector of the wrong length is an error, and the parameters stay.
+    assert!(inner.eval_loss(&global[1..]).is_err());
+    inner.params_into(&mut after).unwrap();
+    assert_eq!(after, own);
+}

@@ -435,6 +435,7 @@ mod tests {
             weights_hash: None,
             weight: 1.0,
             allreduce_wall_s: 0.0,
+            eval_loss: None,
         }
     }
 

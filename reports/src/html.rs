@@ -183,6 +183,7 @@ fn summary_table(out: &mut String, s: &Summary) {
     kv(out, "mfu", "MFU", s.mfu, pct);
     kv(out, "tokens_per_second", "tokens per second", s.tokens_per_second, |v| format!("{v:.1}"));
     kv(out, "final_loss", "final loss", s.final_loss, num);
+    kv(out, "final_eval_loss", "held-out loss", s.final_eval_loss, num);
     kv(out, "inner_step_seconds", "inner step", s.inner_step_seconds, secs);
     let published = match s.published.as_deref() {
         Some(p) => published_row(p)

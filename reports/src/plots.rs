@@ -643,6 +643,9 @@ struct Loss {
     points: Vec<(f64, f64)>,
     /// (x, mean loss) per outer step.
     mean: Vec<(f64, f64)>,
+    /// (x, mean held-out loss) per evaluated outer step, at the tokens trained before it (the
+    /// weights evaluated are those the step started from).
+    held_out: Vec<(f64, f64)>,
     x_desc: String,
     x_div: f64,
 }
@@ -668,23 +671,41 @@ impl Loss {
             .iter()
             .filter_map(|r| Some((*x_of.get(&r.outer_step)?, r.loss.filter(|l| l.is_finite())?)))
             .collect();
+        // Held-out losses, averaged over the nodes that evaluated each step (they evaluate the
+        // same weights); x is what was trained before the step.
+        let mut evals: std::collections::BTreeMap<u64, (f64, u32)> = Default::default();
+        for r in rows {
+            if let Some(l) = r.eval_loss.filter(|l| l.is_finite()) {
+                let e = evals.entry(r.outer_step).or_default();
+                e.0 += l;
+                e.1 += 1;
+            }
+        }
+        let held_out = evals
+            .iter()
+            .map(|(&step, &(sum, n))| {
+                let before = x_of.range(..step).next_back().map_or(0.0, |(_, &x)| x);
+                let x = if total_tokens > 0 { before } else { step as f64 };
+                (x, sum / f64::from(n))
+            })
+            .collect();
         let (x_desc, x_div) = if total_tokens > 0 {
             let u = crate::format::count_unit(cumulative as f64);
             (format!("tokens ({})", u.name), u.div)
         } else {
             ("outer step (no token counts recorded)".to_owned(), 1.0)
         };
-        Some(Loss { points, mean, x_desc, x_div })
+        Some(Loss { points, mean, held_out, x_desc, x_div })
     }
 }
 
 impl Plot for Loss {
     const NAME: &'static str = "loss";
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB> {
-        let xs = self.points.iter().map(|p| p.0 / self.x_div);
+        let xs = self.points.iter().chain(&self.held_out).map(|p| p.0 / self.x_div);
         let (x_lo, x_hi) =
             xs.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| (a.min(x), b.max(x)));
-        let ys = self.points.iter().map(|p| p.1);
+        let ys = self.points.iter().chain(&self.held_out).map(|p| p.1);
         let (y_lo, y_hi) =
             ys.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), y| (a.min(y), b.max(y)));
         let mut chart = ChartBuilder::on(root)
@@ -718,6 +739,14 @@ impl Plot for Loss {
             ))?
             .label("mean over nodes")
             .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], DARK_RED.stroke_width(2)));
+        if !self.held_out.is_empty() {
+            let held_out = self.held_out.iter().map(|&(x, y)| (x / d, y));
+            chart
+                .draw_series(LineSeries::new(held_out.clone(), BLUE.stroke_width(2)))?
+                .label("held-out (global weights)")
+                .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], BLUE.stroke_width(2)));
+            chart.draw_series(held_out.map(|p| Circle::new(p, 3, BLUE.filled())))?;
+        }
         draw_legend(&mut chart, SeriesLabelPosition::UpperRight)?;
         Ok(())
     }
@@ -786,7 +815,13 @@ pub(crate) fn draw_all(
         render(&BytesPerStep::new(rows), "Bytes sent by all nodes during each outer step.", png)?,
     ];
     if let Some(loss) = Loss::new(rows) {
-        out.push(render(&loss, "Training loss per node, and its mean per outer step.", png)?);
+        let caption = if loss.held_out.is_empty() {
+            "Training loss per node, and its mean per outer step."
+        } else {
+            "Training loss per node, its mean per outer step, and the held-out loss of the \
+             global weights where the run evaluated them ([real] eval_every)."
+        };
+        out.push(render(&loss, caption, png)?);
     }
     Ok(out)
 }

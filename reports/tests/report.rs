@@ -81,6 +81,7 @@ fn synthetic() -> (Vec<OuterStepRow>, Vec<EventRow>) {
                 weights_hash: Some(WeightsDigest::from_bytes((step * 7919).to_be_bytes())),
                 weight: if recovering { 0.0 } else { 1.0 },
                 allreduce_wall_s: 0.0,
+                eval_loss: None,
             });
         }
         if step == 4 {

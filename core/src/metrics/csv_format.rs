@@ -14,7 +14,7 @@ use std::fmt::Write as _;
 use std::str::FromStr;
 
 /// The columns of `outer_steps.csv`, in order (the fields of [`OuterStepRow`]).
-pub const OUTER_STEPS_COLUMNS: [&str; 21] = [
+pub const OUTER_STEPS_COLUMNS: [&str; 22] = [
     "outer_step",
     "node",
     "node_id",
@@ -36,7 +36,12 @@ pub const OUTER_STEPS_COLUMNS: [&str; 21] = [
     "weights_hash",
     "weight",
     "allreduce_wall_s",
+    "eval_loss",
 ];
+
+/// Columns of `outer_steps.csv` files written before `eval_loss`: they parse with `eval_loss`
+/// absent.
+const OUTER_STEPS_COLUMNS_V1: usize = 21;
 
 /// The columns of `events.csv`, in order (the fields of [`EventRow`]).
 pub const EVENTS_COLUMNS: [&str; 5] = ["time_s", "kind", "node", "epoch", "detail"];
@@ -111,6 +116,7 @@ pub fn outer_steps_csv(rows: &[OuterStepRow]) -> String {
             r.weights_hash.map(|d| d.to_string()).unwrap_or_default(),
             format_f64(r.weight),
             format_f64(r.allreduce_wall_s),
+            r.eval_loss.map(format_f64).unwrap_or_default(),
         ];
         push_record(&mut out, fields.iter().map(String::as_str));
     }
@@ -276,7 +282,15 @@ fn parse_records<T>(
 /// [`MetricsError`] naming the line (1-based) and the field of the first problem found.
 pub fn parse_outer_steps_csv(text: &str) -> Result<Vec<OuterStepRow>, MetricsError> {
     const INT: &str = "a non-negative integer";
-    parse_records(text, &OUTER_STEPS_COLUMNS, |r| {
+    // A file written before `eval_loss` has the columns before it.
+    let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+    let old = OUTER_STEPS_COLUMNS[..OUTER_STEPS_COLUMNS_V1].join(",");
+    let columns = if first.split(',').map(str::trim).collect::<Vec<_>>().join(",") == old {
+        &OUTER_STEPS_COLUMNS[..OUTER_STEPS_COLUMNS_V1]
+    } else {
+        &OUTER_STEPS_COLUMNS[..]
+    };
+    parse_records(text, columns, |r| {
         let node = r.raw(1).to_owned();
         if node.is_empty() {
             return Err(MetricsError::Field {
@@ -308,6 +322,11 @@ pub fn parse_outer_steps_csv(text: &str) -> Result<Vec<OuterStepRow>, MetricsErr
             weights_hash: r.opt(18, "weights_hash", "16 hex digits or nothing")?,
             weight: r.f64(19, "weight")?,
             allreduce_wall_s: r.f64(20, "allreduce_wall_s")?,
+            eval_loss: if r.fields.len() > OUTER_STEPS_COLUMNS_V1 {
+                r.opt(21, "eval_loss", "a number or nothing")?
+            } else {
+                None
+            },
         })
     })
 }

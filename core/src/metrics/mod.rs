@@ -24,6 +24,7 @@
 //!     start_s: 0.0, end_s: 10.0, compute_s: 8.0, allreduce_s: 2.0, barrier_s: 0.0,
 //!     recovery_s: 0.0, checkpoint_s: 0.0, outer_s: 0.0, idle_s: 0.0, bytes_sent: 100, retries: 0,
 //!     tokens: 0, loss: Some(2.5), weights_hash: None, weight: 1.0, allreduce_wall_s: 0.0,
+//!     eval_loss: Some(2.7),
 //! };
 //! let csv = outer_steps_csv(std::slice::from_ref(&row));
 //! assert_eq!(parse_outer_steps_csv(&csv).unwrap(), vec![row.clone()]);

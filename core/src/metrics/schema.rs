@@ -66,6 +66,11 @@ pub struct OuterStepRow {
     /// had no all-reduce here.
     #[serde(default)]
     pub allreduce_wall_s: f64,
+    /// Held-out loss of the global weights the step started from (those committed when its
+    /// inner steps began), when the run evaluates at this step (`[real] eval_every`); `None`
+    /// otherwise and in the simulator.
+    #[serde(default)]
+    pub eval_loss: Option<f64>,
 }
 
 impl OuterStepRow {

@@ -111,6 +111,10 @@ pub struct Summary {
     pub tokens_per_second: Option<f64>,
     /// Mean loss over the nodes of the last outer step that has one.
     pub final_loss: Option<f64>,
+    /// Mean held-out loss over the nodes of the last outer step that evaluated the global
+    /// weights (`[real] eval_every`); `None` when none did.
+    #[serde(default)]
+    pub final_eval_loss: Option<f64>,
     /// Mean `compute_s` of rows that computed, divided by H; `None` when H is unknown.
     pub inner_step_seconds: Option<f64>,
     /// The DiLoCo schedule the run used.
@@ -475,6 +479,18 @@ pub fn summarize(meta: &RunMeta, rows: &[OuterStepRow], events: &[EventRow]) -> 
         (tokens > 0).then(|| ratio(b.flops_per_token * tokens as f64, den)).filter(|x| *x > 0.0)
     });
     let final_loss = step_totals(&rows).iter().rev().find_map(|s| s.mean_loss);
+    let final_eval_loss = rows
+        .iter()
+        .filter_map(|r| r.eval_loss.filter(|l| l.is_finite()).map(|l| (r.outer_step, l)))
+        .max_by_key(|(step, _)| *step)
+        .map(|(last, _)| {
+            let at: Vec<f64> = rows
+                .iter()
+                .filter(|r| r.outer_step == last)
+                .filter_map(|r| r.eval_loss.filter(|l| l.is_finite()))
+                .collect();
+            at.iter().sum::<f64>() / at.len() as f64
+        });
     let inner_step_seconds = meta.inner_steps_per_outer.filter(|h| *h > 0).and_then(|h| {
         let computed: Vec<f64> =
             rows.iter().map(|r| r.compute_s).filter(|c| c.is_finite() && *c > 0.0).collect();
@@ -501,6 +517,7 @@ pub fn summarize(meta: &RunMeta, rows: &[OuterStepRow], events: &[EventRow]) -> 
         mfu,
         tokens_per_second,
         final_loss,
+        final_eval_loss,
         inner_step_seconds,
         diloco: meta.diloco,
         extra: meta.extra.clone(),

@@ -27,6 +27,7 @@ fn row(step: u64, node: &str, id: u32) -> OuterStepRow {
         weights_hash: None,
         weight: 1.0,
         allreduce_wall_s: 0.0,
+        eval_loss: None,
     }
 }
 
@@ -89,11 +90,30 @@ fn outer_steps_format_is_fixed() {
     assert_eq!(
         lines.next().unwrap(),
         "0,a,0,1,2,0.000000,0.000000,0.000000,0.000000,0.000000,0.000000,0.000000,0.000000,\
-         0.000000,0,0,0,,,1.000000,0.000000"
+         0.000000,0,0,0,,,1.000000,0.000000,"
     );
     assert!(lines.next().unwrap().starts_with("0,\" padded \",1,1,14,"));
     assert!(lines.next().unwrap().starts_with("7,\"eu, \"\"west\"\" 1\",4,"));
     assert!(text.ends_with('\n'));
+}
+
+#[test]
+fn held_out_loss_round_trips_and_older_files_still_parse() {
+    let rows = vec![OuterStepRow { eval_loss: Some(3.25), ..row(0, "a", 0) }, row(1, "a", 0)];
+    let text = outer_steps_csv(&rows);
+    assert!(text.lines().nth(1).unwrap().ends_with(",3.250000"), "{text}");
+    assert_eq!(parse_outer_steps_csv(&text).unwrap(), rows);
+    // A file written before the column: every row parses, without a held-out loss.
+    let old: String = text.lines().map(|l| format!("{}\n", &l[..l.rfind(',').unwrap()])).collect();
+    assert!(!old.contains("eval_loss"));
+    let parsed = parse_outer_steps_csv(&old).unwrap();
+    assert_eq!(parsed, vec![row(0, "a", 0), row(1, "a", 0)]);
+    // A row of the new header with a field short is still an error.
+    let short = format!("{}\n{}\n", text.lines().next().unwrap(), old.lines().nth(1).unwrap());
+    assert!(matches!(
+        parse_outer_steps_csv(&short).unwrap_err(),
+        MetricsError::FieldCount { expected: 22, found: 21, .. }
+    ));
 }
 
 #[test]
@@ -296,6 +316,17 @@ fn step_totals_by_hand() {
     assert_eq!(steps[1].allreduce_max_s, 5.0);
     assert_eq!((steps[1].start_s, steps[1].end_s), (0.0, 20.0));
     assert_eq!(summarize(&RunMeta::default(), &rows, &[]).final_loss, Some(1.5));
+    assert_eq!(summarize(&RunMeta::default(), &rows, &[]).final_eval_loss, None);
+    // The held-out loss of the last step evaluated, averaged over the nodes that did.
+    let mut evaluated = rows.clone();
+    for (i, r) in evaluated.iter_mut().enumerate() {
+        r.eval_loss = Some(2.0 + i as f64);
+    }
+    let last = evaluated.iter().map(|r| r.outer_step).max().unwrap();
+    let at_last: Vec<f64> =
+        evaluated.iter().filter(|r| r.outer_step == last).filter_map(|r| r.eval_loss).collect();
+    let want = at_last.iter().sum::<f64>() / at_last.len() as f64;
+    assert_eq!(summarize(&RunMeta::default(), &evaluated, &[]).final_eval_loss, Some(want));
 }
 
 #[test]

@@ -86,6 +86,7 @@ pub struct StepAcct {
     retries: u32,
     tokens: u64,
     loss: Option<f64>,
+    eval_loss: Option<f64>,
 }
 
 impl StepAcct {
@@ -106,6 +107,7 @@ impl StepAcct {
             retries: 0,
             tokens: 0,
             loss: None,
+            eval_loss: None,
         }
     }
 
@@ -185,10 +187,12 @@ impl StepAcct {
         self.retries = retries;
     }
 
-    /// What the inner steps did: tokens processed and the loss at their end.
-    pub fn trained(&mut self, tokens: u64, loss: Option<f64>) {
+    /// What the inner steps did: tokens processed, the loss at their end, and the held-out loss
+    /// of the weights they started from when the executor evaluated them.
+    pub fn trained(&mut self, tokens: u64, loss: Option<f64>, eval_loss: Option<f64>) {
         self.tokens = tokens;
         self.loss = loss;
+        self.eval_loss = eval_loss;
     }
 
     /// Closes the row at `now`, with the node's counter of bytes sent and the digest of its outer
@@ -224,6 +228,7 @@ impl StepAcct {
             retries: self.retries,
             tokens: self.tokens,
             loss: self.loss,
+            eval_loss: self.eval_loss,
             weights_hash,
             weight: self.weight,
         }

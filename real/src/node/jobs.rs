@@ -27,13 +27,26 @@ pub(super) struct Held<L> {
 /// A job for the inner loop.
 pub(super) enum InnerWork {
     /// The inner steps of `outer_step` in the process's `draw` ([`InnerLoop::begin_round`]);
-    /// `crash`: the fault drill kills the process in them.
-    Compute { outer_step: u64, draw: u64, steps: u64, crash: bool },
+    /// `crash`: the fault drill kills the process in them. `eval`: the global weights to take
+    /// the held-out loss of first ([`InnerLoop::eval_loss`]), when the run evaluates this step.
+    Compute { outer_step: u64, draw: u64, steps: u64, crash: bool, eval: Option<Vec<f32>> },
     /// The inner optimiser's export for a joiner (a copy; the encoding runs elsewhere).
     Export(StateJob),
     /// A checkpoint of the committed outer state (`steps` outer steps). `dirty`: the inner loop
     /// has moved on since (a stop mid-step): the snapshot's parameters are the outer weights.
     Checkpoint { steps: u64, outer: Vec<f32>, momentum: Vec<f32>, dirty: bool },
+}
+
+/// What one round of inner steps did.
+pub(super) struct Round {
+    /// The inner weights after the steps.
+    pub(super) inner: Vec<f32>,
+    /// The training loss at their end.
+    pub(super) loss: Option<f64>,
+    /// The held-out loss of the global weights, when asked for.
+    pub(super) eval_loss: Option<f64>,
+    /// Tokens processed.
+    pub(super) tokens: u64,
 }
 
 /// What the inner loop takes before its next job.
@@ -47,8 +60,8 @@ pub(super) struct Pending {
 
 /// What a job did.
 pub(super) enum InnerOut {
-    /// The inner steps: the inner weights after them, the loss at their end, the tokens.
-    Computed { outer_step: u64, result: Result<(Vec<f32>, Option<f64>, u64), InnerError> },
+    /// The inner steps.
+    Computed { outer_step: u64, result: Result<Round, InnerError> },
     /// The inner optimiser's export for a joiner's state: the state is encoded and hashed
     /// after, off the inner loop (the next inner steps need not wait for it).
     Exported(StateJob, Result<Vec<u8>, InnerError>),
@@ -82,9 +95,17 @@ fn run<L: InnerLoop>(
         h.inner.set_params(&p)?;
     }
     Ok(match work {
-        InnerWork::Compute { outer_step, draw, steps, crash } => {
+        InnerWork::Compute { outer_step, draw, steps, crash, eval } => {
+            let eval_loss = match eval {
+                Some(w) => h.inner.eval_loss(&w),
+                None => Ok(None),
+            };
             h.inner.begin_round(outer_step, draw);
-            let result = compute(&mut h.inner, &h.gate, steps, crash);
+            let result = eval_loss.and_then(|eval_loss| {
+                let mut round = compute(&mut h.inner, &h.gate, steps, crash)?;
+                round.eval_loss = eval_loss;
+                Ok(round)
+            });
             InnerOut::Computed { outer_step, result }
         }
         InnerWork::Export(job) => {
@@ -110,7 +131,7 @@ fn compute<L: InnerLoop>(
     gate: &HangGate,
     steps: u64,
     crash: bool,
-) -> Result<(Vec<f32>, Option<f64>, u64), InnerError> {
+) -> Result<Round, InnerError> {
     let (mut loss, mut tokens) = (None, 0u64);
     for _ in 0..steps {
         gate.wait();
@@ -126,5 +147,5 @@ fn compute<L: InnerLoop>(
     }
     let mut p = vec![0.0f32; inner.num_params()];
     inner.params_into(&mut p)?;
-    Ok((p, loss, tokens))
+    Ok(Round { inner: p, loss, eval_loss: None, tokens })
 }

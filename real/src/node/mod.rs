@@ -444,7 +444,8 @@ impl<L: InnerLoop> Worker<L> {
                 self.dirty = true;
                 // The simulator counts a node's processes from 0, the launcher from 1.
                 let draw = self.process.incarnation().saturating_sub(1 << 16);
-                let work = InnerWork::Compute { outer_step, draw, steps: inner_steps, crash };
+                let eval = self.eval_weights(outer_step);
+                let work = InnerWork::Compute { outer_step, draw, steps: inner_steps, crash, eval };
                 self.queue.push_back(work);
             }
             Effect::SetParams(p) => self.pending.params = Some(p),
@@ -526,13 +527,31 @@ impl<L: InnerLoop> Worker<L> {
         self.inner_job = Some(jobs::spawn(held, pending, work));
     }
 
+    /// The global weights to evaluate before the inner steps of `outer_step`: those committed
+    /// so far, copied, when `[real] eval_every` divides the step and this node holds the mesh's
+    /// state.
+    fn eval_weights(&self, outer_step: u64) -> Option<Vec<f32>> {
+        let every = self.opts.scenario.real().eval_every;
+        if every == 0 || !outer_step.is_multiple_of(every) || !self.process.node().is_synced() {
+            return None;
+        }
+        self.process.node().outer().map(|o| o.outer().to_vec())
+    }
+
     /// A job on the inner loop is done.
     fn on_inner(&mut self, out: InnerOut) -> Result<(), WorkerError> {
         let now = self.clock.now();
         match out {
             InnerOut::Computed { outer_step, result } => {
-                let (inner, loss, tokens) = result?;
-                self.process.node_mut().computed_tokens(now, outer_step, Some(inner), loss, tokens);
+                let r = result?;
+                self.process.node_mut().computed_tokens(
+                    now,
+                    outer_step,
+                    Some(r.inner),
+                    r.loss,
+                    r.eval_loss,
+                    r.tokens,
+                );
             }
             InnerOut::Exported(job, own) => {
                 let own = own?;

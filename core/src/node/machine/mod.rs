@@ -648,20 +648,23 @@ impl Node {
         loss: Option<f64>,
     ) {
         let tokens = self.cfg.inner_steps.saturating_mul(self.cfg.batch_tokens);
-        self.computed_tokens(now, outer_step, inner, loss, tokens);
+        self.computed_tokens(now, outer_step, inner, loss, None, tokens);
     }
 
     /// [`computed`](Self::computed) with the tokens the inner steps processed as counted by
-    /// the executor (a trainer whose batches are not `batch_tokens` each).
+    /// the executor (a trainer whose batches are not `batch_tokens` each), and the held-out loss
+    /// of the weights they started from when the executor evaluated them (the row's
+    /// `eval_loss`).
     pub fn computed_tokens(
         &mut self,
         now: Time,
         outer_step: u64,
         inner: Option<Vec<f32>>,
         loss: Option<f64>,
+        eval_loss: Option<f64>,
         tokens: u64,
     ) {
-        let done = Computed { inner, loss, tokens };
+        let done = Computed { inner, loss, eval_loss, tokens };
         if !matches!(self.work, Work::Computing { outer_step: s } if s == outer_step) {
             // Overlap: the round's inner steps are done before the member asks for them (the
             // previous round's commit has not come): the result waits, and so does the node.

@@ -30,6 +30,7 @@ pub(super) struct Ahead {
 pub(super) struct Computed {
     pub(super) inner: Option<Vec<f32>>,
     pub(super) loss: Option<f64>,
+    pub(super) eval_loss: Option<f64>,
     pub(super) tokens: u64,
 }
 
@@ -153,7 +154,7 @@ impl Node {
         // The inner loop moved: the next compute starts from parameters set again.
         self.params_current = false;
         if let Some(a) = &mut self.acct {
-            a.trained(done.tokens, done.loss);
+            a.trained(done.tokens, done.loss, done.eval_loss);
         }
         let valid = match self.ahead.take() {
             Some(a) if a.outer_step == outer_step => a.valid,

@@ -25,6 +25,7 @@ fn row(node: u32, step: u64, start: f64, allreduce_s: f64, wall_s: f64) -> Outer
         weights_hash: None,
         weight: 1.0,
         allreduce_wall_s: wall_s,
+        eval_loss: None,
     }
 }
 
