@@ -160,6 +160,12 @@ pub trait InnerLoop: Send + 'static {
     fn set_params(&mut self, params: &[f32]) -> Result<(), InnerError>;
     /// One inner optimisation step.
     fn step(&mut self) -> Result<InnerStats, InnerError>;
+
+    /// The held-out loss of `weights` (the global weights), leaving the inner loop's own
+    /// parameters as they were; `None` for an inner loop without held-out data.
+    fn eval_loss(&mut self, _weights: &[f32]) -> Result<Option<f64>, InnerError> {
+        Ok(None)
+    }
     /// The inner steps of outer step `outer_step` begin, in the node's process `draw` (the
     /// simulator's incarnation: see [`StepDraw`]).
     /// A paced loop starts its round's clock here: no step of it gets back time spent before
@@ -431,6 +437,17 @@ impl NodeTrainer {
         }
     }
 
+    /// Mean cross-entropy on `tokens` (rows of `seq_len + 1`), without gradients or updates.
+    /// A sharded node has no evaluation pass yet: an error says so.
+    pub fn eval_loss(&self, tokens: &[i64]) -> Result<f64, crate::train::TrainError> {
+        match self {
+            NodeTrainer::One(t) => t.eval_loss(tokens),
+            NodeTrainer::Sharded(_) => Err(crate::train::TrainError::Unsupported(
+                "held-out evaluation ([real] eval_every) on a node with gpus > 1",
+            )),
+        }
+    }
+
     /// One inner step on a batch of token ids.
     pub fn inner_step(
         &mut self,
@@ -464,13 +481,21 @@ impl NodeTrainer {
 pub struct TchInner {
     trainer: NodeTrainer,
     data: crate::data::DataLoader,
+    /// Held-out rows of `seq_len + 1` token ids, one after the other, when the run evaluates.
+    held_out: Option<Vec<i64>>,
 }
 
 #[cfg(feature = "torch")]
 impl TchInner {
     /// Wraps a trainer and this node's data.
     pub fn new(trainer: NodeTrainer, data: crate::data::DataLoader) -> TchInner {
-        TchInner { trainer, data }
+        TchInner { trainer, data, held_out: None }
+    }
+
+    /// Evaluates on `rows` (held-out rows of `seq_len + 1` token ids, one after the other).
+    pub fn with_held_out(mut self, rows: Vec<i64>) -> TchInner {
+        self.held_out = Some(rows);
+        self
     }
 
     /// The trainer.
@@ -498,6 +523,20 @@ impl InnerLoop for TchInner {
         let batch = self.data.next_batch(rows).map_err(|e| InnerError::Backend(e.to_string()))?;
         let s = self.trainer.inner_step(&batch).map_err(|e| InnerError::Backend(e.to_string()))?;
         Ok(InnerStats { loss: Some(s.loss), tokens: s.tokens })
+    }
+
+    /// Swaps `weights` in, takes the mean loss over the held-out rows, and swaps the node's own
+    /// parameters back, whether the evaluation worked or not.
+    fn eval_loss(&mut self, weights: &[f32]) -> Result<Option<f64>, InnerError> {
+        let Some(rows) = self.held_out.take() else { return Ok(None) };
+        let mut own = vec![0.0f32; self.num_params()];
+        self.params_into(&mut own)?;
+        let loss = self.set_params(weights).and_then(|()| {
+            self.trainer.eval_loss(&rows).map_err(|e| InnerError::Backend(e.to_string()))
+        });
+        self.held_out = Some(rows);
+        self.set_params(&own)?;
+        loss.map(Some)
     }
 
     /// AdamW's moments and step (no parameters: a joiner takes the outer weights as its
