@@ -617,6 +617,12 @@ impl<L: InnerLoop> Worker<L> {
         // Aborted and gone before the next membership: none of their results is for it.
         self.preparing.shutdown().await;
         self.verifying.shutdown().await;
+        // A checkpoint still waiting in the queue is dropped with it, and written below with
+        // the stop's own (the state it would have saved is the one held now).
+        let queued = |w: &InnerWork| matches!(w, InnerWork::Checkpoint { steps, .. } if Some(*steps) == self.checkpointed);
+        if self.queue.iter().any(queued) {
+            self.checkpointed = None;
+        }
         self.queue.clear();
         self.verified_own = None;
         // The steps under way are for nobody now: a hung node's would wait for its hang to end,
