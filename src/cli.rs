@@ -5,6 +5,9 @@ use loco_core::codec::CodecKind;
 use loco_core::scenario::{Device, Precision, Preset};
 use std::path::PathBuf;
 
+mod data;
+pub(crate) use data::{DataBench, DataCommand, PrepareArgs};
+
 /// loco: elastic, decentralised DiLoCo training.
 ///
 /// Replay a churning, intercontinental training run in a deterministic simulator, read its
@@ -44,6 +47,10 @@ pub(crate) enum Command {
     /// metrics files. With several directories, also a side-by-side Table-2-style comparison
     /// (comparison.html, comparison.csv) in the first.
     Report(ReportArgs),
+    /// Training data: `loco data prepare` tokenizes text into the shards that real training
+    /// reads (`[real] data = "DIR"`); see docs/data.md.
+    #[command(subcommand)]
+    Data(DataCommand),
     /// Performance and quality figures: codecs, the ring all-reduce, the simulator, DiLoCo's
     /// quality, and training throughput.
     #[command(subcommand)]
@@ -70,6 +77,11 @@ pub(crate) enum Command {
     /// DIR (plan.csv, plan.json, plan.svg, plan.html). Example:
     /// scenarios/sweeps/plan-volunteers.toml; the sweep format: docs/plan.md.
     Plan(PlanArgs),
+    /// Write a checkpoint's outer weights (the global model) as a Hugging Face
+    /// `LlamaForCausalLM` directory: config.json, model.safetensors (fp32; sharded with
+    /// model.safetensors.index.json above --shard-size) and the tokenizer, for
+    /// `LlamaForCausalLM.from_pretrained(DIR)`. See docs/huggingface.md.
+    Export(crate::export_cmd::ExportArgs),
 }
 
 #[derive(Debug, Args)]
@@ -428,6 +440,9 @@ pub(crate) enum BenchCommand {
     /// scenario's `[[nodes]] step_time` would take for that batch, and peak memory. Synthetic
     /// tokens; the full inner step (forward, backward, clipping, AdamW) as a worker runs it.
     Train(TrainBench),
+    /// Throughput of `loco data prepare` (MB/s of text, per thread, at 1 and --threads threads)
+    /// on generated pseudo-English JSONL with a BPE it trains; see docs/data.md.
+    Data(DataBench),
 }
 
 #[derive(Debug, Args)]

@@ -9,6 +9,8 @@ mod bench;
 mod churn_cmd;
 mod cli;
 mod clock;
+mod data_cmd;
+mod export_cmd;
 mod fidelity_cmd;
 mod human;
 mod live;
@@ -79,6 +81,8 @@ fn init_logging(filter: Option<&str>) {
 fn run(cli: Cli) -> Result<Outcome> {
     match cli.command {
         Command::Churn(a) => churn_cmd::print(&a)?,
+        Command::Data(cli::DataCommand::Prepare(a)) => data_cmd::prepare(&a)?,
+        Command::Export(a) => export_cmd::export(&a)?,
         Command::Plan(a) => {
             let report = plan::command(&a)?;
             print_report(a.json, &report, |out| report.print_table(out))?;
@@ -134,6 +138,10 @@ fn bench_cmd(command: BenchCommand) -> Result<Outcome> {
         BenchCommand::RecoveryNode(a) => {
             let r = bench::recovery::run_node(&a)?;
             println!("{}", serde_json::to_string(&r)?);
+        }
+        BenchCommand::Data(a) => {
+            let report = bench::data::run(&a)?;
+            print_report(a.json, &report, |out| report.print_table(out))?;
         }
         BenchCommand::Train(a) if a.plan => {
             let report = bench::train::plan(&a)?;
@@ -420,6 +428,9 @@ pub(crate) fn print_summary(s: &loco_core::metrics::Summary, dir: &std::path::Pa
     );
     if let Some(l) = s.final_loss {
         let _ = writeln!(out, "final loss          {l:.4}");
+    }
+    if let Some(l) = s.final_eval_loss {
+        let _ = writeln!(out, "held-out loss       {l:.4} (perplexity {:.2})", l.exp());
     }
     if s.invariants.ok {
         let _ = writeln!(out, "invariants          ok");

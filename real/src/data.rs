@@ -8,6 +8,13 @@
 //! | `*.u16` | little-endian `u16`, two bytes each, no header (vocabularies up to 65,536) |
 //! | `*.u32` | little-endian `u32`, four bytes each, no header |
 //! | anything else | one token per byte (vocabulary 256: the `tiny` preset's) |
+//! | a directory | a data set `loco data prepare` wrote ([`prepared`]): one split's shards |
+//!
+//! A prepared directory ([`DataSource::Prepared`]) has two splits, [`Split::Train`] and
+//! [`Split::HeldOut`]; the loader reads one of them, its shards concatenated in the order of the
+//! manifest as if they were one token file (so sequences may span two shards). A scenario's
+//! `[real] data = "DIR"` trains on the train split; evaluation reads the held-out one with
+//! [`DataLoader::prepared`]. The manifest's vocabulary must not exceed the model's.
 //!
 //! [`Synthetic`] data needs no file: every sequence is a walk of a seeded Markov chain (each token
 //! has four successors, drawn with probabilities 0.55 / 0.25 / 0.12 / 0.08), so a model can learn
@@ -40,6 +47,9 @@ use std::fmt;
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+
+pub mod prepared;
+pub use prepared::{Manifest, Split};
 
 /// What can go wrong with training data. Every error about a file names it.
 #[derive(Debug, thiserror::Error)]
@@ -133,6 +143,59 @@ pub enum DataError {
         position: DataPosition,
         /// Sequences per epoch in the shard.
         per_epoch: u64,
+    },
+    /// A prepared directory's manifest is missing, unreadable or inconsistent.
+    #[error("{}: {reason}", path.display())]
+    Manifest {
+        /// The manifest file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A prepared data set whose tokenizer has more tokens than the model's vocabulary.
+    #[error(
+        "{}: prepared with a tokenizer of {prepared} tokens, more than the model's vocabulary of \
+         {model}: set the scenario's `[model] vocab` to at least {prepared}",
+        dir.display()
+    )]
+    VocabTooLarge {
+        /// The prepared directory.
+        dir: PathBuf,
+        /// The manifest's vocabulary size.
+        prepared: u64,
+        /// The model's vocabulary size.
+        model: u64,
+    },
+    /// A shard of a prepared data set whose size is not what its manifest says.
+    #[error(
+        "{}: {bytes} bytes, but the manifest lists {tokens} tokens of {width} bytes: the shard is \
+         truncated or was changed (rerun `loco data prepare` into a new directory)",
+        path.display()
+    )]
+    ShardSize {
+        /// The shard.
+        path: PathBuf,
+        /// Its size in bytes.
+        bytes: u64,
+        /// Tokens the manifest lists for it.
+        tokens: u64,
+        /// Bytes per token.
+        width: u64,
+    },
+    /// One split of a prepared data set holds fewer tokens than one sequence needs.
+    #[error(
+        "{}: the {split} split holds {tokens} tokens, fewer than one sequence of {needed} (seq_len + 1)",
+        dir.display()
+    )]
+    SplitTooShort {
+        /// The prepared directory.
+        dir: PathBuf,
+        /// The split.
+        split: Split,
+        /// Tokens in it.
+        tokens: u64,
+        /// Tokens one sequence needs.
+        needed: u64,
     },
     /// A setting out of range.
     #[error("data setting {field} = {value}: expected {expected}")]
@@ -234,6 +297,15 @@ pub enum DataSource {
     File(PathBuf),
     /// Generated data.
     Synthetic(Synthetic),
+    /// One split of a directory written by `loco data prepare` ([`prepared`]): its shards,
+    /// concatenated in manifest order, read as one token stream. `[real] data = "DIR"` is the
+    /// train split; the held-out split is for evaluation.
+    Prepared {
+        /// The prepared directory (holding `manifest.json`).
+        dir: PathBuf,
+        /// The split to read.
+        split: Split,
+    },
 }
 
 impl DataSource {
@@ -241,11 +313,21 @@ impl DataSource {
     pub const SYNTHETIC_SEQUENCES: u64 = 1 << 20;
 
     /// The source a scenario's `[real] data` names: the file at `data` (relative to
-    /// `scenario_dir`, the directory of the scenario file, unless absolute), or, when there is
-    /// none, [`Synthetic`] data from `seed` with [`DataSource::SYNTHETIC_SEQUENCES`] sequences.
+    /// `scenario_dir`, the directory of the scenario file, unless absolute), the train split of
+    /// the prepared data set when that path is a directory, or, when there is none,
+    /// [`Synthetic`] data from `seed` with [`DataSource::SYNTHETIC_SEQUENCES`] sequences.
+    ///
+    /// (A [`DataSource::File`] naming a directory is read as that directory's train split too.)
     pub fn from_scenario(data: Option<&str>, scenario_dir: &Path, seed: u64) -> DataSource {
         match data {
-            Some(file) => DataSource::File(scenario_dir.join(file)),
+            Some(file) => {
+                let path = scenario_dir.join(file);
+                if path.is_dir() {
+                    DataSource::Prepared { dir: path, split: Split::Train }
+                } else {
+                    DataSource::File(path)
+                }
+            }
             None => DataSource::Synthetic(Synthetic { seed, sequences: Self::SYNTHETIC_SEQUENCES }),
         }
     }
@@ -301,8 +383,19 @@ impl fmt::Display for DataPosition {
 }
 
 enum Tokens {
-    File { path: PathBuf, file: File, format: TokenFormat, buf: Vec<u8>, decoded: Vec<u64> },
-    Synthetic { seed: u64, successors: Vec<u32> },
+    /// A stream of tokens in one file, or in the shards of a prepared split one after another.
+    Files {
+        /// The file, or the directory and split, for messages.
+        label: String,
+        segments: Vec<prepared::Segment>,
+        format: TokenFormat,
+        buf: Vec<u8>,
+        decoded: Vec<u64>,
+    },
+    Synthetic {
+        seed: u64,
+        successors: Vec<u32>,
+    },
 }
 
 /// Reads batches of packed sequences from one shard of a [`DataSource`].
@@ -322,7 +415,7 @@ pub struct DataLoader {
 impl fmt::Debug for DataLoader {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let source = match &self.tokens {
-            Tokens::File { path, format, .. } => format!("{} ({format:?})", path.display()),
+            Tokens::Files { label, format, .. } => format!("{label} ({format:?})"),
             Tokens::Synthetic { seed, .. } => format!("synthetic (seed {seed})"),
         };
         f.debug_struct("DataLoader")
@@ -360,36 +453,13 @@ impl DataLoader {
         Shard::new(shard.index, shard.count)?;
         let seq_len = seq_len as u64;
         let (tokens, sequences) = match source {
-            DataSource::File(path) => {
-                let format = TokenFormat::from_path(path);
-                let open = |source| DataError::Open { path: path.clone(), source };
-                let file = File::open(path).map_err(open)?;
-                let bytes = file.metadata().map_err(open)?.len();
-                let width = format.width() as u64;
-                if bytes % width != 0 {
-                    return Err(DataError::BadLength {
-                        path: path.clone(),
-                        bytes,
-                        width: format.width(),
-                    });
-                }
-                let count = bytes / width;
-                if count < seq_len + 1 {
-                    return Err(DataError::TooShort {
-                        path: path.clone(),
-                        tokens: count,
-                        needed: seq_len + 1,
-                    });
-                }
-                let tokens = Tokens::File {
-                    path: path.clone(),
-                    file,
-                    format,
-                    buf: Vec::new(),
-                    decoded: Vec::new(),
-                };
-                (tokens, (count - 1) / seq_len)
+            DataSource::File(path) if path.is_dir() => {
+                open_prepared(path, Split::Train, seq_len, u64::from(vocab))?
             }
+            DataSource::Prepared { dir, split } => {
+                open_prepared(dir, *split, seq_len, u64::from(vocab))?
+            }
+            DataSource::File(path) => open_file(path, seq_len)?,
             DataSource::Synthetic(s) => {
                 if s.sequences == 0 {
                     return Err(DataError::BadSetting {
@@ -428,6 +498,24 @@ impl DataLoader {
         };
         loader.perm = loader.permutation(0);
         Ok(loader)
+    }
+
+    /// A loader of one split of the prepared data set in `dir` (written by `loco data
+    /// prepare`): [`DataLoader::new`] with [`DataSource::Prepared`]. Evaluation reads
+    /// [`Split::HeldOut`] with it, e.g. `DataLoader::prepared(dir, Split::HeldOut, seq_len,
+    /// vocab, Shard::WHOLE, Order::Sequential)`. Fails if the manifest's vocabulary is larger
+    /// than `vocab`, a shard's size differs from the manifest, or the split holds fewer than
+    /// `seq_len + 1` tokens.
+    pub fn prepared(
+        dir: &Path,
+        split: Split,
+        seq_len: usize,
+        vocab: u32,
+        shard: Shard,
+        order: Order,
+    ) -> Result<DataLoader, DataError> {
+        let source = DataSource::Prepared { dir: dir.to_owned(), split };
+        DataLoader::new(&source, seq_len, vocab, shard, order)
     }
 
     /// Sequences in the whole data (all shards), per epoch.
@@ -524,24 +612,33 @@ impl DataLoader {
     fn read_sequence(&mut self, k: u64, out: &mut Vec<i64>) -> Result<(), DataError> {
         let len = self.seq_len + 1;
         match &mut self.tokens {
-            Tokens::File { path, file, format, buf, decoded } => {
+            Tokens::Files { segments, format, buf, decoded, .. } => {
                 let width = format.width() as u64;
-                let start = k * self.seq_len;
-                let io = |source| DataError::Io { path: path.clone(), op: "read", source };
-                buf.resize((len * width) as usize, 0);
-                file.seek(SeekFrom::Start(start * width)).map_err(io)?;
-                file.read_exact(buf).map_err(io)?;
-                format.decode(buf, decoded);
-                for (i, &t) in decoded.iter().enumerate() {
-                    if t >= self.vocab {
-                        return Err(DataError::TokenOutOfRange {
-                            path: path.clone(),
-                            offset: start + i as u64,
-                            token: t,
-                            vocab: self.vocab,
-                        });
+                let mut pos = k * self.seq_len;
+                let end = pos + len;
+                while pos < end {
+                    // The segment holding `pos`: the first that ends after it.
+                    let i = segments.partition_point(|s| s.start + s.tokens <= pos);
+                    let seg = &mut segments[i];
+                    let local = pos - seg.start;
+                    let n = (end - pos).min(seg.tokens - local);
+                    let io = |source| DataError::Io { path: seg.path.clone(), op: "read", source };
+                    buf.resize((n * width) as usize, 0);
+                    seg.file.seek(SeekFrom::Start(local * width)).map_err(io)?;
+                    seg.file.read_exact(buf).map_err(io)?;
+                    format.decode(buf, decoded);
+                    for (j, &t) in decoded.iter().enumerate() {
+                        if t >= self.vocab {
+                            return Err(DataError::TokenOutOfRange {
+                                path: seg.path.clone(),
+                                offset: local + j as u64,
+                                token: t,
+                                vocab: self.vocab,
+                            });
+                        }
+                        out.push(t as i64);
                     }
-                    out.push(t as i64);
+                    pos += n;
                 }
             }
             Tokens::Synthetic { seed, successors } => {
@@ -564,6 +661,61 @@ impl DataLoader {
         }
         Ok(())
     }
+}
+
+/// A single token file as a one-segment stream, and its sequence count.
+fn open_file(path: &Path, seq_len: u64) -> Result<(Tokens, u64), DataError> {
+    let format = TokenFormat::from_path(path);
+    let open = |source| DataError::Open { path: path.to_owned(), source };
+    let file = File::open(path).map_err(open)?;
+    let bytes = file.metadata().map_err(open)?.len();
+    let width = format.width() as u64;
+    if bytes % width != 0 {
+        return Err(DataError::BadLength { path: path.to_owned(), bytes, width: format.width() });
+    }
+    let count = bytes / width;
+    if count < seq_len + 1 {
+        return Err(DataError::TooShort {
+            path: path.to_owned(),
+            tokens: count,
+            needed: seq_len + 1,
+        });
+    }
+    let segment = prepared::Segment { path: path.to_owned(), file, start: 0, tokens: count };
+    let tokens = Tokens::Files {
+        label: path.display().to_string(),
+        segments: vec![segment],
+        format,
+        buf: Vec::new(),
+        decoded: Vec::new(),
+    };
+    Ok((tokens, (count - 1) / seq_len))
+}
+
+/// One split of a prepared directory as a stream of its shards, and its sequence count.
+fn open_prepared(
+    dir: &Path,
+    split: Split,
+    seq_len: u64,
+    vocab: u64,
+) -> Result<(Tokens, u64), DataError> {
+    let (segments, format, count) = prepared::open(dir, split, vocab)?;
+    if count < seq_len + 1 {
+        return Err(DataError::SplitTooShort {
+            dir: dir.to_owned(),
+            split,
+            tokens: count,
+            needed: seq_len + 1,
+        });
+    }
+    let tokens = Tokens::Files {
+        label: format!("{} ({split})", dir.display()),
+        segments,
+        format,
+        buf: Vec::new(),
+        decoded: Vec::new(),
+    };
+    Ok((tokens, (count - 1) / seq_len))
 }
 
 /// `(a * slot + b) mod n` without overflow.

@@ -5,8 +5,10 @@
 
 pub mod checkpoint;
 pub mod data;
+pub mod hf;
 pub mod memory;
 pub mod model;
+pub mod prepare;
 pub mod sharded;
 pub mod train;
 

@@ -2,6 +2,7 @@
 
 pub(crate) mod allreduce;
 pub mod codec;
+pub(crate) mod data;
 pub(crate) mod outer;
 pub(crate) mod quality;
 pub(crate) mod recovery;
