@@ -255,6 +255,13 @@ impl InnerLoop for AnyInner {
             AnyInner::Torch(t) => t.step(),
         }
     }
+    fn eval_loss(&mut self, weights: &[f32]) -> Result<Option<f64>, InnerError> {
+        match self {
+            AnyInner::Synthetic(q) => q.eval_loss(weights),
+            #[cfg(feature = "torch")]
+            AnyInner::Torch(t) => t.eval_loss(weights),
+        }
+    }
     fn begin_round(&mut self, outer_step: u64, draw: u64) {
         match self {
             AnyInner::Synthetic(q) => q.begin_round(outer_step, draw),
@@ -327,7 +334,7 @@ fn make_inner(
     }
     #[cfg(feature = "torch")]
     {
-        use loco_real::data::{DataLoader, DataSource, Order, Shard, Synthetic};
+        use loco_real::data::{DataLoader, DataSource, Order, Shard};
         use loco_real::inner::NodeTrainer;
         use loco_real::sharded::ShardedTrainer;
         use loco_real::train::{TrainConfig, Trainer};
@@ -338,12 +345,17 @@ fn make_inner(
             // Several workers share this machine's cores: one intra-op thread each.
             tch::set_num_threads(1);
         }
-        let trainer = if node.gpus > 1 {
+        let mut trainer = if node.gpus > 1 {
             let devices = loco_real::sharded::node_devices(s.real().device, node.gpus)?;
             NodeTrainer::Sharded(ShardedTrainer::new(s.model(), cfg.clone(), &devices, s.seed())?)
         } else {
             NodeTrainer::One(Trainer::new(s.model(), cfg.clone(), device, s.seed())?)
         };
+        // `[real] init`: every node starts from the same Hugging Face weights (the worker takes
+        // its initial outer weights from the trainer, so the outer state starts from them too).
+        if let Some(flat) = crate::export_cmd::init_weights(s, scenario_path)? {
+            trainer.set_flat_params(&flat)?;
+        }
         tracing::info!(
             params = trainer.num_params(),
             device = %s.real().device,
@@ -351,15 +363,35 @@ fn make_inner(
             precision = %cfg.precision,
             "model ready"
         );
-        let source = match &s.real().data {
-            Some(d) => DataSource::File(loco_real::launch::scenario_base(scenario_path).join(d)),
-            None => DataSource::Synthetic(Synthetic { seed: s.seed(), sequences: 1 << 20 }),
-        };
+        let source = DataSource::from_scenario(
+            s.real().data.as_deref(),
+            &loco_real::launch::scenario_base(scenario_path),
+            s.seed(),
+        );
         let count = s.nodes().len() as u32;
         let shard = Shard::new(node.id.0 % count, count)?;
         let data =
             DataLoader::new(&source, cfg.seq_len, s.model().vocab, shard, Order::Sequential)?;
-        Ok(AnyInner::Torch(Box::new(loco_real::inner::TchInner::new(trainer, data))))
+        let mut inner = loco_real::inner::TchInner::new(trainer, data);
+        if s.real().eval_every > 0 {
+            if node.gpus > 1 {
+                return Err(InputError(anyhow!(
+                    "{}: [real] eval_every = {}: held-out evaluation on a node with gpus > 1 \
+                     (node {}) is not supported yet; set eval_every = 0",
+                    scenario_path.display(),
+                    s.real().eval_every,
+                    node.name
+                ))
+                .into());
+            }
+            let rows =
+                held_out_rows(&source, cfg.seq_len, s.model().vocab, s.real().eval_sequences)
+                    .map_err(|e| {
+                        InputError(anyhow!("{}: [real] eval_every: {e}", scenario_path.display()))
+                    })?;
+            inner = inner.with_held_out(rows);
+        }
+        Ok(AnyInner::Torch(Box::new(inner)))
     }
     #[cfg(not(feature = "torch"))]
     {
@@ -370,6 +402,41 @@ fn make_inner(
         ))
         .into())
     }
+}
+
+/// The held-out rows a run evaluates on: the first `n` sequences of a prepared dataset's
+/// held-out split, or, for synthetic data, `n` walks of the same chain past those it trains on.
+#[cfg(feature = "torch")]
+fn held_out_rows(
+    source: &loco_real::data::DataSource,
+    seq_len: usize,
+    vocab: u32,
+    n: u32,
+) -> Result<Vec<i64>> {
+    use loco_real::data::{DataLoader, DataPosition, DataSource, Order, Shard, Split, Synthetic};
+    let whole = Shard::new(0, 1)?;
+    let (mut loader, skip) = match source {
+        DataSource::Synthetic(s) => {
+            let past = s.sequences;
+            let all = Synthetic { seed: s.seed, sequences: past + u64::from(n) };
+            let all = DataSource::Synthetic(all);
+            (DataLoader::new(&all, seq_len, vocab, whole, Order::Sequential)?, past)
+        }
+        DataSource::Prepared { dir, .. } => (
+            DataLoader::prepared(dir, Split::HeldOut, seq_len, vocab, whole, Order::Sequential)?,
+            0,
+        ),
+        DataSource::File(path) => {
+            return Err(anyhow!(
+                "the token file {} has no held-out split: prepare the data with `loco data \
+                 prepare` and point [real] data at its directory",
+                path.display()
+            ));
+        }
+    };
+    loader.seek(DataPosition { epoch: 0, offset: skip })?;
+    let rows = u64::from(n).min(loader.per_epoch() - skip) as usize;
+    Ok(loader.next_batch(rows)?)
 }
 
 /// `loco worker`.
@@ -491,6 +558,10 @@ pub(crate) fn network_mode(n: crate::cli::NetworkArg) -> loco_core::scenario::Ne
 pub(crate) fn launch(a: &crate::cli::LaunchArgs) -> Result<bool> {
     let s = load(&a.scenario)?;
     let out = a.out.clone().unwrap_or_else(|| PathBuf::from("out").join(s.name()));
+    if a.synthetic_params.is_none() {
+        // A `[real] init` that does not fit the model stops here, once, not in every worker.
+        crate::export_cmd::check_init(&s, &a.scenario)?;
+    }
     let plan = LaunchPlan {
         max_outer_steps: a.max_outer_steps,
         synthetic_params: a.synthetic_params,

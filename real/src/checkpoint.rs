@@ -57,7 +57,8 @@
 //! or the value that is not finite). [`latest`] loads the
 //! highest complete step of a node and ignores other `*.tmp*` directories. A truncated or otherwise
 //! broken file is an error, never a panic. Loading reads the whole tensor file into memory, so it
-//! needs about twice the checkpoint's size in RAM.
+//! needs about twice the checkpoint's size in RAM. [`load_buffer`] reads and verifies one buffer
+//! alone (the outer weights `loco export` writes), in that buffer's memory and one tensor's.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -72,10 +73,12 @@ use safetensors::{Dtype, SafeTensorError, SafeTensors, View};
 use serde::{Deserialize, Serialize};
 
 use crate::train::TrainerState;
+pub use one_buffer::{LoadedBuffer, latest_buffer, load_buffer};
 #[cfg(test)]
 use writer::*;
 pub use writer::{Checkpointer, SaveTicket, Saved};
 
+mod one_buffer;
 mod writer;
 
 /// The value of [`Meta::format`].
@@ -619,11 +622,13 @@ pub fn load_bytes(
     load_with(path, meta, || Ok(model.to_vec()))
 }
 
-fn load_with(
+/// The checks of a checkpoint's metadata that need no tensor: format, version, the step
+/// against a `step-<N>` directory name, the layout, the buffers, a digest for every tensor and
+/// no other. Returns the layout's total, the buffers, and every tensor name expected.
+fn check_meta(
     path: &Path,
-    meta: Meta,
-    model: impl FnOnce() -> Result<Vec<u8>, CheckpointError>,
-) -> Result<LoadedCheckpoint, CheckpointError> {
+    meta: &Meta,
+) -> Result<(usize, BTreeSet<Buffer>, BTreeSet<String>), CheckpointError> {
     let meta_path = path.join(META_FILE);
     let bad_meta = |what: String| CheckpointError::Meta { path: meta_path.clone(), what };
     if meta.format != FORMAT {
@@ -662,7 +667,17 @@ fn load_with(
     if let Some(name) = meta.digests.keys().find(|n| !expected.contains(*n)) {
         return Err(bad_meta(format!("digest for unknown tensor `{name}`")));
     }
+    Ok((total, buffers, expected))
+}
 
+fn load_with(
+    path: &Path,
+    meta: Meta,
+    model: impl FnOnce() -> Result<Vec<u8>, CheckpointError>,
+) -> Result<LoadedCheckpoint, CheckpointError> {
+    let (total, buffers, expected) = check_meta(path, &meta)?;
+    let meta_path = path.join(META_FILE);
+    let bad_meta = |what: String| CheckpointError::Meta { path: meta_path.clone(), what };
     let model_path = path.join(MODEL_FILE);
     let bytes = model()?;
     let st = SafeTensors::deserialize(&bytes)
