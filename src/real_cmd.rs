@@ -365,7 +365,7 @@ fn make_inner(
         );
         let source = DataSource::from_scenario(
             s.real().data.as_deref(),
-            &loco_real::launch::scenario_base(scenario_path),
+            loco_real::launch::scenario_base(scenario_path),
             s.seed(),
         );
         let count = s.nodes().len() as u32;

@@ -565,10 +565,11 @@ impl<D: Driver> Network<D> {
             if let Some(t) = n.member.as_ref().and_then(Member::poll_timeout) {
                 consider(self.global(id, t), Due::Member(id));
             }
-            if n.member.is_some() && !n.hung {
-                if let Some(t) = n.driver.poll_timeout() {
-                    consider(self.global(id, t), Due::Driver(id));
-                }
+            if n.member.is_some()
+                && !n.hung
+                && let Some(t) = n.driver.poll_timeout()
+            {
+                consider(self.global(id, t), Due::Driver(id));
             }
         }
         best
@@ -709,10 +710,10 @@ impl<D: Driver> Network<D> {
                 }
                 let local = self.local(id, self.now);
                 let mut out = Vec::new();
-                if let Some(n) = self.nodes.get_mut(&id) {
-                    if !n.hung {
-                        n.driver.on_action(local, id, &a, &mut out);
-                    }
+                if let Some(n) = self.nodes.get_mut(&id)
+                    && !n.hung
+                {
+                    n.driver.on_action(local, id, &a, &mut out);
                 }
                 self.driver_outputs(id, out);
             }

@@ -68,11 +68,13 @@ impl<'a> RingNode<'a> {
                 out.push(DriverOutput::Send { to, frame });
             }
         }
-        if let Some((epoch, op)) = self.running {
-            if !self.reported && !self.rings.is_empty() && self.rings.iter().all(|r| r.is_done()) {
-                self.reported = true;
-                out.push(DriverOutput::Command(Command::AllReduceDone { epoch, op }));
-            }
+        if let Some((epoch, op)) = self.running
+            && !self.reported
+            && !self.rings.is_empty()
+            && self.rings.iter().all(|r| r.is_done())
+        {
+            self.reported = true;
+            out.push(DriverOutput::Command(Command::AllReduceDone { epoch, op }));
         }
     }
 

@@ -197,10 +197,10 @@ impl Exporter {
             }
             MetricsLine::Event(e) => {
                 m.events.get_or_create(&vec![("kind", e.kind.as_str().to_string())]).inc();
-                if e.kind == EventKind::Epoch {
-                    if let Some(ep) = e.epoch {
-                        m.epoch.set(clamp(ep));
-                    }
+                if e.kind == EventKind::Epoch
+                    && let Some(ep) = e.epoch
+                {
+                    m.epoch.set(clamp(ep));
                 }
             }
             MetricsLine::EpochFormed { epoch, members } => {

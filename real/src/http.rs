@@ -171,11 +171,11 @@ fn answer<B>(
     streams: &Arc<tokio::sync::Semaphore>,
 ) -> hyper::Response<Body> {
     let plain = "text/plain; charset=utf-8";
-    if let Some(t) = &site.token {
-        if !has_token(req, t) {
-            let msg = "a token is needed: ?token=TOKEN or Authorization: Bearer TOKEN\n";
-            return text(StatusCode::FORBIDDEN, plain, msg.into());
-        }
+    if let Some(t) = &site.token
+        && !has_token(req, t)
+    {
+        let msg = "a token is needed: ?token=TOKEN or Authorization: Bearer TOKEN\n";
+        return text(StatusCode::FORBIDDEN, plain, msg.into());
     }
     if !matches!(*req.method(), Method::GET | Method::HEAD) {
         return text(StatusCode::METHOD_NOT_ALLOWED, plain, "GET only\n".into());

@@ -158,10 +158,9 @@ pub fn set_congestion(s: &impl std::os::fd::AsFd, cc: Option<&str>) {
     let Some(cc) = cc else { return };
     let opt = std::ffi::OsString::from(cc);
     if let Err(e) = nix::sys::socket::setsockopt(s, nix::sys::socket::sockopt::TcpCongestion, &opt)
+        && !WARNED.swap(true, Ordering::Relaxed)
     {
-        if !WARNED.swap(true, Ordering::Relaxed) {
-            tracing::warn!("TCP congestion control {cc:?} refused ({e}); the host's default runs");
-        }
+        tracing::warn!("TCP congestion control {cc:?} refused ({e}); the host's default runs");
     }
 }
 

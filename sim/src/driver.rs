@@ -499,16 +499,16 @@ fn run_to_stop(
             let r = rec.borrow();
             (r.steps_done(), r.last_progress())
         };
-        if let Some(p) = opts.progress.as_mut() {
-            if steps != reported_steps || rounds.is_multiple_of(progress_every) {
-                reported_steps = steps;
-                p(Progress {
-                    simulated_seconds: now.as_secs_f64(),
-                    outer_steps: steps,
-                    target_outer_steps: plan.stop_steps,
-                    target_seconds: plan.stop_time.map(|t| t.as_secs_f64()),
-                });
-            }
+        if let Some(p) = opts.progress.as_mut()
+            && (steps != reported_steps || rounds.is_multiple_of(progress_every))
+        {
+            reported_steps = steps;
+            p(Progress {
+                simulated_seconds: now.as_secs_f64(),
+                outer_steps: steps,
+                target_outer_steps: plan.stop_steps,
+                target_seconds: plan.stop_time.map(|t| t.as_secs_f64()),
+            });
         }
         let round = Round {
             now,
@@ -561,23 +561,22 @@ impl Driver<'_> {
         let run = self.run.clone();
         let rec = &run.rec;
         let now = r.now;
-        if let Some(t) = plan.stop_time {
-            if now >= Time::ZERO + t {
-                return Some(format!("stop.time reached ({} s)", t.as_secs_f64()));
-            }
+        if let Some(t) = plan.stop_time
+            && now >= Time::ZERO + t
+        {
+            return Some(format!("stop.time reached ({} s)", t.as_secs_f64()));
         }
-        if let Some(n) = plan.stop_steps {
-            if r.steps >= n {
-                let rb = rec.borrow();
-                let last = rb.last_step().unwrap_or(0);
-                let members: Vec<NodeId> =
-                    rb.latest_epoch().map(|(_, m)| m.to_vec()).unwrap_or_default();
-                let have = rb.rows_of(last);
-                let waiting =
-                    members.iter().any(|m| !have.contains(m) && run.node(*m).member.get());
-                if !waiting || now - r.last_progress > r.stop_grace {
-                    return Some(format!("{n} outer steps done"));
-                }
+        if let Some(n) = plan.stop_steps
+            && r.steps >= n
+        {
+            let rb = rec.borrow();
+            let last = rb.last_step().unwrap_or(0);
+            let members: Vec<NodeId> =
+                rb.latest_epoch().map(|(_, m)| m.to_vec()).unwrap_or_default();
+            let have = rb.rows_of(last);
+            let waiting = members.iter().any(|m| !have.contains(m) && run.node(*m).member.get());
+            if !waiting || now - r.last_progress > r.stop_grace {
+                return Some(format!("{n} outer steps done"));
             }
         }
         if let Some(why) = run.mesh_stopped.borrow().clone() {

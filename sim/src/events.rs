@@ -437,11 +437,11 @@ impl EventExec {
 
     /// Hands an input to host `id`, or queues it while the node is between memberships.
     fn input(&mut self, id: NodeId, ev: Event) {
-        if id == NodeId::COORDINATOR {
-            if let Some(held) = &mut self.held {
-                held.push(ev);
-                return;
-            }
+        if id == NodeId::COORDINATOR
+            && let Some(held) = &mut self.held
+        {
+            held.push(ev);
+            return;
         }
         let Some(slot) = self.hosts.get_mut(&id) else { return };
         match &mut slot.state {
@@ -547,11 +547,12 @@ impl EventExec {
             c.flows.iter().filter(|(_, f)| f.0 == id || f.1 == id).map(|(k, _)| *k).collect();
         let now = c.now;
         for k in gone {
-            if let Some((from, to, _)) = c.flows.remove(&k) {
-                if to == id && from != id {
-                    let life = c.life(from);
-                    c.push(now, Ev::Unreachable { to: from, peer: id, life });
-                }
+            if let Some((from, to, _)) = c.flows.remove(&k)
+                && to == id
+                && from != id
+            {
+                let life = c.life(from);
+                c.push(now, Ev::Unreachable { to: from, peer: id, life });
             }
         }
         drop(c);

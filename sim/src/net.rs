@@ -297,11 +297,11 @@ struct FlowGuard {
 
 impl Drop for FlowGuard {
     fn drop(&mut self) {
-        if self.armed {
-            if let Ok(mut m) = self.model.try_borrow_mut() {
-                let now = m.now();
-                m.cancel(now, self.id);
-            }
+        if self.armed
+            && let Ok(mut m) = self.model.try_borrow_mut()
+        {
+            let now = m.now();
+            m.cancel(now, self.id);
         }
     }
 }

@@ -245,25 +245,25 @@ pub(crate) fn finish_times(
                     };
                     let lane = r * g + s;
                     // Its bytes are written at `ready`: a burst in TCP's start-up.
-                    if let Some(t) = tcp.as_deref_mut() {
-                        if let Some(path) = t.paths[lane] {
-                            let at = Time::from_nanos(ready);
-                            if let Some(f) = t.conns[lane].write(&t.tcp, at, path, wire[size]) {
-                                lane_floor[lane] = lane_floor[lane].max(f.as_nanos());
-                            }
+                    if let Some(t) = tcp.as_deref_mut()
+                        && let Some(path) = t.paths[lane]
+                    {
+                        let at = Time::from_nanos(ready);
+                        if let Some(f) = t.conns[lane].write(&t.tcp, at, path, wire[size]) {
+                            lane_floor[lane] = lane_floor[lane].max(f.as_nanos());
                         }
                     }
                     let mut begin = ready.max(lane_free[lane]);
                     // TCP's start-up, evaluated when the flow takes its turn in its lane (at
                     // its making, or at the end of the lane's previous flow).
-                    if let Some(t) = tcp.as_deref_mut() {
-                        if let Some(p) = t.paths[lane] {
-                            let turn = Time::from_nanos(avail.max(lane_free[lane]));
-                            let extra =
-                                t.conns[lane].extra(&t.tcp, turn, p.rtt, p.per_stream, wire[size]);
-                            if extra > 0.0 {
-                                begin = begin.saturating_add((extra * 1e9).ceil() as u64);
-                            }
+                    if let Some(t) = tcp.as_deref_mut()
+                        && let Some(p) = t.paths[lane]
+                    {
+                        let turn = Time::from_nanos(avail.max(lane_free[lane]));
+                        let extra =
+                            t.conns[lane].extra(&t.tcp, turn, p.rtt, p.per_stream, wire[size]);
+                        if extra > 0.0 {
+                            begin = begin.saturating_add((extra * 1e9).ceil() as u64);
                         }
                     }
                     let e = if links.len() == 1 { 0 } else { link_at(begin) };

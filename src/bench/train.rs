@@ -173,10 +173,10 @@ fn settings(a: &TrainBench) -> Result<(usize, usize, loco_core::scenario::Precis
     if a.threads == Some(0) {
         return Err(bad("--threads", "at least 1".into()));
     }
-    if let Some(p) = a.peak_flops {
-        if !(p.is_finite() && p > 0.0) {
-            return Err(bad("--peak-flops", "a positive number of flops per second".into()));
-        }
+    if let Some(p) = a.peak_flops
+        && !(p.is_finite() && p > 0.0)
+    {
+        return Err(bad("--peak-flops", "a positive number of flops per second".into()));
     }
     let precision = a.precision.unwrap_or(loco_core::scenario::Precision::default_for(a.device));
     Ok((seq_len, batch_rows, precision))
@@ -346,10 +346,10 @@ pub(crate) fn run(a: &TrainBench) -> Result<TrainReport> {
     // The model's own memory, checked before allocating it (no outer state in this run).
     let plan = memory_plan(a, true)?;
     let place = Place::from(a.device);
-    if let (Place::Host, Some(avail)) = (place, host_available_bytes()) {
-        if let Err(short) = plan.fits(place, avail) {
-            return Err(crate::InputError(anyhow::anyhow!("{short}; nothing was allocated")).into());
-        }
+    if let (Place::Host, Some(avail)) = (place, host_available_bytes())
+        && let Err(short) = plan.fits(place, avail)
+    {
+        return Err(crate::InputError(anyhow::anyhow!("{short}; nothing was allocated")).into());
     }
 
     if let Some(t) = a.threads {

@@ -231,10 +231,10 @@ impl<'a> RingAllReduce<'a> {
         };
         m.cfg.segment_elems = seg;
         if world == 1 {
-            if m.weight == 0.0 {
-                if let Some(d) = m.payload.values_mut() {
-                    d.fill(0.0);
-                }
+            if m.weight == 0.0
+                && let Some(d) = m.payload.values_mut()
+            {
+                d.fill(0.0);
             }
             return Ok(m);
         }

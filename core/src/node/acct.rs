@@ -124,10 +124,10 @@ impl StepAcct {
     /// The time spent in `span` so far (the current stint included, up to `now`).
     pub fn spent(&self, span: Span, now: Time) -> Duration {
         let mut d = self.spent[span.index()];
-        if let Some((s, since)) = self.current {
-            if s == span {
-                d += now.saturating_since(since).saturating_sub(self.lent);
-            }
+        if let Some((s, since)) = self.current
+            && s == span
+        {
+            d += now.saturating_since(since).saturating_sub(self.lent);
         }
         d
     }

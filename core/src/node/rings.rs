@@ -253,10 +253,11 @@ impl ShardRings {
             let s = (self.next + k) % g;
             if let Some((to, f)) = self.rings[s].poll_send() {
                 self.next = (s + 1) % g;
-                if let Header::Collective(h) = &f.header {
-                    if h.phase == Phase::AllGather && h.step == 0 {
-                        self.sums.push(h.weight_sum);
-                    }
+                if let Header::Collective(h) = &f.header
+                    && h.phase == Phase::AllGather
+                    && h.step == 0
+                {
+                    self.sums.push(h.weight_sum);
                 }
                 return Some((to, f));
             }

@@ -253,11 +253,11 @@ impl Links {
                 if a == b {
                     continue;
                 }
-                if let Some(c) = self.rate(a, b, now) {
-                    if self.bandwidth.get(&(a, b)) != Some(&c) {
-                        self.bandwidth.insert((a, b), c);
-                        rates.push((a, b, c));
-                    }
+                if let Some(c) = self.rate(a, b, now)
+                    && self.bandwidth.get(&(a, b)) != Some(&c)
+                {
+                    self.bandwidth.insert((a, b), c);
+                    rates.push((a, b, c));
                 }
             }
         }
@@ -265,11 +265,11 @@ impl Links {
         for (i, &a) in hosts.iter().enumerate() {
             for &b in &hosts[i + 1..] {
                 let (x, y) = if a <= b { (a, b) } else { (b, a) };
-                if let Some(v) = self.lat(x, y, now) {
-                    if self.latency.get(&(x, y)) != Some(&v) {
-                        self.latency.insert((x, y), v);
-                        lats.push(LatencySetting { a: x, b: y, min: v.0, max: v.1 });
-                    }
+                if let Some(v) = self.lat(x, y, now)
+                    && self.latency.get(&(x, y)) != Some(&v)
+                {
+                    self.latency.insert((x, y), v);
+                    lats.push(LatencySetting { a: x, b: y, min: v.0, max: v.1 });
                 }
             }
         }

@@ -433,12 +433,11 @@ impl NodeNet {
     fn enqueue(&mut self, from: NodeId, to: NodeId, mut frame: Frame) {
         if let (true, Header::Collective(_), crate::transport::Body::Bytes(b)) =
             (self.poisoners.contains(&from), &frame.header, &frame.body)
+            && b.len() >= 4
         {
-            if b.len() >= 4 {
-                let mut v = b.to_vec();
-                v[..4].copy_from_slice(&f32::NAN.to_le_bytes());
-                frame.body = crate::transport::Body::Bytes(v.into());
-            }
+            let mut v = b.to_vec();
+            v[..4].copy_from_slice(&f32::NAN.to_le_bytes());
+            frame.body = crate::transport::Body::Bytes(v.into());
         }
         if self.liars.contains(&from) && matches!(frame.header, Header::Collective(_)) {
             return;
@@ -461,17 +460,17 @@ impl NodeNet {
         if coordinator && self.now < self.coordinator_isolated_until {
             return;
         }
-        if let (Header::State(_), crate::transport::Body::Bytes(b)) = (&frame.header, &frame.body) {
-            if !b.is_empty() {
-                match self.piece_faults.pop_front() {
-                    Some(PieceFault::Lost) => return,
-                    Some(PieceFault::Damaged) => {
-                        let mut v = b.to_vec();
-                        v[b.len() / 2] ^= 0x40;
-                        frame.body = crate::transport::Body::Bytes(v.into());
-                    }
-                    None => {}
+        if let (Header::State(_), crate::transport::Body::Bytes(b)) = (&frame.header, &frame.body)
+            && !b.is_empty()
+        {
+            match self.piece_faults.pop_front() {
+                Some(PieceFault::Lost) => return,
+                Some(PieceFault::Damaged) => {
+                    let mut v = b.to_vec();
+                    v[b.len() / 2] ^= 0x40;
+                    frame.body = crate::transport::Body::Bytes(v.into());
                 }
+                None => {}
             }
         }
         if self.drop_rate > 0.0 && self.rng.random::<f64>() < self.drop_rate {
@@ -631,16 +630,16 @@ impl NodeNet {
                     attempt,
                     ..
                 }) = &frame.header
+                    && self.liars.contains(&to)
+                    && from == NodeId::COORDINATOR
                 {
-                    if self.liars.contains(&to) && from == NodeId::COORDINATOR {
-                        let msg = crate::mesh::MeshMsg::Failed {
-                            epoch: *epoch,
-                            outer_step: *outer_step,
-                            attempt: *attempt,
-                            accused: None,
-                        };
-                        self.enqueue(to, NodeId::COORDINATOR, Frame::control(msg));
-                    }
+                    let msg = crate::mesh::MeshMsg::Failed {
+                        epoch: *epoch,
+                        outer_step: *outer_step,
+                        attempt: *attempt,
+                        accused: None,
+                    };
+                    self.enqueue(to, NodeId::COORDINATOR, Frame::control(msg));
                 }
                 if let Some(p) = self.process_mut(to) {
                     p.handle_frame(now, from, frame);

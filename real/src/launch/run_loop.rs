@@ -293,12 +293,12 @@ impl Run<'_, '_> {
                 continue;
             }
             let Some(p) = self.proc(i) else { continue };
-            if let Some(status) = p.poll_exit()? {
-                if status.code().is_some_and(|c| c != 0) {
-                    let name = p.name.clone();
-                    st.failures.push(name.clone());
-                    (self.on_notice)(Notice::WorkerFailed { name, status: status.to_string() });
-                }
+            if let Some(status) = p.poll_exit()?
+                && status.code().is_some_and(|c| c != 0)
+            {
+                let name = p.name.clone();
+                st.failures.push(name.clone());
+                (self.on_notice)(Notice::WorkerFailed { name, status: status.to_string() });
             }
         }
         if let Some(p) = self.proc(coord) {

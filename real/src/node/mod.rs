@@ -634,12 +634,12 @@ impl<L: InnerLoop> Worker<L> {
         if let Some(row) = &s.row {
             self.event(row.kind, row.epoch, row.detail.clone())?;
         }
-        if s.holds_state {
-            if let Some(steps) = self.process.node().outer().map(OuterState::steps) {
-                self.checkpoint(steps, self.dirty, None);
-                self.start_inner();
-                self.wait_inner().await?;
-            }
+        if s.holds_state
+            && let Some(steps) = self.process.node().outer().map(OuterState::steps)
+        {
+            self.checkpoint(steps, self.dirty, None);
+            self.start_inner();
+            self.wait_inner().await?;
         }
         self.pending = jobs::Pending::default();
         self.flush_checkpoints()?;

@@ -551,11 +551,11 @@ async fn a_reset_peer_is_dialled_again_in_the_background_without_holding_the_sen
     let mut b2 = TcpTransport::bind(NodeId(1), addr, TcpConfig::default()).await.unwrap();
     let mut arrived = None;
     for i in 0..100u32 {
-        if a.send(NodeId(1), collective(1000 + i)).await.is_ok() {
-            if let Ok(Ok(got)) = tokio::time::timeout(Duration::from_millis(50), b2.recv()).await {
-                arrived = Some(got);
-                break;
-            }
+        if a.send(NodeId(1), collective(1000 + i)).await.is_ok()
+            && let Ok(Ok(got)) = tokio::time::timeout(Duration::from_millis(50), b2.recv()).await
+        {
+            arrived = Some(got);
+            break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

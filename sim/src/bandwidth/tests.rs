@@ -17,11 +17,11 @@ fn run_to_done(m: &mut BandwidthModel, ids: &[FlowId]) -> Vec<f64> {
         let next = m.next_change().unwrap_or(m.now());
         m.advance(next);
         for (k, &id) in ids.iter().enumerate() {
-            if out[k].is_nan() {
-                if let FlowStatus::Done(t) = m.poll(next, id) {
-                    out[k] = secs(t);
-                    left -= 1;
-                }
+            if out[k].is_nan()
+                && let FlowStatus::Done(t) = m.poll(next, id)
+            {
+                out[k] = secs(t);
+                left -= 1;
             }
         }
     }

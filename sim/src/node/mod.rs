@@ -271,10 +271,10 @@ impl Node {
         if self.computing.as_ref().is_some_and(|c| c.done(now)) {
             self.finish_compute(now);
         }
-        if self.outer.as_ref().is_some_and(|(_, c)| c.done(now)) {
-            if let Some((job, _)) = self.outer.take() {
-                self.process.node_mut().outer_done(now, job);
-            }
+        if self.outer.as_ref().is_some_and(|(_, c)| c.done(now))
+            && let Some((job, _)) = self.outer.take()
+        {
+            self.process.node_mut().outer_done(now, job);
         }
         // Prepared states in the order they were asked for (the same seed, the same bytes).
         let mut i = 0;
@@ -286,10 +286,10 @@ impl Node {
                 i += 1;
             }
         }
-        if self.verifying.as_ref().is_some_and(|(_, c)| c.done(now)) {
-            if let Some((r, _)) = self.verifying.take() {
-                self.process.node_mut().state_verified(now, r);
-            }
+        if self.verifying.as_ref().is_some_and(|(_, c)| c.done(now))
+            && let Some((r, _)) = self.verifying.take()
+        {
+            self.process.node_mut().state_verified(now, r);
         }
     }
 
@@ -349,10 +349,10 @@ impl Node {
                 let remaining = self.compute_duration(outer_step);
                 self.computing = Some(Computing { step: outer_step, remaining, since: Some(now) });
                 self.strike(FaultPhase::Compute, Some(outer_step));
-                if self.hung() {
-                    if let Some(c) = &mut self.computing {
-                        c.since = None;
-                    }
+                if self.hung()
+                    && let Some(c) = &mut self.computing
+                {
+                    c.since = None;
                 }
             }
             Effect::SetParams(w) => {

@@ -372,10 +372,10 @@ impl Node {
         self.report_sync = false;
         self.just_admitted = false;
         self.grad_step = None;
-        if let Some(mut f) = self.fetch.take() {
-            if let (Some(b), Some(o)) = (f.assembly.reclaim(), self.outer.as_mut()) {
-                o.put_buffers(b);
-            }
+        if let Some(mut f) = self.fetch.take()
+            && let (Some(b), Some(o)) = (f.assembly.reclaim(), self.outer.as_mut())
+        {
+            o.put_buffers(b);
         }
         self.serving.clear();
         self.asked.clear();
@@ -581,10 +581,11 @@ impl Node {
     /// ([`NodeConfig::modelled_collectives`]): the rings finish as if their frames had moved.
     /// Any other attempt's answer is stale and ignored.
     pub fn allreduce_modelled(&mut self, now: Time, epoch: Epoch, op: u64) {
-        if let Work::Reducing(r) = &mut self.work {
-            if r.modelled && r.rings.collective() == (epoch, op) {
-                r.modelled_done = true;
-            }
+        if let Work::Reducing(r) = &mut self.work
+            && r.modelled
+            && r.rings.collective() == (epoch, op)
+        {
+            r.modelled_done = true;
         }
         self.drive_rings(now);
         self.pump(now);
@@ -607,12 +608,11 @@ impl Node {
         }
         self.suspended = true;
         // The executor pauses the work it runs for the machine: its time is idle meanwhile.
-        if matches!(self.work, Work::Computing { .. } | Work::Outer { .. })
-            || self.computing_ahead()
+        if (matches!(self.work, Work::Computing { .. } | Work::Outer { .. })
+            || self.computing_ahead())
+            && let Some(a) = &mut self.acct
         {
-            if let Some(a) = &mut self.acct {
-                a.leave(now);
-            }
+            a.leave(now);
         }
     }
 
@@ -668,11 +668,11 @@ impl Node {
         if !matches!(self.work, Work::Computing { outer_step: s } if s == outer_step) {
             // Overlap: the round's inner steps are done before the member asks for them (the
             // previous round's commit has not come): the result waits, and so does the node.
-            if let Some(a) = self.ahead.as_mut().filter(|a| a.outer_step == outer_step) {
-                if a.result.is_none() {
-                    a.result = Some(done);
-                    self.wait_span(now);
-                }
+            if let Some(a) = self.ahead.as_mut().filter(|a| a.outer_step == outer_step)
+                && a.result.is_none()
+            {
+                a.result = Some(done);
+                self.wait_span(now);
             }
             return;
         }

@@ -178,10 +178,12 @@ impl Node {
                 // A blocking joiner computes nothing until the state is here, which replaces
                 // its outer state: the state is written into that state's buffers, not into
                 // memory allocated for it (given back should the fetch end without it).
-                if self.real && self.blocking() && !self.synced {
-                    if let Some([o, m]) = self.outer.as_mut().and_then(OuterState::take_buffers) {
-                        assembly.lend(o, m);
-                    }
+                if self.real
+                    && self.blocking()
+                    && !self.synced
+                    && let Some([o, m]) = self.outer.as_mut().and_then(OuterState::take_buffers)
+                {
+                    assembly.lend(o, m);
                 }
                 let fed = assembly.feed(&mut self.early);
                 self.fetch = Some(Fetch {
@@ -199,10 +201,10 @@ impl Node {
         for r in refused {
             self.refused(None, r);
         }
-        if matches!(self.member.phase(), MemberPhase::Syncing { .. }) {
-            if let Some(a) = &mut self.acct {
-                a.enter(Span::Recovery, now);
-            }
+        if matches!(self.member.phase(), MemberPhase::Syncing { .. })
+            && let Some(a) = &mut self.acct
+        {
+            a.enter(Span::Recovery, now);
         }
         self.take_state(now);
     }
@@ -211,10 +213,10 @@ impl Node {
     /// coordinator tells the senders and this node separately).
     pub(super) fn on_state_part(&mut self, now: Time, from: NodeId, h: StateHeader, body: Body) {
         let Some(f) = &mut self.fetch else {
-            if !self.synced {
-                if let Err(r) = self.early.hold(from, h, body) {
-                    tracing::debug!(target: "loco_core", "{}: early state piece dropped: {r}", self.cfg.id);
-                }
+            if !self.synced
+                && let Err(r) = self.early.hold(from, h, body)
+            {
+                tracing::debug!(target: "loco_core", "{}: early state piece dropped: {r}", self.cfg.id);
             }
             return;
         };

@@ -221,10 +221,10 @@ impl Node {
         // it or (overlap modes) computed beside it; not for the empty all-reduce of a round
         // between two syncs (`sync_delay` shorter than a round), which carries no values.
         let empty = self.cfg.schedule.fragment(step).is_empty();
-        if let Some(t0) = self.released_at.take().filter(|_| !empty) {
-            if let Some(a) = self.step_row(step) {
-                a.set_allreduce_wall(now.saturating_since(t0));
-            }
+        if let Some(t0) = self.released_at.take().filter(|_| !empty)
+            && let Some(a) = self.step_row(step)
+        {
+            a.set_allreduce_wall(now.saturating_since(t0));
         }
         let Some(mut job) = self.lend(OuterKind::Commit, step, now) else { return };
         job.values = result.flatten();

@@ -835,14 +835,10 @@ impl StateAssembly {
         }
         // The bytes are checked against the digest their sender computed before anything is
         // stored (an unassigned sender cannot make the joiner hash).
-        if let Body::Bytes(b) = body {
-            if piece_digest(b) != h.piece {
-                return Err(Refused::PieceDigest {
-                    part: h.part,
-                    offset: h.offset,
-                    len: body.len(),
-                });
-            }
+        if let Body::Bytes(b) = body
+            && piece_digest(b) != h.piece
+        {
+            return Err(Refused::PieceDigest { part: h.part, offset: h.offset, len: body.len() });
         }
         let stored = if h.part == PART_SHARED {
             put_into(&mut self.shared, self.shared_floor, false, h, body, &mut self.spare)?

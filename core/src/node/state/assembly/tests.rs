@@ -638,8 +638,8 @@ proptest! {
                 }
                 Op::Take { corrupt } => {
                     if let Some(mut r) = a.take_complete() {
-                        if corrupt {
-                            if let Some(b) = r.shared.bytes.as_mut().filter(|b| !b.is_empty()) {
+                        if corrupt
+                            && let Some(b) = r.shared.bytes.as_mut().filter(|b| !b.is_empty()) {
                                 let mut first = 0u8;
                                 b.for_each(0..1, |s| first = s[0]);
                                 b.write(0, &[first ^ 1]);
@@ -647,7 +647,6 @@ proptest! {
                                 // unchecked, and does not verify.
                                 r.shared.hashed = None;
                             }
-                        }
                         verifying.push(r);
                     } else if let Some(r) = verifying.pop() {
                         match r.verify(N) {
