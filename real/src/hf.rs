@@ -443,37 +443,9 @@ pub fn permute_rows(
 /// Checks that loco can build `spec`: every size at least 1, `dim` a multiple of `heads`,
 /// `heads` of `kv_heads`, an even head size, and a parameter count that fits memory's indices.
 pub fn check_model(spec: &ModelSpec) -> Result<usize, HfError> {
-    for (field, value) in [
-        ("layers", spec.layers),
-        ("dim", spec.dim),
-        ("heads", spec.heads),
-        ("kv_heads", spec.kv_heads),
-        ("ffn", spec.ffn),
-        ("vocab", spec.vocab),
-        ("seq_len", spec.seq_len),
-    ] {
-        if value == 0 {
-            return Err(HfError::Spec(format!("{field} is 0, expected at least 1")));
-        }
-    }
-    if !spec.dim.is_multiple_of(spec.heads) {
-        return Err(HfError::Spec(format!(
-            "dim {} is not a multiple of heads {}",
-            spec.dim, spec.heads
-        )));
-    }
-    if !spec.heads.is_multiple_of(spec.kv_heads) {
-        return Err(HfError::Spec(format!(
-            "heads {} is not a multiple of kv_heads {}",
-            spec.heads, spec.kv_heads
-        )));
-    }
-    if !spec.head_dim().is_multiple_of(2) {
-        return Err(HfError::Spec(format!(
-            "head size dim / heads = {} is odd (RoPE rotates pairs)",
-            spec.head_dim()
-        )));
-    }
+    crate::model::check_shape(spec).map_err(|b| {
+        HfError::Spec(format!("{} = {}, expected {}", b.field, b.value, b.expected))
+    })?;
     usize::try_from(spec.param_count())
         .ok()
         .filter(|n| n.checked_mul(4).is_some() && spec.param_count() != u64::MAX)

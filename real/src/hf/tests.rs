@@ -234,7 +234,7 @@ fn configs_loco_cannot_build_are_refused_naming_the_field() {
         ("hidden_act", serde_json::json!("gelu"), "SwiGLU"),
         ("model_type", serde_json::json!("mistral"), "loco reads Llama models"),
         ("head_dim", serde_json::json!(8), "hidden_size / num_attention_heads = 4"),
-        ("num_key_value_heads", serde_json::json!(3), "not a multiple of kv_heads"),
+        ("num_key_value_heads", serde_json::json!(3), "heads = 4, expected a multiple of kv_heads"),
         ("rms_norm_eps", serde_json::json!(-1.0), "finite number above 0"),
         ("architectures", serde_json::json!(["MistralForCausalLM"]), "LlamaForCausalLM"),
     ];

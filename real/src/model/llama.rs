@@ -354,32 +354,11 @@ impl Blocks {
 }
 
 fn check_spec(spec: &ModelSpec) -> Result<(), ModelError> {
-    let bad = |field, value: u32, expected| {
-        Err(ModelError::BadSpec { field, value: u64::from(value), expected })
-    };
-    for (field, value) in [
-        ("layers", spec.layers),
-        ("dim", spec.dim),
-        ("heads", spec.heads),
-        ("kv_heads", spec.kv_heads),
-        ("ffn", spec.ffn),
-        ("vocab", spec.vocab),
-        ("seq_len", spec.seq_len),
-    ] {
-        if value == 0 {
-            return bad(field, value, "at least 1");
-        }
-    }
-    if !spec.dim.is_multiple_of(spec.heads) {
-        return bad("dim", spec.dim, "a multiple of heads");
-    }
-    if !spec.heads.is_multiple_of(spec.kv_heads) {
-        return bad("heads", spec.heads, "a multiple of kv_heads");
-    }
-    if !spec.head_dim().is_multiple_of(2) {
-        return bad("dim", spec.dim, "dim / heads even (RoPE rotates pairs)");
-    }
-    Ok(())
+    super::check_shape(spec).map_err(|b| ModelError::BadSpec {
+        field: b.field,
+        value: u64::from(b.value),
+        expected: b.expected,
+    })
 }
 
 /// The initial values of parameter `index` (see [`Llama`]).

@@ -82,6 +82,46 @@ pub fn param_specs(spec: &ModelSpec) -> Vec<ParamSpec> {
     out
 }
 
+/// A shape loco cannot build: the spec's field, its value and what was expected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BadShape {
+    /// The field of the spec.
+    pub field: &'static str,
+    /// Its value.
+    pub value: u32,
+    /// What was expected.
+    pub expected: &'static str,
+}
+
+/// Checks that the model can be built with `spec`: every size at least 1, `dim` a multiple of
+/// `heads`, `heads` of `kv_heads`, and an even head size (RoPE rotates pairs).
+pub fn check_shape(spec: &ModelSpec) -> Result<(), BadShape> {
+    let bad = |field, value, expected| Err(BadShape { field, value, expected });
+    for (field, value) in [
+        ("layers", spec.layers),
+        ("dim", spec.dim),
+        ("heads", spec.heads),
+        ("kv_heads", spec.kv_heads),
+        ("ffn", spec.ffn),
+        ("vocab", spec.vocab),
+        ("seq_len", spec.seq_len),
+    ] {
+        if value == 0 {
+            return bad(field, value, "at least 1");
+        }
+    }
+    if !spec.dim.is_multiple_of(spec.heads) {
+        return bad("dim", spec.dim, "a multiple of heads");
+    }
+    if !spec.heads.is_multiple_of(spec.kv_heads) {
+        return bad("heads", spec.heads, "a multiple of kv_heads");
+    }
+    if !spec.head_dim().is_multiple_of(2) {
+        return bad("dim", spec.dim, "dim / heads even (RoPE rotates pairs)");
+    }
+    Ok(())
+}
+
 /// `(name, numel)` of every parameter tensor, in order: the input of
 /// `loco_core::diloco::buckets_from_sizes` for one bucket per tensor.
 pub fn param_layout(spec: &ModelSpec) -> Vec<(String, usize)> {
