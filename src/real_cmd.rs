@@ -374,16 +374,6 @@ fn make_inner(
             DataLoader::new(&source, cfg.seq_len, s.model().vocab, shard, Order::Sequential)?;
         let mut inner = loco_real::inner::TchInner::new(trainer, data);
         if s.real().eval_every > 0 {
-            if node.gpus > 1 {
-                return Err(InputError(anyhow!(
-                    "{}: [real] eval_every = {}: held-out evaluation on a node with gpus > 1 \
-                     (node {}) is not supported yet; set eval_every = 0",
-                    scenario_path.display(),
-                    s.real().eval_every,
-                    node.name
-                ))
-                .into());
-            }
             let rows =
                 held_out_rows(&source, cfg.seq_len, s.model().vocab, s.real().eval_sequences)
                     .map_err(|e| {

@@ -438,13 +438,10 @@ impl NodeTrainer {
     }
 
     /// Mean cross-entropy on `tokens` (rows of `seq_len + 1`), without gradients or updates.
-    /// A sharded node has no evaluation pass yet: an error says so.
-    pub fn eval_loss(&self, tokens: &[i64]) -> Result<f64, crate::train::TrainError> {
+    pub fn eval_loss(&mut self, tokens: &[i64]) -> Result<f64, crate::train::TrainError> {
         match self {
             NodeTrainer::One(t) => t.eval_loss(tokens),
-            NodeTrainer::Sharded(_) => Err(crate::train::TrainError::Unsupported(
-                "held-out evaluation ([real] eval_every) on a node with gpus > 1",
-            )),
+            NodeTrainer::Sharded(t) => t.eval_loss(tokens),
         }
     }
 

@@ -438,9 +438,28 @@ mod imp {
             (r.start..r.end).step_by(mb).map(|start| (start, mb.min(r.end - start))).collect()
         }
 
+        /// Mean cross-entropy on `tokens` (rows of `seq_len + 1`), forward only: no gradients,
+        /// no update. The rows are split over the devices as for a step.
+        pub fn eval_loss(&mut self, tokens: &[i64]) -> Result<f64, TrainError> {
+            let rows = crate::train::check_batch(tokens, self.config.seq_len, self.spec.vocab)?;
+            let batch = batch_tensor(tokens, rows, self.config.seq_len, Device::Cpu)?;
+            self.pass(&batch, rows, false).map(|(ce, _)| ce)
+        }
+
         /// Forward and backward over every device's micro-batches, round by round; returns the
         /// batch's (cross-entropy, z-loss).
         fn accumulate(&mut self, batch: &Tensor, rows: usize) -> Result<(f64, f64), TrainError> {
+            self.pass(batch, rows, true)
+        }
+
+        /// Every device's micro-batches, round by round: forward, and with `backward` the
+        /// gradients too; returns the batch's (cross-entropy, z-loss).
+        fn pass(
+            &mut self,
+            batch: &Tensor,
+            rows: usize,
+            backward: bool,
+        ) -> Result<(f64, f64), TrainError> {
             let g = self.shards.len();
             let plans: Vec<Vec<(usize, usize)>> =
                 (0..g).map(|d| self.micro_batches(rows, d)).collect();
@@ -470,7 +489,7 @@ mod imp {
                         lane.share = n as f64 / rows as f64;
                     }
                 }
-                let done = self.round();
+                let done = if backward { self.round() } else { self.forward_loss() };
                 for lane in &mut self.lanes {
                     lane.saved.clear();
                     lane.grad_out = None;
@@ -486,6 +505,41 @@ mod imp {
         fn head_tensors(&self) -> [usize; 2] {
             let norm = 1 + PER_LAYER * self.spec.layers as usize;
             [norm, if self.spec.tied_embeddings { 0 } else { norm + 1 }]
+        }
+
+        /// One round without gradients: every device with a micro-batch runs it forward and
+        /// adds its cross-entropy, weighted by its share.
+        fn forward_loss(&mut self) -> Result<(), TrainError> {
+            let layers = self.spec.layers as usize;
+            let ws = self.gather(&[0], false)?;
+            self.parallel(ws, "forward", |lane, ws| {
+                let _guard = tch::no_grad_guard();
+                let Some((input, _)) = &lane.input else { return Ok(None) };
+                lane.saved.push(lane.blocks.embed(&ws[0], input)?);
+                Ok(None)
+            })?;
+            for l in 0..layers {
+                let tensors: Vec<usize> = (1 + PER_LAYER * l..1 + PER_LAYER * (l + 1)).collect();
+                let ws = self.gather(&tensors, false)?;
+                self.parallel(ws, "forward", |lane, ws| {
+                    let _guard = tch::no_grad_guard();
+                    let Some(h) = lane.saved.pop() else { return Ok(None) };
+                    lane.saved.push(lane.blocks.block(&ws, &h)?);
+                    Ok(None)
+                })?;
+            }
+            let ws = self.gather(&self.head_tensors(), false)?;
+            self.parallel(ws, "the loss", |lane, ws| {
+                let _guard = tch::no_grad_guard();
+                let (Some((_, target)), Some(h)) = (&lane.input, lane.saved.pop()) else {
+                    return Ok(None);
+                };
+                let logits = lane.blocks.head(&ws[0], &ws[1], &h)?;
+                let (ce, _) = loss_terms(&logits, target, 0.0).map_err(model_to_tch)?;
+                lane.ce += ce.f_double_value(&[])? * lane.share;
+                Ok(None)
+            })?;
+            Ok(())
         }
 
         /// One round: every device with a micro-batch runs it forward and backward.

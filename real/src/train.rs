@@ -46,9 +46,6 @@ pub enum TrainError {
     #[cfg(feature = "torch")]
     #[error(transparent)]
     Model(#[from] ModelError),
-    /// Something this trainer does not do yet.
-    #[error("{0}: not supported yet")]
-    Unsupported(&'static str),
     /// A setting out of range.
     #[error("training setting {field} = {value}: expected {expected}")]
     BadConfig {

@@ -155,3 +155,26 @@ fn bad_batches_and_bf16() {
             && (a.grad_norm - b.grad_norm).abs() < 1e-4 * b.grad_norm
     );
 }
+
+/// Held-out evaluation on G devices: forward only, the same loss as one device's on the same
+/// weights, and nothing changes (no step counted, the weights as they were).
+#[test]
+fn g_devices_evaluate_as_one_device_does_without_changing_anything() {
+    let data = batches(3);
+    let mut one = Trainer::new(&tiny(), config(Precision::F32), Device::Cpu, 11).unwrap();
+    one.inner_step(&data[0]).unwrap();
+    let eval = [data[1].clone(), data[2].clone()].concat();
+    let reference = one.eval_loss(&eval).unwrap();
+    for g in [1, 2, 3] {
+        let mut t = sharded(g, Precision::F32);
+        t.set_flat_params(&one.flat_params().unwrap()).unwrap();
+        let before = flat(&t);
+        let loss = t.eval_loss(&eval).unwrap();
+        assert!((loss - reference).abs() <= 1e-6 * reference, "G = {g}: {loss} vs {reference}");
+        assert_eq!(flat(&t), before, "G = {g}: the weights are untouched");
+        assert_eq!(t.step(), 0, "G = {g}: no step counted");
+        // It evaluates again to the same value, and a bad batch is an error.
+        assert_eq!(t.eval_loss(&eval).unwrap(), loss);
+        assert!(matches!(t.eval_loss(&eval[1..]), Err(TrainError::BadBatch { .. })));
+    }
+}

@@ -132,6 +132,17 @@ fn launch_trains_nodes_of_two_sharded_devices_through_a_crash_and_a_join() {
         r["loss"].parse().unwrap()
     };
     assert!(loss("19") < loss("0") - 0.5, "loss {} -> {}", loss("0"), loss("19"));
+    // The sharded nodes evaluate the global weights: the same held-out loss on every node of a
+    // step, falling.
+    let eval = |step: &str| -> Vec<f64> {
+        let at = rows.iter().filter(|r| r["outer_step"] == step && !r["eval_loss"].is_empty());
+        at.map(|r| r["eval_loss"].parse().unwrap()).collect()
+    };
+    for step in ["0", "5", "10", "15"] {
+        let e = eval(step);
+        assert!(!e.is_empty() && e.iter().all(|x| x == &e[0]), "step {step}: {e:?}");
+    }
+    assert!(eval("15")[0] < eval("0")[0] - 0.5, "held-out {:?} -> {:?}", eval("0"), eval("15"));
     assert!(rows.iter().any(|r| r["node"] == "late"), "the joiner trains");
     let events = std::fs::read_to_string(out.join("events.csv")).unwrap();
     for kind in [",crash,n-1,", ",evict,n-1,", ",recovery-done,late,"] {
