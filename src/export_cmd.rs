@@ -2,15 +2,16 @@
 //! and the other way, the `[real] init` weights a run starts from. Plain safetensors work: no
 //! libtorch.
 //!
-//! A checkpoint records its parameter layout (names and sizes) but not the model's other fields
-//! (heads, RoPE theta, norm epsilon, sequence length), so `export` takes the scenario the run was
-//! trained with and checks that its layout is the checkpoint's.
+//! A checkpoint records its parameter layout (names and sizes) and, since it was added to the
+//! metadata, the model's shape (heads, RoPE theta, norm epsilon, sequence length); `export` takes
+//! the shape from there, or from `--scenario` (the scenario the run was trained with) for an older
+//! checkpoint, checking that it gives the checkpoint's layout (and its recorded shape).
 
 use crate::InputError;
 use anyhow::{Context, Result, anyhow};
 use clap::{Args, ValueEnum};
 use loco_core::node::digest::weights_digest_parallel;
-use loco_core::scenario::Scenario;
+use loco_core::scenario::{ModelSpec, Scenario};
 use loco_real::checkpoint::{self, Buffer, CheckpointError, LoadedBuffer, META_FILE};
 use loco_real::hf::{self, HfConfig, TOKENIZER_FILE};
 use loco_real::launch::scenario_base;
@@ -29,9 +30,9 @@ pub(crate) struct ExportArgs {
     /// are replaced).
     #[arg(long, value_name = "DIR")]
     pub(crate) out: PathBuf,
-    /// The scenario the checkpoint was trained with (required: a checkpoint records its
-    /// parameter layout, not the model's heads, RoPE theta or norm epsilon; the layout must
-    /// match).
+    /// The scenario the checkpoint was trained with: its `[model]` must be the one the
+    /// checkpoint records, and its `[real] data` directory gives the tokenizer. Optional: a
+    /// checkpoint records its model (needed for one written before it did).
     #[arg(long, value_name = "FILE")]
     pub(crate) scenario: Option<PathBuf>,
     /// The tokenizer to copy into DIR as tokenizer.json (default: tokenizer.json in the
@@ -56,15 +57,46 @@ pub(crate) fn export(a: &ExportArgs) -> Result<()> {
     let ExportFormat::Hf = a.format;
     let ck = load_checkpoint(&a.checkpoint)?;
     let Some(scenario_path) = &a.scenario else {
-        return Err(InputError(anyhow!(
-            "{}: a checkpoint records its parameter layout, not the whole model (heads, RoPE \
-             theta, norm epsilon): pass --scenario FILE, the scenario it was trained with",
-            ck.path.display()
-        ))
-        .into());
+        // The checkpoint's own record of the model (written since checkpoints record it).
+        let Some(spec) = &ck.meta.model else {
+            return Err(InputError(anyhow!(
+                "{}: this checkpoint records its parameter layout, not the whole model (heads, \
+                 RoPE theta, norm epsilon): pass --scenario FILE, the scenario it was trained \
+                 with",
+                ck.path.display()
+            ))
+            .into());
+        };
+        check_layout(&ck, spec, &ck.path)?;
+        let tokenizer = a.tokenizer.clone();
+        return write_export(a, &ck, spec, tokenizer);
     };
     let s = Scenario::load(scenario_path).map_err(|e| InputError(anyhow!(e)))?;
     let spec = s.model();
+    check_layout(&ck, spec, scenario_path)?;
+    if let Some(recorded) = ck.meta.model.as_ref().filter(|m| *m != spec) {
+        return Err(InputError(anyhow!(
+            "{}: the checkpoint records a model that differs from the [model] of {}: {recorded:?} \
+             against {spec:?}",
+            ck.path.display(),
+            scenario_path.display()
+        ))
+        .into());
+    }
+    if ck.meta.scenario != s.name() {
+        tracing::warn!(
+            checkpoint = ck.meta.scenario,
+            scenario = s.name(),
+            "the checkpoint was written by a run of another scenario (same parameter layout)"
+        );
+    }
+    let tokenizer = tokenizer_source(a, &s, scenario_path)?;
+    write_export(a, &ck, spec, tokenizer)
+}
+
+/// Refuses a checkpoint whose parameter layout is not `spec`'s (`source`: where `spec` came
+/// from, for the message).
+fn check_layout(ck: &LoadedBuffer, spec: &ModelSpec, source: &Path) -> Result<()> {
     let layout = loco_real::model::param_layout(spec);
     if layout != ck.meta.layout {
         let first = layout
@@ -82,19 +114,21 @@ pub(crate) fn export(a: &ExportArgs) -> Result<()> {
         return Err(InputError(anyhow!(
             "{}: the checkpoint's parameters are not those of the model of {}: {first}",
             ck.path.display(),
-            scenario_path.display()
+            source.display()
         ))
         .into());
     }
-    if ck.meta.scenario != s.name() {
-        tracing::warn!(
-            checkpoint = ck.meta.scenario,
-            scenario = s.name(),
-            "the checkpoint was written by a run of another scenario (same parameter layout)"
-        );
-    }
+    Ok(())
+}
+
+/// Writes the export of `ck`'s outer weights as a model of shape `spec`, with `tokenizer`.
+fn write_export(
+    a: &ExportArgs,
+    ck: &LoadedBuffer,
+    spec: &ModelSpec,
+    tokenizer: Option<PathBuf>,
+) -> Result<()> {
     let outer = &ck.values;
-    let tokenizer = tokenizer_source(a, &s, scenario_path)?;
     let written = hf::write(&a.out, spec, &HfConfig::from_spec(spec), outer, a.shard_size)
         .with_context(|| format!("exporting to {}", a.out.display()))?;
     let mut files = written.files;

@@ -443,6 +443,10 @@ pub struct Meta {
     /// BLAKE3 digest of every tensor's stored bytes, by tensor name (`<buffer>/<param>`),
     /// written as hex.
     pub digests: BTreeMap<String, Blake3Digest>,
+    /// The model's shape, when the writer knew it (`loco export` needs it; checkpoints written
+    /// before it was recorded lack it, and a scenario gives it then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<loco_core::scenario::ModelSpec>,
 }
 
 /// A checkpoint read back and verified.
@@ -457,12 +461,14 @@ pub struct LoadedCheckpoint {
 }
 
 /// Where and how a node's checkpoints are kept.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct CheckpointConfig {
     /// The checkpoint root; this node's checkpoints go to `dir/<node>/`.
     pub dir: PathBuf,
     /// The scenario's name, recorded in [`Meta::scenario`].
     pub scenario: String,
+    /// The model's shape, recorded in [`Meta::model`] when known.
+    pub model: Option<loco_core::scenario::ModelSpec>,
     /// The node's name: a directory name (not empty, no `/`, `\` or NUL, not `.` or `..`).
     pub node: String,
     /// How many complete checkpoints to keep (at least 1); older steps are deleted after a new one

@@ -64,6 +64,7 @@ fn snapshot(step: u64) -> Snapshot {
 
 fn config(root: &Path, keep: usize, remote: Option<PathBuf>) -> CheckpointConfig {
     CheckpointConfig {
+        model: None,
         dir: root.to_path_buf(),
         scenario: "unit".to_string(),
         node: "node-a".to_string(),

@@ -405,6 +405,7 @@ async fn a_worker_whose_checkpoints_keep_failing_ends_with_an_error() {
     let name = scenario.node(NodeId(0)).unwrap().name.clone();
     let mut o = worker_in(scenario, 0, addr, dir.path());
     let config = loco_real::checkpoint::CheckpointConfig {
+        model: None,
         dir: dir.path().join("ckpt"),
         scenario: "test".into(),
         node: name.clone(),

@@ -14,10 +14,16 @@ fn values(n: usize) -> Vec<f32> {
     (0..n).map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1e-4).collect()
 }
 
-/// A checkpoint of node `node-a` under `root` whose outer weights are `outer`, for the tiny model.
-fn tiny_checkpoint(root: &Path, outer: &[f32]) -> PathBuf {
+/// A checkpoint of node `node-a` under `root` whose outer weights are `outer`, for the tiny model,
+/// recording `model` (`None`: a checkpoint written before checkpoints recorded it).
+fn tiny_checkpoint(
+    root: &Path,
+    outer: &[f32],
+    model: Option<loco_core::scenario::ModelSpec>,
+) -> PathBuf {
     let layout = loco_real::model::param_layout(&Preset::Tiny.spec());
     let mut ck = Checkpointer::new(CheckpointConfig {
+        model,
         dir: root.to_path_buf(),
         scenario: "tiny-real".into(),
         node: "node-a".into(),
@@ -51,7 +57,7 @@ fn export_writes_a_checkpoint_s_outer_weights_as_a_hugging_face_directory() {
     let ctx = TestContext::new();
     let n = Preset::Tiny.spec().param_count() as usize;
     let outer = values(n);
-    let step = tiny_checkpoint(&ctx.path().join("ckpt"), &outer);
+    let step = tiny_checkpoint(&ctx.path().join("ckpt"), &outer, None);
     let node = ctx.path().join("ckpt/node-a");
     let tokenizer = ctx.path().join("tok.json");
     fs::write(&tokenizer, b"{\"model\": {}}").unwrap();
@@ -96,7 +102,32 @@ fn export_writes_a_checkpoint_s_outer_weights_as_a_hugging_face_directory() {
     assert!(!files.contains(&"model.safetensors".to_string()), "{files:?}");
     assert_eq!(hf::read(&sharded).unwrap().flat, outer);
 
-    // Without the scenario; with another model's; not a checkpoint.
+    // A checkpoint that records its model needs no scenario, and exports the same files.
+    let recorded = tiny_checkpoint(&ctx.path().join("ckpt2"), &outer, Some(Preset::Tiny.spec()));
+    let alone = ctx.path().join("hf-alone");
+    let o = ctx.loco(&["export", recorded.to_str().unwrap(), "--out", alone.to_str().unwrap()]);
+    assert!(o.status.success(), "stdout: {}\nstderr: {}", stdout(&o), stderr(&o));
+    assert_eq!(names(&alone), ["config.json", "model.safetensors"]);
+    for f in ["config.json", "model.safetensors"] {
+        assert_eq!(fs::read(alone.join(f)).unwrap(), fs::read(out.join(f)).unwrap(), "{f}");
+    }
+    // A scenario whose model has the same layout but another RoPE theta than the recorded one.
+    let other = ctx.path().join("other-theta.toml");
+    let text = fs::read_to_string(TestContext::repo().join("scenarios/tiny-real.toml")).unwrap();
+    fs::write(&other, text.replace("preset = \"tiny\"", "preset = \"tiny\"\nrope_theta = 1000.0"))
+        .unwrap();
+    let o = ctx.loco(&[
+        "export",
+        recorded.to_str().unwrap(),
+        "--out",
+        alone.to_str().unwrap(),
+        "--scenario",
+        other.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("records a model that differs"), "{}", stderr(&o));
+
+    // Without the scenario (an older checkpoint); with another model's; not a checkpoint.
     let cases: [(&[&str], &str); 3] = [
         (&[node.to_str().unwrap()], "pass --scenario FILE"),
         (

@@ -161,6 +161,7 @@ mod tests {
             ..Snapshot::default()
         };
         let mut ck = Checkpointer::new(CheckpointConfig {
+            model: None,
             dir: root.to_path_buf(),
             scenario: "s".into(),
             node: "n0".into(),

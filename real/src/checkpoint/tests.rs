@@ -40,6 +40,7 @@ fn step_dir_names_round_trip_and_tmp_names_are_not_steps() {
 fn save_returns_before_the_write_completes() {
     let root = tempfile::tempdir().unwrap();
     let cfg = CheckpointConfig {
+        model: None,
         dir: root.path().to_path_buf(),
         scenario: "s".into(),
         node: "n0".into(),
@@ -73,6 +74,7 @@ fn save_returns_before_the_write_completes() {
 #[test]
 fn bad_configs_are_rejected() {
     let base = CheckpointConfig {
+        model: None,
         dir: PathBuf::from("/nonexistent-ckpt"),
         scenario: "s".into(),
         node: "n".into(),

@@ -377,6 +377,7 @@ pub(super) fn write_local(
         layout: snap.layout.clone(),
         buffers: present,
         digests: snap.digests(),
+        model: cfg.model.clone(),
     };
     let meta_path = tmp.join(META_FILE);
     let mut text = serde_json::to_vec_pretty(&meta)

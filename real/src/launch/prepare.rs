@@ -38,6 +38,7 @@ pub fn checkpoint_plan(
         config: CheckpointConfig {
             dir,
             scenario: s.name().to_string(),
+            model: Some(s.model().clone()),
             node: node.to_string(),
             keep: s.real().keep as usize,
             remote,
