@@ -24,7 +24,8 @@
 //! buffer may be absent (an empty vector: an inner loop without AdamW state has no `exp_avg`), and
 //! an absent buffer has no tensors. `meta.json` holds [`Meta`]: format version, scenario, node,
 //! outer and inner steps, the data position (opaque JSON), the layout, the buffers present, a
-//! creation counter, and the BLAKE3 digest (hex) of every tensor's bytes as stored in the file.
+//! creation counter, the BLAKE3 digest (hex) of every tensor's bytes as stored in the file, and
+//! the model's shape when the writer knew it.
 //!
 //! # Durability
 //!
