@@ -39,6 +39,7 @@ fn pristine() -> &'static Pristine {
             exp_avg_sq: v(4.0),
         };
         let cfg = CheckpointConfig {
+            model: None,
             dir: root.clone(),
             scenario: "fuzz".into(),
             node: "node-a".into(),
