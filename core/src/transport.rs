@@ -58,6 +58,10 @@ pub enum Phase {
     ReduceScatter,
     /// The owners' encoded averages travel round the ring, forwarded unchanged.
     AllGather,
+    /// Every member's whole encoded contribution travels round the ring, forwarded unchanged,
+    /// and each member sums them all (codecs whose sums are not sparse: `sparse`). The
+    /// header's `chunk` is the contributor's rank and its `weight_sum` the contributor's weight.
+    Gather,
 }
 
 /// Header of one segment of a ring all-reduce.

@@ -96,7 +96,9 @@ impl Segments {
             .map(|&(len, seg)| {
                 (0..w)
                     .map(|c| {
-                        let chunk = chunk_range(len, w, c);
+                        // A gathered codec sends every contribution whole.
+                        let chunk =
+                            if plan.codec.sums_in_ring() { chunk_range(len, w, c) } else { 0..len };
                         (0..segment_count(chunk.len(), seg))
                             .map(|j| {
                                 let v = segment_range(&chunk, seg, j).len() as u64;
@@ -131,8 +133,9 @@ impl Segments {
 /// What sending a segment costs, per length of segment.
 struct Costs {
     /// Per length, the codec's work for each kind of step (it differs at the first step of each
-    /// phase): reduce-scatter first and later, all-gather first and later.
-    kinds: Vec<[u64; 4]>,
+    /// phase): reduce-scatter first and later, all-gather first and later, gather first and
+    /// later.
+    kinds: Vec<[u64; 6]>,
     /// Per length, the wire bytes.
     wire: Vec<f64>,
     /// Per links in force, each lane's send time of each length, at `lane x lengths + length`.
@@ -150,7 +153,7 @@ impl Costs {
         sizes: &[u64],
         lanes: usize,
     ) -> Costs {
-        let kinds: Vec<[u64; 4]> = sizes
+        let kinds: Vec<[u64; 6]> = sizes
             .iter()
             .map(|&v| {
                 [
@@ -158,6 +161,8 @@ impl Costs {
                     nanos(work(Phase::ReduceScatter, 1, v)),
                     nanos(work(Phase::AllGather, 0, v)),
                     nanos(work(Phase::AllGather, 1, v)),
+                    nanos(work(Phase::Gather, 0, v)),
+                    nanos(work(Phase::Gather, 1, v)),
                 ]
             })
             .collect();
@@ -218,18 +223,29 @@ pub(crate) fn finish_times(
     let mut next = vec![0u64; w * per_rank];
     let Costs { kinds, wire, sends, fixed } = Costs::of(plan, links, work, &sizes, w * g);
     let n = sizes.len();
-    for k in 0..2 * (w - 1) {
-        let (phase, step) =
-            if k < w - 1 { (Phase::ReduceScatter, k) } else { (Phase::AllGather, k - (w - 1)) };
+    // A gathering ring (the sparse codec) has only W - 1 steps, each forwarding a whole
+    // contribution: rank r sends contribution r - k at step k.
+    let gather = !plan.codec.sums_in_ring();
+    let steps = if gather { w - 1 } else { 2 * (w - 1) };
+    for k in 0..steps {
+        let (phase, step) = if gather {
+            (Phase::Gather, k)
+        } else if k < w - 1 {
+            (Phase::ReduceScatter, k)
+        } else {
+            (Phase::AllGather, k - (w - 1))
+        };
         let kind = match (phase, step) {
             (Phase::ReduceScatter, 0) => 0,
             (Phase::ReduceScatter, _) => 1,
             (Phase::AllGather, 0) => 2,
             (Phase::AllGather, _) => 3,
+            (Phase::Gather, 0) => 4,
+            (Phase::Gather, _) => 5,
         };
         for r in 0..w {
             let c = match phase {
-                Phase::ReduceScatter => rs_send_chunk(w, r, step),
+                Phase::ReduceScatter | Phase::Gather => rs_send_chunk(w, r, step),
                 Phase::AllGather => ag_send_chunk(w, r, step),
             };
             let to = (r + 1) % w;

@@ -406,6 +406,9 @@ mod tests {
                 CodecKind::Uint8 => (0.01, 0.03),
                 CodecKind::Int8Block => (0.002, 0.015),
                 CodecKind::Int4Block => (0.07, 0.18),
+                // 1% of the values kept: most of a Gaussian's energy is dropped (error
+                // feedback keeps it for later).
+                CodecKind::Sparse(_) => (0.8, 1.0),
             };
             assert!((lo..=hi).contains(&r.rel_rms_error), "{}: {}", r.codec, r.rel_rms_error);
         }

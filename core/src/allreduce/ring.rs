@@ -191,6 +191,17 @@ pub struct RingAllReduce<'a> {
     /// Working space of one segment (see the `scratch` module).
     scratch: Scratch,
     stats: RingStats,
+    /// A gathering ring ([`CodecKind::sums_in_ring`] false): every contribution travels whole.
+    gather: Option<Gathered>,
+}
+
+/// What a gathering ring has collected: per contributor (ring rank) its weight and the encoded
+/// segments of its contribution.
+struct Gathered {
+    weights: Vec<Option<f64>>,
+    parts: Vec<Vec<Option<Body>>>,
+    /// The contributions are summed into the payload.
+    finished: bool,
 }
 
 impl<'a> RingAllReduce<'a> {
@@ -226,10 +237,15 @@ impl<'a> RingAllReduce<'a> {
             queue: VecDeque::new(),
             scratch: Scratch::default(),
             stats: RingStats::default(),
+            gather: None,
             payload,
             cfg,
         };
         m.cfg.segment_elems = seg;
+        if !m.cfg.codec.sums_in_ring() {
+            m.start_gather();
+            return Ok(m);
+        }
         if world == 1 {
             if m.weight == 0.0
                 && let Some(d) = m.payload.values_mut()
@@ -248,6 +264,174 @@ impl<'a> RingAllReduce<'a> {
             m.queue.push_back(Pending::Own { chunk: own, seg: j });
         }
         Ok(m)
+    }
+
+    /// A gathering ring: `W - 1` steps, at step `s` rank `r` sends contribution `r - s` (its
+    /// own at step 0, encoded now) and receives contribution `r - s - 1`. A lone member takes
+    /// its own contribution as encoded, as a larger ring would.
+    fn start_gather(&mut self) {
+        let (world, rank, seg) = (self.world, self.rank, self.cfg.segment_elems);
+        let len = self.payload.len();
+        let segs = segment_count(len, seg);
+        self.max_segs = segs;
+        self.got_rs = Vec::new();
+        self.got_ag = vec![false; (world - 1) * segs];
+        self.remaining = (world - 1) * segs;
+        let mut g = Gathered {
+            weights: vec![None; world],
+            parts: vec![vec![None; segs]; world],
+            finished: false,
+        };
+        g.weights[rank] = Some(f64::from(self.weight));
+        for j in 0..segs {
+            let range = segment_range(&(0..len), seg, j);
+            let n = self.codec.encoded_len(range.len());
+            let body = match self.payload.values() {
+                Some(d) => {
+                    let mut buf = pool::for_overwrite(n);
+                    self.codec.encode(&d[range], &mut buf);
+                    Body::Bytes(pool::freeze(buf))
+                }
+                None => Body::Virtual(n as u64),
+            };
+            g.parts[rank][j] = Some(body.clone());
+            if world > 1 {
+                let w = f64::from(self.weight);
+                let f = self.frame(Phase::Gather, 0, rank, j, w, body);
+                self.queue.push_back(Pending::Ready(f));
+            }
+        }
+        self.gather = Some(g);
+        if world == 1 {
+            // Cannot fail: the own encoding is finite.
+            let _ = self.finish_gather();
+        }
+    }
+
+    /// Sums the gathered contributions once every one is here: `sum(w_i * decode(c_i)) /
+    /// sum(w_i)` over the ring's ranks in order, the same operations on the same bytes at every
+    /// member, so that the replicas are bit-identical. A result that is not finite (finite
+    /// values that overflow together) is refused.
+    fn finish_gather(&mut self) -> Result<(), BadEncoding> {
+        let Some(g) = self.gather.as_mut() else { return Ok(()) };
+        if g.finished || self.remaining > 0 {
+            return Ok(());
+        }
+        g.finished = true;
+        let Some(d) = self.payload.values_mut() else { return Ok(()) };
+        let total: f64 = g.weights.iter().map(|w| w.unwrap_or(0.0)).sum();
+        let seg = self.cfg.segment_elems;
+        let len = d.len();
+        for j in 0..segment_count(len, seg) {
+            let range = segment_range(&(0..len), seg, j);
+            let out = &mut d[range.clone()];
+            out.fill(0.0);
+            if total <= 0.0 {
+                continue;
+            }
+            for (w, parts) in g.weights.iter().zip(&g.parts) {
+                let w = w.unwrap_or(0.0) as f32;
+                let Some(Body::Bytes(b)) = &parts[j] else { continue };
+                if w == 0.0 {
+                    continue;
+                }
+                if w == 1.0 {
+                    self.codec.decode_accumulate(b, out);
+                } else {
+                    let tmp = self.scratch.get(out.len());
+                    self.codec.decode(b, tmp);
+                    for (o, x) in out.iter_mut().zip(tmp.iter()) {
+                        *o += w * *x;
+                    }
+                }
+            }
+            let ws = total as f32;
+            for v in out.iter_mut() {
+                *v /= ws;
+            }
+            if let Some(i) = out.iter().position(|v| !v.is_finite()) {
+                let value = out[i];
+                return Err(BadEncoding { what: "value", index: range.start + i, value });
+            }
+        }
+        Ok(())
+    }
+
+    /// The total weight of a gathering ring's contributions, once they are all here.
+    pub fn gathered_weight(&self) -> Option<f64> {
+        let g = self.gather.as_ref()?;
+        g.finished.then(|| g.weights.iter().map(|w| w.unwrap_or(0.0)).sum())
+    }
+
+    /// A received frame of a gathering ring (after the epoch, op and sender checks).
+    fn handle_gather(
+        &mut self,
+        from: NodeId,
+        h: &CollectiveHeader,
+        frame: &Frame,
+    ) -> Result<(), RingError> {
+        let unexpected = |reason: String| RingError::Unexpected { from, reason };
+        if h.phase != Phase::Gather {
+            return Err(unexpected(format!("a {:?} frame in a gathering ring", h.phase)));
+        }
+        let step = usize::from(h.step);
+        if step + 1 >= self.world {
+            return Err(unexpected(format!("step {step} out of range")));
+        }
+        let chunk = h.chunk as usize;
+        let expected = rs_recv_chunk(self.world, self.rank, step);
+        if chunk != expected {
+            return Err(unexpected(format!(
+                "gather step {step} carries {chunk}, expected {expected}"
+            )));
+        }
+        let seg = h.segment as usize;
+        let len = self.payload.len();
+        let nsegs = segment_count(len, self.cfg.segment_elems);
+        if seg >= nsegs {
+            return Err(unexpected(format!("segment {seg} of a contribution with {nsegs}")));
+        }
+        let range = segment_range(&(0..len), self.cfg.segment_elems, seg);
+        let want = self.codec.encoded_len(range.len()) as u64;
+        match (&frame.body, &self.payload) {
+            (Body::Bytes(b), Payload::Real(_) | Payload::Owned(_)) if b.len() as u64 == want => {}
+            (Body::Virtual(n), Payload::Virtual(_)) if *n == want => {}
+            (b, _) => {
+                return Err(unexpected(format!("body of {} bytes, expected {want}", b.len())));
+            }
+        }
+        let w = h.weight_sum;
+        let wf = w as f32;
+        if !(w.is_finite() && w >= 0.0 && wf.is_finite()) {
+            return Err(unexpected(format!("weight {w}")));
+        }
+        if let Body::Bytes(b) = &frame.body {
+            let what = "values received";
+            self.codec.check(b).map_err(|source| RingError::BadValues { from, what, source })?;
+        }
+        let idx = step * self.max_segs + seg;
+        if self.got_ag[idx] {
+            return Err(unexpected(format!("gather step {step} segment {seg} twice")));
+        }
+        let Some(g) = self.gather.as_mut() else { return Err(RingError::NotCollective) };
+        match g.weights[chunk] {
+            Some(prev) if prev != w => {
+                return Err(unexpected(format!(
+                    "contribution {chunk} with weights {prev} and {w}"
+                )));
+            }
+            _ => g.weights[chunk] = Some(w),
+        }
+        g.parts[chunk][seg] = Some(frame.body.clone());
+        self.got_ag[idx] = true;
+        self.remaining -= 1;
+        self.stats.frames_received += 1;
+        if step + 2 < self.world {
+            let f = self.frame(Phase::Gather, step + 1, chunk, seg, w, frame.body.clone());
+            self.queue.push_back(Pending::Ready(f));
+        }
+        let what = "the sum of the contributions";
+        self.finish_gather().map_err(|source| RingError::BadValues { from, what, source })
     }
 
     /// The configuration.
@@ -281,7 +465,9 @@ impl<'a> RingAllReduce<'a> {
 
     /// True when this node holds the final result and has nothing left to send.
     pub fn is_done(&self) -> bool {
-        self.remaining == 0 && self.queue.is_empty()
+        self.remaining == 0
+            && self.queue.is_empty()
+            && self.gather.as_ref().is_none_or(|g| g.finished)
     }
 
     /// Finishes a virtual all-reduce at once, as if every frame of its schedule had been sent
@@ -295,6 +481,21 @@ impl<'a> RingAllReduce<'a> {
         let (world, rank, seg) = (self.world, self.rank, self.cfg.segment_elems);
         let len = self.payload.len();
         let codec = self.codec;
+        if let Some(g) = self.gather.as_mut() {
+            // Every contribution but its own's last hop: W - 1 whole contributions sent.
+            let segs = segment_count(len, seg) as u64;
+            let bytes: u64 = (0..segs as usize)
+                .map(|j| codec.encoded_len(segment_range(&(0..len), seg, j).len()) as u64)
+                .sum();
+            let hops = world.saturating_sub(1) as u64;
+            self.stats.frames_sent = hops * segs;
+            self.stats.body_bytes_sent = hops * bytes;
+            self.stats.frames_received += self.remaining as u64;
+            self.remaining = 0;
+            self.queue.clear();
+            g.finished = true;
+            return true;
+        }
         // A chunk's frames and body bytes; it sends every chunk but its owned one (`r + 1`) in
         // the reduce-scatter, and every chunk but `r + 2` in the all-gather.
         let frames = |n: usize| segment_count(n, seg) as u64;
@@ -371,6 +572,9 @@ impl<'a> RingAllReduce<'a> {
         if from != self.left {
             return Err(unexpected(format!("expected frames only from {}", self.left)));
         }
+        if self.gather.is_some() {
+            return self.handle_gather(from, h, frame);
+        }
         let step = usize::from(h.step);
         if step + 1 >= self.world {
             return Err(unexpected(format!("step {step} out of range")));
@@ -379,6 +583,7 @@ impl<'a> RingAllReduce<'a> {
         let expected_chunk = match h.phase {
             Phase::ReduceScatter => rs_recv_chunk(self.world, self.rank, step),
             Phase::AllGather => ag_recv_chunk(self.world, self.rank, step),
+            Phase::Gather => return Err(unexpected("a gather frame in a summing ring".into())),
         };
         if chunk != expected_chunk {
             return Err(unexpected(format!(
@@ -418,7 +623,7 @@ impl<'a> RingAllReduce<'a> {
         let idx = step * self.max_segs + seg;
         let got = match h.phase {
             Phase::ReduceScatter => &mut self.got_rs[idx],
-            Phase::AllGather => &mut self.got_ag[idx],
+            Phase::AllGather | Phase::Gather => &mut self.got_ag[idx],
         };
         if *got {
             return Err(unexpected(format!("{:?} step {step} segment {seg} twice", h.phase)));
@@ -432,7 +637,9 @@ impl<'a> RingAllReduce<'a> {
                 let what = "the sum with the values received";
                 sum.map_err(|source| RingError::BadValues { from, what, source })?;
             }
-            Phase::AllGather => self.on_all_gather(h, step, chunk, seg, range, &frame.body),
+            Phase::AllGather | Phase::Gather => {
+                self.on_all_gather(h, step, chunk, seg, range, &frame.body)
+            }
         }
         Ok(())
     }

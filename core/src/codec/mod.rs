@@ -15,6 +15,7 @@
 //! | `uint8` | 1 + 1 KiB per call | 1.6e-2 | PRIME's codebook scheme (reference.md) |
 //! | `int8-block` | 1 + 4 per 256 values (1.016) | 7.0e-3 | blockwise absmax, beats `uint8` |
 //! | `int4-block` | 0.5 + 4 per 256 values (0.516) | 1.3e-1 | the same with 4-bit codes -7..7 |
+//! | `sparse` | 0.0195 (1% of values, 2 bits, 12-bit indices) | drops 99% of the values | top-k per chunk, all-gathered; for error feedback |
 //!
 //! `loco bench codec` measures their throughput and prints these errors.
 
@@ -27,6 +28,7 @@ mod fp32;
 mod half16;
 mod int4block;
 mod int8block;
+mod sparse;
 #[cfg(target_arch = "x86_64")]
 mod stream;
 #[cfg(test)]
@@ -37,11 +39,14 @@ pub use fp32::Fp32;
 pub use half16::{Bf16, Fp16};
 pub use int4block::Int4Block;
 pub use int8block::Int8Block;
+pub use sparse::{Sparse, SparseSpec};
 pub use uint8::Uint8;
 
 /// The codecs loco knows, by name (as written in scenario files and on the command line).
+/// Serialised as its [`Display`](fmt::Display) text (`"sparse"` with the default parameters,
+/// `"sparse:BITS:KEEP:CHUNK"` with others).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
+#[serde(into = "String", try_from = "String")]
 pub enum CodecKind {
     /// 32-bit floats, exact.
     Fp32,
@@ -55,18 +60,35 @@ pub enum CodecKind {
     Int8Block,
     /// Blockwise absmax int4: one f32 scale per block of values, two values per byte.
     Int4Block,
+    /// The largest values of every chunk, in a few bits each, with their indices ([`Sparse`]).
+    /// A sum of them is not sparse: the all-reduce gathers every contribution instead of
+    /// reducing hop by hop ([`CodecKind::sums_in_ring`]).
+    Sparse(SparseSpec),
 }
 
 impl CodecKind {
     /// Every codec, in a fixed order.
-    pub const ALL: [CodecKind; 6] = [
+    pub const ALL: [CodecKind; 7] = [
         CodecKind::Fp32,
         CodecKind::Fp16,
         CodecKind::Bf16,
         CodecKind::Uint8,
         CodecKind::Int8Block,
         CodecKind::Int4Block,
+        CodecKind::Sparse(SparseSpec { chunk: 4096, keep: 41, bits: 2 }),
     ];
+
+    /// Whether partial sums travel the ring (every codec but `sparse`, whose contributions are
+    /// gathered whole and summed at every node).
+    pub fn sums_in_ring(self) -> bool {
+        !matches!(self, CodecKind::Sparse(_))
+    }
+
+    /// Encoded bytes per value of a long input (what a ring's bodies weigh per value).
+    pub fn bytes_per_value(self) -> f64 {
+        let n = 1 << 20;
+        self.codec().encoded_len(n) as f64 / n as f64
+    }
 
     /// The name used in files and on the command line.
     pub fn name(self) -> &'static str {
@@ -77,6 +99,7 @@ impl CodecKind {
             CodecKind::Uint8 => "uint8",
             CodecKind::Int8Block => "int8-block",
             CodecKind::Int4Block => "int4-block",
+            CodecKind::Sparse(_) => "sparse",
         }
     }
 
@@ -95,6 +118,7 @@ impl CodecKind {
             CodecKind::Uint8 => (0.59e-9, 0.27e-9),
             CodecKind::Int8Block => (0.37e-9, 0.22e-9),
             CodecKind::Int4Block => (0.44e-9, 0.32e-9),
+            CodecKind::Sparse(_) => (SPARSE_ENCODE_COST, SPARSE_DECODE_COST),
         }
     }
 
@@ -104,8 +128,13 @@ impl CodecKind {
     pub fn values_in(self, bytes: u64) -> u64 {
         let c = self.codec();
         let len = |n: u64| c.encoded_len(usize::try_from(n).unwrap_or(usize::MAX)) as u64;
-        // Every codec takes at least half a byte a value.
-        let (mut lo, mut hi) = (0u64, bytes.saturating_mul(2));
+        // Every codec takes at least half a byte a value, but the sparse one (a chunk takes 9
+        // bytes or more).
+        let per_byte = match self {
+            CodecKind::Sparse(s) => u64::from(s.chunk.div_ceil(9)).max(2),
+            _ => 2,
+        };
+        let (mut lo, mut hi) = (0u64, bytes.saturating_mul(per_byte));
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
             if len(mid) < bytes {
@@ -126,23 +155,79 @@ impl CodecKind {
             CodecKind::Uint8 => &Uint8,
             CodecKind::Int8Block => &Int8Block,
             CodecKind::Int4Block => &Int4Block,
+            CodecKind::Sparse(spec) => sparse_codec(spec),
         }
     }
 }
 
+/// Seconds per value of the sparse codec's encode (the top-k selection) and decode: `loco bench
+/// codec` on the same VM, scaled by `int8-block`'s figures measured in the same run (the VM was
+/// busier than when the others were measured).
+const SPARSE_ENCODE_COST: f64 = 1.7e-9;
+const SPARSE_DECODE_COST: f64 = 0.06e-9;
+
+/// The sparse codec of `spec`, one per distinct parameters for the process's life (a run uses
+/// one or a few).
+fn sparse_codec(spec: SparseSpec) -> &'static dyn Codec {
+    use std::sync::{Mutex, PoisonError};
+    static MADE: Mutex<Vec<&'static Sparse>> = Mutex::new(Vec::new());
+    let mut made = MADE.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(c) = made.iter().find(|c| c.0 == spec) {
+        return *c;
+    }
+    let c: &'static Sparse = Box::leak(Box::new(Sparse(spec)));
+    made.push(c);
+    c
+}
+
 impl fmt::Display for CodecKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+        match self {
+            CodecKind::Sparse(s) if *s != SparseSpec::default() => {
+                write!(f, "sparse:{}:{}:{}", s.bits, s.keep, s.chunk)
+            }
+            _ => f.write_str(self.name()),
+        }
     }
 }
 
 impl FromStr for CodecKind {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if let Some(rest) = s.strip_prefix("sparse:") {
+            let bad = || format!("codec `{s}`: expected sparse:BITS:KEEP:CHUNK");
+            let mut it = rest.split(':');
+            let (Some(b), Some(k), Some(c), None) = (it.next(), it.next(), it.next(), it.next())
+            else {
+                return Err(bad());
+            };
+            let spec = SparseSpec {
+                bits: b.parse().map_err(|_| bad())?,
+                keep: k.parse().map_err(|_| bad())?,
+                chunk: c.parse().map_err(|_| bad())?,
+            };
+            if let Some(p) = spec.problem() {
+                return Err(format!("codec `{s}`: {p}"));
+            }
+            return Ok(CodecKind::Sparse(spec));
+        }
         CodecKind::ALL.into_iter().find(|k| k.name() == s).ok_or_else(|| {
             let names: Vec<_> = CodecKind::ALL.iter().map(|k| k.name()).collect();
             format!("unknown codec `{s}`, expected one of {}", names.join(", "))
         })
+    }
+}
+
+impl From<CodecKind> for String {
+    fn from(k: CodecKind) -> String {
+        k.to_string()
+    }
+}
+
+impl TryFrom<String> for CodecKind {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        s.parse()
     }
 }
 

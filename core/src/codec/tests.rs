@@ -147,7 +147,10 @@ fn degenerate_input_is_defined_for_every_codec() {
         let x = [0.5f32, f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.25];
         let d = decode(c, &encode_over(c, &x, 0), x.len());
         match kind {
-            CodecKind::Uint8 | CodecKind::Int8Block | CodecKind::Int4Block => {
+            CodecKind::Uint8
+            | CodecKind::Int8Block
+            | CodecKind::Int4Block
+            | CodecKind::Sparse(_) => {
                 assert!(d.iter().all(|v| v.is_finite()), "{kind} {d:?}")
             }
             CodecKind::Fp32 | CodecKind::Fp16 | CodecKind::Bf16 => {
@@ -454,7 +457,89 @@ fn values_in_inverts_the_encoded_length() {
         for n in [0u64, 1, 2, 3, 255, 256, 257, 1000, 1 << 20, (1 << 20) + 7] {
             let bytes = kind.codec().encoded_len(n as usize) as u64;
             let got = kind.values_in(bytes);
-            assert!(got == n || got + 1 == n, "{kind}: {n} values in {bytes} bytes, got {got}");
+            // A sparse chunk of `keep` values or more weighs what a whole one does.
+            let near = got == n || got + 1 == n || !kind.sums_in_ring();
+            let least = kind.codec().encoded_len(got as usize) as u64 == bytes && got <= n;
+            assert!(near && least, "{kind}: {n} values in {bytes} bytes, got {got}");
         }
     }
+}
+
+/// The sparse codec keeps the `keep` largest magnitudes of each chunk (ties to the lower index),
+/// each decoded within half a level of its value, and nothing else.
+#[test]
+fn sparse_keeps_the_largest_values_of_each_chunk() {
+    for bits in [2u8, 4] {
+        let spec = SparseSpec { chunk: 256, keep: 8, bits };
+        let c = CodecKind::Sparse(spec).codec();
+        for n in [256usize, 1000, 7] {
+            let x = normal(n, 7 + n as u64);
+            let d = decode(c, &encode_over(c, &x, 0x33), n);
+            for (start, xs) in x.chunks(256).enumerate().map(|(k, xs)| (k * 256, xs)) {
+                let mut order: Vec<usize> = (0..xs.len()).collect();
+                order.sort_by(|&a, &b| xs[b].abs().total_cmp(&xs[a].abs()).then(a.cmp(&b)));
+                let kept: Vec<usize> = order[..xs.len().min(8)].to_vec();
+                let lo = kept.iter().map(|&i| xs[i].abs()).fold(f32::INFINITY, f32::min);
+                let hi = kept.iter().map(|&i| xs[i].abs()).fold(0.0, f32::max);
+                let half = (hi - lo) / ((1u32 << (bits - 1)) - 1) as f32 / 2.0;
+                for i in 0..xs.len() {
+                    let got = d[start + i];
+                    if kept.contains(&i) {
+                        assert_eq!(got.signum(), xs[i].signum(), "bits {bits} n {n} i {i}");
+                        assert!((got - xs[i]).abs() <= half * 1.0001 + 1e-6, "{got} {}", xs[i]);
+                    } else {
+                        assert_eq!(got, 0.0, "bits {bits} n {n}: {i} not kept");
+                    }
+                }
+            }
+        }
+    }
+    // Ties go to the lower index, so an encoding is the same wherever it is made.
+    let spec = SparseSpec { chunk: 256, keep: 3, bits: 2 };
+    let c = CodecKind::Sparse(spec).codec();
+    let mut x = vec![1.0f32; 256];
+    x[200] = -2.0;
+    let d = decode(c, &encode_over(c, &x, 0), 256);
+    let nonzero: Vec<usize> = (0..256).filter(|&i| d[i] != 0.0).collect();
+    assert_eq!(nonzero, vec![0, 1, 200]);
+    assert!(d[200] < 0.0);
+}
+
+/// The default sparse codec weighs at least 50 times less than `uint8` (the bytes a node
+/// contributes per outer step), and the check refuses what `encode` never writes.
+#[test]
+fn sparse_is_fifty_times_smaller_than_uint8_and_checked() {
+    let n = 1 << 24;
+    let sparse = CodecKind::Sparse(SparseSpec::default()).codec().encoded_len(n) as f64;
+    let uint8 = CodecKind::Uint8.codec().encoded_len(n) as f64;
+    assert!(uint8 / sparse >= 50.0, "uint8 / sparse = {}", uint8 / sparse);
+    let spec = SparseSpec { chunk: 256, keep: 4, bits: 2 };
+    let c = CodecKind::Sparse(spec).codec();
+    let x = normal(512, 3);
+    let e = encode_over(c, &x, 0);
+    assert_eq!(c.check(&e), Ok(()));
+    // A NaN scale, a negative one, lo above hi.
+    for (at, v) in [(0usize, f32::NAN), (0, -1.0), (4, f32::INFINITY)] {
+        let mut bad = e.clone();
+        bad[at..at + 4].copy_from_slice(&v.to_le_bytes());
+        assert!(c.check(&bad).is_err(), "scale {v} at {at}");
+    }
+    // Indices not increasing: the second entry's index set to the first's.
+    let mut bad = e.clone();
+    let w = 8 + 2; // idx bits + value bits
+    let first = u32::from(bad[8]) | (u32::from(bad[9]) << 8);
+    let idx0 = first & 0xff;
+    // Entry 1 starts at bit 10: its index bits are bits 10..18 of the stream.
+    let mut word = u32::from_le_bytes([bad[8], bad[9], bad[10], bad[11]]);
+    word = (word & !(0xff << w)) | (idx0 << w);
+    bad[8..12].copy_from_slice(&word.to_le_bytes());
+    assert_eq!(c.check(&bad).map_err(|e| e.what), Err("chunk index"));
+    // Parameters out of range are refused by name.
+    assert!("sparse:1:4:256".parse::<CodecKind>().is_err());
+    assert!("sparse:2:4:100".parse::<CodecKind>().is_err());
+    assert_eq!(
+        "sparse:4:8:512".parse::<CodecKind>(),
+        Ok(CodecKind::Sparse(SparseSpec { chunk: 512, keep: 8, bits: 4 }))
+    );
+    assert_eq!(CodecKind::Sparse(SparseSpec::default()).to_string(), "sparse");
 }

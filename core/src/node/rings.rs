@@ -294,10 +294,13 @@ impl ShardRings {
     }
 
     /// The weight sums carried by the all-gather frames seen: sent at step 0 (this node's own
-    /// chunks) and received (accepted ones). Each must equal the release's total weight: the
-    /// simulator's check that no contribution was counted twice or lost.
-    pub fn weight_sums(&self) -> &[f64] {
-        &self.sums
+    /// chunks) and received (accepted ones), and a gathering ring's total of the contributions'
+    /// weights. Each must equal the release's total weight: the simulator's check that no
+    /// contribution was counted twice or lost.
+    pub fn weight_sums(&self) -> Vec<f64> {
+        let mut sums = self.sums.clone();
+        sums.extend(self.rings.iter().filter_map(RingAllReduce::gathered_weight));
+        sums
     }
 
     /// Whether the values are real (not lengths only).

@@ -531,6 +531,7 @@ impl DilocoSpec {
                 crate::codec::CodecKind::Fp16 | crate::codec::CodecKind::Bf16 => bytes / 2,
                 crate::codec::CodecKind::Uint8 | crate::codec::CodecKind::Int8Block => bytes,
                 crate::codec::CodecKind::Int4Block => bytes.saturating_mul(2),
+                c @ crate::codec::CodecKind::Sparse(_) => c.values_in(bytes),
             };
             usize::try_from(values.max(1)).unwrap_or(usize::MAX)
         })
@@ -1197,14 +1198,17 @@ impl SimSpec {
     /// `values` values, at `phase` and `step`, as the ring ([`crate::allreduce`]) does the work:
     /// the first reduce-scatter step encodes its own values; a middle one decodes what came,
     /// adds, and encodes; the owner's first all-gather frame decodes, averages, encodes and
-    /// decodes its own copy; a forwarded all-gather frame is decoded first.
+    /// decodes its own copy; a forwarded all-gather frame is decoded first. A gathering ring
+    /// (`sparse`) encodes its own contribution and decodes it at the end (step 0), and decodes
+    /// each contribution it forwards.
     pub fn frame_work(&self, codec: CodecKind, phase: Phase, step: u16, values: u64) -> Duration {
         let (e, d) = self.codec_costs(codec);
         let per_value = match (phase, step) {
             (Phase::ReduceScatter, 0) => e,
             (Phase::ReduceScatter, _) => d + e,
             (Phase::AllGather, 0) => 2.0 * d + e,
-            (Phase::AllGather, _) => d,
+            (Phase::Gather, 0) => e + d,
+            (Phase::AllGather, _) | (Phase::Gather, _) => d,
         };
         per_unit(values, per_value)
     }

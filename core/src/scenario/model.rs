@@ -195,6 +195,7 @@ impl ModelSpec {
                 CodecKind::Fp16 | CodecKind::Bf16 => n.saturating_mul(2),
                 CodecKind::Uint8 | CodecKind::Int8Block => n,
                 CodecKind::Int4Block => n.div_ceil(2),
+                CodecKind::Sparse(_) => (n as f64 * codec.bytes_per_value()).ceil() as u64,
             },
         }
     }

@@ -102,7 +102,7 @@ impl Node {
             let what = format!("outer step {} attempt {} ({})", s.outer_step, s.attempt, s.epoch);
             let c = Check::AllReduceWeights {
                 what,
-                sums: r.rings.weight_sums().to_vec(),
+                sums: r.rings.weight_sums(),
                 total: f64::from(s.total_weight),
             };
             self.effects.push_back(Effect::Check(c));
