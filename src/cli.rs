@@ -645,6 +645,16 @@ pub(crate) struct QualityBench {
     /// fp32 and uint8 with its loss relative to fp32's; no claim is checked for it
     #[arg(long = "also-codec", value_name = "CODEC", value_parser = parse_codec)]
     pub(crate) also_codec: Vec<CodecKind>,
+    /// Error feedback's decay for an --also-codec run of a gathering codec (`sparse`, which
+    /// also runs without error feedback, to show what it buys).
+    #[arg(long, default_value_t = loco_core::scenario::DEFAULT_ERROR_FEEDBACK as f32)]
+    pub(crate) error_feedback: f32,
+    /// Outer learning rate of the runs with error feedback (default: --outer-lr).
+    #[arg(long)]
+    pub(crate) ef_outer_lr: Option<f32>,
+    /// Outer Nesterov momentum of the runs with error feedback (default: --outer-momentum).
+    #[arg(long)]
+    pub(crate) ef_outer_momentum: Option<f32>,
     /// One more DiLoCo run in this mode (overlap, streaming; repeatable): each all-reduce lands
     /// one round late, beside the next round's inner steps, with --mode-codec; its final eval
     /// loss must end within 1% of sync DiLoCo fp32's at equal tokens (a claim checked).

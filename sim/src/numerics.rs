@@ -55,8 +55,7 @@ impl Synthetic {
 
 /// The outer optimiser settings of a scenario.
 pub fn outer_config(s: &Scenario) -> OuterConfig {
-    let d = s.diloco();
-    OuterConfig { lr: d.outer_lr as f32, momentum: d.outer_momentum as f32, nesterov: d.nesterov }
+    loco_core::node::config::outer_config(s)
 }
 
 #[cfg(test)]

@@ -477,7 +477,12 @@ pub(crate) fn run(args: &QualityBench) -> Result<QualityReport> {
             lr: args.outer_lr,
             momentum: args.outer_momentum,
             nesterov: true,
+            feedback: None,
         },
+        ef_outer: (
+            args.ef_outer_lr.unwrap_or(args.outer_lr),
+            args.ef_outer_momentum.unwrap_or(args.outer_momentum),
+        ),
         start: None,
     };
     let start = plan.pretrain(args.pretrain_steps)?;
@@ -491,7 +496,22 @@ pub(crate) fn run(args: &QualityBench) -> Result<QualityReport> {
             also_codecs.push(c);
         }
     }
-    let also = also_codecs.iter().map(|&c| plan.diloco(c)).collect::<Result<Vec<_>>>()?;
+    // A gathering codec runs with error feedback and without, to show what it buys.
+    let mut also_runs: Vec<(String, CodecKind, Option<f32>)> = Vec::new();
+    for &c in &also_codecs {
+        if c.sums_in_ring() {
+            also_runs.push((c.to_string(), c, None));
+        } else {
+            let beta = args.error_feedback;
+            also_runs.push((c.to_string(), c, Some(beta)));
+            also_runs.push((format!("{c}, no error feedback"), c, None));
+        }
+    }
+    let also = also_runs
+        .iter()
+        .map(|(_, c, ef)| plan.diloco_with(*c, *ef))
+        .collect::<Result<Vec<_>>>()?;
+    let also_codecs: Vec<String> = also_runs.into_iter().map(|(l, ..)| l).collect();
     let mut modes: Vec<loco_core::diloco::Mode> = Vec::new();
     for &m in &args.modes {
         if m != loco_core::diloco::Mode::Sync && !modes.contains(&m) {
@@ -541,7 +561,7 @@ fn judge(
     single: &RunReport,
     fp32: &RunReport,
     uint8: &RunReport,
-    also_codecs: &[loco_core::codec::CodecKind],
+    also_codecs: &[String],
     also: &[RunReport],
     mode_runs: &[RunReport],
 ) -> (Claims, Vec<ModeClaim>, Vec<AlsoCodec>) {
@@ -574,7 +594,7 @@ fn judge(
         .iter()
         .zip(also)
         .map(|(c, r)| AlsoCodec {
-            codec: c.to_string(),
+            codec: c.clone(),
             vs_fp32: r.final_eval_loss / fp32.final_eval_loss - 1.0,
         })
         .collect();
@@ -616,6 +636,8 @@ struct Plan<'a> {
     outer_steps: u64,
     seed: u64,
     outer: loco_core::diloco::OuterConfig,
+    /// The outer learning rate and momentum of the runs with error feedback.
+    ef_outer: (f32, f32),
     /// The state every run starts from, after pretraining.
     start: Option<&'a loco_real::train::TrainerState>,
 }
@@ -807,19 +829,25 @@ impl Plan<'_> {
         })
     }
 
-    /// Runs 2 and 3 (and the `--also-codec` runs): DiLoCo with `codec`.
+    /// Runs 2 and 3: DiLoCo with `codec`.
     fn diloco(&self, codec: loco_core::codec::CodecKind) -> Result<RunReport> {
-        use loco_core::codec::CodecKind;
-        use loco_core::diloco::{OuterState, buckets_from_sizes};
-        let name = match codec {
-            CodecKind::Fp32 => "diloco-fp32",
-            CodecKind::Uint8 => "diloco-uint8",
-            CodecKind::Fp16 => "diloco-fp16",
-            CodecKind::Bf16 => "diloco-bf16",
-            CodecKind::Int8Block => "diloco-int8-block",
-            CodecKind::Int4Block => "diloco-int4-block",
+        self.diloco_with(codec, None)
+    }
+
+    /// DiLoCo with `codec` and error feedback of decay `feedback` (the `--also-codec` runs):
+    /// each worker contributes `beta * residual + pseudo-gradient` and keeps what its codec did
+    /// not send, as a node does ([`OuterState::add_residual`](loco_core::diloco::OuterState::add_residual)).
+    fn diloco_with(
+        &self,
+        codec: loco_core::codec::CodecKind,
+        feedback: Option<f32>,
+    ) -> Result<RunReport> {
+        use loco_core::diloco::{OuterState, SentContribution, buckets_from_sizes};
+        let name = match feedback {
+            Some(_) => format!("diloco-{}-ef", codec.name()),
+            None => format!("diloco-{}", codec.name()),
         };
-        let mut rec = Recorder::new(name);
+        let mut rec = Recorder::new("diloco");
         let w = self.workers;
         let mut trainers =
             (0..w).map(|_| self.trainer(self.cfg.clone())).collect::<Result<Vec<_>>>()?;
@@ -828,8 +856,17 @@ impl Plan<'_> {
             .collect::<Result<Vec<_>>>()?;
         let init = trainers[0].flat_params()?;
         let buckets = buckets_from_sizes(trainers[0].param_layout());
+        let outer_cfg = match feedback {
+            Some(_) => loco_core::diloco::OuterConfig {
+                feedback,
+                lr: self.ef_outer.0,
+                momentum: self.ef_outer.1,
+                ..self.outer
+            },
+            None => self.outer,
+        };
         let mut outers = (0..w)
-            .map(|_| OuterState::new(self.outer, init.clone(), buckets.clone()))
+            .map(|_| OuterState::new(outer_cfg, init.clone(), buckets.clone()))
             .collect::<Result<Vec<_>, _>>()?;
         let total = self.total_steps();
         rec.checkpoint(0, self.eval_loss(&trainers[0])?, total);
@@ -847,6 +884,17 @@ impl Plan<'_> {
                 }
                 t.flat_params_into(&mut inner)?;
                 o.compute_pseudo_gradient(&inner)?;
+                o.add_residual();
+            }
+            // What each worker's codec sends (a gathering ring sends the whole contribution
+            // in segments of the default size): error feedback keeps the rest. Every worker's
+            // contribution counts here, so the residual is taken before the average.
+            if feedback.is_some() && !codec.sums_in_ring() {
+                let seg = loco_core::allreduce::DEFAULT_SEGMENT_ELEMS;
+                for o in outers.iter_mut() {
+                    let sent = SentContribution::encode(codec, o.pseudo_gradient(), seg);
+                    o.keep_residual(&sent);
+                }
             }
             bytes += average(&mut outers, codec, outer_step)?;
             for (t, o) in trainers.iter_mut().zip(&mut outers) {

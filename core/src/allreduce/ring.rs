@@ -357,6 +357,22 @@ impl<'a> RingAllReduce<'a> {
         Ok(())
     }
 
+    /// What a gathering ring sent of this node's own contribution: its encoded segments, each
+    /// with its range of the values (empty for a summing ring or virtual values).
+    pub fn own_sent(&self) -> Vec<(Range<usize>, bytes::Bytes)> {
+        let Some(g) = self.gather.as_ref() else { return Vec::new() };
+        let len = self.payload.len();
+        let seg = self.cfg.segment_elems;
+        g.parts[self.rank]
+            .iter()
+            .enumerate()
+            .filter_map(|(j, b)| match b {
+                Some(Body::Bytes(b)) => Some((segment_range(&(0..len), seg, j), b.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// The total weight of a gathering ring's contributions, once they are all here.
     pub fn gathered_weight(&self) -> Option<f64> {
         let g = self.gather.as_ref()?;

@@ -38,7 +38,12 @@ pub struct UnknownNode(pub NodeId, pub usize);
 /// The outer optimiser of a scenario's `[diloco]` table.
 pub fn outer_config(s: &Scenario) -> OuterConfig {
     let d = s.diloco();
-    OuterConfig { lr: d.outer_lr as f32, momentum: d.outer_momentum as f32, nesterov: d.nesterov }
+    OuterConfig {
+        lr: d.outer_lr as f32,
+        momentum: d.outer_momentum as f32,
+        nesterov: d.nesterov,
+        feedback: d.error_feedback.map(|b| b as f32),
+    }
 }
 
 /// Local shards (GPUs) of a node spec, as the rings count them.

@@ -303,6 +303,28 @@ impl ShardRings {
         sums
     }
 
+    /// What this node's codec sent of its contribution, for error feedback: `None` unless the
+    /// codec gathers ([`CodecKind::sums_in_ring`] false), the values are real and the node's
+    /// weight counted.
+    pub fn own_sent(&self) -> Option<crate::diloco::SentContribution> {
+        if !self.real || self.start.weight.get() <= 0.0 {
+            return None;
+        }
+        let codec = self.rings.first()?.config().codec;
+        if codec.sums_in_ring() {
+            return None;
+        }
+        let (len, g) = (self.rings.iter().map(RingAllReduce::len).sum(), self.rings.len());
+        let mut parts = Vec::new();
+        for (s, r) in self.rings.iter().enumerate() {
+            let at = chunk_range(len, g, s).start;
+            for (range, b) in r.own_sent() {
+                parts.push((range.start + at..range.end + at, b));
+            }
+        }
+        Some(crate::diloco::SentContribution { codec, parts })
+    }
+
     /// Whether the values are real (not lengths only).
     pub fn is_real(&self) -> bool {
         self.real

@@ -409,7 +409,14 @@ pub struct DilocoSpec {
     pub batch_tokens: u64,
     /// Pipelining unit of the ring all-reduce in bytes, if set.
     pub segment: Option<u64>,
+    /// Error feedback's decay `beta` (`error_feedback`, in (0, 1]), or `None` for none: on by
+    /// default with the `sparse` codec ([`DEFAULT_ERROR_FEEDBACK`]), which alone drops enough of
+    /// a contribution to need it, and only in sync mode.
+    pub error_feedback: Option<f64>,
 }
+
+/// The default decay of error feedback's residual with the `sparse` codec.
+pub const DEFAULT_ERROR_FEEDBACK: f64 = 1.0;
 
 /// Streaming DiLoCo's default number of fragments.
 pub const STREAMING_FRAGMENTS: u32 = 4;
@@ -577,6 +584,7 @@ impl Default for DilocoSpec {
             z_loss: 2e-4,
             batch_tokens: 1_048_576,
             segment: None,
+            error_feedback: None,
         }
     }
 }

@@ -172,6 +172,10 @@ pub(crate) struct RawDiloco {
     pub(crate) fragments: Option<u32>,
     pub(crate) mix: Option<f64>,
     pub(crate) sync_delay: Option<u64>,
+    pub(crate) sparse_density: Option<f64>,
+    pub(crate) sparse_chunk: Option<u32>,
+    pub(crate) sparse_bits: Option<u8>,
+    pub(crate) error_feedback: Option<f64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]

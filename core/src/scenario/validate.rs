@@ -19,7 +19,7 @@ use super::{
     NodeSpec, Numerics, Precision, Preset, Published, RealSpec, Region, RegionId, Scenario,
     SimSpec, Stop, TcpKind,
 };
-use crate::codec::CodecKind;
+use crate::codec::{CodecKind, SparseSpec};
 use crate::diloco::Mode;
 use crate::ids::NodeId;
 use crate::mesh::{JoinMode, MeshConfig, RingOrder};
@@ -191,6 +191,7 @@ fn diloco(d: &RawDiloco) -> R<DilocoSpec> {
         })?,
         None => def.mode,
     };
+    let (codec, error_feedback) = sparse(&p, d, codec, mode)?;
     let inner_steps =
         at_least_one(&p.key("inner_steps"), d.inner_steps.unwrap_or(def.inner_steps))?;
     let fragments = fragments(&p, mode, d.fragments, inner_steps)?;
@@ -245,7 +246,59 @@ fn diloco(d: &RawDiloco) -> R<DilocoSpec> {
             d.batch_tokens.unwrap_or(def.batch_tokens),
         )?,
         segment: segment(&p, d.segment.as_ref())?,
+        error_feedback,
     })
+}
+
+/// The `sparse` codec's parameters (`sparse_density`, `sparse_chunk`, `sparse_bits`, only with
+/// it) and `error_feedback` (only with it, and only in sync mode: the overlapped modes' merges
+/// have no place for a residual yet).
+fn sparse(
+    p: &FieldPath,
+    d: &RawDiloco,
+    codec: CodecKind,
+    mode: Mode,
+) -> R<(CodecKind, Option<f64>)> {
+    let CodecKind::Sparse(def) = codec else {
+        for (key, set) in [
+            ("sparse_density", d.sparse_density.is_some()),
+            ("sparse_chunk", d.sparse_chunk.is_some()),
+            ("sparse_bits", d.sparse_bits.is_some()),
+            ("error_feedback", d.error_feedback.is_some_and(|b| b != 0.0)),
+        ] {
+            if set {
+                return Err(conflict(&p.key(key), "applies only with codec = \"sparse\""));
+            }
+        }
+        return Ok((codec, None));
+    };
+    let chunk = d.sparse_chunk.unwrap_or(def.chunk);
+    if !(SparseSpec::MIN_CHUNK..=SparseSpec::MAX_CHUNK).contains(&chunk) {
+        let want = format!("an integer in {}..={}", SparseSpec::MIN_CHUNK, SparseSpec::MAX_CHUNK);
+        return Err(expected(&p.key("sparse_chunk"), want, chunk));
+    }
+    let bits = d.sparse_bits.unwrap_or(def.bits);
+    if !(2..=8).contains(&bits) {
+        return Err(expected(&p.key("sparse_bits"), "an integer in 2..=8", bits));
+    }
+    let spec = match d.sparse_density {
+        Some(x) if x.is_finite() && x > 0.0 && x <= 1.0 => SparseSpec::with_density(chunk, x, bits),
+        Some(x) => return Err(expected(&p.key("sparse_density"), "a number in (0, 1]", x)),
+        None => SparseSpec::with_density(chunk, def.density(), bits),
+    };
+    let feedback = match d.error_feedback {
+        Some(b) if b == 0.0 => None,
+        Some(b) if b.is_finite() && b > 0.0 && b <= 1.0 => Some(b),
+        Some(b) => return Err(expected(&p.key("error_feedback"), "a number in [0, 1]", b)),
+        None => Some(super::DEFAULT_ERROR_FEEDBACK),
+    };
+    if feedback.is_some() && mode != Mode::Sync {
+        return Err(conflict(
+            &p.key("error_feedback"),
+            "error feedback runs in sync mode only: set error_feedback = 0 or mode = \"sync\"",
+        ));
+    }
+    Ok((CodecKind::Sparse(spec), feedback))
 }
 
 /// `fragments`: streaming DiLoCo's, a divisor of `inner_steps`; 1 in the other modes.

@@ -142,6 +142,8 @@ pub struct OuterJob {
     /// Overlap and streaming modes: the pseudo-gradient is the end of a round
     /// ([`OuterState::overlap_round`]); a commit averages only this fragment.
     pub(super) round: Option<RoundJob>,
+    /// Commit: what this node's codec sent of its contribution (error feedback's residual).
+    pub(super) sent: Option<crate::diloco::SentContribution>,
     /// Threads of the element-wise passes ([`run_sharded`](Self::run_sharded)).
     shards: usize,
     done: bool,
@@ -175,6 +177,7 @@ impl OuterJob {
             snapshot: None,
             params,
             round: None,
+            sent: None,
             shards: 1,
             done: false,
         }
@@ -252,6 +255,9 @@ impl OuterJob {
                 // A NaN times weight 0 is still NaN: a withheld pseudo-gradient goes in as zeros.
                 if computed != Some(0) {
                     self.outer.pseudo_gradient_mut().fill(0.0);
+                } else {
+                    // Error feedback: the contribution carries what was not sent before.
+                    self.outer.add_residual();
                 }
                 if self.want_copy {
                     // The inner weights' buffer becomes the copy: no allocation.
@@ -264,6 +270,9 @@ impl OuterJob {
             }
             OuterKind::Commit => match self.values.as_deref() {
                 Some(avg) if avg.len() == self.outer.len() => {
+                    if let Some(sent) = &self.sent {
+                        self.outer.keep_residual(sent);
+                    }
                     self.outer.pseudo_gradient_mut().copy_from_slice(avg);
                     self.outer.apply_outer_step_sharded(self.shards);
                 }

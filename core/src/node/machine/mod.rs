@@ -197,6 +197,8 @@ pub enum Work {
         op: u64,
         /// The average (empty with virtual numerics).
         average: Option<Vec<f32>>,
+        /// What this node's codec sent of its contribution (error feedback).
+        sent: Option<crate::diloco::SentContribution>,
     },
     /// The member stopped.
     Stopped,

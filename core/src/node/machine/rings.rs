@@ -108,6 +108,7 @@ impl Node {
             self.effects.push_back(Effect::Check(c));
         }
         let own = r.own_norm;
+        let sent = r.rings.own_sent();
         // Virtual values reduce to an empty average (the step is counted all the same).
         let values = r.rings.into_values();
         let norms = match &values {
@@ -118,7 +119,7 @@ impl Node {
             tracing::debug!(target: "loco_core", "{}: done refused: {e}", self.cfg.id);
         }
         let average = Some(values.unwrap_or_default());
-        self.work = Work::Reduced { epoch: s.epoch, op: s.op, average };
+        self.work = Work::Reduced { epoch: s.epoch, op: s.op, average, sent };
     }
 
     /// One collective frame through the inbox into the running rings.

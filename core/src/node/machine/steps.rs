@@ -210,9 +210,9 @@ impl Node {
 
     /// The member commits `step`: the attempt's average goes to the commit's job.
     pub(super) fn commit(&mut self, epoch: Epoch, step: u64, now: Time) {
-        let result = match std::mem::replace(&mut self.work, Work::Idle) {
-            Work::Reduced { epoch: e, average, .. } if e == epoch => Some(average),
-            _ => None,
+        let (result, sent) = match std::mem::replace(&mut self.work, Work::Idle) {
+            Work::Reduced { epoch: e, average, sent, .. } if e == epoch => (Some(average), sent),
+            _ => (None, None),
         };
         if result.is_none() {
             self.violation(Violation::CommitWithoutResult { outer_step: step, epoch });
@@ -228,6 +228,7 @@ impl Node {
         }
         let Some(mut job) = self.lend(OuterKind::Commit, step, now) else { return };
         job.values = result.flatten();
+        job.sent = sent;
         job.round = self.round_job(step, false);
         self.work = Work::Outer { then: AfterOuter::Commit { epoch, outer_step: step } };
         self.effects.push_back(Effect::Outer(job));
