@@ -507,10 +507,8 @@ pub(crate) fn run(args: &QualityBench) -> Result<QualityReport> {
             also_runs.push((format!("{c}, no error feedback"), c, None));
         }
     }
-    let also = also_runs
-        .iter()
-        .map(|(_, c, ef)| plan.diloco_with(*c, *ef))
-        .collect::<Result<Vec<_>>>()?;
+    let also =
+        also_runs.iter().map(|(_, c, ef)| plan.diloco_with(*c, *ef)).collect::<Result<Vec<_>>>()?;
     let also_codecs: Vec<String> = also_runs.into_iter().map(|(l, ..)| l).collect();
     let mut modes: Vec<loco_core::diloco::Mode> = Vec::new();
     for &m in &args.modes {
@@ -908,7 +906,7 @@ impl Plan<'_> {
             last_train = rec.checkpoint(step, self.eval_loss(&trainers[0])?, total);
         }
         Ok(RunReport {
-            name: name.into(),
+            name,
             workers: w,
             steps_per_worker: total,
             compute_batches: total * w as u64,

@@ -3,7 +3,7 @@ use proptest::prelude::*;
 
 /// Plain SGD with lr 1: an outer step subtracts the average, so sums are exact in binary.
 fn sgd() -> OuterConfig {
-    OuterConfig { lr: 1.0, momentum: 0.0, nesterov: false }
+    OuterConfig { lr: 1.0, momentum: 0.0, nesterov: false, feedback: None }
 }
 
 /// Rounds of overlapped or streaming DiLoCo on `n` nodes, each taking `progress[r][i]` as

@@ -55,18 +55,24 @@ fn diloco_arithmetic_checked_by_hand() {
 
 #[test]
 fn second_nesterov_step_uses_the_momentum() {
-    let mut s =
-        OuterState::new(OuterConfig { lr: 0.5, momentum: 0.9, nesterov: true }, vec![0.0], vec![])
-            .unwrap();
+    let mut s = OuterState::new(
+        OuterConfig { lr: 0.5, momentum: 0.9, nesterov: true, feedback: None },
+        vec![0.0],
+        vec![],
+    )
+    .unwrap();
     s.pseudo_gradient_mut()[0] = 1.0;
     s.apply_outer_step(); // buf = 1, w = -0.5*(1 + 0.9) = -0.95
     s.pseudo_gradient_mut()[0] = 2.0;
     s.apply_outer_step(); // buf = 0.9 + 2 = 2.9, w = -0.95 - 0.5*(2 + 0.9*2.9) = -3.255
     assert!((s.outer()[0] + 3.255).abs() < 1e-6, "{}", s.outer()[0]);
     assert!((s.momentum()[0] - 2.9).abs() < 1e-6);
-    let mut plain =
-        OuterState::new(OuterConfig { lr: 0.5, momentum: 0.9, nesterov: false }, vec![0.0], vec![])
-            .unwrap();
+    let mut plain = OuterState::new(
+        OuterConfig { lr: 0.5, momentum: 0.9, nesterov: false, feedback: None },
+        vec![0.0],
+        vec![],
+    )
+    .unwrap();
     plain.pseudo_gradient_mut()[0] = 1.0;
     plain.apply_outer_step();
     assert_eq!(plain.outer()[0], -0.5);
@@ -80,7 +86,7 @@ fn sharded_passes_give_the_same_bits_as_one_thread() {
     let inner: Vec<f32> = w.iter().enumerate().map(|(i, x)| x + (i % 13) as f32 * 1e-4).collect();
     let mut inner_bad = inner.clone();
     inner_bad[2 * SHARD_MIN + 1] = f32::NAN;
-    let cfg = OuterConfig { lr: 0.7, momentum: 0.9, nesterov: true };
+    let cfg = OuterConfig { lr: 0.7, momentum: 0.9, nesterov: true, feedback: None };
     let run = |shards: usize, inner: &[f32]| {
         let mut o = OuterState::new(cfg, w.clone(), Vec::new()).unwrap();
         let mut bad = 0;
@@ -147,4 +153,50 @@ fn buckets_must_tile_and_lengths_are_checked() {
         s.compute_pseudo_gradient(&[1.0]),
         Err(DilocoError::Length { what: "inner weights", expected: 2, got: 1 })
     );
+}
+
+/// Error feedback loses nothing: with decay 1, what the codec sent over the steps plus the
+/// residual left equals the sum of the pseudo-gradients; without it the residual stays empty.
+#[test]
+fn error_feedback_keeps_what_the_codec_did_not_send() {
+    use crate::codec::{CodecKind, SparseSpec};
+    let codec = CodecKind::Sparse(SparseSpec { chunk: 256, keep: 8, bits: 2 });
+    let n = 1000;
+    let cfg = OuterConfig { lr: 1.0, momentum: 0.0, nesterov: false, feedback: Some(1.0) };
+    let mut s = OuterState::new(cfg, vec![0.0f32; n], vec![]).unwrap();
+    let mut pseudo = vec![0.0f64; n];
+    let mut sent_total = vec![0.0f64; n];
+    for step in 0..20u64 {
+        let inner: Vec<f32> = (0..n)
+            .map(|i| ((i as u64 * 7919 + step * 104_729) % 1000) as f32 / 1e4 - 0.05)
+            .collect();
+        let outer_now = s.outer().to_vec();
+        s.compute_pseudo_gradient(&inner).unwrap();
+        for (p, (o, i)) in pseudo.iter_mut().zip(outer_now.iter().zip(&inner)) {
+            *p += f64::from(o - i);
+        }
+        s.add_residual();
+        let sent = SentContribution::encode(codec, s.pseudo_gradient(), 300);
+        s.keep_residual(&sent);
+        let mut decoded = vec![0.0f32; n];
+        for (r, b) in &sent.parts {
+            codec.codec().decode(b, &mut decoded[r.clone()]);
+        }
+        for (t, d) in sent_total.iter_mut().zip(&decoded) {
+            *t += f64::from(*d);
+        }
+        // The average of one node is what it sent: the outer step moves by it.
+        s.put_pseudo_gradient(decoded).unwrap();
+        s.apply_outer_step();
+    }
+    for i in 0..n {
+        let kept = sent_total[i] + f64::from(s.residual()[i]);
+        assert!((kept - pseudo[i]).abs() < 1e-4, "{i}: {kept} vs {}", pseudo[i]);
+    }
+    assert!(s.residual().iter().any(|e| *e != 0.0));
+    // Without error feedback: no residual, and the contribution is the pseudo-gradient.
+    let plain = OuterState::new(OuterConfig::default(), vec![0.0f32; 4], vec![]).unwrap();
+    assert!(plain.residual().is_empty());
+    let mut plain = plain;
+    assert!(plain.set_residual(vec![0.0; 4]).is_err());
 }

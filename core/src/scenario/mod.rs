@@ -69,6 +69,15 @@
 //!                              # inner_steps / fragments): the inner steps after a sync at which
 //!                              # its average is merged; a divisor of that round
 //! codec = "uint8"              # default "uint8"; fp32 | fp16 | bf16 | uint8 | int8-block | int4-block
+//!                              # | sparse (top-k per chunk, gathered whole: each member sums
+//!                              # every contribution; a ring of W sends W - 1 of them)
+//! sparse_density = 0.01        # sparse only; default 0.01; in (0, 1]: the share of each chunk kept
+//! sparse_chunk = 4096          # sparse only; default 4096; 256..=65536 values per chunk
+//! sparse_bits = 2              # sparse only; default 2; 2..=8 bits a kept value (sign + level)
+//! error_feedback = 1.0         # sparse only; default 1.0 with it; in [0, 1], 0 = off: the decay of
+//!                              # the residual a node keeps of what its codec did not send (added
+//!                              # to its next pseudo-gradient; local, not in the replicated state:
+//!                              # a joiner or a resumed node starts it at zero); sync mode only
 //! outer_lr = 0.7               # default 0.7; > 0
 //! outer_momentum = 0.9         # default 0.9; in [0, 1)
 //! nesterov = true              # default true

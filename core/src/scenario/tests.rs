@@ -1,4 +1,5 @@
 use super::*;
+use crate::codec::SparseSpec;
 use crate::mesh::JoinMode;
 
 /// Two regions, three nodes, a link for every pair.
@@ -770,8 +771,38 @@ fn value_constraints() {
     assert_msg(
         &src,
         "\"int4\"",
-        r#"diloco.codec: expected one of "fp32", "fp16", "bf16", "uint8", "int8-block", "int4-block", got "int4""#,
+        r#"diloco.codec: expected one of "fp32", "fp16", "bf16", "uint8", "int8-block", "int4-block", "sparse", got "int4""#,
     );
+    // The sparse codec's parameters: in range, only with it, error feedback in sync mode only.
+    for (extra, want) in [
+        ("sparse_density = 0.5", "sparse_density: applies only with codec = \"sparse\""),
+        (
+            "codec = \"sparse\"\nsparse_density = 0",
+            "sparse_density: expected a number in (0, 1], got 0",
+        ),
+        (
+            "codec = \"sparse\"\nsparse_chunk = 100",
+            "sparse_chunk: expected an integer in 256..=65536, got 100",
+        ),
+        ("codec = \"sparse\"\nsparse_bits = 1", "sparse_bits: expected an integer in 2..=8, got 1"),
+        (
+            "codec = \"sparse\"\nerror_feedback = 1.5",
+            "error_feedback: expected a number in [0, 1], got 1.5",
+        ),
+        ("codec = \"sparse\"\nmode = \"overlap\"", "error feedback runs in sync mode only"),
+    ] {
+        let e = err(&format!("{BASE}[diloco]\n{extra}\n")).to_string();
+        assert!(e.contains(want), "{extra}: {e}");
+    }
+    let ok = |extra: &str| {
+        let src = format!("{BASE}[diloco]\n{extra}\n");
+        Scenario::from_toml_str(&src, "t.toml").unwrap_or_else(|e| panic!("{e}"))
+    };
+    let s = ok("codec = \"sparse\"\nsparse_density = 0.02\nsparse_bits = 4\nsparse_chunk = 1024");
+    assert_eq!(s.diloco().codec, CodecKind::Sparse(SparseSpec { chunk: 1024, keep: 20, bits: 4 }));
+    assert_eq!(s.diloco().error_feedback, Some(crate::scenario::DEFAULT_ERROR_FEEDBACK));
+    let s = ok("codec = \"sparse\"\nmode = \"overlap\"\nerror_feedback = 0");
+    assert_eq!(s.diloco().error_feedback, None);
     let src = format!("{BASE}[diloco]\nmode = \"eager\"\n");
     assert_msg(
         &src,

@@ -287,7 +287,7 @@ fn sparse(
         None => SparseSpec::with_density(chunk, def.density(), bits),
     };
     let feedback = match d.error_feedback {
-        Some(b) if b == 0.0 => None,
+        Some(0.0) => None,
         Some(b) if b.is_finite() && b > 0.0 && b <= 1.0 => Some(b),
         Some(b) => return Err(expected(&p.key("error_feedback"), "a number in [0, 1]", b)),
         None => Some(super::DEFAULT_ERROR_FEEDBACK),

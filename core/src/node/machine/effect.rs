@@ -143,7 +143,7 @@ pub struct OuterJob {
     /// ([`OuterState::overlap_round`]); a commit averages only this fragment.
     pub(super) round: Option<RoundJob>,
     /// Commit: what this node's codec sent of its contribution (error feedback's residual).
-    pub(super) sent: Option<crate::diloco::SentContribution>,
+    pub(super) sent: Option<Box<crate::diloco::SentContribution>>,
     /// Threads of the element-wise passes ([`run_sharded`](Self::run_sharded)).
     shards: usize,
     done: bool,

@@ -228,7 +228,7 @@ impl Node {
         }
         let Some(mut job) = self.lend(OuterKind::Commit, step, now) else { return };
         job.values = result.flatten();
-        job.sent = sent;
+        job.sent = sent.map(Box::new);
         job.round = self.round_job(step, false);
         self.work = Work::Outer { then: AfterOuter::Commit { epoch, outer_step: step } };
         self.effects.push_back(Effect::Outer(job));
