@@ -207,14 +207,23 @@ pub enum Buffer {
     ExpAvg,
     /// AdamW's second moment.
     ExpAvgSq,
+    /// Error feedback's residual: what this node's codec has not sent yet (sparse codec).
+    Residual,
 }
 
 impl Buffer {
     /// Every buffer, in the order of [`Meta::buffers`].
-    pub const ALL: [Buffer; 5] =
-        [Buffer::Outer, Buffer::Momentum, Buffer::Params, Buffer::ExpAvg, Buffer::ExpAvgSq];
+    pub const ALL: [Buffer; 6] = [
+        Buffer::Outer,
+        Buffer::Momentum,
+        Buffer::Params,
+        Buffer::ExpAvg,
+        Buffer::ExpAvgSq,
+        Buffer::Residual,
+    ];
 
-    /// The prefix of its tensor names: `outer`, `momentum`, `params`, `exp_avg`, `exp_avg_sq`.
+    /// The prefix of its tensor names: `outer`, `momentum`, `params`, `exp_avg`, `exp_avg_sq`,
+    /// `residual`.
     pub fn name(self) -> &'static str {
         match self {
             Buffer::Outer => "outer",
@@ -222,6 +231,7 @@ impl Buffer {
             Buffer::Params => "params",
             Buffer::ExpAvg => "exp_avg",
             Buffer::ExpAvgSq => "exp_avg_sq",
+            Buffer::Residual => "residual",
         }
     }
 
@@ -255,6 +265,8 @@ pub struct Snapshot {
     pub exp_avg: Vec<f32>,
     /// AdamW's second moment.
     pub exp_avg_sq: Vec<f32>,
+    /// Error feedback's residual (empty without error feedback).
+    pub residual: Vec<f32>,
 }
 
 impl fmt::Debug for Snapshot {
@@ -270,6 +282,7 @@ impl fmt::Debug for Snapshot {
             .field("params", &self.params.len())
             .field("exp_avg", &self.exp_avg.len())
             .field("exp_avg_sq", &self.exp_avg_sq.len())
+            .field("residual", &self.residual.len())
             .finish()
     }
 }
@@ -293,6 +306,7 @@ impl Snapshot {
             params: trainer.params,
             exp_avg: trainer.exp_avg,
             exp_avg_sq: trainer.exp_avg_sq,
+            residual: Vec::new(),
         }
     }
 
@@ -315,6 +329,7 @@ impl Snapshot {
             Buffer::Params => &self.params,
             Buffer::ExpAvg => &self.exp_avg,
             Buffer::ExpAvgSq => &self.exp_avg_sq,
+            Buffer::Residual => &self.residual,
         }
     }
 
@@ -325,6 +340,7 @@ impl Snapshot {
             Buffer::Params => &mut self.params,
             Buffer::ExpAvg => &mut self.exp_avg,
             Buffer::ExpAvgSq => &mut self.exp_avg_sq,
+            Buffer::Residual => &mut self.residual,
         }
     }
 

@@ -59,6 +59,7 @@ fn snapshot(step: u64) -> Snapshot {
         params: values(n, 200 + step as u32),
         exp_avg: values(n, 300 + step as u32),
         exp_avg_sq: values(n, 400 + step as u32),
+        residual: values(n, 500 + step as u32),
     }
 }
 
@@ -127,7 +128,7 @@ fn save_then_load_is_bit_exact_with_its_metadata() {
     assert_eq!(m.buffers, Buffer::ALL.to_vec());
     // Test case 15: the digests recorded at save are those of the state, and verified at load.
     assert_eq!(m.digests, s.digests());
-    assert_eq!(m.digests.len(), 5 * 4);
+    assert_eq!(m.digests.len(), 6 * 4);
     assert!(m.digests.values().all(|d| d.to_string().len() == 64));
     let pos: DataPosition = serde_json::from_value(m.data_position.clone()).unwrap();
     assert_eq!(pos, DataPosition { epoch: 1, offset: 47 });
@@ -153,12 +154,19 @@ fn the_same_snapshot_gives_the_same_tensor_file() {
 fn absent_buffers_round_trip_empty() {
     let root = tempfile::tempdir().unwrap();
     let mut ck = Checkpointer::new(config(root.path(), 1, None)).unwrap();
-    let s = Snapshot { exp_avg: Vec::new(), exp_avg_sq: Vec::new(), ..snapshot(1) };
+    // Error feedback off: no residual either.
+    let s = Snapshot {
+        exp_avg: Vec::new(),
+        exp_avg_sq: Vec::new(),
+        residual: Vec::new(),
+        ..snapshot(1)
+    };
     save_now(&mut ck, s.clone());
     let loaded = latest(root.path(), "node-a").unwrap().unwrap();
     assert_eq!(loaded.meta.buffers, [Buffer::Outer, Buffer::Momentum, Buffer::Params]);
     assert_eq!(loaded.meta.digests.len(), 3 * 4);
     assert!(loaded.snapshot.exp_avg.is_empty() && loaded.snapshot.exp_avg_sq.is_empty());
+    assert!(loaded.snapshot.residual.is_empty());
     assert_same(&loaded.snapshot, &s);
 }
 

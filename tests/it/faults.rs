@@ -399,7 +399,14 @@ fn a_coordinator_paused_for_three_heartbeat_timeouts_evicts_nobody() {
 /// the same loss, as the run that was never interrupted.
 #[test]
 fn a_run_resumed_from_a_checkpoint_continues_exactly() {
-    resume_continues_exactly(&["--synthetic-params", "20000"]);
+    resume_continues_exactly(&["--synthetic-params", "20000"], None);
+}
+
+/// The same with the sparse codec: error feedback's residual, which the next contributions add,
+/// comes back from the checkpoint exactly (a residual restarted at zero sends other values).
+#[test]
+fn a_sparse_run_resumed_from_a_checkpoint_continues_exactly() {
+    resume_continues_exactly(&["--synthetic-params", "20000"], Some("sparse"));
 }
 
 /// The same with the tiny Llama: parameters, AdamW moments and step, the schedule and the data
@@ -407,12 +414,12 @@ fn a_run_resumed_from_a_checkpoint_continues_exactly() {
 #[cfg(feature = "torch")]
 #[test]
 fn the_tiny_model_resumed_from_a_checkpoint_continues_exactly() {
-    resume_continues_exactly(&[]);
+    resume_continues_exactly(&[], None);
 }
 
-fn resume_continues_exactly(model: &[&str]) {
+fn resume_continues_exactly(model: &[&str], codec: Option<&str>) {
     let ctx = TestContext::new();
-    let s = resumable_scenario(&ctx);
+    let s = resumable_scenario(&ctx, codec);
     let full = launch_model(&ctx, s.to_str().unwrap(), model);
     assert_eq!(full.steps_with_identical_replicas(), 12);
     // Resume from step 6 in a copy of the checkpoints (the resumed run writes its own).
@@ -442,8 +449,12 @@ fn resume_continues_exactly(model: &[&str]) {
 
 /// Two nodes (a ring of two has one order, so the sums are the same run to run), no churn,
 /// 12 outer steps, every checkpoint kept.
-fn resumable_scenario(ctx: &TestContext) -> PathBuf {
-    let text = std::fs::read_to_string(TestContext::repo().join(scenario("leave"))).unwrap();
+fn resumable_scenario(ctx: &TestContext, codec: Option<&str>) -> PathBuf {
+    let mut text = std::fs::read_to_string(TestContext::repo().join(scenario("leave"))).unwrap();
+    if let Some(c) = codec {
+        text = text.replace("codec = \"uint8\"", &format!("codec = \"{c}\""));
+        assert!(text.contains(&format!("codec = \"{c}\"")));
+    }
     let cut = text.find("[[churn]]").unwrap();
     let end = text.find("[stop]").unwrap();
     let text = format!("{}{}", &text[..cut], &text[end..])

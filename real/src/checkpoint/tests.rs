@@ -13,7 +13,8 @@ fn snapshot(n: usize, step: u64) -> Snapshot {
         momentum: v.clone(),
         params: v.clone(),
         exp_avg: v.clone(),
-        exp_avg_sq: v,
+        exp_avg_sq: v.clone(),
+        residual: v,
     }
 }
 

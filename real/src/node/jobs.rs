@@ -34,7 +34,7 @@ pub(super) enum InnerWork {
     Export(StateJob),
     /// A checkpoint of the committed outer state (`steps` outer steps). `dirty`: the inner loop
     /// has moved on since (a stop mid-step): the snapshot's parameters are the outer weights.
-    Checkpoint { steps: u64, outer: Vec<f32>, momentum: Vec<f32>, dirty: bool },
+    Checkpoint { steps: u64, outer: Vec<f32>, momentum: Vec<f32>, residual: Vec<f32>, dirty: bool },
 }
 
 /// What one round of inner steps did.
@@ -112,13 +112,14 @@ fn run<L: InnerLoop>(
             let own = h.inner.export_optimizer();
             InnerOut::Exported(job, own)
         }
-        InnerWork::Checkpoint { steps, outer, momentum, dirty } => {
+        InnerWork::Checkpoint { steps, outer, momentum, residual, dirty } => {
             let Some((ck, _)) = h.checkpointer.as_mut() else { return Ok(InnerOut::Nothing) };
             let (mut trainer, data_position) = h.inner.save_state()?;
             if dirty && trainer.params.len() == outer.len() {
                 trainer.params.copy_from_slice(&outer);
             }
-            let snap = Snapshot::from_trainer(steps, data_position, outer, momentum, trainer);
+            let mut snap = Snapshot::from_trainer(steps, data_position, outer, momentum, trainer);
+            snap.residual = residual;
             InnerOut::Checkpointed { steps, ticket: ck.save(snap) }
         }
     })

@@ -223,14 +223,17 @@ pub async fn run_worker<L: InnerLoop>(
     let cfg = NodeConfig::for_node(&opts.scenario, opts.id, side)?;
     let mut process = Process::new(cfg, opts.incarnation)?;
     if let Some((o, _)) = &resumed {
-        let o = OuterState::restore(
+        let mut again = OuterState::restore(
             outer_config(&opts.scenario),
             o.outer().to_vec(),
             o.momentum().to_vec(),
             Vec::new(),
             o.steps(),
         )?;
-        process.node_mut().resume_from(o)?;
+        if !o.residual().is_empty() {
+            again.set_residual(o.residual().to_vec())?;
+        }
+        process.node_mut().resume_from(again)?;
     }
     let gate = HangGate::default();
     inner.set_gate(gate.clone());
@@ -317,13 +320,23 @@ fn resume<L: InnerLoop>(
     }
     inner.load_state(&ck.snapshot.trainer_state(), &ck.snapshot.data_position)?;
     let snap = ck.snapshot;
-    Ok(OuterState::restore(
-        outer_config(&opts.scenario),
+    let cfg = outer_config(&opts.scenario);
+    let mut o = OuterState::restore(
+        cfg,
         snap.outer,
         snap.momentum,
         buckets_from_sizes(layout),
         snap.outer_step,
-    )?)
+    )?;
+    // Error feedback's residual, exactly as it was; a checkpoint without one (error feedback
+    // off when it was written) starts it at zero, and one the run no longer uses is dropped.
+    if cfg.feedback.is_some() && !snap.residual.is_empty() {
+        o.set_residual(snap.residual)
+            .map_err(|e| bad(format!("its error feedback residual: {e}")))?;
+    } else if !snap.residual.is_empty() {
+        tracing::info!(target: "loco_real", "{}: the checkpoint's error feedback residual is not used (error_feedback is off)", path.display());
+    }
+    Ok(o)
 }
 
 impl<L: InnerLoop> Worker<L> {
@@ -596,14 +609,14 @@ impl<L: InnerLoop> Worker<L> {
         }
         // The commit's job copied the state off the loop; a stop's checkpoint copies it here
         // (the node has left: no heartbeats to keep).
-        let (outer, momentum) = match snapshot {
+        let (outer, momentum, residual) = match snapshot {
             Some(s) if s.outer.len() == o.len() && s.momentum.len() == o.len() => {
-                (s.outer, s.momentum)
+                (s.outer, s.momentum, s.residual)
             }
-            _ => (o.outer().to_vec(), o.momentum().to_vec()),
+            _ => (o.outer().to_vec(), o.momentum().to_vec(), o.residual().to_vec()),
         };
         self.checkpointed = Some(steps);
-        self.queue.push_back(InnerWork::Checkpoint { steps, outer, momentum, dirty });
+        self.queue.push_back(InnerWork::Checkpoint { steps, outer, momentum, residual, dirty });
     }
 
     /// The membership stopped: the outer state and the inner loop come back, a node that holds

@@ -99,6 +99,8 @@ pub struct Snapshot {
     pub outer: Vec<f32>,
     /// The outer optimiser's momentum.
     pub momentum: Vec<f32>,
+    /// Error feedback's residual (empty without it).
+    pub residual: Vec<f32>,
 }
 
 /// What an [`OuterJob`] does.
@@ -296,7 +298,8 @@ impl OuterJob {
         }
         if self.want_snapshot {
             let (outer, momentum) = (self.outer.outer().to_vec(), self.outer.momentum().to_vec());
-            self.snapshot = Some(Snapshot { outer, momentum });
+            let residual = self.outer.residual().to_vec();
+            self.snapshot = Some(Snapshot { outer, momentum, residual });
         }
     }
 }
