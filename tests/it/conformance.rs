@@ -425,6 +425,8 @@ fn allowed(scenario: &str) -> List {
             }
         }
         "crash-in-state-send" => {}
+        // A crash in the inner steps of sync DiLoCo: nothing in flight.
+        "sparse-crash-join" => {}
         // The crash lands in the inner steps while the step before's all-reduce runs beside
         // them: the ring breaks as in a crash in the reduce-scatter.
         "overlap-crash-join" | "overlap-delay-crash-join" | "streaming-crash-join" => {
@@ -700,6 +702,7 @@ scenarios! {
     leave = "leave",
     overlap_crash_join = "overlap-crash-join",
     overlap_delay_crash_join = "overlap-delay-crash-join",
+    sparse_crash_join = "sparse-crash-join",
     streaming_crash_join = "streaming-crash-join",
     two_joiners = "two-joiners",
     two_senders = "two-senders",

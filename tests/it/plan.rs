@@ -112,3 +112,38 @@ fn a_bad_sweep_is_refused_before_anything_runs_naming_the_file_and_the_field() {
         assert!(!ctx.path().join("x").exists(), "nothing written for a bad sweep");
     }
 }
+
+/// The sparse codec's density and bits are scenario fields, so a sweep can take them: denser or
+/// wider values move more bytes.
+#[test]
+fn a_sweep_over_the_sparse_codecs_density_and_bits() {
+    let ctx = TestContext::new();
+    let body = r#"cost = "bytes_per_node_hour"
+[set]
+"stop.outer_steps" = 4
+"sim.numerics" = "virtual"
+"model.preset" = "150m"
+"diloco.codec" = "sparse"
+[target]
+utilization = 0.5
+[[axis]]
+field = "diloco.sparse_density"
+values = [0.01, 0.03]
+[[axis]]
+field = "diloco.sparse_bits"
+values = [2, 4]
+"#;
+    let path = sweep(&ctx, body);
+    let out = ctx.path().join("plan");
+    let o = ctx.loco(&["plan", path.to_str().unwrap(), "--out", out.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("JSON");
+    let points = v["points"].as_array().unwrap();
+    assert_eq!(points.len(), 4);
+    let bytes = |i: usize| points[i]["bytes_per_node_hour"].as_f64().unwrap();
+    // Grid order: (1%, 2 bits), (1%, 4 bits), (3%, 2 bits), (3%, 4 bits).
+    assert!(bytes(0) < bytes(1) && bytes(0) < bytes(2) && bytes(2) < bytes(3), "{v}");
+    for p in points {
+        assert_eq!(p["invariants_ok"], true, "{p}");
+    }
+}

@@ -308,8 +308,8 @@ impl<'a> RingAllReduce<'a> {
         }
     }
 
-    /// Sums the gathered contributions once every one is here: `sum(w_i * decode(c_i)) /
-    /// sum(w_i)` over the ring's ranks in order, the same operations on the same bytes at every
+    /// Sums the gathered contributions once every one is here: `sum((w_i / sum(w)) *
+    /// decode(c_i))` over the ring's ranks in order, the same operations on the same bytes at every
     /// member, so that the replicas are bit-identical. A result that is not finite (finite
     /// values that overflow together) is refused.
     fn finish_gather(&mut self) -> Result<(), BadEncoding> {
@@ -329,25 +329,17 @@ impl<'a> RingAllReduce<'a> {
             if total <= 0.0 {
                 continue;
             }
+            // Each contribution scaled by its share of the weight: no pass over the values but
+            // the clearing, for a codec that touches only what it holds.
             for (w, parts) in g.weights.iter().zip(&g.parts) {
-                let w = w.unwrap_or(0.0) as f32;
+                let w = w.unwrap_or(0.0);
                 let Some(Body::Bytes(b)) = &parts[j] else { continue };
                 if w == 0.0 {
                     continue;
                 }
-                if w == 1.0 {
-                    self.codec.decode_accumulate(b, out);
-                } else {
-                    let tmp = self.scratch.get(out.len());
-                    self.codec.decode(b, tmp);
-                    for (o, x) in out.iter_mut().zip(tmp.iter()) {
-                        *o += w * *x;
-                    }
-                }
-            }
-            let ws = total as f32;
-            for v in out.iter_mut() {
-                *v /= ws;
+                let share = (w / total) as f32;
+                let tmp = self.scratch.get(out.len());
+                self.codec.decode_accumulate_scaled(b, out, share, tmp);
             }
             if let Some(i) = out.iter().position(|v| !v.is_finite()) {
                 let value = out[i];

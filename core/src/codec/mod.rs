@@ -124,7 +124,9 @@ impl CodecKind {
 
     /// How many values an encoding of `bytes` bytes holds: the least `n` whose
     /// [`Codec::encoded_len`] reaches `bytes` (for a whole encoding: its values, or one fewer
-    /// where two lengths share a size, as int4-block packs two values a byte).
+    /// where two lengths share a size, as int4-block packs two values a byte). For `sparse`
+    /// the most `n` whose encoding fits: a last chunk of `keep` values or more weighs what a
+    /// whole one does, and a body of whole chunks holds whole chunks.
     pub fn values_in(self, bytes: u64) -> u64 {
         let c = self.codec();
         let len = |n: u64| c.encoded_len(usize::try_from(n).unwrap_or(usize::MAX)) as u64;
@@ -135,6 +137,18 @@ impl CodecKind {
             _ => 2,
         };
         let (mut lo, mut hi) = (0u64, bytes.saturating_mul(per_byte));
+        if !self.sums_in_ring() {
+            // The largest n with len(n) <= bytes.
+            while lo < hi {
+                let mid = lo + (hi - lo).div_ceil(2);
+                if len(mid) <= bytes {
+                    lo = mid;
+                } else {
+                    hi = mid - 1;
+                }
+            }
+            return lo;
+        }
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
             if len(mid) < bytes {
@@ -280,6 +294,26 @@ pub trait Codec: Send + Sync {
     /// # Panics
     /// When `src.len() != self.encoded_len(dst.len())`.
     fn decode(&self, src: &[u8], dst: &mut [f32]);
+
+    /// `dst[i] += scale * decode(src)[i]`, with `scratch` (at least `dst.len()` values) as
+    /// working space: how a gathering ring sums the contributions. Codecs may fuse the passes
+    /// (the sparse one touches only the values it holds); the result must equal this default's.
+    ///
+    /// # Panics
+    /// When the lengths do not match as for `decode`.
+    fn decode_accumulate_scaled(
+        &self,
+        src: &[u8],
+        dst: &mut [f32],
+        scale: f32,
+        scratch: &mut [f32],
+    ) {
+        let tmp = &mut scratch[..dst.len()];
+        self.decode(src, tmp);
+        for (d, x) in dst.iter_mut().zip(tmp.iter()) {
+            *d += scale * *x;
+        }
+    }
 
     /// One reduce-scatter hop: `dst = encode(weight * own + decode(src))`, with `scratch` (at
     /// least `own.len()` values) as working space. Weight 0 ignores `own` (even NaN). Codecs may

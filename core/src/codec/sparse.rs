@@ -309,6 +309,20 @@ impl Codec for Sparse {
         });
     }
 
+    fn decode_accumulate_scaled(&self, src: &[u8], dst: &mut [f32], scale: f32, _: &mut [f32]) {
+        let want = self.encoded_len(dst.len());
+        assert_eq!(src.len(), want, "sparse decode: {} bytes for {} values", src.len(), dst.len());
+        let n = dst.len();
+        self.chunks(src, n, |start, m, enc| {
+            let out = &mut dst[start..start + m];
+            self.each(enc, m, |i, v| {
+                if let Some(o) = out.get_mut(i) {
+                    *o += scale * v;
+                }
+            });
+        });
+    }
+
     fn decode(&self, src: &[u8], dst: &mut [f32]) {
         dst.fill(0.0);
         self.decode_accumulate(src, dst);
