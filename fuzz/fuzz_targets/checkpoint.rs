@@ -37,6 +37,7 @@ fn pristine() -> &'static Pristine {
             params: v(0.125),
             exp_avg: v(2.0),
             exp_avg_sq: v(4.0),
+            residual: v(0.0625),
         };
         let cfg = CheckpointConfig {
             model: None,

@@ -530,7 +530,8 @@ impl NodeNet {
                 h.paused_left = None;
             }
             Effect::SetParams(w) => h.params = w,
-            Effect::Outer(mut job) => {
+            Effect::Outer(job) => {
+                let mut job = *job;
                 job.run();
                 node.outer_done(now, job);
             }

@@ -462,7 +462,8 @@ impl<L: InnerLoop> Worker<L> {
                 self.queue.push_back(work);
             }
             Effect::SetParams(p) => self.pending.params = Some(p),
-            Effect::Outer(mut job) => {
+            Effect::Outer(job) => {
+                let mut job = *job;
                 // One thread per shard of this node's rings (its GPUs).
                 let shards = usize::from(self.process.node().config().shards.max(1));
                 self.outer_job = Some(tokio::task::spawn_blocking(move || {

@@ -360,7 +360,8 @@ impl Node {
                     m.inner = w;
                 }
             }
-            Effect::Outer(mut job) => {
+            Effect::Outer(job) => {
+                let mut job = *job;
                 // The outer step's O(model) work: a commit takes `[sim] outer_cost` per
                 // parameter of the node's time (the cost measured by `loco bench outer` covers
                 // the pseudo-gradient too, so that job and a skip are free). The machine holds every action but sends meanwhile, as a real worker

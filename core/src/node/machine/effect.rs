@@ -39,7 +39,7 @@ pub enum Effect {
     /// [`OuterJob::run`] (off the event loop where that matters), charge its time if the
     /// executor models one, then give it back with [`Node::outer_done`](super::Node::outer_done).
     /// Until then the machine defers every membership action but its sends.
-    Outer(OuterJob),
+    Outer(Box<OuterJob>),
     /// Encode this node's share of its state for a joiner ([`StateJob::prepare`], O(model)),
     /// then hand it back with [`Node::state_prepared`](super::Node::state_prepared); the
     /// machine queues the pieces as transmits.

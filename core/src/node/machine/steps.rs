@@ -167,7 +167,7 @@ impl Node {
                 job.valid = valid;
                 job.round = round;
                 self.work = Work::Outer { then: AfterOuter::Barrier { outer_step } };
-                self.effects.push_back(Effect::Outer(job));
+                self.effects.push_back(Effect::Outer(Box::new(job)));
             }
             None => self.work = Work::Idle,
         }
@@ -231,7 +231,7 @@ impl Node {
         job.sent = sent.map(Box::new);
         job.round = self.round_job(step, false);
         self.work = Work::Outer { then: AfterOuter::Commit { epoch, outer_step: step } };
-        self.effects.push_back(Effect::Outer(job));
+        self.effects.push_back(Effect::Outer(Box::new(job)));
     }
 
     /// The commit's job of `outer_step` came back: the row of the step is written (at once, or
@@ -276,7 +276,7 @@ impl Node {
         if let Some(mut job) = self.lend(OuterKind::Skip, outer_step, now) {
             job.round = self.round_job(outer_step, false);
             self.work = Work::Outer { then: AfterOuter::Skip { epoch, outer_step, attempts } };
-            self.effects.push_back(Effect::Outer(job));
+            self.effects.push_back(Effect::Outer(Box::new(job)));
         }
     }
 
