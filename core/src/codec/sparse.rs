@@ -295,18 +295,8 @@ impl Codec for Sparse {
     }
 
     fn decode_accumulate(&self, src: &[u8], dst: &mut [f32]) {
-        let want = self.encoded_len(dst.len());
-        assert_eq!(src.len(), want, "sparse decode: {} bytes for {} values", src.len(), dst.len());
-        let n = dst.len();
-        self.chunks(src, n, |start, m, enc| {
-            let out = &mut dst[start..start + m];
-            // An index past a short last chunk is not something `encode` writes: dropped.
-            self.each(enc, m, |i, v| {
-                if let Some(o) = out.get_mut(i) {
-                    *o += v;
-                }
-            });
-        });
+        // `1 * v` is `v`: the same values as an unscaled sum.
+        self.decode_accumulate_scaled(src, dst, 1.0, &mut [])
     }
 
     fn decode_accumulate_scaled(&self, src: &[u8], dst: &mut [f32], scale: f32, _: &mut [f32]) {
@@ -315,6 +305,7 @@ impl Codec for Sparse {
         let n = dst.len();
         self.chunks(src, n, |start, m, enc| {
             let out = &mut dst[start..start + m];
+            // An index past a short last chunk is not something `encode` writes: dropped.
             self.each(enc, m, |i, v| {
                 if let Some(o) = out.get_mut(i) {
                     *o += scale * v;
