@@ -490,26 +490,7 @@ pub(crate) fn run(args: &QualityBench) -> Result<QualityReport> {
     let single = plan.single()?;
     let fp32 = plan.diloco(CodecKind::Fp32)?;
     let uint8 = plan.diloco(CodecKind::Uint8)?;
-    let mut also_codecs: Vec<CodecKind> = Vec::new();
-    for &c in &args.also_codec {
-        if !matches!(c, CodecKind::Fp32 | CodecKind::Uint8) && !also_codecs.contains(&c) {
-            also_codecs.push(c);
-        }
-    }
-    // A gathering codec runs with error feedback and without, to show what it buys.
-    let mut also_runs: Vec<(String, CodecKind, Option<f32>)> = Vec::new();
-    for &c in &also_codecs {
-        if c.sums_in_ring() {
-            also_runs.push((c.to_string(), c, None));
-        } else {
-            let beta = args.error_feedback;
-            also_runs.push((c.to_string(), c, Some(beta)));
-            also_runs.push((format!("{c}, no error feedback"), c, None));
-        }
-    }
-    let also =
-        also_runs.iter().map(|(_, c, ef)| plan.diloco_with(*c, *ef)).collect::<Result<Vec<_>>>()?;
-    let also_codecs: Vec<String> = also_runs.into_iter().map(|(l, ..)| l).collect();
+    let (also_codecs, also) = also_runs(&plan, args)?;
     let mut modes: Vec<loco_core::diloco::Mode> = Vec::new();
     for &m in &args.modes {
         if m != loco_core::diloco::Mode::Sync && !modes.contains(&m) {
@@ -550,6 +531,31 @@ pub(crate) fn run(args: &QualityBench) -> Result<QualityReport> {
         claims,
         seconds: crate::clock::now().duration_since(started).as_secs_f64(),
     })
+}
+
+/// The `--also-codec` runs (fp32 and uint8 run anyway), each with its label: a gathering codec
+/// runs with error feedback and without, to show what it buys.
+#[cfg(feature = "torch")]
+fn also_runs(plan: &Plan<'_>, args: &QualityBench) -> Result<(Vec<String>, Vec<RunReport>)> {
+    use loco_core::codec::CodecKind;
+    let mut codecs: Vec<CodecKind> = Vec::new();
+    for &c in &args.also_codec {
+        if !matches!(c, CodecKind::Fp32 | CodecKind::Uint8) && !codecs.contains(&c) {
+            codecs.push(c);
+        }
+    }
+    let mut runs: Vec<(String, CodecKind, Option<f32>)> = Vec::new();
+    for &c in &codecs {
+        if c.sums_in_ring() {
+            runs.push((c.to_string(), c, None));
+        } else {
+            runs.push((c.to_string(), c, Some(args.error_feedback)));
+            runs.push((format!("{c}, no error feedback"), c, None));
+        }
+    }
+    let reports =
+        runs.iter().map(|(_, c, ef)| plan.diloco_with(*c, *ef)).collect::<Result<Vec<_>>>()?;
+    Ok((runs.into_iter().map(|(l, ..)| l).collect(), reports))
 }
 
 /// The claims of the module docs, judged on the runs' final held-out losses: DiLoCo against
