@@ -39,8 +39,10 @@ pub(crate) struct QualityBench {
     /// Seed of the initial weights and of the data order.
     #[arg(long, default_value_t = 0)]
     pub(crate) seed: u64,
-    /// One more DiLoCo run with this codec (fp16, bf16, int8-block, int4-block; repeatable), shown beside
-    /// fp32 and uint8 with its loss relative to fp32's; no claim is checked for it
+    /// One more DiLoCo run with this codec (fp16, bf16, int8-block, int4-block, sparse or
+    /// sparse:BITS:KEEP:CHUNK; repeatable), shown beside fp32 and uint8 with its loss relative to
+    /// fp32's; no claim is checked for it. A sparse codec runs twice: with error feedback
+    /// (--error-feedback) and without.
     #[arg(long = "also-codec", value_name = "CODEC", value_parser = parse_codec)]
     pub(crate) also_codec: Vec<CodecKind>,
     /// Error feedback's decay for an --also-codec run of a gathering codec (`sparse`, which
