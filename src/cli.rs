@@ -45,6 +45,10 @@ pub(crate) enum Command {
     Coordinator(CoordinatorArgs),
     /// Run one worker of a real run.
     Worker(WorkerArgs),
+    /// Make a node's key for a run across machines: writes the private key (mode 0600) and
+    /// prints the node's line for the run's roster (`[real] roster`), which binds each node id
+    /// to a key at every handshake. With --public, prints the line of an existing key.
+    Keygen(crate::identity_cmd::KeygenArgs),
     /// Redraw the report (report.html, plots, CSV summaries) of finished runs from their
     /// metrics files. With several directories, also a side-by-side Table-2-style comparison
     /// (comparison.html, comparison.csv) in the first.
@@ -326,10 +330,14 @@ pub(crate) struct CoordinatorArgs {
     /// its relays' addresses when it relays the scenario's links in userspace).
     #[arg(long, value_name = "ID=ADDR,...", value_delimiter = ',', value_parser = parse_dial_via)]
     pub(crate) dial_via: Vec<(u32, std::net::SocketAddr)>,
+    #[command(flatten)]
+    pub(crate) identity: crate::identity_cmd::IdentityArgs,
 }
 
 #[derive(Debug, Args)]
 pub(crate) struct WorkerArgs {
+    #[command(flatten)]
+    pub(crate) identity: crate::identity_cmd::IdentityArgs,
     /// The scenario file.
     pub(crate) scenario: PathBuf,
     /// The coordinator's address.
@@ -417,6 +425,10 @@ pub(crate) enum BenchCommand {
     /// outer step for the 150m, 1b and 10b presets. The total is the figure for a scenario's
     /// `[sim] outer_cost`.
     Outer(OuterBench),
+    /// What a connection's handshake costs: plaintext, with the run secret (Noise NNpsk0), and
+    /// with the secret and node keys (Noise IKpsk1, a roster), both ends on one thread over an
+    /// in-memory pipe, best of interleaved measurements.
+    Handshake(HandshakeBench),
     /// One rank of the TCP all-reduce benchmark.
     #[command(hide = true)]
     AllreduceRank(AllreduceRank),
@@ -516,6 +528,20 @@ pub(crate) struct SimBench {
     /// How the event executor runs all-reduces (`frames` or `modelled`).
     #[arg(long, value_name = "HOW", value_parser = parse_collectives)]
     pub(crate) collectives: Option<loco_core::scenario::CollectiveModel>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `loco bench handshake`.
+#[derive(Debug, Args)]
+pub(crate) struct HandshakeBench {
+    /// Handshakes per measurement.
+    #[arg(long, default_value_t = 2000)]
+    pub(crate) count: usize,
+    /// Measurements per mode, interleaved; the best is reported.
+    #[arg(long, default_value_t = 5)]
+    pub(crate) repeats: usize,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub(crate) json: bool,

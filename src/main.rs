@@ -13,6 +13,7 @@ mod data_cmd;
 mod export_cmd;
 mod fidelity_cmd;
 mod human;
+mod identity_cmd;
 mod live;
 mod net_cmd;
 mod plan;
@@ -110,6 +111,7 @@ fn run(cli: Cli) -> Result<Outcome> {
         }
         Command::Coordinator(a) => real_cmd::coordinator(&a)?,
         Command::Worker(a) => real_cmd::worker(&a)?,
+        Command::Keygen(a) => identity_cmd::keygen(&a)?,
         Command::Report(a) => {
             let rendered = loco_reports::render(&a.dirs).map_err(|e| InputError(e.into()))?;
             for r in &rendered.reports {
@@ -130,6 +132,7 @@ fn bench_cmd(command: BenchCommand) -> Result<Outcome> {
         BenchCommand::Codec(a) => bench_codec(a)?,
         BenchCommand::Allreduce(a) => bench_allreduce(a)?,
         BenchCommand::Outer(a) => bench_outer(a)?,
+        BenchCommand::Handshake(a) => bench::handshake::run(&a)?,
         BenchCommand::AllreduceRank(a) => {
             let r = bench::allreduce::run_rank(&a)?;
             println!("{}", serde_json::to_string(&r)?);

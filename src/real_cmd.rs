@@ -133,6 +133,9 @@ fn tcp_config(s: &Scenario, congestion: Option<String>) -> TcpConfig {
 pub(crate) fn coordinator(a: &crate::cli::CoordinatorArgs) -> Result<()> {
     let s = load(&a.scenario)?;
     require_secret(&s, &a.scenario, a.listen)?;
+    let root = loco_real::launch::checkpoint_root(&s, &a.scenario, None);
+    let me = (NodeId::COORDINATOR, loco_real::identity::COORDINATOR_NAME);
+    let identity = crate::identity_cmd::identity(&s, &a.scenario, &a.identity, root, me, a.listen)?;
     let names: BTreeMap<NodeId, String> =
         s.nodes().iter().map(|n| (n.id, n.name.clone())).collect();
     let opts = CoordinatorOptions {
@@ -140,6 +143,7 @@ pub(crate) fn coordinator(a: &crate::cli::CoordinatorArgs) -> Result<()> {
         mesh: s.mesh().clone(),
         tcp: TcpConfig {
             dial_via: a.dial_via.iter().map(|&(n, addr)| (NodeId(n), addr)).collect(),
+            identity,
             ..tcp_config(&s, None)
         },
         stop_outer_steps: a
@@ -448,6 +452,9 @@ pub(crate) fn worker(a: &crate::cli::WorkerArgs) -> Result<()> {
             ))
         })?
         .clone();
+    let root = loco_real::launch::checkpoint_root(&s, &a.scenario, a.checkpoint_dir.as_deref());
+    let me = (node.id, node.name.as_str());
+    let identity = crate::identity_cmd::identity(&s, &a.scenario, &a.identity, root, me, a.listen)?;
     // A node whose devices cannot hold its plan stops here, with the plan (where nvidia-smi
     // tells the devices' memory).
     if a.synthetic_params.is_none() {
@@ -495,6 +502,7 @@ pub(crate) fn worker(a: &crate::cli::WorkerArgs) -> Result<()> {
         listen: a.listen,
         tcp: TcpConfig {
             dial_via: a.dial_via.iter().map(|&(n, addr)| (NodeId(n), addr)).collect(),
+            identity,
             ..tcp_config(&s, a.congestion.clone())
         },
         metrics: a.metrics.clone(),

@@ -17,6 +17,7 @@
 
 mod error;
 pub mod gate;
+mod keys;
 mod outcome;
 mod prepare;
 mod record;
@@ -343,6 +344,11 @@ impl<'a> Launcher<'a> {
             .map_err(|source| LaunchError::Status { path: sock.clone(), source })?;
         // Emulated, the processes listen on addresses beyond loopback.
         let secret = if matches!(net, Some(Net::Emulated(_))) { run_secret(s) } else { None };
+        // A run with a secret binds its processes' ids to keys of their own.
+        let keys = match secret.is_some() || secret_given(s) {
+            true => Some(keys::make(s, &nodes_dir.join("keys"))?),
+            false => None,
+        };
         let mut run = Run {
             ckpt_root: checkpoint_root(s, path, given),
             plan: &plan,
@@ -362,6 +368,7 @@ impl<'a> Launcher<'a> {
             net,
             used,
             secret,
+            keys,
         };
         run.run()
     }
@@ -467,6 +474,15 @@ struct Run<'p, 'a> {
     used: NetworkUsed,
     /// A secret made for this run, handed to its processes, when the user gave none.
     secret: Option<String>,
+    /// The directory of the processes' keys and roster, when the run has a secret.
+    keys: Option<PathBuf>,
+}
+
+/// Whether the user gave the run a secret: the scenario's `secret_env` variable, or `[real]
+/// secret`.
+fn secret_given(s: &Scenario) -> bool {
+    let real = s.real();
+    std::env::var(&real.secret_env).is_ok_and(|v| !v.is_empty()) || real.secret.is_some()
 }
 
 /// A secret for a run whose processes listen beyond loopback and whose user gave none (neither
@@ -474,9 +490,7 @@ struct Run<'p, 'a> {
 /// then authenticated and encrypted with it. `None` when the user gave one (the processes
 /// inherit the variable, or read the file).
 fn run_secret(s: &Scenario) -> Option<String> {
-    let real = s.real();
-    let given = std::env::var(&real.secret_env).is_ok_and(|v| !v.is_empty());
-    if given || real.secret.is_some() {
+    if secret_given(s) {
         return None;
     }
     let bytes: [u8; 32] = rand::random();
@@ -534,6 +548,14 @@ impl Run<'_, '_> {
         (Command::new(program), "127.0.0.1:0".into())
     }
 
+    /// With keys: process `name`'s key and the run's roster.
+    fn identity_args(&self, name: &str, cmd: &mut Command) {
+        if let Some(dir) = &self.keys {
+            cmd.arg("--key").arg(dir.join(format!("{name}.key")));
+            cmd.arg("--roster").arg(dir.join(keys::ROSTER));
+        }
+    }
+
     /// Relayed: `host` reaches every other host through that pair's relay.
     fn relayed_via(&self, host: NodeId, cmd: &mut Command) {
         if let Some(Net::Relayed(r)) = &self.net {
@@ -565,6 +587,7 @@ impl Run<'_, '_> {
             cmd.args(["--max-outer-steps", &n.to_string()]);
         }
         self.relayed_via(NodeId::COORDINATOR, &mut cmd);
+        self.identity_args(crate::identity::COORDINATOR_NAME, &mut cmd);
         let child = cmd.spawn().map_err(|source| LaunchError::Process {
             action: "starting",
             process: "the coordinator".into(),
@@ -661,6 +684,7 @@ impl Run<'_, '_> {
             cmd.args(["--congestion", cc]);
         }
         self.relayed_via(node.id, &mut cmd);
+        self.identity_args(&node.name, &mut cmd);
         if let Some(d) = &plan.checkpoint_dir {
             cmd.arg("--checkpoint-dir").arg(d);
         }

@@ -15,6 +15,7 @@ pub mod train;
 pub mod coord;
 pub mod exporter;
 pub mod http;
+pub mod identity;
 pub mod inner;
 pub mod launch;
 pub mod metrics;

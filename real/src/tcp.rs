@@ -71,7 +71,9 @@ use tokio::task::JoinHandle;
 /// secret, a Noise handshake and encrypted records replace the keyed tag.
 /// 5: state pieces carry their body's BLAKE3 digest, and their frames' checksum covers only
 /// the header (frame kind 2).
-pub const PROTOCOL_VERSION: u16 = 5;
+/// 6: the hello's last byte says how the dialer secures the connection (none, the secret, or
+/// the secret and its node key: Noise IKpsk1), and a refusal for a key has its own answer.
+pub const PROTOCOL_VERSION: u16 = 6;
 /// Bytes of the handshake's answer: a [`HelloStatus`], then the answering side's version (LE).
 pub const HELLO_REPLY_LEN: usize = 3;
 const MAGIC: [u8; 4] = *b"LOCO";
@@ -115,6 +117,10 @@ pub struct TcpConfig {
     pub frame_timeout: Duration,
     /// The run's shared secret; when set, peers must prove they know it.
     pub secret: Option<Vec<u8>>,
+    /// This node's key and the run's roster (with a secret only): each peer must then also
+    /// prove it holds the key the roster gives the id it claims, and so must each peer this
+    /// node dials ([`crate::identity`]).
+    pub identity: Option<Arc<crate::identity::Identity>>,
     /// Largest body accepted (default 4 GiB).
     pub max_body: u64,
     /// Capacity of the receive queue, in frames (default 4096).
@@ -213,6 +219,7 @@ impl Default for TcpConfig {
             connect_timeout: Duration::from_secs(10),
             frame_timeout: Duration::from_secs(120),
             secret: None,
+            identity: None,
             max_body: 4 << 30,
             inbox_frames: 4096,
             inbox_bytes: 256 << 20,
@@ -247,6 +254,9 @@ pub struct TcpStats {
     pub evicted_connections: AtomicU64,
     /// Messages refused for their sender: a directory from anyone but the coordinator.
     pub unauthorised: AtomicU64,
+    /// Incoming connections refused for their key: one the roster does not give the id the
+    /// dialer claims (another node's, or an unknown one), or none where the run has a roster.
+    pub refused_identities: AtomicU64,
     /// Bytes written to each peer (as `bytes_sent`); one entry per peer this endpoint sent to.
     pub sent_to: std::sync::Mutex<BTreeMap<NodeId, u64>>,
 }
@@ -291,17 +301,42 @@ pub enum HelloStatus {
     BadSecret = 2,
     /// Refused: not a loco peer.
     BadMagic = 3,
+    /// Refused: the dialer's key is not the one the roster gives the id it claims, or one side
+    /// runs with a roster and the other without.
+    BadIdentity = 4,
+}
+
+/// How a dialer secures its connection, as its hello says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+enum Security {
+    /// Plaintext.
+    None = 0,
+    /// The run secret (Noise NNpsk0).
+    Secret = 1,
+    /// The run secret and per-node keys (Noise IKpsk1).
+    Keyed = 2,
+}
+
+impl Security {
+    fn of(cfg: &TcpConfig) -> Security {
+        match (&cfg.secret, &cfg.identity) {
+            (None, _) => Security::None,
+            (Some(_), None) => Security::Secret,
+            (Some(_), Some(_)) => Security::Keyed,
+        }
+    }
 }
 
 /// The plaintext hello: magic, protocol `version`, the dialer's id, the port it listens on
-/// (0: none), and whether it runs with a secret.
-fn plain_hello(version: u16, from: NodeId, listen_port: u16, secured: bool) -> Vec<u8> {
+/// (0: none), and how it secures the connection.
+fn plain_hello(version: u16, from: NodeId, listen_port: u16, security: Security) -> Vec<u8> {
     let mut h = Vec::with_capacity(HELLO_LEN);
     h.extend_from_slice(&MAGIC);
     h.extend_from_slice(&version.to_le_bytes());
     h.extend_from_slice(&from.0.to_le_bytes());
     h.extend_from_slice(&listen_port.to_le_bytes());
-    h.push(u8::from(secured));
+    h.push(security as u8);
     h
 }
 
@@ -309,8 +344,27 @@ fn plain_hello(version: u16, from: NodeId, listen_port: u16, secured: bool) -> V
 /// Noise message under it ([`secure`]). Public for diagnostics and fault-injection tests (a peer
 /// speaking an older version, or guessing the secret).
 pub fn hello(version: u16, from: NodeId, listen_port: u16, secret: Option<&[u8]>) -> Vec<u8> {
-    let mut h = plain_hello(version, from, listen_port, secret.is_some());
-    if let Some(Ok((_, first))) = secret.map(|k| secure::first_flight(&h, k)) {
+    let security = if secret.is_some() { Security::Secret } else { Security::None };
+    let mut h = plain_hello(version, from, listen_port, security);
+    if let Some(Ok((_, first))) = secret.map(|k| secure::first_flight(&h, k, None)) {
+        h.extend_from_slice(&first);
+    }
+    h
+}
+
+/// [`hello`] of a run with a roster: claiming to be `from`, with the static key `key`, to the
+/// node whose public key is `to_key`. Public for fault-injection tests (a member claiming
+/// another member's id, an unknown key).
+pub fn hello_keyed(
+    from: NodeId,
+    listen_port: u16,
+    secret: &[u8],
+    key: &crate::identity::NodeKey,
+    to_key: &crate::identity::PublicKey,
+) -> Vec<u8> {
+    let mut h = plain_hello(PROTOCOL_VERSION, from, listen_port, Security::Keyed);
+    let keys = secure::Keys { local: key.private(), remote: Some(&to_key.0) };
+    if let Ok((_, first)) = secure::first_flight(&h, secret, Some(keys)) {
         h.extend_from_slice(&first);
     }
     h
@@ -901,11 +955,20 @@ async fn dial_handshake<S: AsyncRead + AsyncWrite + Send + Unpin + 'static>(
     cfg: &TcpConfig,
 ) -> Result<WireOut, TransportError> {
     let unreachable = |_| TransportError::Unreachable(to);
-    let hello = plain_hello(PROTOCOL_VERSION, me, listen_port, cfg.secret.is_some());
+    let hello = plain_hello(PROTOCOL_VERSION, me, listen_port, Security::of(cfg));
     let corrupt = |reason: String| TransportError::Corrupt { from: to, reason };
+    let keys = match &cfg.identity {
+        Some(id) => {
+            let Some(remote) = id.roster.key(to) else {
+                return Err(corrupt(format!("the roster has no key for node {to}")));
+            };
+            Some(secure::Keys { local: id.key.private(), remote: Some(&remote.0) })
+        }
+        None => None,
+    };
     let noise = match cfg.secret.as_deref() {
         Some(k) => {
-            let (hs, first) = secure::first_flight(&hello, k).map_err(corrupt)?;
+            let (hs, first) = secure::first_flight(&hello, k, keys).map_err(corrupt)?;
             s.write_all(&[hello.as_slice(), &first].concat()).await.map_err(unreachable)?;
             Some(hs)
         }
@@ -931,7 +994,18 @@ async fn dial_handshake<S: AsyncRead + AsyncWrite + Send + Unpin + 'static>(
             format!("refused: protocol version {PROTOCOL_VERSION}, peer speaks {theirs}")
         }
         x if x == HelloStatus::BadSecret as u8 => {
-            "refused: wrong run secret (or one side runs without one)".to_string()
+            if keys.is_some() {
+                "refused: wrong run secret, or the peer's key is not the one the roster gives it \
+                 (or one side runs without a secret)"
+                    .to_string()
+            } else {
+                "refused: wrong run secret (or one side runs without one)".to_string()
+            }
+        }
+        x if x == HelloStatus::BadIdentity as u8 => {
+            "refused: this node's key is not the one the peer's roster gives its id (or one \
+             side runs with a roster and the other without)"
+                .to_string()
         }
         _ => "refused the handshake".to_string(),
     };
@@ -1067,9 +1141,12 @@ async fn accept_loop(listener: TcpListener, ctx: AcceptCtx, inbox: mpsc::Sender<
                         }
                     }
                 }
-                Ok(Err(reason)) => {
+                Ok(Err(refused)) => {
                     ctx.stats.rejected_handshakes.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(%addr, "refused a connection: {reason}");
+                    if refused.identity {
+                        ctx.stats.refused_identities.fetch_add(1, Ordering::Relaxed);
+                    }
+                    tracing::warn!(%addr, "refused a connection: {}", refused.reason);
                 }
                 Err(_) => {
                     ctx.stats.rejected_handshakes.fetch_add(1, Ordering::Relaxed);
@@ -1080,56 +1157,135 @@ async fn accept_loop(listener: TcpListener, ctx: AcceptCtx, inbox: mpsc::Sender<
     }
 }
 
+/// Why an incoming connection was refused at its handshake.
+#[derive(Debug)]
+struct Refusal {
+    reason: String,
+    /// For the dialer's key (or its lack of one): counted as `refused_identities`.
+    identity: bool,
+}
+
+impl From<String> for Refusal {
+    fn from(reason: String) -> Refusal {
+        Refusal { reason, identity: false }
+    }
+}
+
+/// The hello's answer, and the Noise state that follows an `Ok` one with a secret.
+async fn hello_status<S: AsyncRead + Unpin>(
+    s: &mut S,
+    hello: &[u8; HELLO_LEN],
+    cfg: &TcpConfig,
+) -> Result<(HelloStatus, Option<snow::HandshakeState>, Option<Refusal>), String> {
+    let version = u16::from_le_bytes([hello[4], hello[5]]);
+    let from = NodeId(u32::from_le_bytes([hello[6], hello[7], hello[8], hello[9]]));
+    if hello[..4] != MAGIC {
+        return Ok((HelloStatus::BadMagic, None, Some("not a loco peer".to_string().into())));
+    }
+    if version != PROTOCOL_VERSION {
+        let why = format!("{from} speaks protocol version {version}, this node {PROTOCOL_VERSION}");
+        return Ok((HelloStatus::BadVersion, None, Some(why.into())));
+    }
+    let theirs = hello[12];
+    let identity = |reason: String| Some(Refusal { reason, identity: true });
+    let secret = |reason: String| Some(Refusal::from(reason));
+    let (ours, k) = (Security::of(cfg), cfg.secret.as_deref());
+    Ok(match (ours, theirs, k) {
+        (Security::None, 0, _) => (HelloStatus::Ok, None, None),
+        (Security::None, _, _) => (
+            HelloStatus::BadSecret,
+            None,
+            secret(format!("{from} runs with a secret, this node without one")),
+        ),
+        (_, 0, _) => {
+            (HelloStatus::BadSecret, None, secret(format!("{from} does not know the run secret")))
+        }
+        (Security::Secret, 2, _) => (
+            HelloStatus::BadIdentity,
+            None,
+            identity(format!("{from} runs with a node key, this node without a roster")),
+        ),
+        (Security::Keyed, 1, _) => (
+            HelloStatus::BadIdentity,
+            None,
+            identity(format!(
+                "{from} runs without a node key, and this run binds ids to keys (a roster)"
+            )),
+        ),
+        (Security::Secret, 1, Some(k)) => match secure::accept_first(s, hello, k, None).await? {
+            Ok(hs) => (HelloStatus::Ok, Some(hs), None),
+            Err(_) => (
+                HelloStatus::BadSecret,
+                None,
+                secret(format!("{from} does not know the run secret")),
+            ),
+        },
+        (Security::Keyed, 2, Some(k)) => {
+            let Some(me) = cfg.identity.as_deref() else {
+                return Err("a keyed run without an identity".into());
+            };
+            match secure::accept_first(s, hello, k, Some(me.key.private())).await? {
+                Ok(hs) => match check_key(from, &hs, &me.roster) {
+                    None => (HelloStatus::Ok, Some(hs), None),
+                    Some(why) => (HelloStatus::BadIdentity, None, identity(why)),
+                },
+                Err(_) => (
+                    HelloStatus::BadSecret,
+                    None,
+                    secret(format!(
+                        "{from} does not know the run secret, or dialled this node with another \
+                         key than its own"
+                    )),
+                ),
+            }
+        }
+        (_, t, _) => (HelloStatus::BadMagic, None, secret(format!("{from}: no security mode {t}"))),
+    })
+}
+
+/// `None` when the dialer's static key in `hs` is the one `roster` gives `from`; else why not.
+fn check_key(
+    from: NodeId,
+    hs: &snow::HandshakeState,
+    roster: &crate::identity::Roster,
+) -> Option<String> {
+    let Some(key) = hs.get_remote_static().and_then(|k| <[u8; 32]>::try_from(k).ok()) else {
+        return Some(format!("{from} showed no static key"));
+    };
+    let key = crate::identity::PublicKey(key);
+    match (roster.key(from), roster.id_of(&key)) {
+        (Some(k), _) if *k == key => None,
+        (_, Some(owner)) => {
+            Some(format!("a peer with {owner}'s key {} claimed to be {from}", key.short()))
+        }
+        (_, None) => Some(format!(
+            "a peer claiming to be {from} has a key no node of the roster has ({})",
+            key.short()
+        )),
+    }
+}
+
 /// The acceptor's handshake: the hello, and with a secret the Noise handshake and the dialer's
 /// confirmation ([`secure`]). Gives the dialer's id, its listening port, and the connection's
 /// reading end.
 async fn accept_handshake<S: AsyncRead + AsyncWrite + Send + Unpin + 'static>(
     mut s: S,
     cfg: &TcpConfig,
-) -> Result<(NodeId, u16, WireIn), String> {
+) -> Result<(NodeId, u16, WireIn), Refusal> {
     let mut hello = [0u8; HELLO_LEN];
     match tokio::time::timeout(HELLO_TIMEOUT, s.read_exact(&mut hello)).await {
         Ok(read) => read.map_err(|e| format!("reading the handshake: {e}"))?,
-        Err(_) => return Err(format!("no hello within {HELLO_TIMEOUT:?}")),
+        Err(_) => return Err(format!("no hello within {HELLO_TIMEOUT:?}").into()),
     };
-    let version = u16::from_le_bytes([hello[4], hello[5]]);
     let from = NodeId(u32::from_le_bytes([hello[6], hello[7], hello[8], hello[9]]));
     let port = u16::from_le_bytes([hello[10], hello[11]]);
-    let secured = hello[12] == 1;
-    let mut noise = None;
-    let status = if hello[..4] != MAGIC {
-        HelloStatus::BadMagic
-    } else if version != PROTOCOL_VERSION {
-        HelloStatus::BadVersion
-    } else {
-        match (cfg.secret.as_deref(), secured) {
-            (None, false) => HelloStatus::Ok,
-            (Some(k), true) => match secure::accept_first(&mut s, &hello, k).await? {
-                Ok(hs) => {
-                    noise = Some(hs);
-                    HelloStatus::Ok
-                }
-                Err(_) => HelloStatus::BadSecret,
-            },
-            _ => HelloStatus::BadSecret,
-        }
-    };
+    let (status, noise, refused) = hello_status(&mut s, &hello, cfg).await?;
     let mut reply = [status as u8, 0, 0];
     debug_assert_eq!(reply.len(), HELLO_REPLY_LEN);
     reply[1..].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
     s.write_all(&reply).await.map_err(|e| format!("answering the handshake: {e}"))?;
-    match status {
-        HelloStatus::Ok => {}
-        HelloStatus::BadVersion => {
-            return Err(format!(
-                "{from} speaks protocol version {version}, this node {PROTOCOL_VERSION}"
-            ));
-        }
-        HelloStatus::BadSecret if cfg.secret.is_none() => {
-            return Err(format!("{from} runs with a secret, this node without one"));
-        }
-        HelloStatus::BadSecret => return Err(format!("{from} does not know the run secret")),
-        HelloStatus::BadMagic => return Err("not a loco peer".into()),
+    if let Some(r) = refused {
+        return Err(r);
     }
     let Some(hs) = noise else { return Ok((from, port, Box::new(s))) };
     let transport = secure::accept_second(&mut s, hs).await?;
@@ -1139,7 +1295,8 @@ async fn accept_handshake<S: AsyncRead + AsyncWrite + Send + Unpin + 'static>(
         Ok(_) if confirm == hello => Ok((from, port, Box::new(r))),
         _ => Err(format!(
             "{from} did not confirm the handshake (a replayed or forged first message)"
-        )),
+        )
+        .into()),
     }
 }
 
@@ -1466,6 +1623,7 @@ async fn write_loop(
 }
 
 mod admission;
+pub mod cost;
 mod secure;
 
 #[cfg(feature = "fuzzing")]

@@ -3,6 +3,7 @@
 pub(crate) mod allreduce;
 pub mod codec;
 pub(crate) mod data;
+pub(crate) mod handshake;
 pub(crate) mod outer;
 pub(crate) mod quality;
 pub(crate) mod recovery;

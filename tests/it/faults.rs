@@ -481,12 +481,15 @@ fn copy_dir(from: &Path, to: &Path) {
 }
 
 /// Peers that must not get in, while a run with a secret trains: one speaking an older protocol
-/// version, one guessing the run's secret, and one whose first handshake message is right (a
-/// recording) but that cannot write this connection's records. Each is refused or cut off and
-/// logged; the run goes on untouched.
+/// version, one guessing the run's secret, one whose first handshake message is right (a
+/// recording) but that cannot write this connection's records, and a member (the run's secret
+/// and its own key) claiming another member's id or the coordinator's, or holding a key the
+/// roster does not have. Each is refused or cut off and logged; the run goes on untouched.
 #[test]
 fn strangers_old_versions_and_forged_handshakes_are_refused_and_the_run_goes_on() {
-    use loco_real::tcp::{HELLO_REPLY_LEN, HelloStatus, PROTOCOL_VERSION, hello};
+    use loco_core::ids::NodeId;
+    use loco_real::identity::{NodeKey, Roster};
+    use loco_real::tcp::{HELLO_REPLY_LEN, HelloStatus, PROTOCOL_VERSION, hello, hello_keyed};
     use std::io::{Read, Write};
     let _turn = one_real_run_at_a_time();
     let ctx = TestContext::new();
@@ -525,13 +528,33 @@ fn strangers_old_versions_and_forged_handshakes_are_refused_and_the_run_goes_on(
         s.read_exact(&mut reply).unwrap();
         (s, reply[0])
     };
-    let stranger = loco_core::ids::NodeId(77);
+    let stranger = NodeId(77);
     let (_, old) = knock(hello(PROTOCOL_VERSION - 1, stranger, 0, Some(secret)));
     assert_eq!(old, HelloStatus::BadVersion as u8);
-    let (_, unknown) = knock(hello(PROTOCOL_VERSION, stranger, 0, Some(b"a guess")));
+    // The launch made every process a key, and the roster (public) says whose is whose; the
+    // member n-0's key is the attacker's.
+    let keys = out.join("nodes").join("keys");
+    let member = NodeKey::load(&keys.join("n-0.key")).unwrap();
+    let roster = Roster::load(&keys.join("roster.toml"), |n| match n {
+        "coordinator" => Some(NodeId::COORDINATOR),
+        n => n.strip_prefix("n-").and_then(|i| i.parse().ok()).map(NodeId),
+    })
+    .unwrap();
+    let coordinator = *roster.key(NodeId::COORDINATOR).unwrap();
+    let (_, unknown) = knock(hello_keyed(NodeId(0), 0, b"a guess", &member, &coordinator));
     assert_eq!(unknown, HelloStatus::BadSecret as u8);
-    // A first Noise message under the secret, then a record that is not this handshake's.
-    let (mut s, ok) = knock(hello(PROTOCOL_VERSION, stranger, 0, Some(secret)));
+    for claimed in [NodeId(1), NodeId::COORDINATOR] {
+        let (_, as_other) = knock(hello_keyed(claimed, 0, secret, &member, &coordinator));
+        assert_eq!(as_other, HelloStatus::BadIdentity as u8, "n-0's key claiming {claimed}");
+    }
+    let stray = NodeKey::generate();
+    let (_, unknown_key) = knock(hello_keyed(NodeId(0), 0, secret, &stray, &coordinator));
+    assert_eq!(unknown_key, HelloStatus::BadIdentity as u8);
+    let (_, keyless) = knock(hello(PROTOCOL_VERSION, NodeId(0), 0, Some(secret)));
+    assert_eq!(keyless, HelloStatus::BadIdentity as u8);
+    // A first Noise message under the secret and n-0's own key, then a record that is not this
+    // handshake's.
+    let (mut s, ok) = knock(hello_keyed(NodeId(0), 0, secret, &member, &coordinator));
     assert_eq!(ok, HelloStatus::Ok as u8);
     let mut forged = vec![64, 0];
     forged.extend_from_slice(&[0xA5; 64]);
@@ -548,7 +571,16 @@ fn strangers_old_versions_and_forged_handshakes_are_refused_and_the_run_goes_on(
     let err = stderr(&o);
     assert!(o.status.success(), "stdout: {}\nstderr: {err}", stdout(&o));
     let old_version = format!("speaks protocol version {}", PROTOCOL_VERSION - 1);
-    for needle in [old_version.as_str(), "does not know the run secret", "did not confirm"] {
+    for needle in [
+        old_version.as_str(),
+        "does not know the run secret",
+        "did not confirm",
+        "with n0's key",
+        "claimed to be n1",
+        "claimed to be coordinator",
+        "a key no node of the roster has",
+        "runs without a node key",
+    ] {
         assert!(err.contains(needle), "no {needle:?} in the log:\n{err}");
     }
     let r = Run::read(out, ctx.path().join("ckpt"));

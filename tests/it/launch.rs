@@ -201,9 +201,42 @@ fn a_process_listening_beyond_loopback_without_a_secret_refuses_to_start() {
     let o = command(&[&worker[..], &[listen]].concat(), Some("a run secret")).output().unwrap();
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("weak run secret"), "{}", stderr(&o));
-    // With a strong secret the worker gets past the check (and fails to bind the address
-    // instead).
-    let mut child = command(&[&worker[..], &[listen]].concat(), Some("q8Zr2LmX0vYp4TnW7sKd1A"))
+    // A strong secret without a roster: refused too, saying how to make keys.
+    let strong = Some("q8Zr2LmX0vYp4TnW7sKd1A");
+    for args in [&worker[..], &coordinator[..]] {
+        let o = command(&[args, &[listen]].concat(), strong).output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        for needle in ["without a roster", "loco keygen", "--key"] {
+            assert!(stderr(&o).contains(needle), "no {needle:?} in: {}", stderr(&o));
+        }
+    }
+    // Keys made with `loco keygen` and their lines gathered into a roster.
+    let ctx = TestContext::new();
+    let mut lines = String::from("[keys]\n");
+    for name in ["coordinator", "n-0"] {
+        let file = ctx.path().join(format!("{name}.key"));
+        let o =
+            command(&["keygen", file.to_str().unwrap(), "--name", name], None).output().unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        lines.push_str(&String::from_utf8_lossy(&o.stdout));
+        // Never over an existing key.
+        let again = command(&["keygen", file.to_str().unwrap()], None).output().unwrap();
+        assert_eq!(again.status.code(), Some(2), "{}", stderr(&again));
+        assert!(stderr(&again).contains("exists already"), "{}", stderr(&again));
+    }
+    let roster = ctx.path().join("roster.toml");
+    std::fs::write(&roster, &lines).unwrap();
+    let key = |name: &str| ctx.path().join(format!("{name}.key")).to_str().unwrap().to_string();
+    let roster = roster.to_str().unwrap().to_string();
+    // The coordinator's key given as a worker's: refused, naming the roster.
+    let wrong = ["--key", &key("coordinator"), "--roster", &roster, "--listen", listen];
+    let o = command(&[&worker[..6], &wrong].concat(), strong).output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("roster gives this node the key"), "{}", stderr(&o));
+    // With a strong secret, its key and the roster, the worker gets past the checks (and fails
+    // to bind the address instead).
+    let right = ["--key", &key("n-0"), "--roster", &roster, "--listen", listen];
+    let mut child = command(&[&worker[..6], &right].concat(), strong)
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("run loco");
@@ -215,5 +248,7 @@ fn a_process_listening_beyond_loopback_without_a_secret_refuses_to_start() {
     }
     let _ = child.kill();
     let o = child.wait_with_output().expect("wait");
-    assert!(!stderr(&o).contains("without a run secret"), "{}", stderr(&o));
+    for refusal in ["without a run secret", "without a roster", "roster gives"] {
+        assert!(!stderr(&o).contains(refusal), "{}", stderr(&o));
+    }
 }

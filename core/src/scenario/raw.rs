@@ -332,5 +332,6 @@ pub(crate) struct RawReal {
     pub(crate) keep: Option<u32>,
     pub(crate) secret_env: Option<String>,
     pub(crate) secret: Option<String>,
+    pub(crate) roster: Option<String>,
     pub(crate) network: Option<String>,
 }

@@ -939,6 +939,7 @@ fn real(r: &RawReal) -> R<RealSpec> {
             }
             other => other.clone(),
         },
+        roster: path_field("roster", &r.roster)?,
         network: match r.network.as_deref() {
             None => def.network,
             Some(name) => NetworkMode::from_name(name).ok_or_else(|| {

@@ -51,11 +51,23 @@ const SECRET: &[u8] = b"the fuzzer's run secret";
 /// Frames a target reads at most from one input.
 const MAX_FRAMES: usize = 64;
 
-fn cfg(secret: bool) -> TcpConfig {
+/// How a fuzzed connection is secured: 0 plaintext, 1 the run secret, otherwise the secret and
+/// node keys (as node `me`, with a roster of the coordinator's and node 1's fixed keys).
+fn cfg(mode: u8, me: NodeId) -> TcpConfig {
+    use crate::identity::{Identity, NodeKey, Roster};
+    let key =
+        |id: NodeId| NodeKey::from_private([if id == NodeId::COORDINATOR { 1 } else { 2 }; 32]);
+    let identity = (mode > 1).then(|| {
+        let ids = [NodeId::COORDINATOR, NodeId(1)];
+        let roster = Roster::new(ids.into_iter().map(|id| (id, key(id).public())).collect());
+        let roster = roster.expect("two distinct keys");
+        Arc::new(Identity { key: key(me), roster })
+    });
     TcpConfig {
         max_body: 1 << 20,
         frame_timeout: Duration::from_secs(1),
-        secret: secret.then(|| SECRET.to_vec()),
+        secret: (mode > 0).then(|| SECRET.to_vec()),
+        identity,
         ..TcpConfig::default()
     }
 }
@@ -90,7 +102,7 @@ async fn read_frames<R: AsyncRead + Unpin>(r: &mut R, cfg: &TcpConfig) -> usize 
 
 /// The frame decoder on the bytes after a handshake: gives how many whole frames it read.
 pub fn frames(bytes: &[u8]) -> usize {
-    let c = cfg(false);
+    let c = cfg(0, NodeId::COORDINATOR);
     block_on(read_frames(&mut &bytes[..], &c))
 }
 
@@ -101,10 +113,11 @@ pub fn checksummed(kind: u8, header: &[u8], body: &[u8]) -> usize {
 }
 
 /// The acceptor's handshake, then its frame reader, with `bytes` as everything the dialer
-/// sends. With `secret`, nothing after the hello may be taken: the fuzzer cannot know the
-/// handshake's keys.
-pub fn accept(bytes: &[u8], secret: bool) -> usize {
-    let c = cfg(secret);
+/// sends, the connection secured as `mode` says ([`cfg`]: 0 none, 1 the secret, 2 keys). With
+/// a secret, nothing after the hello may be taken: the fuzzer cannot know the handshake's keys.
+pub fn accept(bytes: &[u8], mode: u8) -> usize {
+    let secret = mode > 0;
+    let c = cfg(mode, NodeId::COORDINATOR);
     block_on(async {
         let s = Scripted { input: bytes.to_vec(), at: 0 };
         match accept_handshake(s, &c).await {
@@ -117,10 +130,12 @@ pub fn accept(bytes: &[u8], secret: bool) -> usize {
     })
 }
 
-/// The dialer's handshake with `bytes` as everything the acceptor answers. With `secret` it
-/// must fail: the answer would have to come from the holder of the dialer's ephemeral key.
-pub fn dial(bytes: &[u8], secret: bool) -> bool {
-    let c = cfg(secret);
+/// The dialer's handshake with `bytes` as everything the acceptor answers, secured as `mode`
+/// says. With a secret it must fail: the answer would have to come from the holder of the
+/// dialer's ephemeral key.
+pub fn dial(bytes: &[u8], mode: u8) -> bool {
+    let secret = mode > 0;
+    let c = cfg(mode, NodeId(1));
     block_on(async {
         let s = Scripted { input: bytes.to_vec(), at: 0 };
         let ok = dial_handshake(s, NodeId(1), 7000, NodeId::COORDINATOR, &c).await.is_ok();
@@ -135,11 +150,11 @@ pub fn secured_records(bytes: &[u8]) -> usize {
     // What the pipe holds before anyone reads it.
     let bytes = &bytes[..bytes.len().min(32 << 10)];
     block_on(async {
-        let hello = plain_hello(PROTOCOL_VERSION, NodeId(1), 0, true);
-        let (hs, first) = secure::first_flight(&hello, SECRET).expect("a first flight");
+        let hello = plain_hello(PROTOCOL_VERSION, NodeId(1), 0, Security::Secret);
+        let (hs, first) = secure::first_flight(&hello, SECRET, None).expect("a first flight");
         let (mut d, mut a) = tokio::io::duplex(1 << 16);
         d.write_all(&first).await.expect("duplex write");
-        let resp = secure::accept_first(&mut a, &hello, SECRET)
+        let resp = secure::accept_first(&mut a, &hello, SECRET, None)
             .await
             .expect("reading the first flight")
             .expect("the right secret");

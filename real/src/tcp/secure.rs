@@ -1,6 +1,7 @@
 //! The transport's security when the run has a secret: a Noise handshake on every connection
-//! (`Noise_NNpsk0_25519_ChaChaPoly_BLAKE2s`, the `snow` crate), then every byte of the connection
-//! encrypted and authenticated in records.
+//! (`Noise_NNpsk0_25519_ChaChaPoly_BLAKE2s`, the `snow` crate; with a roster
+//! `Noise_IKpsk1_25519_ChaChaPoly_BLAKE2s`, below), then every byte of the connection encrypted
+//! and authenticated in records.
 //!
 //! Why Noise with a pre-shared key, as WireGuard uses it: the run's secret is the only credential
 //! its nodes share, and NNpsk0 turns it into a mutual proof of knowledge with fresh ephemeral
@@ -21,6 +22,14 @@
 //!    handshake can write a record the acceptor decrypts, so the acceptor takes the connection
 //!    (and learns the dialer's address) only after it.
 //!
+//! With a roster ([`crate::identity`]) message 1 is IK's `e, es, s, ss` with the secret mixed in
+//! at its end (`psk1`) and message 2 is `e, ee, se`: the dialer encrypts to the static key the
+//! roster gives the node it dials and sends its own static key inside, so the acceptor learns
+//! from message 1 both that the secret is right and which key dials (it compares it with the
+//! roster's for the id the hello claims), and only the holder of the dialed node's key can
+//! read message 1 or write message 2. Still one round trip; the confirmation record stays
+//! (message 1 can be replayed).
+//!
 //! A record is a `u16` length and a ChaCha20-Poly1305 message of at most 65535 bytes (64 KiB of
 //! the frame stream, plus its 16-byte tag), with the implicit counter nonce of Noise's transport
 //! mode: a record dropped, reordered, replayed or altered fails the next decryption, and the
@@ -31,15 +40,19 @@ use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
-/// The Noise protocol name.
+/// The Noise protocol of a run with a secret alone.
 const PATTERN: &str = "Noise_NNpsk0_25519_ChaChaPoly_BLAKE2s";
+/// The Noise protocol of a run with a roster: the dialer knows the acceptor's static key from
+/// the roster and sends its own, encrypted, in message 1, which the secret authenticates too
+/// (`psk1`), so the acceptor knows who dials, and whether the secret is right, from message 1.
+const PATTERN_KEYED: &str = "Noise_IKpsk1_25519_ChaChaPoly_BLAKE2s";
 /// Largest Noise message.
 const MAX_MESSAGE: usize = 65535;
 /// The AEAD tag.
 const TAG: usize = 16;
 /// Largest plaintext of one record.
 pub(super) const MAX_PLAIN: usize = MAX_MESSAGE - TAG;
-/// Largest handshake message (message 1 is 48 bytes, message 2 is 48).
+/// Largest handshake message (message 1 is 48 bytes, or 96 keyed; message 2 is 48).
 const MAX_HANDSHAKE: usize = 1024;
 
 /// The pre-shared key of a run: derived from its secret (any length) for this use only.
@@ -47,21 +60,40 @@ fn psk(secret: &[u8]) -> [u8; 32] {
     blake3::derive_key("loco 2026 noise psk", secret)
 }
 
-fn builder<'a>(prologue: &'a [u8], key: &'a [u8; 32]) -> Result<snow::Builder<'a>, String> {
-    let params = PATTERN.parse().map_err(|e| format!("noise parameters: {e:?}"))?;
-    snow::Builder::new(params)
-        .psk(0, key)
-        .and_then(|b| b.prologue(prologue))
-        .map_err(|e| format!("noise set-up: {e}"))
+/// The static keys of a keyed handshake: this node's private key, and (for the dialer) the
+/// public key the roster gives the node it dials.
+#[derive(Clone, Copy)]
+pub(super) struct Keys<'a> {
+    pub(super) local: &'a [u8; 32],
+    pub(super) remote: Option<&'a [u8; 32]>,
+}
+
+fn builder<'a>(
+    prologue: &'a [u8],
+    key: &'a [u8; 32],
+    keys: Option<Keys<'a>>,
+) -> Result<snow::Builder<'a>, String> {
+    let pattern = if keys.is_some() { PATTERN_KEYED } else { PATTERN };
+    let params = pattern.parse().map_err(|e| format!("noise parameters: {e:?}"))?;
+    let mut b = snow::Builder::new(params);
+    let e = |e: snow::Error| format!("noise set-up: {e}");
+    if let Some(k) = keys {
+        b = b.local_private_key(k.local).map_err(e)?;
+        if let Some(r) = k.remote {
+            b = b.remote_public_key(r).map_err(e)?;
+        }
+    }
+    b.psk(u8::from(keys.is_some()), key).and_then(|b| b.prologue(prologue)).map_err(e)
 }
 
 /// The dialer's side before the reply: its handshake state and message 1 (length first).
 pub(super) fn first_flight(
     hello: &[u8],
     secret: &[u8],
+    keys: Option<Keys<'_>>,
 ) -> Result<(snow::HandshakeState, Vec<u8>), String> {
     let key = psk(secret);
-    let mut hs = builder(hello, &key)?.build_initiator().map_err(|e| e.to_string())?;
+    let mut hs = builder(hello, &key, keys)?.build_initiator().map_err(|e| e.to_string())?;
     let out = write_handshake(&mut hs)?;
     Ok((hs, out))
 }
@@ -89,15 +121,18 @@ async fn read_handshake<R: AsyncRead + Unpin>(s: &mut R) -> Result<Vec<u8>, Stri
     Ok(msg)
 }
 
-/// The acceptor's side, message 1: `Ok(state)` when it authenticates under this run's key.
+/// The acceptor's side, message 1: `Ok(state)` when it authenticates under this run's key (and,
+/// keyed, under this node's static key; the dialer's is then the state's remote static key).
 pub(super) async fn accept_first<R: AsyncRead + Unpin>(
     s: &mut R,
     hello: &[u8],
     secret: &[u8],
+    local: Option<&[u8; 32]>,
 ) -> Result<Result<snow::HandshakeState, String>, String> {
     let msg = read_handshake(s).await?;
     let key = psk(secret);
-    let mut hs = builder(hello, &key)?.build_responder().map_err(|e| e.to_string())?;
+    let keys = local.map(|local| Keys { local, remote: None });
+    let mut hs = builder(hello, &key, keys)?.build_responder().map_err(|e| e.to_string())?;
     let mut payload = vec![0u8; MAX_HANDSHAKE];
     Ok(hs.read_message(&msg, &mut payload).map(|_| hs).map_err(|e| e.to_string()))
 }

@@ -629,15 +629,16 @@ mod hostile {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(async {
             let secret = b"k".as_slice();
-            let hello = plain_hello(PROTOCOL_VERSION, NodeId(1), 0, true);
+            let hello = plain_hello(PROTOCOL_VERSION, NodeId(1), 0, Security::Secret);
             let mut runner = proptest::test_runner::TestRunner::default();
             let strategy = prop::collection::vec(any::<u8>(), 0..300);
             for _ in 0..64 {
                 let junk = strategy.new_tree(&mut runner).unwrap().current();
-                let (hs, first) = secure::first_flight(&hello, secret).unwrap();
+                let (hs, first) = secure::first_flight(&hello, secret, None).unwrap();
                 let (mut d, mut a) = tokio::io::duplex(1 << 16);
                 d.write_all(&first).await.unwrap();
-                let resp = secure::accept_first(&mut a, &hello, secret).await.unwrap().unwrap();
+                let resp =
+                    secure::accept_first(&mut a, &hello, secret, None).await.unwrap().unwrap();
                 let acc = secure::accept_second(&mut a, resp).await.unwrap();
                 let dial = secure::dial_second(&mut d, hs).await.unwrap();
                 // A real record, then one of junk with a plausible length.
@@ -1043,4 +1044,121 @@ async fn large_headers_are_charged_to_the_budget_at_their_decoded_size() {
         assert_eq!((from, &f), (NodeId(5), &big));
     }
     drop(writer.await.unwrap());
+}
+
+/// Keys for nodes 0, 1, 2 and the coordinator, and the roster of the first three.
+fn keyed_run() -> (BTreeMap<NodeId, crate::identity::NodeKey>, crate::identity::Roster) {
+    use crate::identity::{NodeKey, Roster};
+    let keys: BTreeMap<NodeId, NodeKey> = [NodeId(0), NodeId(1), NodeId(2), NodeId::COORDINATOR]
+        .into_iter()
+        .map(|id| (id, NodeKey::generate()))
+        .collect();
+    let roster = Roster::new(
+        keys.iter().filter(|(id, _)| **id != NodeId(2)).map(|(&id, k)| (id, k.public())).collect(),
+    )
+    .unwrap();
+    (keys, roster)
+}
+
+fn keyed_cfg(key: &crate::identity::NodeKey, roster: &crate::identity::Roster) -> TcpConfig {
+    let identity = crate::identity::Identity { key: key.clone(), roster: roster.clone() };
+    TcpConfig {
+        secret: Some(b"run secret".to_vec()),
+        identity: Some(Arc::new(identity)),
+        ..TcpConfig::default()
+    }
+}
+
+/// What node `b` answers a raw hello, and whether the refusal was counted as one for a key.
+async fn knock(b: &TcpTransport, hello: Vec<u8>) -> u8 {
+    let mut raw = TcpStream::connect(b.local_addr()).await.unwrap();
+    raw.write_all(&hello).await.unwrap();
+    let mut reply = [0u8; HELLO_REPLY_LEN];
+    raw.read_exact(&mut reply).await.unwrap();
+    reply[0]
+}
+
+/// With a roster, nodes holding their own keys talk; a member holding the run secret and its
+/// own key cannot claim another member's id, nor the coordinator's; a key outside the roster
+/// and a dialer without a key are refused too. Each refusal is counted as one for a key.
+#[tokio::test]
+async fn with_a_roster_an_id_is_bound_to_its_key() {
+    let (keys, roster) = keyed_run();
+    let mut a = TcpTransport::bind(NodeId(0), loopback(), keyed_cfg(&keys[&NodeId(0)], &roster))
+        .await
+        .unwrap();
+    let mut b = TcpTransport::bind(NodeId(1), loopback(), keyed_cfg(&keys[&NodeId(1)], &roster))
+        .await
+        .unwrap();
+    a.set_peer_addr(NodeId(1), b.local_addr());
+    a.send(NodeId(1), collective(1)).await.unwrap();
+    assert_eq!(recv_within(&mut b).await, Some((NodeId(0), collective(1))));
+    let to_b = roster.key(NodeId(1)).unwrap();
+    let secret = b"run secret";
+    // Node 0's key claiming node 1's id, and the coordinator's.
+    for claimed in [NodeId(1), NodeId::COORDINATOR] {
+        let h = hello_keyed(claimed, 0, secret, &keys[&NodeId(0)], to_b);
+        assert_eq!(knock(&b, h).await, HelloStatus::BadIdentity as u8);
+    }
+    // A key the roster does not have (node 2's), claiming node 0's id.
+    let h = hello_keyed(NodeId(0), 0, secret, &keys[&NodeId(2)], to_b);
+    assert_eq!(knock(&b, h).await, HelloStatus::BadIdentity as u8);
+    // The secret without a key.
+    let h = hello(PROTOCOL_VERSION, NodeId(0), 0, Some(secret));
+    assert_eq!(knock(&b, h).await, HelloStatus::BadIdentity as u8);
+    // The right key under a wrong secret, and a dialler that takes another node for node 1.
+    let h = hello_keyed(NodeId(0), 0, b"a guess", &keys[&NodeId(0)], to_b);
+    assert_eq!(knock(&b, h).await, HelloStatus::BadSecret as u8);
+    let h = hello_keyed(NodeId(0), 0, secret, &keys[&NodeId(0)], &keys[&NodeId(2)].public());
+    assert_eq!(knock(&b, h).await, HelloStatus::BadSecret as u8);
+    for _ in 0..100 {
+        if b.stats().rejected_handshakes.load(Ordering::Relaxed) == 6 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(b.stats().rejected_handshakes.load(Ordering::Relaxed), 6);
+    assert_eq!(b.stats().refused_identities.load(Ordering::Relaxed), 4);
+    // Node 0 still gets through, and nothing of the refused reached the node.
+    a.send(NodeId(1), collective(2)).await.unwrap();
+    assert_eq!(recv_within(&mut b).await, Some((NodeId(0), collective(2))));
+}
+
+/// A dialer checks whom it reached: a member listening where node 1 should be (its address
+/// learned wrongly, or redirected) cannot take node 1's traffic, for it lacks node 1's key.
+#[tokio::test]
+async fn a_dialer_reaches_only_the_holder_of_the_peers_key() {
+    let (keys, roster) = keyed_run();
+    let mut a = TcpTransport::bind(NodeId(0), loopback(), keyed_cfg(&keys[&NodeId(0)], &roster))
+        .await
+        .unwrap();
+    // Node 2's key, listening as if it were node 1 (its roster names it node 2's key for 1).
+    let mut forged = roster.clone();
+    forged = crate::identity::Roster::new(
+        [NodeId(0), NodeId(1)]
+            .into_iter()
+            .map(|id| {
+                let k = if id == NodeId(1) {
+                    keys[&NodeId(2)].public()
+                } else {
+                    *forged.key(id).unwrap()
+                };
+                (id, k)
+            })
+            .collect(),
+    )
+    .unwrap();
+    let ident = crate::identity::Identity { key: keys[&NodeId(2)].clone(), roster: forged };
+    let cfg = TcpConfig {
+        secret: Some(b"run secret".to_vec()),
+        identity: Some(Arc::new(ident)),
+        ..TcpConfig::default()
+    };
+    let mut impostor = TcpTransport::bind(NodeId(1), loopback(), cfg).await.unwrap();
+    a.set_peer_addr(NodeId(1), impostor.local_addr());
+    a.send(NodeId(1), collective(1)).await.unwrap();
+    let heard = tokio::time::timeout(Duration::from_secs(5), a.unreachable().next()).await;
+    assert_eq!(heard, Ok(NodeId(1)));
+    let got = tokio::time::timeout(Duration::from_millis(300), impostor.recv()).await;
+    assert!(got.is_err(), "the impostor got {got:?}");
 }

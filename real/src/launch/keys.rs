@@ -1,0 +1,50 @@
+//! The keys of a launch's processes: a fresh key per node and for the coordinator, and the
+//! roster that names them, made for each run (`nodes/keys/`), so that the processes of a run
+//! with a secret bind their ids to keys as a run across machines does.
+
+use super::LaunchError;
+use crate::identity::{COORDINATOR_NAME, NodeKey, Roster};
+use loco_core::ids::NodeId;
+use loco_core::scenario::Scenario;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// The roster's file name in the keys directory.
+pub(super) const ROSTER: &str = "roster.toml";
+
+/// Writes a key for every node of `s` and for the coordinator into `dir` (emptied first: the
+/// keys are this run's), and the roster; gives `dir`.
+pub(super) fn make(s: &Scenario, dir: &Path) -> Result<PathBuf, LaunchError> {
+    let io = |action, path: &Path| {
+        let path = path.to_path_buf();
+        move |source| LaunchError::Io { action, path, source }
+    };
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).map_err(io("removing", dir))?;
+    }
+    std::fs::create_dir_all(dir).map_err(io("creating", dir))?;
+    let mut names = BTreeMap::new();
+    let mut keys = BTreeMap::new();
+    let all = std::iter::once((NodeId::COORDINATOR, COORDINATOR_NAME.to_string()))
+        .chain(s.nodes().iter().map(|n| (n.id, n.name.clone())));
+    for (id, name) in all {
+        let path = dir.join(format!("{name}.key"));
+        let key = NodeKey::create(&path).map_err(|e| LaunchError::Io {
+            action: "writing",
+            path: path.clone(),
+            source: std::io::Error::other(e.to_string()),
+        })?;
+        keys.insert(id, key.public());
+        names.insert(id, name);
+    }
+    // Fresh keys from the system's random source do not repeat.
+    let roster = Roster::new(keys).map_err(|id| LaunchError::Io {
+        action: "making the roster of",
+        path: dir.to_path_buf(),
+        source: std::io::Error::other(format!("node {id}'s key is another node's too")),
+    })?;
+    let text = roster.to_toml(|id| names.get(&id).cloned().unwrap_or_default());
+    let path = dir.join(ROSTER);
+    std::fs::write(&path, text).map_err(io("writing", &path))?;
+    Ok(dir.to_path_buf())
+}
