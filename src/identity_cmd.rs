@@ -122,7 +122,21 @@ pub(crate) fn identity(
                 roster_path.display()
             ))
         })?;
-    let key = NodeKey::load(&key_path).map_err(|e| input(e.to_string()))?;
+    let key = NodeKey::load(&key_path).map_err(|e| match e {
+        loco_real::identity::IdentityError::Io { source, .. }
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            input(format!(
+                "{}: no such key file (this run has a roster, {}): make this node's key with \
+                 `loco keygen {} --name {name}` and add the line it prints to the roster, or \
+                 give another with --key",
+                key_path.display(),
+                roster_path.display(),
+                key_path.display()
+            ))
+        }
+        e => input(e.to_string()),
+    })?;
     let roster = Roster::load(&roster_path, |n| id_of(s, n)).map_err(|e| input(e.to_string()))?;
     let identity = Identity::new(me, key, roster)
         .map_err(|e| input(format!("{}: node {name}: {e}", roster_path.display())))?;
