@@ -82,16 +82,26 @@ struct Modelled {
 }
 
 /// The network and the agenda, shared by the executor and every endpoint.
+/// A map keyed by node pairs that is only looked up, never iterated, so its order cannot reach
+/// the output; hashed with fixed keys (the same on every run).
+type PairMap<V> = std::collections::HashMap<
+    (NodeId, NodeId),
+    V,
+    std::hash::BuildHasherDefault<std::collections::hash_map::DefaultHasher>,
+>;
+
 struct Core {
     now: Time,
     agenda: BTreeMap<(Time, u64), Ev>,
     seq: u64,
     run: Rc<RunCtx>,
-    /// One-way latency range per unordered pair.
-    latency: BTreeMap<(NodeId, NodeId), (Duration, Duration)>,
+    /// One-way latency range per unordered pair (looked up, never iterated: a hash map, for a
+    /// thousand nodes have half a million pairs).
+    latency: PairMap<(Duration, Duration)>,
     rng: ChaCha8Rng,
-    /// The last arrival scheduled on each directed connection: later messages arrive no sooner.
-    last_arrival: BTreeMap<(NodeId, NodeId), Time>,
+    /// The last arrival scheduled on each directed connection: later messages arrive no sooner
+    /// (looked up, never iterated).
+    last_arrival: PairMap<Time>,
     /// Frames whose bodies are flowing in the bandwidth model: sender, receiver, frame.
     flows: BTreeMap<FlowId, (NodeId, NodeId, Frame)>,
     /// Each host's process count: frames and news for an earlier process are dropped.
@@ -375,9 +385,9 @@ impl EventExec {
             agenda: BTreeMap::new(),
             seq: 0,
             run: run.clone(),
-            latency: BTreeMap::new(),
+            latency: PairMap::default(),
             rng,
-            last_arrival: BTreeMap::new(),
+            last_arrival: PairMap::default(),
             flows: BTreeMap::new(),
             life: BTreeMap::new(),
             flows_version: 0,

@@ -148,7 +148,11 @@ fn timeout(target: Duration) -> Duration {
 /// deadline has passed.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub(crate) struct ProbePlan {
-    queue: Vec<(NodeId, NodeId)>,
+    /// The links waiting, in the order they were queued, as runs of links from one prober
+    /// (`plan` queues a prober's links together): a round skips a busy prober's whole run at
+    /// once instead of looking at each of its links (a thousand members queue a million links,
+    /// and a round picks at most one link per prober).
+    queue: Vec<(NodeId, Vec<NodeId>)>,
     /// The links in `queue`, for lookups (a thousand members queue a million links).
     queued: BTreeSet<(NodeId, NodeId)>,
     round: u64,
@@ -164,10 +168,9 @@ impl ProbePlan {
             let mut peers = measured.unmeasured_from(a, members);
             let split = peers.iter().position(|&p| p > a).unwrap_or(peers.len());
             peers.rotate_left(split);
-            for b in peers {
-                if self.queued.insert((a, b)) {
-                    self.queue.push((a, b));
-                }
+            peers.retain(|&b| self.queued.insert((a, b)));
+            if !peers.is_empty() {
+                self.queue.push((a, peers));
             }
         }
     }
@@ -181,7 +184,10 @@ impl ProbePlan {
 
     /// `id` left the mesh: drop its links.
     pub(crate) fn forget(&mut self, id: NodeId) {
-        self.queue.retain(|&(a, b)| a != id && b != id);
+        self.queue.retain_mut(|(a, bs)| {
+            bs.retain(|&b| b != id);
+            *a != id && !bs.is_empty()
+        });
         self.queued.retain(|&(a, b)| a != id && b != id);
         self.outstanding.remove(&id);
     }
@@ -201,17 +207,23 @@ impl ProbePlan {
             return Vec::new();
         }
         self.round += 1;
+        // Greedy in queue order: a link is taken when neither end is busy yet this round. Within
+        // a prober's run that is its first link to a free target; after it (or when the prober
+        // is busy) none of the run can be.
         let mut busy = BTreeSet::new();
         let mut out = Vec::new();
-        self.queue.retain(|&(a, b)| {
-            if busy.contains(&a) || busy.contains(&b) {
-                return true;
+        for (a, bs) in &mut self.queue {
+            if busy.contains(a) {
+                continue;
             }
-            busy.insert(a);
-            busy.insert(b);
-            out.push((a, self.round, b));
-            false
-        });
+            if let Some(i) = bs.iter().position(|b| !busy.contains(b)) {
+                let b = bs.remove(i);
+                busy.insert(*a);
+                busy.insert(b);
+                out.push((*a, self.round, b));
+            }
+        }
+        self.queue.retain(|(_, bs)| !bs.is_empty());
         for (a, _, b) in &out {
             self.queued.remove(&(*a, *b));
         }
