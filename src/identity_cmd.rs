@@ -70,9 +70,9 @@ fn id_of(s: &Scenario, name: &str) -> Option<NodeId> {
     s.node_by_name(name).map(|n| n.id)
 }
 
-/// The identity of process `me` (named `name`) of scenario `s` at `path`: `None` without a
-/// roster where the process listens on loopback; a refusal (exit 2, saying what to do) without
-/// one beyond it, or with a key the roster does not give this node.
+/// The identity of process `me` (named `name`) of scenario `s` at `path`, and its roster's
+/// file: `None` without a roster where the process listens on loopback; a refusal (exit 2,
+/// saying what to do) without one beyond it, or with a key the roster does not give this node.
 pub(crate) fn identity(
     s: &Scenario,
     path: &Path,
@@ -80,7 +80,7 @@ pub(crate) fn identity(
     checkpoint_root: Option<PathBuf>,
     (me, name): (NodeId, &str),
     listen: SocketAddr,
-) -> Result<Option<Arc<Identity>>> {
+) -> Result<Option<(Arc<Identity>, PathBuf)>> {
     let base = loco_real::launch::scenario_base(path);
     let roster_path = a.roster.clone().or_else(|| s.real().roster.as_ref().map(|r| base.join(r)));
     let input = |msg: String| -> anyhow::Error { InputError(anyhow!(msg)).into() };
@@ -107,6 +107,13 @@ pub(crate) fn identity(
             path.display(),
             roster_path.display(),
             s.real().secret_env
+        )));
+    }
+    if s.node_by_name(COORDINATOR_NAME).is_some() {
+        return Err(input(format!(
+            "{}: a node is named `{COORDINATOR_NAME}`, which a roster keeps for the coordinator: \
+             rename it",
+            path.display()
         )));
     }
     let key_path = a
@@ -140,5 +147,38 @@ pub(crate) fn identity(
     let roster = Roster::load(&roster_path, |n| id_of(s, n)).map_err(|e| input(e.to_string()))?;
     let identity = Identity::new(me, key, roster)
         .map_err(|e| input(format!("{}: node {name}: {e}", roster_path.display())))?;
-    Ok(Some(Arc::new(identity)))
+    Ok(Some((Arc::new(identity), roster_path)))
+}
+
+/// How often a process looks at its roster file for changes.
+const ROSTER_POLL: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Reads the roster again whenever its file changes (polled every [`ROSTER_POLL`]), on the
+/// runtime this is called in, for as long as the process runs: a node is added to a running
+/// mesh by adding its line to the coordinator's roster. A roster that does not read, or no
+/// longer gives this node its key, is refused with a warning and the one in use is kept.
+pub(crate) fn watch_roster(identity: Arc<Identity>, path: PathBuf, s: Arc<Scenario>) {
+    let stamp = |p: &Path| std::fs::metadata(p).and_then(|m| Ok((m.modified()?, m.len()))).ok();
+    let mut last = stamp(&path);
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(ROSTER_POLL).await;
+            let now = stamp(&path);
+            if now == last {
+                continue;
+            }
+            last = now;
+            let taken =
+                Roster::load(&path, |n| id_of(&s, n)).map_err(|e| e.to_string()).and_then(|r| {
+                    let n = r.len();
+                    identity.set_roster(r).map(|()| n)
+                });
+            match taken {
+                Ok(n) => tracing::info!("{}: roster read again: {n} keys", path.display()),
+                Err(e) => {
+                    tracing::warn!("{}: roster not taken, the one in use kept: {e}", path.display())
+                }
+            }
+        }
+    });
 }

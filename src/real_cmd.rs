@@ -135,7 +135,8 @@ pub(crate) fn coordinator(a: &crate::cli::CoordinatorArgs) -> Result<()> {
     require_secret(&s, &a.scenario, a.listen)?;
     let root = loco_real::launch::checkpoint_root(&s, &a.scenario, None);
     let me = (NodeId::COORDINATOR, loco_real::identity::COORDINATOR_NAME);
-    let identity = crate::identity_cmd::identity(&s, &a.scenario, &a.identity, root, me, a.listen)?;
+    let keyed = crate::identity_cmd::identity(&s, &a.scenario, &a.identity, root, me, a.listen)?;
+    let identity = keyed.as_ref().map(|(i, _)| i.clone());
     let names: BTreeMap<NodeId, String> =
         s.nodes().iter().map(|n| (n.id, n.name.clone())).collect();
     let opts = CoordinatorOptions {
@@ -168,6 +169,9 @@ pub(crate) fn coordinator(a: &crate::cli::CoordinatorArgs) -> Result<()> {
     };
     let lines = live.as_ref().and_then(crate::live::LivePage::sender);
     let ran = runtime()?.block_on(async {
+        if let Some((i, roster)) = keyed {
+            crate::identity_cmd::watch_roster(i, roster, std::sync::Arc::new(s.clone()));
+        }
         let mut opts = opts;
         opts.exporter = serve_metrics(a.metrics_addr, Exporter::coordinator).await?;
         opts.lines = lines;
@@ -454,7 +458,8 @@ pub(crate) fn worker(a: &crate::cli::WorkerArgs) -> Result<()> {
         .clone();
     let root = loco_real::launch::checkpoint_root(&s, &a.scenario, a.checkpoint_dir.as_deref());
     let me = (node.id, node.name.as_str());
-    let identity = crate::identity_cmd::identity(&s, &a.scenario, &a.identity, root, me, a.listen)?;
+    let keyed = crate::identity_cmd::identity(&s, &a.scenario, &a.identity, root, me, a.listen)?;
+    let identity = keyed.as_ref().map(|(i, _)| i.clone());
     // A node whose devices cannot hold its plan stops here, with the plan (where nvidia-smi
     // tells the devices' memory).
     if a.synthetic_params.is_none() {
@@ -518,6 +523,9 @@ pub(crate) fn worker(a: &crate::cli::WorkerArgs) -> Result<()> {
     };
     let round_steps = s.diloco().round_steps();
     let report = runtime()?.block_on(async {
+        if let Some((i, roster)) = keyed {
+            crate::identity_cmd::watch_roster(i, roster, std::sync::Arc::new(s.clone()));
+        }
         let mut opts = opts;
         opts.exporter =
             serve_metrics(a.metrics_addr, || Exporter::worker(&node.name, round_steps)).await?;

@@ -271,6 +271,16 @@ impl Roster {
         Ok(Roster { keys })
     }
 
+    /// The number of keys.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Whether it has no keys.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
     /// The key of `id`.
     pub fn key(&self, id: NodeId) -> Option<&PublicKey> {
         self.keys.get(&id)
@@ -300,30 +310,119 @@ fn toml_key(name: &str) -> String {
     if bare { name.to_string() } else { format!("{name:?}") }
 }
 
-/// A node's identity in a run: its key, and the roster that binds every id to a key.
-#[derive(Clone, Debug)]
+/// How long an acceptor waits for the coordinator to name the key of an id it does not know yet
+/// (a node admitted a moment ago may dial before the directory that names it arrives here).
+pub const VOUCH_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// A node's identity in a run: its key, the roster that binds ids to keys (the file's, reloaded
+/// when it changes), and, at a member, the keys the coordinator named in its directories.
+///
+/// The coordinator is the authority on who is in the run: its roster names every node it
+/// admits, and it tells its members the keys of the peers it tells them to reach, over its own
+/// authenticated connection. So a member's roster needs only the coordinator's key and its
+/// own, and a node is added to a running mesh by adding its line to the coordinator's roster.
+#[derive(Debug)]
 pub struct Identity {
     /// This node's key.
     pub key: NodeKey,
-    /// Every node's public key.
-    pub roster: Roster,
+    me: NodeId,
+    roster: std::sync::RwLock<Roster>,
+    vouched: std::sync::Mutex<BTreeMap<NodeId, PublicKey>>,
+    changed: tokio::sync::Notify,
 }
 
 impl Identity {
     /// The identity of node `me`: `Err` says what is wrong when the roster gives `me` another key
     /// or none (this node could reach nobody, and nobody would take it).
     pub fn new(me: NodeId, key: NodeKey, roster: Roster) -> Result<Identity, String> {
-        match roster.key(me) {
-            Some(k) if *k == key.public() => Ok(Identity { key, roster }),
-            Some(k) => Err(format!(
-                "the roster gives this node the key {}, not this key's {}",
-                k.short(),
-                key.public().short()
-            )),
-            None => Err(format!(
-                "the roster has no key for this node (its public key is {})",
-                key.public()
-            )),
+        check_own(me, &key, &roster)?;
+        Ok(Identity {
+            key,
+            me,
+            roster: std::sync::RwLock::new(roster),
+            vouched: std::sync::Mutex::new(BTreeMap::new()),
+            changed: tokio::sync::Notify::new(),
+        })
+    }
+
+    /// The node this identity is.
+    pub fn me(&self) -> NodeId {
+        self.me
+    }
+
+    /// The key of `id`: this node's own, the coordinator's from the roster, another node's as
+    /// the coordinator last named it, else the roster's.
+    pub fn key_of(&self, id: NodeId) -> Option<PublicKey> {
+        if id == self.me {
+            return Some(self.key.public());
+        }
+        let vouched = self.vouched.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(k) = vouched.get(&id).filter(|_| id != NodeId::COORDINATOR) {
+            return Some(*k);
+        }
+        drop(vouched);
+        self.roster.read().unwrap_or_else(|e| e.into_inner()).key(id).copied()
+    }
+
+    /// The id whose key `key` is, for logs.
+    pub fn id_of(&self, key: &PublicKey) -> Option<NodeId> {
+        let vouched = self.vouched.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((&id, _)) = vouched.iter().find(|(_, k)| *k == key) {
+            return Some(id);
+        }
+        drop(vouched);
+        self.roster.read().unwrap_or_else(|e| e.into_inner()).id_of(key)
+    }
+
+    /// Takes a new roster (its file changed); `Err` (and the old one kept) when it no longer
+    /// gives this node its key.
+    pub fn set_roster(&self, roster: Roster) -> Result<(), String> {
+        check_own(self.me, &self.key, &roster)?;
+        *self.roster.write().unwrap_or_else(|e| e.into_inner()) = roster;
+        self.changed.notify_waiters();
+        Ok(())
+    }
+
+    /// The keys the coordinator named (a directory): taken for every id but this node's and the
+    /// coordinator's, which only the roster names.
+    pub fn vouch(&self, keys: impl IntoIterator<Item = (NodeId, PublicKey)>) {
+        let mut vouched = self.vouched.lock().unwrap_or_else(|e| e.into_inner());
+        for (id, key) in keys {
+            if id != self.me && id != NodeId::COORDINATOR {
+                vouched.insert(id, key);
+            }
+        }
+        drop(vouched);
+        self.changed.notify_waiters();
+    }
+
+    /// The key of `id`, waiting up to `within` for a roster or a directory to name it.
+    pub async fn wait_for_key(&self, id: NodeId, within: std::time::Duration) -> Option<PublicKey> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if let Some(k) = self.key_of(id) {
+                return Some(k);
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return self.key_of(id);
+            }
+        }
+    }
+}
+
+fn check_own(me: NodeId, key: &NodeKey, roster: &Roster) -> Result<(), String> {
+    match roster.key(me) {
+        Some(k) if *k == key.public() => Ok(()),
+        Some(k) => Err(format!(
+            "the roster gives this node the key {}, not this key's {}",
+            k.short(),
+            key.public().short()
+        )),
+        None => {
+            Err(format!("the roster has no key for this node (its public key is {})", key.public()))
         }
     }
 }
@@ -348,6 +447,42 @@ mod tests {
         std::fs::write(&path, "# nothing\nnot hex\n").unwrap();
         let e = NodeKey::load(&path).unwrap_err().to_string();
         assert!(e.contains("node.key") && e.contains("64 hex digits"), "{e}");
+    }
+
+    /// The coordinator's directory names other nodes' keys (over a roster's), never this node's
+    /// or the coordinator's; a new roster is taken only while it still gives this node its key;
+    /// a wait for a key ends when one is named.
+    #[tokio::test]
+    async fn keys_come_from_the_roster_and_the_coordinators_word() {
+        let (me, c, other) = (NodeKey::generate(), NodeKey::generate(), NodeKey::generate());
+        let roster = |keys: &[(NodeId, &NodeKey)]| {
+            Roster::new(keys.iter().map(|(id, k)| (*id, k.public())).collect()).unwrap()
+        };
+        let id = Identity::new(
+            NodeId(0),
+            me.clone(),
+            roster(&[(NodeId(0), &me), (NodeId::COORDINATOR, &c)]),
+        );
+        let id = std::sync::Arc::new(id.unwrap());
+        assert_eq!(id.key_of(NodeId(1)), None);
+        let stray = NodeKey::generate().public();
+        id.vouch([(NodeId(0), stray), (NodeId::COORDINATOR, stray)]);
+        assert_eq!(id.key_of(NodeId(0)), Some(me.public()));
+        assert_eq!(id.key_of(NodeId::COORDINATOR), Some(c.public()));
+        let waiting = tokio::spawn({
+            let id = id.clone();
+            async move { id.wait_for_key(NodeId(1), std::time::Duration::from_secs(5)).await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        id.vouch([(NodeId(1), other.public())]);
+        assert_eq!(waiting.await.unwrap(), Some(other.public()));
+        assert_eq!(id.id_of(&other.public()), Some(NodeId(1)));
+        // A roster without this node's key is refused; one with it is taken.
+        assert!(id.set_roster(roster(&[(NodeId::COORDINATOR, &c)])).is_err());
+        assert_eq!(id.key_of(NodeId::COORDINATOR), Some(c.public()));
+        let c2 = NodeKey::generate();
+        id.set_roster(roster(&[(NodeId(0), &me), (NodeId::COORDINATOR, &c2)])).unwrap();
+        assert_eq!(id.key_of(NodeId::COORDINATOR), Some(c2.public()));
     }
 
     #[test]

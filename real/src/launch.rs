@@ -548,11 +548,16 @@ impl Run<'_, '_> {
         (Command::new(program), "127.0.0.1:0".into())
     }
 
-    /// With keys: process `name`'s key and the run's roster.
+    /// With keys: process `name`'s key and roster (the coordinator's names every node, a
+    /// worker's the coordinator and itself).
     fn identity_args(&self, name: &str, cmd: &mut Command) {
         if let Some(dir) = &self.keys {
             cmd.arg("--key").arg(dir.join(format!("{name}.key")));
-            cmd.arg("--roster").arg(dir.join(keys::ROSTER));
+            let roster = match name {
+                crate::identity::COORDINATOR_NAME => keys::ROSTER.to_string(),
+                name => keys::worker_roster(name),
+            };
+            cmd.arg("--roster").arg(dir.join(roster));
         }
     }
 

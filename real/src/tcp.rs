@@ -375,17 +375,20 @@ type WireOut = Box<dyn AsyncWrite + Send + Unpin>;
 /// The reading end of an accepted connection.
 type WireIn = Box<dyn AsyncRead + Send + Unpin>;
 
+/// One entry of a directory: a node, where it listens, and (in a run with a roster) its key.
+type DirEntry = (NodeId, SocketAddr, Option<crate::identity::PublicKey>);
+
 /// What a writer task sends.
 enum Outgoing {
     Frame(Frame),
-    Directory(Vec<(NodeId, SocketAddr)>),
+    Directory(Vec<DirEntry>),
 }
 
 /// What a reader task delivers.
 #[derive(Debug)]
 enum Incoming {
     Frame(Frame),
-    Directory(Vec<(NodeId, SocketAddr)>),
+    Directory(Vec<DirEntry>),
 }
 
 type Directory = Arc<std::sync::Mutex<BTreeMap<NodeId, SocketAddr>>>;
@@ -565,12 +568,19 @@ impl TcpTransport {
     }
 
     /// Sends `to` a directory of peer addresses (the coordinator tells members where the others
-    /// listen). Travels on the control stream, so it arrives before later control frames.
+    /// listen), with each peer's key where this endpoint has a roster (so that members need
+    /// only the coordinator's key in theirs). Travels on the control stream, so it arrives
+    /// before later control frames.
     pub async fn send_directory(
         &mut self,
         to: NodeId,
         entries: Vec<(NodeId, SocketAddr)>,
     ) -> Result<(), TransportError> {
+        let id = self.cfg.identity.clone();
+        let entries: Vec<DirEntry> = entries
+            .into_iter()
+            .map(|(n, a)| (n, a, id.as_ref().and_then(|i| i.key_of(n))))
+            .collect();
         let peer = self.connect(to).await?;
         if peer.streams[0].send(Outgoing::Directory(entries)).is_err() {
             self.drop_peer(to);
@@ -957,14 +967,16 @@ async fn dial_handshake<S: AsyncRead + AsyncWrite + Send + Unpin + 'static>(
     let unreachable = |_| TransportError::Unreachable(to);
     let hello = plain_hello(PROTOCOL_VERSION, me, listen_port, Security::of(cfg));
     let corrupt = |reason: String| TransportError::Corrupt { from: to, reason };
-    let keys = match &cfg.identity {
-        Some(id) => {
-            let Some(remote) = id.roster.key(to) else {
-                return Err(corrupt(format!("the roster has no key for node {to}")));
-            };
-            Some(secure::Keys { local: id.key.private(), remote: Some(&remote.0) })
-        }
+    let remote = match &cfg.identity {
+        Some(id) => match id.wait_for_key(to, crate::identity::VOUCH_WAIT).await {
+            Some(k) => Some(k),
+            None => return Err(corrupt(format!("no key for node {to} (roster or directory)"))),
+        },
         None => None,
+    };
+    let keys = match (&cfg.identity, &remote) {
+        (Some(id), Some(r)) => Some(secure::Keys { local: id.key.private(), remote: Some(&r.0) }),
+        _ => None,
     };
     let noise = match cfg.secret.as_deref() {
         Some(k) => {
@@ -1225,7 +1237,7 @@ async fn hello_status<S: AsyncRead + Unpin>(
                 return Err("a keyed run without an identity".into());
             };
             match secure::accept_first(s, hello, k, Some(me.key.private())).await? {
-                Ok(hs) => match check_key(from, &hs, &me.roster) {
+                Ok(hs) => match check_key(from, &hs, me).await {
                     None => (HelloStatus::Ok, Some(hs), None),
                     Some(why) => (HelloStatus::BadIdentity, None, identity(why)),
                 },
@@ -1243,18 +1255,22 @@ async fn hello_status<S: AsyncRead + Unpin>(
     })
 }
 
-/// `None` when the dialer's static key in `hs` is the one `roster` gives `from`; else why not.
-fn check_key(
+/// `None` when the dialer's static key in `hs` is the one `me` knows for `from`; else why not.
+/// A member that knows no key for `from` yet waits a little for the coordinator's directory to
+/// name one ([`crate::identity::VOUCH_WAIT`]): a node admitted a moment ago may dial first.
+async fn check_key(
     from: NodeId,
     hs: &snow::HandshakeState,
-    roster: &crate::identity::Roster,
+    me: &crate::identity::Identity,
 ) -> Option<String> {
     let Some(key) = hs.get_remote_static().and_then(|k| <[u8; 32]>::try_from(k).ok()) else {
         return Some(format!("{from} showed no static key"));
     };
     let key = crate::identity::PublicKey(key);
-    match (roster.key(from), roster.id_of(&key)) {
-        (Some(k), _) if *k == key => None,
+    let wait =
+        if me.me() == NodeId::COORDINATOR { Duration::ZERO } else { crate::identity::VOUCH_WAIT };
+    match (me.wait_for_key(from, wait).await, me.id_of(&key)) {
+        (Some(k), _) if k == key => None,
         (_, Some(owner)) => {
             Some(format!("a peer with {owner}'s key {} claimed to be {from}", key.short()))
         }
@@ -1318,11 +1334,17 @@ async fn read_loop(from: NodeId, mut s: WireIn, ctx: &AcceptCtx, inbox: &mpsc::S
                     return;
                 }
                 let mut addrs = ctx.addrs.lock().expect("poisoned");
-                for (id, addr) in entries {
+                for &(id, addr, _) in &entries {
                     // Nobody moves this node, nor the coordinator the node dialled itself.
                     if id != ctx.me && id != NodeId::COORDINATOR {
                         addrs.insert(id, addr);
                     }
+                }
+                drop(addrs);
+                // The coordinator vouches for its members' keys (over its own authenticated
+                // connection): a member's roster need not name them.
+                if let Some(identity) = &ctx.cfg.identity {
+                    identity.vouch(entries.iter().filter_map(|&(id, _, k)| Some((id, k?))));
                 }
             }
             Ok(None) => return, // clean close between frames
@@ -1488,11 +1510,14 @@ async fn read_frame_charged<R: AsyncRead + Unpin>(
     };
     let body = within(cfg, rest).await?;
     let Some(header) = decoded else {
-        let entries: Vec<(u32, String)> =
+        let entries: Vec<(u32, String, Option<[u8; 32]>)> =
             postcard::from_bytes(&header).map_err(|e| format!("undecodable directory: {e}"))?;
         let entries = entries
             .into_iter()
-            .map(|(id, a)| Ok((NodeId(id), a.parse().map_err(|_| format!("bad address {a}"))?)))
+            .map(|(id, a, k)| {
+                let addr = a.parse().map_err(|_| format!("bad address {a}"))?;
+                Ok((NodeId(id), addr, k.map(crate::identity::PublicKey)))
+            })
             .collect::<Result<Vec<_>, String>>()?;
         return Ok(Some((Incoming::Directory(entries), None)));
     };
@@ -1524,8 +1549,8 @@ fn parts(msg: &Outgoing) -> Result<(u8, Vec<u8>, &[u8]), String> {
             (kind, postcard::to_allocvec(&frame.header).map_err(|e| e.to_string())?, body)
         }
         Outgoing::Directory(entries) => {
-            let list: Vec<(u32, String)> =
-                entries.iter().map(|(n, a)| (n.0, a.to_string())).collect();
+            let list: Vec<(u32, String, Option<[u8; 32]>)> =
+                entries.iter().map(|(n, a, k)| (n.0, a.to_string(), k.map(|k| k.0))).collect();
             (KIND_DIRECTORY, postcard::to_allocvec(&list).map_err(|e| e.to_string())?, &[])
         }
     })

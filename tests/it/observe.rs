@@ -5,6 +5,7 @@
 #![allow(clippy::disallowed_methods)]
 
 use crate::common::TestContext;
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::process::CommandExt;
@@ -632,4 +633,91 @@ fn an_unauthenticated_request_beyond_loopback_is_refused() {
     assert!(ok.contains("200"), "/metrics with the token: {ok}");
     let ok = status(&page, "/?token=s3cret-token", "");
     assert!(ok.contains("200"), "/ with the token: {ok}");
+}
+
+/// Keys across machines as a user sets them up: `loco keygen` on each, the coordinator's roster
+/// naming every node, each worker's only the coordinator and itself (it learns its peers' keys
+/// from the coordinator). A node missing from the coordinator's roster is refused at the
+/// handshake; once its line is added to the file, the running coordinator reads it again and
+/// the node joins and trains with the others.
+#[test]
+fn a_node_added_to_the_coordinators_roster_joins_the_running_mesh() {
+    let ctx = TestContext::new();
+    let secret = "[real]\nsecret = \"Vq3k9ZpX2mT7rL0sWd5eYb8n\"\n";
+    let scenario = ctx.path().join("keys.toml");
+    let text = SCENARIO.replace("min_members = 3\n", "").replace("count = 3", "count = 2");
+    std::fs::write(&scenario, format!("{text}\n{secret}")).expect("write the scenario");
+    let scenario = scenario.to_str().expect("utf-8 path").to_string();
+    let file = |name: &str| ctx.path().join(name).to_str().expect("utf-8 path").to_string();
+    let mut line = BTreeMap::new();
+    for name in ["coordinator", "n-0", "n-1"] {
+        let o = Command::new(env!("CARGO_BIN_EXE_loco"))
+            .args(["keygen", &file(&format!("{name}.key")), "--name", name])
+            .output()
+            .expect("run loco keygen");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        line.insert(name, String::from_utf8_lossy(&o.stdout).trim().to_string());
+    }
+    let roster = |names: &[&str]| {
+        let body: Vec<&str> = names.iter().map(|n| line[n].as_str()).collect();
+        format!("[keys]\n{}\n", body.join("\n"))
+    };
+    std::fs::write(file("coordinator.roster"), roster(&["coordinator", "n-0"])).unwrap();
+    for n in ["n-0", "n-1"] {
+        std::fs::write(file(&format!("{n}.roster")), roster(&["coordinator", n])).unwrap();
+    }
+    let mut coord = Proc::start(&[
+        "coordinator",
+        &scenario,
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics-addr",
+        "0",
+        "--key",
+        &file("coordinator.key"),
+        "--roster",
+        &file("coordinator.roster"),
+    ]);
+    let coord_metrics = coord.metrics_addr();
+    let coord_addr = coord.wait_for("listening on");
+    let _workers: Vec<Proc> = ["n-0", "n-1"]
+        .iter()
+        .map(|n| {
+            Proc::start(&[
+                "worker",
+                &scenario,
+                "--coordinator",
+                &coord_addr,
+                "--id",
+                n,
+                "--listen",
+                "127.0.0.1:0",
+                "--synthetic-params",
+                "4096",
+                "--key",
+                &file(&format!("{n}.key")),
+                "--roster",
+                &file(&format!("{n}.roster")),
+            ])
+        })
+        .collect();
+    let members = || sample(&scrape(coord_metrics), "loco_members", &[]).unwrap_or(0.0);
+    let steps = || sample(&scrape(coord_metrics), "loco_outer_step", &[]).unwrap_or(0.0);
+    assert!(eventually(30, || members() == 1.0 && steps() >= 2.0), "n-0 alone does not train");
+    coord.wait_for("a peer claiming to be n1 has a key no node of the roster has");
+    assert_eq!(members(), 1.0, "n-1 got in without a key in the roster");
+    let with_n1 = roster(&["coordinator", "n-0", "n-1"]);
+    std::fs::write(file("coordinator.roster"), with_n1).unwrap();
+    assert!(
+        eventually(30, || members() == 2.0),
+        "n-1 was not admitted:\n{}",
+        coord.seen.join("\n")
+    );
+    let before = steps();
+    assert!(
+        eventually(30, || steps() >= before + 2.0),
+        "the two do not train together:\n{}",
+        coord.seen.join("\n")
+    );
+    assert_eq!(members(), 2.0);
 }

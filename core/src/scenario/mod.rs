@@ -246,8 +246,10 @@
 //! keep = 3                     # default 3; >= 1
 //! secret_env = "LOCO_SECRET"   # default "LOCO_SECRET": env variable with the run's secret
 //! secret = "..."               # default none; the secret itself, when that variable is unset
-//! roster = "roster.toml"       # default none; every node's public key (`loco keygen`),
-//!                              # relative to the scenario file; needed beyond loopback
+//! roster = "roster.toml"       # default none; node names to public keys (`loco keygen`):
+//!                              # the coordinator's names every node, a worker's at least the
+//!                              # coordinator and itself; relative to the scenario file; needed
+//!                              # beyond loopback; read again when it changes
 //! network = "auto"             # default "auto": the links emulated where the machine allows
 //!                              # it (root), else relayed in userspace; "emulated", "relay" or
 //!                              # "loopback" (unshaped)
@@ -1379,9 +1381,11 @@ pub struct RealSpec {
     /// The run's shared secret written in the file, used when the environment variable is not
     /// set (a file is easier to leak than the environment: prefer `secret_env`).
     pub secret: Option<String>,
-    /// The run's roster as written (relative to the scenario file): every node's public key, so
-    /// that a node id is bound to a key at every handshake (`loco keygen`). Required of a
-    /// process that listens beyond loopback; `loco launch` makes keys and a roster of its own.
+    /// The run's roster as written (relative to the scenario file): node names to public keys,
+    /// so that a node id is bound to a key at every handshake (`loco keygen`); the
+    /// coordinator's names every node it may admit, a worker's at least the coordinator and
+    /// itself (it learns the others' keys from the coordinator). Required of a process that
+    /// listens beyond loopback; `loco launch` makes keys and rosters of its own.
     pub roster: Option<String>,
     /// The network `loco launch` runs the processes in.
     pub network: NetworkMode,

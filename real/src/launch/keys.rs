@@ -1,6 +1,8 @@
-//! The keys of a launch's processes: a fresh key per node and for the coordinator, and the
-//! roster that names them, made for each run (`nodes/keys/`), so that the processes of a run
-//! with a secret bind their ids to keys as a run across machines does.
+//! The keys of a launch's processes: a fresh key per node and for the coordinator, made for
+//! each run (`nodes/keys/`), the coordinator's roster that names them all, and each worker's
+//! roster that names only the coordinator and itself (it learns the others' keys from the
+//! coordinator's directories), so that the processes of a run with a secret bind their ids to
+//! keys as a run across machines does.
 
 use super::LaunchError;
 use crate::identity::{COORDINATOR_NAME, NodeKey, Roster};
@@ -9,8 +11,13 @@ use loco_core::scenario::Scenario;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-/// The roster's file name in the keys directory.
+/// The coordinator's roster's file name in the keys directory.
 pub(super) const ROSTER: &str = "roster.toml";
+
+/// A worker's roster's file name in the keys directory.
+pub(super) fn worker_roster(name: &str) -> String {
+    format!("{name}.roster.toml")
+}
 
 /// Writes a key for every node of `s` and for the coordinator into `dir` (emptied first: the
 /// keys are this run's), and the roster; gives `dir`.
@@ -43,8 +50,15 @@ pub(super) fn make(s: &Scenario, dir: &Path) -> Result<PathBuf, LaunchError> {
         path: dir.to_path_buf(),
         source: std::io::Error::other(format!("node {id}'s key is another node's too")),
     })?;
-    let text = roster.to_toml(|id| names.get(&id).cloned().unwrap_or_default());
+    let name = |id: NodeId| names.get(&id).cloned().unwrap_or_default();
     let path = dir.join(ROSTER);
-    std::fs::write(&path, text).map_err(io("writing", &path))?;
+    std::fs::write(&path, roster.to_toml(name)).map_err(io("writing", &path))?;
+    for n in s.nodes() {
+        let own = [n.id, NodeId::COORDINATOR].into_iter();
+        let own = own.filter_map(|id| Some((id, *roster.key(id)?))).collect();
+        let own = Roster::new(own).unwrap_or_default();
+        let path = dir.join(worker_roster(&n.name));
+        std::fs::write(&path, own.to_toml(name)).map_err(io("writing", &path))?;
+    }
     Ok(dir.to_path_buf())
 }

@@ -24,13 +24,14 @@ fn configs(mode: HandshakeMode) -> (TcpConfig, TcpConfig) {
         [(NodeId(0), dialer.public()), (NodeId::COORDINATOR, acceptor.public())].into(),
     )
     .unwrap_or_default();
-    let with = |key: NodeKey| TcpConfig {
+    let with = |me: NodeId, key: NodeKey| TcpConfig {
         secret: secret.clone(),
         identity: (mode == HandshakeMode::Keyed)
-            .then(|| Arc::new(Identity { key, roster: roster.clone() })),
+            .then(|| Identity::new(me, key, roster.clone()).ok().map(Arc::new))
+            .flatten(),
         ..TcpConfig::default()
     };
-    (with(dialer), with(acceptor))
+    (with(NodeId(0), dialer), with(NodeId::COORDINATOR, acceptor))
 }
 
 /// Runs `count` handshakes in `mode`, both ends on this thread (the caller times them); `Err`

@@ -61,7 +61,7 @@ fn cfg(mode: u8, me: NodeId) -> TcpConfig {
         let ids = [NodeId::COORDINATOR, NodeId(1)];
         let roster = Roster::new(ids.into_iter().map(|id| (id, key(id).public())).collect());
         let roster = roster.expect("two distinct keys");
-        Arc::new(Identity { key: key(me), roster })
+        Arc::new(Identity::new(me, key(me), roster).expect("the roster has its key"))
     });
     TcpConfig {
         max_body: 1 << 20,

@@ -1061,7 +1061,8 @@ fn keyed_run() -> (BTreeMap<NodeId, crate::identity::NodeKey>, crate::identity::
 }
 
 fn keyed_cfg(key: &crate::identity::NodeKey, roster: &crate::identity::Roster) -> TcpConfig {
-    let identity = crate::identity::Identity { key: key.clone(), roster: roster.clone() };
+    let me = roster.id_of(&key.public()).expect("a key of the roster");
+    let identity = crate::identity::Identity::new(me, key.clone(), roster.clone()).unwrap();
     TcpConfig {
         secret: Some(b"run secret".to_vec()),
         identity: Some(Arc::new(identity)),
@@ -1148,7 +1149,8 @@ async fn a_dialer_reaches_only_the_holder_of_the_peers_key() {
             .collect(),
     )
     .unwrap();
-    let ident = crate::identity::Identity { key: keys[&NodeId(2)].clone(), roster: forged };
+    let ident =
+        crate::identity::Identity::new(NodeId(1), keys[&NodeId(2)].clone(), forged).unwrap();
     let cfg = TcpConfig {
         secret: Some(b"run secret".to_vec()),
         identity: Some(Arc::new(ident)),
@@ -1161,4 +1163,66 @@ async fn a_dialer_reaches_only_the_holder_of_the_peers_key() {
     assert_eq!(heard, Ok(NodeId(1)));
     let got = tokio::time::timeout(Duration::from_millis(300), impostor.recv()).await;
     assert!(got.is_err(), "the impostor got {got:?}");
+}
+
+/// The coordinator names its members' keys in its directories: members whose rosters hold only
+/// the coordinator's key and their own reach each other, also when a member dials before the
+/// directory that names it reached its peer (the acceptor waits for it); a member's directory
+/// is refused and vouches for nothing.
+#[tokio::test]
+async fn members_learn_each_others_keys_from_the_coordinators_directory() {
+    use crate::identity::{Identity, Roster};
+    let (keys, full) = keyed_run();
+    let secret = Some(b"run secret".to_vec());
+    let mut ids = BTreeMap::new();
+    let mut bind = |me: NodeId, roster: Roster| {
+        let identity = Arc::new(Identity::new(me, keys[&me].clone(), roster).unwrap());
+        ids.insert(me, identity.clone());
+        let cfg =
+            TcpConfig { secret: secret.clone(), identity: Some(identity), ..TcpConfig::default() };
+        TcpTransport::bind(me, loopback(), cfg)
+    };
+    let own = |me: NodeId| {
+        Roster::new(
+            [me, NodeId::COORDINATOR].into_iter().map(|i| (i, *full.key(i).unwrap())).collect(),
+        )
+        .unwrap()
+    };
+    let mut c = bind(NodeId::COORDINATOR, full.clone()).await.unwrap();
+    let mut a = bind(NodeId(0), own(NodeId(0))).await.unwrap();
+    let mut b = bind(NodeId(1), own(NodeId(1))).await.unwrap();
+    for (id, t) in [(NodeId(0), &a), (NodeId(1), &b)] {
+        c.set_peer_addr(id, t.local_addr());
+    }
+    a.set_peer_addr(NodeId::COORDINATOR, c.local_addr());
+    assert_eq!(ids[&NodeId(0)].key_of(NodeId(1)), None);
+    // Node 0 hears of node 1 first and dials it at once; node 1 hears of node 0 half a second
+    // later, while node 0's handshake waits.
+    c.send_directory(NodeId(0), vec![(NodeId(1), b.local_addr())]).await.unwrap();
+    for _ in 0..100 {
+        if ids[&NodeId(0)].key_of(NodeId(1)).is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(ids[&NodeId(0)].key_of(NodeId(1)), full.key(NodeId(1)).copied());
+    assert_eq!(a.peer_addrs().get(&NodeId(1)), Some(&b.local_addr()));
+    a.send(NodeId(1), collective(5)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    c.send_directory(NodeId(1), vec![(NodeId(0), a.local_addr())]).await.unwrap();
+    assert_eq!(recv_within(&mut b).await, Some((NodeId(0), collective(5))));
+    assert_eq!(b.stats().refused_identities.load(Ordering::Relaxed), 0);
+    // A member's directory: refused, its key not taken.
+    let stray = crate::identity::NodeKey::generate().public();
+    let forged = Outgoing::Directory(vec![(NodeId(7), a.local_addr(), Some(stray))]);
+    let peer = a.connect(NodeId(1)).await.unwrap();
+    peer.streams[0].send(forged).ok();
+    for _ in 0..100 {
+        if b.stats().unauthorised.load(Ordering::Relaxed) == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(b.stats().unauthorised.load(Ordering::Relaxed), 1);
+    assert_eq!(ids[&NodeId(1)].key_of(NodeId(7)), None);
 }
