@@ -46,8 +46,9 @@ pub(crate) fn keygen(a: &KeygenArgs) -> Result<()> {
     } else {
         let key = NodeKey::create(&a.file).map_err(|e| InputError(anyhow!(e)))?;
         eprintln!(
-            "loco: wrote {} (private: it stays on this machine); add this line to the [keys] \
-             table of the run's roster, on every machine:",
+            "loco: wrote {} (private: it stays on this machine); add this line under [keys] in \
+             the coordinator's roster, and in this node's own roster beside the coordinator's \
+             line:",
             a.file.display()
         );
         key
@@ -145,6 +146,13 @@ pub(crate) fn identity(
         e => input(e.to_string()),
     })?;
     let roster = Roster::load(&roster_path, |n| id_of(s, n)).map_err(|e| input(e.to_string()))?;
+    if me != NodeId::COORDINATOR && roster.key(NodeId::COORDINATOR).is_none() {
+        return Err(input(format!(
+            "{}: no key for `{COORDINATOR_NAME}`: a worker's roster names the coordinator's key \
+             (and its own; the coordinator tells it the others')",
+            roster_path.display()
+        )));
+    }
     let identity = Identity::new(me, key, roster)
         .map_err(|e| input(format!("{}: node {name}: {e}", roster_path.display())))?;
     Ok(Some((Arc::new(identity), roster_path)))
