@@ -411,6 +411,10 @@ fn improve(mut tour: Vec<usize>, w: &[Vec<f64>]) -> Vec<usize> {
         // a = tour[j] and b = tour[j + 1].
         'moves: for i in 0..n {
             let (p, x, q) = (at(&tour, i + n - 1), tour[i], at(&tour, i + 1));
+            // Every move of x adds p -> q: when that link is below the slowest, none improves.
+            if w[p][q] < obj.0 {
+                continue;
+            }
             for j in 0..n {
                 if j == i || (j + 1) % n == i {
                     continue;
