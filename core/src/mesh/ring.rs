@@ -251,19 +251,7 @@ pub fn solve_heuristic(w: &[Vec<f64>]) -> Vec<usize> {
     // link (the lowest index among equals). Each row's columns are sorted once by that order, so
     // a step skips only the used nodes at the front of its row, instead of scanning all n
     // (O(n^3) over the n starts: a second per ordering at a thousand members).
-    let by_speed: Vec<Vec<usize>> = w
-        .iter()
-        .map(|row| {
-            // As the scan compares: NaN is never greater, and -0.0 equals 0.0.
-            let key = |v: f64| if v.is_nan() { f64::NEG_INFINITY } else { v };
-            let mut cols: Vec<usize> = (0..n).collect();
-            cols.sort_by(|&a, &b| {
-                let by_value = key(row[b]).partial_cmp(&key(row[a]));
-                by_value.unwrap_or(std::cmp::Ordering::Equal).then(a.cmp(&b))
-            });
-            cols
-        })
-        .collect();
+    let by_speed: Vec<Vec<usize>> = w.iter().map(|row| speed_order(row)).collect();
     for s in 0..n {
         let mut used = vec![false; n];
         let mut tour = vec![s];
@@ -314,6 +302,18 @@ pub fn solve_heuristic(w: &[Vec<f64>]) -> Vec<usize> {
         }
     }
     canonical(w, improve(best, w))
+}
+
+/// The columns of `row`, fastest first, the lower index first among equals, compared as a scan
+/// with `>` compares (NaN is never greater, -0.0 equals 0.0).
+fn speed_order(row: &[f64]) -> Vec<usize> {
+    let key = |v: f64| if v.is_nan() { f64::NEG_INFINITY } else { v };
+    let mut cols: Vec<usize> = (0..row.len()).collect();
+    cols.sort_by(|&a, &b| {
+        let by_value = key(row[b]).partial_cmp(&key(row[a]));
+        by_value.unwrap_or(std::cmp::Ordering::Equal).then(a.cmp(&b))
+    });
+    cols
 }
 
 /// The unused column a scan for the strictly largest value of `row` picks (the lowest index among
@@ -458,10 +458,17 @@ fn improve(mut tour: Vec<usize>, w: &[Vec<f64>]) -> Vec<usize> {
                             tour[k]
                         }
                     };
-                    let (mut removed, mut added) = ([0f64; 4], [0f64; 4]);
+                    let mut added = [0f64; 4];
+                    for (e, &k) in edges.iter().enumerate() {
+                        added[e] = w[swapped(k)][swapped(k + 1)];
+                    }
+                    // A link added below the slowest: no improvement (as `improves` says first).
+                    if added[..m].iter().any(|&v| v < obj.0) {
+                        continue;
+                    }
+                    let mut removed = [0f64; 4];
                     for (e, &k) in edges.iter().enumerate() {
                         removed[e] = w[tour[k]][at(&tour, k + 1)];
-                        added[e] = w[swapped(k)][swapped(k + 1)];
                     }
                     if improves(obj, &removed[..m], &added[..m]) {
                         let mut t = tour.clone();
@@ -499,6 +506,28 @@ mod tests {
                     .collect()
             })
             .collect()
+    }
+
+    /// The step of a nearest-neighbour tour through sorted rows picks what a scan for the
+    /// strictly largest value picks, on rows with ties, zeros of both signs and NaN.
+    #[test]
+    fn nearest_unused_picks_what_a_scan_picks() {
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        let values = [0.0, -0.0, 1.0, 2.0, 2.0, 5.0, f64::NAN, f64::INFINITY];
+        for _ in 0..2000 {
+            let n = rng.random_range(2..12);
+            let row: Vec<f64> = (0..n).map(|_| values[rng.random_range(0..values.len())]).collect();
+            let used: Vec<bool> = (0..n).map(|_| rng.random_range(0..3) == 0).collect();
+            let cols = speed_order(&row);
+            let (mut scan, mut best) = (usize::MAX, f64::NEG_INFINITY);
+            for (k, &u) in used.iter().enumerate() {
+                if !u && row[k] > best {
+                    best = row[k];
+                    scan = k;
+                }
+            }
+            assert_eq!(nearest_unused(&cols, &row, &used), scan, "{row:?} {used:?}");
+        }
     }
 
     fn brute_force(w: &[Vec<f64>]) -> f64 {
