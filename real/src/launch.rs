@@ -343,9 +343,9 @@ impl<'a> Launcher<'a> {
         let hub = StatusHub::bind(&sock)
             .map_err(|source| LaunchError::Status { path: sock.clone(), source })?;
         // Emulated, the processes listen on addresses beyond loopback.
-        let secret = if matches!(net, Some(Net::Emulated(_))) { run_secret(s) } else { None };
+        let secret = if matches!(net, Some(Net::Emulated(_))) { keys::run_secret(s) } else { None };
         // A run with a secret binds its processes' ids to keys of their own.
-        let keys = match secret.is_some() || secret_given(s) {
+        let keys = match secret.is_some() || keys::secret_given(s) {
             true => Some(keys::make(s, &nodes_dir.join("keys"))?),
             false => None,
         };
@@ -476,25 +476,6 @@ struct Run<'p, 'a> {
     secret: Option<String>,
     /// The directory of the processes' keys and roster, when the run has a secret.
     keys: Option<PathBuf>,
-}
-
-/// Whether the user gave the run a secret: the scenario's `secret_env` variable, or `[real]
-/// secret`.
-fn secret_given(s: &Scenario) -> bool {
-    let real = s.real();
-    std::env::var(&real.secret_env).is_ok_and(|v| !v.is_empty()) || real.secret.is_some()
-}
-
-/// A secret for a run whose processes listen beyond loopback and whose user gave none (neither
-/// the scenario's `secret_env` variable nor `[real] secret`): every connection of the run is
-/// then authenticated and encrypted with it. `None` when the user gave one (the processes
-/// inherit the variable, or read the file).
-fn run_secret(s: &Scenario) -> Option<String> {
-    if secret_given(s) {
-        return None;
-    }
-    let bytes: [u8; 32] = rand::random();
-    Some(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 impl Run<'_, '_> {

@@ -1,8 +1,9 @@
-//! The keys of a launch's processes: a fresh key per node and for the coordinator, made for
-//! each run (`nodes/keys/`), the coordinator's roster that names them all, and each worker's
-//! roster that names only the coordinator and itself (it learns the others' keys from the
-//! coordinator's directories), so that the processes of a run with a secret bind their ids to
-//! keys as a run across machines does.
+//! The credentials of a launch's processes: the run's secret when the user gave none, and a
+//! fresh key per node and for the coordinator, made for each run (`nodes/keys/`), the
+//! coordinator's roster that names them all, and each worker's roster that names only the
+//! coordinator and itself (it learns the others' keys from the coordinator's directories), so
+//! that the processes of a run with a secret bind their ids to keys as a run across machines
+//! does.
 
 use super::LaunchError;
 use crate::identity::{COORDINATOR_NAME, NodeKey, Roster};
@@ -61,4 +62,23 @@ pub(super) fn make(s: &Scenario, dir: &Path) -> Result<PathBuf, LaunchError> {
         std::fs::write(&path, own.to_toml(name)).map_err(io("writing", &path))?;
     }
     Ok(dir.to_path_buf())
+}
+
+/// Whether the user gave the run a secret: the scenario's `secret_env` variable, or `[real]
+/// secret`.
+pub(super) fn secret_given(s: &Scenario) -> bool {
+    let real = s.real();
+    std::env::var(&real.secret_env).is_ok_and(|v| !v.is_empty()) || real.secret.is_some()
+}
+
+/// A secret for a run whose processes listen beyond loopback and whose user gave none (neither
+/// the scenario's `secret_env` variable nor `[real] secret`): every connection of the run is
+/// then authenticated and encrypted with it. `None` when the user gave one (the processes
+/// inherit the variable, or read the file).
+pub(super) fn run_secret(s: &Scenario) -> Option<String> {
+    if secret_given(s) {
+        return None;
+    }
+    let bytes: [u8; 32] = rand::random();
+    Some(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
