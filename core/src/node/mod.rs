@@ -10,6 +10,7 @@
 //! - [`rings`]: the `G` per-shard ring all-reduces of one outer step under one epoch, with the
 //!   stale-frame count and the frames that arrive before their collective starts;
 //! - [`events`]: the coordinator's and the node's event rows, mapped once;
+//! - [`fair`]: the holding areas' bound, shared fairly among senders;
 //! - [`machine`]: the node machine that owns all of the above and the Member: one sans-IO
 //!   state machine per node, which the executors drive;
 //! - [`synthetic`]: the synthetic objective both backends train without a model (the
@@ -26,6 +27,7 @@ pub mod acct;
 pub mod config;
 pub mod digest;
 pub mod events;
+pub mod fair;
 pub mod machine;
 pub mod process;
 pub mod rings;

@@ -38,8 +38,8 @@ use crate::allreduce::{
 use crate::codec::CodecKind;
 use crate::ids::{Epoch, NodeId};
 use crate::mesh::AllReduceStart;
+use crate::node::fair::{FairHold, Full, Keep};
 use crate::transport::{Body, CollectiveHeader, Frame, Header, Phase};
-use std::collections::VecDeque;
 use std::fmt;
 
 /// The values one attempt reduces.
@@ -450,20 +450,12 @@ pub enum EarlyRefused {
     },
 }
 
-struct Held {
-    key: (Epoch, u64),
-    from: NodeId,
-    frame: Frame,
-    bytes: u64,
-}
-
 /// Frames of collectives that have not started here, in arrival order, bounded by a count and
-/// by the bytes of their bodies (a virtual body holds none).
+/// by the bytes of their bodies (a virtual body holds none), shared fairly among their senders
+/// ([`FairHold`]): a peer that floods the area cannot crowd out the ring neighbour whose frames
+/// the next collective needs.
 pub struct EarlyFrames {
-    held: VecDeque<Held>,
-    bytes: u64,
-    max_frames: usize,
-    max_bytes: u64,
+    held: FairHold<((Epoch, u64), Frame)>,
     refused: u64,
     dropped: u64,
 }
@@ -478,18 +470,12 @@ impl Default for EarlyFrames {
 impl EarlyFrames {
     /// An empty holding area of at most `max_frames` frames and `max_bytes` body bytes.
     pub fn new(max_frames: usize, max_bytes: u64) -> Self {
-        EarlyFrames {
-            held: VecDeque::new(),
-            bytes: 0,
-            max_frames,
-            max_bytes,
-            refused: 0,
-            dropped: 0,
-        }
+        EarlyFrames { held: FairHold::new(max_frames, max_bytes), refused: 0, dropped: 0 }
     }
 
     /// Holds a collective frame, or refuses it (counted in [`refused`](Self::refused)) when it
-    /// is not one or would pass a bound.
+    /// is not one or would pass a bound that no sender holding more than `from` can make room
+    /// for. Frames it pushes out of the area are counted in [`dropped`](Self::dropped).
     pub fn push(&mut self, from: NodeId, frame: Frame) -> Result<(), EarlyRefused> {
         let Header::Collective(h) = &frame.header else {
             self.refused += 1;
@@ -500,38 +486,29 @@ impl EarlyFrames {
             Body::Bytes(b) => b.len() as u64,
             Body::Virtual(_) => 0,
         };
-        let fits = self.held.len() < self.max_frames
-            && self.bytes.checked_add(bytes).is_some_and(|t| t <= self.max_bytes);
-        if !fits {
-            self.refused += 1;
-            return Err(EarlyRefused::Full { frames: self.held.len(), bytes: self.bytes });
+        match self.held.push(from, bytes, (key, frame)) {
+            Ok(out) => {
+                self.dropped += out.len() as u64;
+                Ok(())
+            }
+            Err(Full { items, bytes }) => {
+                self.refused += 1;
+                Err(EarlyRefused::Full { frames: items, bytes })
+            }
         }
-        self.bytes += bytes;
-        self.held.push_back(Held { key, from, frame, bytes });
-        Ok(())
     }
 
     /// The frames of the collective `(epoch, op)` that just started, in arrival order. Frames
     /// of older collectives can never be fed any more: they are dropped (counted in
     /// [`dropped`](Self::dropped)); newer ones stay.
     pub fn take_for(&mut self, (epoch, op): (Epoch, u64)) -> Vec<(NodeId, Frame)> {
-        let mut out = Vec::new();
-        let mut keep = VecDeque::with_capacity(self.held.len());
-        for h in std::mem::take(&mut self.held) {
-            match h.key.cmp(&(epoch, op)) {
-                std::cmp::Ordering::Equal => {
-                    self.bytes -= h.bytes;
-                    out.push((h.from, h.frame));
-                }
-                std::cmp::Ordering::Less => {
-                    self.bytes -= h.bytes;
-                    self.dropped += 1;
-                }
-                std::cmp::Ordering::Greater => keep.push_back(h),
-            }
-        }
-        self.held = keep;
-        out
+        let (out, dropped) = self.held.filter(|_, (key, _)| match key.cmp(&(epoch, op)) {
+            std::cmp::Ordering::Equal => Keep::Take,
+            std::cmp::Ordering::Less => Keep::Drop,
+            std::cmp::Ordering::Greater => Keep::Keep,
+        });
+        self.dropped += dropped;
+        out.into_iter().map(|(from, (_, f))| (from, f)).collect()
     }
 
     /// Keeps only frames of epochs after `epoch` (the others are dropped and counted).
@@ -546,16 +523,9 @@ impl EarlyFrames {
     }
 
     fn retain(&mut self, keep: impl Fn((Epoch, u64)) -> bool) {
-        let (mut bytes, mut dropped) = (self.bytes, self.dropped);
-        self.held.retain(|h| {
-            let k = keep(h.key);
-            if !k {
-                bytes -= h.bytes;
-                dropped += 1;
-            }
-            k
-        });
-        (self.bytes, self.dropped) = (bytes, dropped);
+        let (_, dropped) =
+            self.held.filter(|_, (key, _)| if keep(*key) { Keep::Keep } else { Keep::Drop });
+        self.dropped += dropped;
     }
 
     /// Frames held.
@@ -570,7 +540,12 @@ impl EarlyFrames {
 
     /// Body bytes held.
     pub fn bytes(&self) -> u64 {
-        self.bytes
+        self.held.bytes()
+    }
+
+    /// Body bytes held from `from`.
+    pub fn bytes_of(&self, from: NodeId) -> u64 {
+        self.held.bytes_of(from)
     }
 
     /// Frames refused so far.
@@ -578,7 +553,8 @@ impl EarlyFrames {
         self.refused
     }
 
-    /// Frames held and then dropped unused so far (their collective was overtaken or aborted).
+    /// Frames held and then dropped unused so far (their collective was overtaken or aborted,
+    /// or a sender with a smaller share needed the room).
     pub fn dropped(&self) -> u64 {
         self.dropped
     }

@@ -9,7 +9,7 @@ use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 const EPOCH: Epoch = Epoch(3);
 const OP: u64 = 2 << 16 | 1; // op_id(2, 1), checked in `release`
@@ -590,7 +590,34 @@ fn early_frames_are_bounded_by_count_and_bytes() {
     e.push(NodeId(1), collective(bytes(100), EPOCH, OP, 0)).unwrap();
     // The default bounds.
     let d = EarlyFrames::default();
-    assert_eq!((d.max_frames, d.max_bytes), (65_536, 1 << 30));
+    assert_eq!((d.held.max_items(), d.held.max_bytes()), (65_536, 1 << 30));
+}
+
+/// A peer that filled the area first with frames of its own cannot keep the ring neighbour's
+/// frames out: the neighbour pushes the flood's newest frames out until the two hold as much,
+/// and those frames are the ones the collective gets when it starts.
+#[test]
+fn a_flood_that_came_first_cannot_crowd_out_the_neighbour() {
+    let bytes = |n: usize| Body::Bytes(Bytes::from(vec![0u8; n]));
+    let (flood, neighbour) = (NodeId(7), NodeId(1));
+    let mut inbox = Inbox::new(EarlyFrames::new(1000, 1000));
+    for _ in 0..100 {
+        let f = collective(bytes(10), EPOCH, OP, 0);
+        assert_eq!(inbox.admit(Some(EPOCH), None, flood, f), Admission::Held);
+    }
+    let f = collective(bytes(10), EPOCH, OP, 0);
+    assert_eq!(inbox.admit(Some(EPOCH), None, flood, f), Admission::Refused, "full");
+    for _ in 0..50 {
+        let f = collective(bytes(10), EPOCH, OP, 0);
+        assert_eq!(inbox.admit(Some(EPOCH), None, neighbour, f), Admission::Held);
+    }
+    let f = collective(bytes(10), EPOCH, OP, 0);
+    assert_eq!(inbox.admit(Some(EPOCH), None, neighbour, f), Admission::Refused, "even now");
+    assert_eq!((inbox.early().bytes_of(neighbour), inbox.early().bytes_of(flood)), (500, 500));
+    let got = inbox.take_for((EPOCH, OP));
+    assert_eq!(got.iter().filter(|(from, _)| *from == neighbour).count(), 50);
+    let c = inbox.counters();
+    assert_eq!((c.early_held, c.early_dropped, c.refused), (150, 50, 2));
 }
 
 #[test]

@@ -14,6 +14,7 @@ use super::wire::{PieceDigest, part_digest, piece_digest};
 use super::{PART_OWN, PART_SHARED};
 use crate::digest::{Blake3Digest, HexOrEmpty};
 use crate::ids::{Epoch, NodeId};
+use crate::node::fair::{FairHold, Keep};
 use crate::transport::{Body, StateAsk, StateHeader};
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
@@ -255,12 +256,14 @@ fn hold_cost(b: &Body) -> u64 {
 }
 
 /// State pieces kept before they can be assembled (they arrived before this node learnt it is
-/// to fetch), within a bound on the memory they take (bodies, headers and digests).
+/// to fetch), within a bound on the memory they take (bodies, headers and digests), shared fairly
+/// among their senders ([`FairHold`]): a peer sending pieces nobody asked for cannot crowd out
+/// the senders the coordinator is about to assign.
 #[derive(Clone, Debug, PartialEq)]
 pub struct EarlyPieces {
-    max_bytes: u64,
-    bytes: u64,
-    pieces: Vec<(NodeId, StateHeader, Body)>,
+    pieces: FairHold<(StateHeader, Body)>,
+    /// Pieces pushed out for a sender with a smaller share.
+    dropped: u64,
 }
 
 impl Default for EarlyPieces {
@@ -272,21 +275,27 @@ impl Default for EarlyPieces {
 impl EarlyPieces {
     /// An empty area holding up to `max_bytes`.
     pub fn new(max_bytes: u64) -> EarlyPieces {
-        EarlyPieces { max_bytes, bytes: 0, pieces: Vec::new() }
+        EarlyPieces { pieces: FairHold::new(usize::MAX, max_bytes), dropped: 0 }
     }
 
-    /// Keeps a piece; refused when its part is unknown or the area would exceed its bound.
+    /// Keeps a piece; refused when its part is unknown or the area would exceed its bound and
+    /// no sender holding more than `from` can make room.
     pub fn hold(&mut self, from: NodeId, h: StateHeader, body: Body) -> Result<(), Refused> {
         if h.part > PART_OWN {
             return Err(Refused::BadPart { part: h.part });
         }
-        let after = self.bytes.saturating_add(hold_cost(&body));
-        if after > self.max_bytes {
-            return Err(Refused::HoldingFull { held: self.bytes, max: self.max_bytes });
+        let cost = hold_cost(&body);
+        match self.pieces.push(from, cost, (h, body)) {
+            Ok(out) => {
+                self.dropped += out.len() as u64;
+                Ok(())
+            }
+            Err(full) => Err(Refused::HoldingFull { held: full.bytes, max: self.max_bytes() }),
         }
-        self.bytes = after;
-        self.pieces.push((from, h, body));
-        Ok(())
+    }
+
+    fn max_bytes(&self) -> u64 {
+        self.pieces.max_bytes()
     }
 
     /// Pieces held.
@@ -301,25 +310,27 @@ impl EarlyPieces {
 
     /// Memory the pieces take, as counted against the bound.
     pub fn bytes(&self) -> u64 {
-        self.bytes
+        self.pieces.bytes()
+    }
+
+    /// Pieces pushed out so far for a sender holding less.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
     }
 
     /// Drops every piece.
     pub fn clear(&mut self) {
         self.pieces.clear();
-        self.bytes = 0;
     }
 
     /// Drops the pieces of epochs before `epoch`.
     pub fn drop_before(&mut self, epoch: Epoch) {
-        self.pieces.retain(|(_, h, _)| h.epoch >= epoch);
-        self.bytes = self.pieces.iter().map(|(_, _, b)| hold_cost(b)).sum();
+        self.pieces.filter(|_, (h, _)| if h.epoch >= epoch { Keep::Keep } else { Keep::Drop });
     }
 
     /// Takes every piece, in arrival order.
     pub fn take(&mut self) -> Vec<(NodeId, StateHeader, Body)> {
-        self.bytes = 0;
-        std::mem::take(&mut self.pieces)
+        self.pieces.take_all().into_iter().map(|(from, (h, b))| (from, h, b)).collect()
     }
 }
 

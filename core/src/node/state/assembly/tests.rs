@@ -497,6 +497,27 @@ fn early_pieces_are_bounded_and_fed_when_the_fetch_starts() {
     assert!(a.is_complete());
 }
 
+/// Pieces nobody asked for, from a peer that came first, give way to an assigned sender's down
+/// to an even share: the sender's pieces are held, the flood's newest are pushed out.
+#[test]
+fn early_pieces_from_a_flood_give_way_to_another_sender() {
+    let s = src(7, 3);
+    let f = frames(&s, 5, share(&[A], A, true));
+    let one = hold_cost(&f[0].1);
+    let mut early = EarlyPieces::new(one * 4);
+    for _ in 0..4 {
+        early.hold(B, f[0].0.clone(), f[0].1.clone()).unwrap();
+    }
+    assert!(early.hold(B, f[0].0.clone(), f[0].1.clone()).is_err());
+    for (h, b) in &f[..2] {
+        early.hold(A, h.clone(), b.clone()).unwrap();
+    }
+    assert!(early.hold(A, f[2].0.clone(), f[2].1.clone()).is_err(), "an even share reached");
+    assert_eq!((early.len(), early.dropped()), (4, 2));
+    let from_a = early.take().iter().filter(|(from, _, _)| *from == A).count();
+    assert_eq!(from_a, 2);
+}
+
 #[test]
 fn pieces_of_a_reassignment_not_known_yet_wait_for_it() {
     let s = src(7, 3);
