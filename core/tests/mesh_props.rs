@@ -24,8 +24,9 @@ enum Ev {
     /// Done for the current round, or a stale one, with the update's norms (own, average; a
     /// negative average stands for NaN), or none.
     Done(u32, bool, Option<(f64, f64)>),
-    /// Failed for the current round, naming another node (any, member or not) or none.
-    Failed(u32, Option<u32>),
+    /// Failed for the current round, naming another node (any, member or not) or none, with
+    /// some frames received.
+    Failed(u32, Option<u32>, u64),
     Synced(u32),
     Leave(u32),
     Advance(u64),
@@ -39,7 +40,8 @@ fn ev() -> impl Strategy<Value = Ev> {
         (node.clone(), -1i8..=1).prop_map(|(n, o)| Ev::Barrier(n, o)),
         (node.clone(), any::<bool>(), proptest::option::of((0.0f64..10.0, -1.0f64..1e3)))
             .prop_map(|(n, s, norms)| Ev::Done(n, s, norms)),
-        (node.clone(), proptest::option::of(0u32..7)).prop_map(|(n, a)| Ev::Failed(n, a)),
+        (node.clone(), proptest::option::of(0u32..7), 0u64..4)
+            .prop_map(|(n, a, r)| Ev::Failed(n, a, r)),
         node.clone().prop_map(Ev::Synced),
         node.prop_map(Ev::Leave),
         (0u64..20_000).prop_map(Ev::Advance),
@@ -111,9 +113,9 @@ fn apply(c: &mut Coordinator, now: &mut Time, ev: &Ev, admitted: &mut BTreeSet<(
             let msg = MeshMsg::Done { epoch, outer_step: s.outer_step, attempt, norms };
             c.handle_message(*now, from(n), msg);
         }
-        Ev::Failed(n, a) => {
+        Ev::Failed(n, a, received) => {
             let (epoch, outer_step, accused) = (round_epoch, s.outer_step, a.map(from));
-            let msg = MeshMsg::Failed { epoch, outer_step, attempt, accused };
+            let msg = MeshMsg::Failed { epoch, outer_step, attempt, accused, received };
             c.handle_message(*now, from(n), msg);
         }
         Ev::Synced(n) => c.handle_message(*now, from(n), MeshMsg::Synced { epoch: s.epoch }),

@@ -73,7 +73,9 @@ use tokio::task::JoinHandle;
 /// the header (frame kind 2).
 /// 6: the hello's last byte says how the dialer secures the connection (none, the secret, or
 /// the secret and its node key: Noise IKpsk1), and a refusal for a key has its own answer.
-pub const PROTOCOL_VERSION: u16 = 6;
+/// 7: a failure report says how many frames of the attempt its sender received, and names a
+/// neighbour that sent nothing for the progress timeout.
+pub const PROTOCOL_VERSION: u16 = 7;
 /// Bytes of the handshake's answer: a [`HelloStatus`], then the answering side's version (LE).
 pub const HELLO_REPLY_LEN: usize = 3;
 const MAGIC: [u8; 4] = *b"LOCO";

@@ -46,6 +46,7 @@ pub enum RingOrder {
 /// | `sync_timeout` | 3600 s | PRIME's transfers took 30-60 min for 10B |
 /// | `allreduce_timeout` | 3600 s | global all-reduces took up to ~1400 s |
 /// | `retry_backoff` | 8 s | heartbeat timeout + one interval |
+/// | `progress_timeout` | 600 s | loco (a 200 MB frame on a 10 Mbit/s link takes 160 s) |
 /// | `state_senders` | 1 | loco |
 /// | `state_resend_after` | 60 s | loco |
 /// | `ring_order` | measured | PRIME |
@@ -104,6 +105,15 @@ pub struct MeshConfig {
     /// members (default 8 s). An eviction in the meantime retries at once.
     #[serde(default = "defaults::retry_backoff")]
     pub retry_backoff: Duration,
+    /// A member of a running all-reduce that has heard no frame from the ring neighbour that
+    /// sends to it for this long (since the release, or since that neighbour's last frame)
+    /// reports the attempt failed and names that neighbour (default 600 s; it must exceed the
+    /// time one frame takes on the slowest link). The coordinator retries with a ring that gives
+    /// the named member another neighbour, and evicts a member named by two others: a member
+    /// that beats and reaches barriers but sends no ring frames costs two of these, not an
+    /// `allreduce_timeout` per step.
+    #[serde(default = "defaults::progress_timeout")]
+    pub progress_timeout: Duration,
     /// How many peers send the state to one joiner (default 1).
     #[serde(default = "defaults::state_senders")]
     pub state_senders: usize,
@@ -168,6 +178,9 @@ mod defaults {
     pub(super) fn retry_backoff() -> Duration {
         Duration::from_secs(8)
     }
+    pub(super) fn progress_timeout() -> Duration {
+        Duration::from_secs(600)
+    }
     pub(super) fn state_senders() -> usize {
         1
     }
@@ -202,6 +215,7 @@ impl Default for MeshConfig {
             state_resend_after: defaults::state_resend_after(),
             allreduce_timeout: defaults::allreduce_timeout(),
             retry_backoff: defaults::retry_backoff(),
+            progress_timeout: defaults::progress_timeout(),
             state_senders: defaults::state_senders(),
             compute_timeout: defaults::compute_timeout(),
             ring_order: RingOrder::Measured,
@@ -274,6 +288,7 @@ impl MeshConfig {
             ("sync_timeout", self.sync_timeout),
             ("state_resend_after", self.state_resend_after),
             ("allreduce_timeout", self.allreduce_timeout),
+            ("progress_timeout", self.progress_timeout),
             ("compute_timeout", self.compute_timeout),
         ];
         for (field, d) in positive {
@@ -368,6 +383,7 @@ mod tests {
             "sync_timeout",
             "allreduce_timeout",
             "retry_backoff",
+            "progress_timeout",
             "state_senders",
             "state_resend_after",
             "compute_timeout",

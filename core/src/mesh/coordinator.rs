@@ -480,8 +480,8 @@ impl Coordinator {
                     self.stale(from, MeshMsg::Done { epoch, outer_step, attempt, norms });
                 }
             }
-            MeshMsg::Failed { epoch, outer_step, attempt, accused } if is_member => {
-                self.on_failed(now, from, (epoch, outer_step, attempt), accused)
+            MeshMsg::Failed { epoch, outer_step, attempt, accused, received } if is_member => {
+                self.on_failed(now, from, (epoch, outer_step, attempt), accused, received)
             }
             MeshMsg::Synced { .. } if is_member => {
                 if let Some(m) = self.state.members.get_mut(&from) {
@@ -597,26 +597,30 @@ impl Coordinator {
     }
 
     /// A member's all-reduce attempt `(epoch, outer step, attempt)` failed (stale unless it is
-    /// the current round's), naming `accused` (kept only when that is another member).
+    /// the current round's), naming `accused` (kept only when that is another member), with
+    /// `received` frames of it received from its ring neighbour.
     fn on_failed(
         &mut self,
         now: Time,
         from: NodeId,
         (epoch, outer_step, attempt): (Epoch, u64, u32),
         accused: Option<NodeId>,
+        received: u64,
     ) {
         if self.is_current_round(epoch, outer_step, attempt) {
             let accused = accused.filter(|a| *a != from && self.state.members.contains_key(a));
             if let Some(m) = self.state.members.get_mut(&from) {
                 m.failed = true;
                 m.accuses = accused;
+                m.received = received;
             }
             if let Phase::Reduce { failed_at, .. } = &mut self.state.phase {
                 failed_at.get_or_insert(now);
             }
             self.event(MeshEvent::AllReduceFailed { node: from, epoch, attempt, accused });
         } else {
-            self.stale(from, MeshMsg::Failed { epoch, outer_step, attempt, accused });
+            let msg = MeshMsg::Failed { epoch, outer_step, attempt, accused, received };
+            self.stale(from, msg);
         }
     }
 
@@ -910,6 +914,7 @@ impl Coordinator {
                     self.event(MeshEvent::Committed { epoch, outer_step });
                     for m in self.state.members.values_mut() {
                         m.blamed = 0;
+                        m.accusers.clear();
                     }
                     self.next_step(now);
                 }
@@ -935,6 +940,10 @@ impl Coordinator {
     fn evict(&mut self, evicted: &[(NodeId, EvictReason)]) {
         for &(id, reason) in evicted {
             self.state.members.remove(&id);
+            // The word of a member that is gone no longer counts against anyone.
+            for m in self.state.members.values_mut() {
+                m.accusers.remove(&id);
+            }
             self.probes.forget(id);
             // A restarted node's id now belongs to its new incarnation, and a node that sent its
             // deathrattle is gone: only the others are told.
@@ -1003,6 +1012,14 @@ impl Coordinator {
 
     fn apply_epoch(&mut self, now: Time, p: EpochPlan) {
         let forming = self.state.phase == Phase::Forming;
+        // The names that count in the attempt given up ([`MeshState::named_in_attempt`]).
+        if matches!(self.state.phase, Phase::Reduce { .. }) {
+            for (by, named) in self.state.named_in_attempt() {
+                if let Some(m) = self.state.members.get_mut(&named) {
+                    m.accusers.insert(by);
+                }
+            }
+        }
         // An attempt given up with nobody dead, failed by the word of one member alone.
         if matches!(self.state.phase, Phase::Reduce { .. }) && p.evicted.is_empty() {
             for id in super::decide::blamed_parties(&self.state) {
@@ -1014,7 +1031,10 @@ impl Coordinator {
         self.state.epoch = p.epoch;
         self.evict(&p.evicted);
         for &(id, reason) in &p.evicted {
-            if matches!(reason, EvictReason::Uncorroborated | EvictReason::Disputed) {
+            if matches!(
+                reason,
+                EvictReason::Uncorroborated | EvictReason::Disputed | EvictReason::Accused
+            ) {
                 let (times, until) = self.state.barred.entry(id).or_insert((0, now));
                 *times = times.saturating_add(1);
                 *until = now + super::decide::barred_for(*times, &self.cfg);

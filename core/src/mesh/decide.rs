@@ -27,10 +27,14 @@
 //!   retry backoff), forms a new epoch and retries the same step; past `max_retries`, every member
 //!   skips the step. Past the all-reduce deadline with nobody dead, every member skips the step
 //!   at once (retrying the ring that just stalled for the whole deadline would stall again).
-//!   A member that alone reported [`BLAME_LIMIT`] attempts in a row failed, with nobody dead,
-//!   is evicted at the retry ([`EvictReason::Uncorroborated`]); a commit clears its count. A
-//!   member it named for values that are not finite is blamed beside it, and the two are
-//!   evicted together ([`EvictReason::Disputed`]).
+//!   A member named by two others in failed attempts since the last commit (their ring
+//!   successor: nothing came from it for the progress timeout, or its values were not finite)
+//!   is evicted at the retry ([`EvictReason::Accused`]); each retry gives a named member a
+//!   successor that has not named it. A member that alone reported [`BLAME_LIMIT`] attempts in
+//!   a row failed, with nobody dead, is evicted at the retry
+//!   ([`EvictReason::Uncorroborated`]); a commit clears its count. In a ring of two, a member
+//!   it named is blamed beside it, and the two are evicted together
+//!   ([`EvictReason::Disputed`]).
 //!
 //! A joiner is admitted only at a boundary of the Compute phase, so one that arrives during a
 //! Sync or Reduce waits for the next step.
@@ -459,8 +463,27 @@ fn round(
             ring
         }
     };
+    let mut ring = ring;
+    separate(&mut ring, s);
     let weights = weights(s, &ring, s.outer_step);
     Round { outer_step: s.outer_step, attempt, ring, weights, transfers }
+}
+
+/// Gives each member named in a failed attempt a successor that has not named it (it swaps
+/// places with the one that did), so that a second name against it comes from another member
+/// and one member's word can never gather two. Rings of two cannot be changed.
+fn separate(ring: &mut [NodeId], s: &MeshState) {
+    let n = ring.len();
+    if n < 3 {
+        return;
+    }
+    for (id, by) in s.accusers_now() {
+        let Some(i) = ring.iter().position(|x| *x == id) else { continue };
+        let j = (i + 1) % n;
+        if by.contains(&ring[j]) {
+            ring.swap(i, j);
+        }
+    }
 }
 
 /// State senders for each joiner: `k` of the `pool`, rotating so that joiners spread over it.
@@ -574,8 +597,15 @@ pub fn decide(now: Time, s: &MeshState, cfg: &MeshConfig) -> Decision {
             if retry {
                 let mut dead = dead;
                 if dead.is_empty() {
+                    // Named by two ring successors: it is the cause.
+                    let named = s.accusers_now().into_iter().filter(|(_, by)| by.len() >= 2);
+                    dead.extend(named.map(|(id, _)| (id, EvictReason::Accused)));
+                }
+                if dead.is_empty() {
                     let why = match sole_reporter(s).and_then(|id| s.members.get(&id)) {
-                        Some(m) if m.accuses.is_some() => EvictReason::Disputed,
+                        Some(m) if m.accuses.is_some() && s.members.len() < 3 => {
+                            EvictReason::Disputed
+                        }
                         _ => EvictReason::Uncorroborated,
                     };
                     let parties = blamed_parties(s);
@@ -649,10 +679,12 @@ fn compute(
 }
 
 /// Who is blamed for the current attempt when it is given up with nobody dead: the one member
-/// that reported it failed (when exactly one did) and the member it named, if any. Id order.
+/// that reported it failed (when exactly one did), and in a ring of two the member it named, if
+/// any (in larger rings a named member is given another successor, and evicted only when a
+/// second member names it). Id order.
 pub(super) fn blamed_parties(s: &MeshState) -> Vec<NodeId> {
     let Some(id) = sole_reporter(s) else { return Vec::new() };
-    let accused = s.members.get(&id).and_then(|m| m.accuses);
+    let accused = s.members.get(&id).and_then(|m| m.accuses).filter(|_| s.members.len() < 3);
     let mut parties: Vec<NodeId> = [Some(id), accused].into_iter().flatten().collect();
     parties.sort_unstable();
     parties

@@ -249,6 +249,8 @@ pub enum Command {
         op: u64,
         /// The neighbour named for the failure, if any.
         accused: Option<NodeId>,
+        /// Frames of the attempt received from that neighbour.
+        received: u64,
     },
     /// [`Member::report_sync_done`].
     SyncDone,
@@ -584,18 +586,21 @@ impl Member {
         Ok(())
     }
 
-    /// The all-reduce `op` of `epoch` failed here (a peer unreachable, a corrupt frame). The
-    /// member waits for the coordinator's retry or skip.
+    /// The all-reduce `op` of `epoch` failed here (a peer unreachable, a corrupt frame, nothing
+    /// from `accused` for the progress timeout), with `received` frames of it received from the
+    /// neighbour that sends to this node. The member waits for the coordinator's retry or skip.
     pub fn report_allreduce_failed(
         &mut self,
         _now: Time,
         epoch: Epoch,
         op: u64,
         accused: Option<NodeId>,
+        received: u64,
     ) -> Result<(), MeshError> {
         let (outer_step, attempt, _) = self.check_op(epoch, op)?;
         self.phase = MemberPhase::Reducing { outer_step, attempt, done: false };
-        self.send_coordinator(MeshMsg::Failed { epoch, outer_step, attempt, accused });
+        let msg = MeshMsg::Failed { epoch, outer_step, attempt, accused, received };
+        self.send_coordinator(msg);
         Ok(())
     }
 
@@ -620,8 +625,8 @@ impl Member {
             Command::AllReduceDone { epoch, op } => {
                 self.report_allreduce_done(now, epoch, op, None)
             }
-            Command::AllReduceFailed { epoch, op, accused } => {
-                self.report_allreduce_failed(now, epoch, op, accused)
+            Command::AllReduceFailed { epoch, op, accused, received } => {
+                self.report_allreduce_failed(now, epoch, op, accused, received)
             }
             Command::SyncDone => self.report_sync_done(now),
             Command::Leave(r) => {

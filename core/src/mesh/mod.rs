@@ -198,11 +198,11 @@ pub enum EvictReason {
     /// link of its own, or a member failing every attempt on purpose) would otherwise have every
     /// step retried and skipped.
     Uncorroborated,
-    /// One side of a dispute that lasted [`BLAME_LIMIT`] attempts in a row: one member alone
-    /// reported each attempt failed and named the other for values that are not finite. Which
-    /// of the two lies cannot be told without per-node keys, so both go: a node that sends bad
-    /// values, or that says it got them, takes at most one other with it, where the accuser
-    /// alone would be evicted and the sender would poison its next neighbour.
+    /// One side of a dispute that lasted [`BLAME_LIMIT`] attempts in a row in a ring of two: one
+    /// member alone reported each attempt failed and named the other (no frames, or values
+    /// that are not finite). With no third member to give the named one another neighbour,
+    /// which of the two lies cannot be told, so both go. In larger rings a named member gets a
+    /// new successor instead ([`EvictReason::Accused`]).
     Disputed,
     /// Its weights' digest at the barrier differs from the one a strict majority of the members
     /// that applied the same outer steps reported: its replica diverged (a fault, or a bad
@@ -210,6 +210,13 @@ pub enum EvictReason {
     Diverged,
     /// It sent a member's message but is not a member (evicted earlier, or unknown).
     NotAMember,
+    /// Two members, each its successor in the ring of a failed attempt, named it in their
+    /// reports (nothing came from it for [`MeshConfig::progress_timeout`], or its values were
+    /// not finite) in attempts in a row since the last commit. The coordinator gives a named
+    /// member another successor at the retry, so one lying member cannot gather two names
+    /// against anyone: its own uncorroborated reports get it evicted instead
+    /// ([`EvictReason::Uncorroborated`]).
+    Accused,
 }
 
 /// The norms of an update as one member saw it at the end of an all-reduce, in its `Done`.
@@ -250,6 +257,10 @@ impl fmt::Display for EvictReason {
             EvictReason::Diverged => {
                 f.write_str("its weights differ from the majority's after the same outer steps")
             }
+            EvictReason::Accused => f.write_str(
+                "named by two ring successors as the cause of failed attempts (no frames, or \
+                 values not finite)",
+            ),
             EvictReason::Disputed => write!(
                 f,
                 "in a dispute over {BLAME_LIMIT} attempts in a row: one member named the other's \
@@ -360,8 +371,13 @@ pub enum MeshMsg {
         /// Attempt of the release.
         attempt: u32,
         /// The member it names for the failure: its ring neighbour that sent values that are
-        /// not finite (none for a link or a peer that went away).
+        /// not finite, or nothing for [`MeshConfig::progress_timeout`] (none for a link or a
+        /// peer that went away).
         accused: Option<NodeId>,
+        /// Collective frames of this attempt it had received from that neighbour. When a ring
+        /// stalls, every member after the cause stalls in turn and names its own neighbour; the
+        /// one that received least is the first after the cause, and only its name counts.
+        received: u64,
     },
     /// The sender (a joiner) holds the training state.
     Synced {

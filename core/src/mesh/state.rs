@@ -39,6 +39,9 @@ pub struct MemberInfo {
     pub failed: bool,
     /// The member it named when it reported the current attempt failed.
     pub accuses: Option<NodeId>,
+    /// Frames of the current attempt it had received from its ring neighbour when it reported
+    /// the attempt failed.
+    pub received: u64,
     /// The update's norms it reported with `Done` for the current attempt.
     pub norms: Option<super::UpdateNorms>,
     /// The state it said it held at its last barrier arrival.
@@ -46,6 +49,10 @@ pub struct MemberInfo {
     /// Attempts in a row that it alone reported failed, with nobody dead (cleared at a commit):
     /// at [`BLAME_LIMIT`](super::BLAME_LIMIT) it is evicted.
     pub blamed: u32,
+    /// The members that named it when they reported an attempt failed, since the last commit
+    /// (a member evicted is taken out): at two it is evicted
+    /// ([`EvictReason::Accused`](super::EvictReason::Accused)).
+    pub accusers: BTreeSet<NodeId>,
 }
 
 impl MemberInfo {
@@ -55,6 +62,7 @@ impl MemberInfo {
         self.done = false;
         self.failed = false;
         self.accuses = None;
+        self.received = 0;
         self.norms = None;
     }
 
@@ -74,9 +82,11 @@ impl MemberInfo {
             done: false,
             failed: false,
             accuses: None,
+            received: 0,
             norms: None,
             held_at_barrier: None,
             blamed: 0,
+            accusers: BTreeSet::new(),
         }
     }
 }
@@ -212,6 +222,32 @@ impl Default for MeshState {
 }
 
 impl MeshState {
+    /// The names that count in the current attempt's failure reports, as `(by, named)`: when
+    /// a ring stalls, every member after the cause stalls in turn and names its own neighbour,
+    /// and the first after the cause is the one that received least (a member `d` places after
+    /// it received `d - 1` steps more), so only the names of the reporters that received least
+    /// count. A reporter that lies about what it received names only its own neighbour, once.
+    pub fn named_in_attempt(&self) -> Vec<(NodeId, NodeId)> {
+        let naming =
+            || self.members.iter().filter_map(|(&id, m)| Some((id, m.accuses?, m.received)));
+        let Some(least) = naming().map(|(_, _, r)| r).min() else { return Vec::new() };
+        naming().filter(|&(_, _, r)| r == least).map(|(by, named, _)| (by, named)).collect()
+    }
+
+    /// Who has named each member since the last commit, the current attempt's names included.
+    pub fn accusers_now(&self) -> BTreeMap<NodeId, BTreeSet<NodeId>> {
+        let mut out: BTreeMap<NodeId, BTreeSet<NodeId>> = self
+            .members
+            .iter()
+            .filter(|(_, m)| !m.accusers.is_empty())
+            .map(|(&id, m)| (id, m.accusers.clone()))
+            .collect();
+        for (by, named) in self.named_in_attempt() {
+            out.entry(named).or_default().insert(by);
+        }
+        out
+    }
+
     /// Whether `id` is a member that holds the training state.
     pub fn is_synced(&self, id: NodeId) -> bool {
         self.members.get(&id).is_some_and(|m| m.synced)

@@ -112,6 +112,9 @@
 //!                              # a barrier nobody reaches by then evicts every member
 //! allreduce_timeout = "3600s"  # default 3600s; an all-reduce not done by then is retried
 //! retry_backoff = "8s"         # default 8s; wait for an eviction before retrying
+//! progress_timeout = "600s"    # default 600s; no ring frame from the neighbour that sends to a
+//!                              # member for this long: it names that neighbour (named by two
+//!                              # members, over retries with new neighbours, it is evicted)
 //! state_senders = 1            # default 1; peers sending the state to one joiner
 //! ring = "measured"            # default "measured" (by probed bandwidth); or "ids" (node-id
 //!                              # order: links all alike, the same sums run to run)

@@ -197,6 +197,7 @@ pub(crate) struct RawMesh {
     pub(crate) compute_timeout: Option<RawScalar>,
     pub(crate) allreduce_timeout: Option<RawScalar>,
     pub(crate) retry_backoff: Option<RawScalar>,
+    pub(crate) progress_timeout: Option<RawScalar>,
     pub(crate) state_senders: Option<u32>,
     pub(crate) ring: Option<String>,
     pub(crate) max_queue: Option<u32>,

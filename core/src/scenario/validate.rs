@@ -564,6 +564,7 @@ fn mesh(m: &RawMesh, regions: &[Region]) -> R<(MeshConfig, RegionId)> {
             .retry_backoff
             .as_ref()
             .map_or(Ok(def.retry_backoff), |r| duration(&p.key("retry_backoff"), r))?,
+        progress_timeout: opt_pos("progress_timeout", &m.progress_timeout, def.progress_timeout)?,
         state_senders: usize_at_least_one("state_senders", m.state_senders, def.state_senders)?,
         // When not given, `validate` raises it to the nodes' compute.
         compute_timeout: opt_pos("compute_timeout", &m.compute_timeout, def.compute_timeout)?,

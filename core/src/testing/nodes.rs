@@ -121,6 +121,9 @@ pub struct NodeNet {
     liars: BTreeSet<NodeId>,
     /// Nodes whose ring frames carry a NaN ([`NodeNet::poison_values`]).
     poisoners: BTreeSet<NodeId>,
+    /// Nodes whose ring frames are lost, and that report nothing
+    /// ([`NodeNet::withhold_ring_frames`]).
+    withholders: BTreeSet<NodeId>,
 }
 
 /// A fault of one state piece on its way ([`NodeNet::fault_next_piece`]).
@@ -169,6 +172,7 @@ impl NodeNet {
             sprayers: BTreeSet::new(),
             liars: BTreeSet::new(),
             poisoners: BTreeSet::new(),
+            withholders: BTreeSet::new(),
         }
     }
 
@@ -430,6 +434,12 @@ impl NodeNet {
         self.poisoners.insert(id);
     }
 
+    /// From now on node `id` sends no ring frame and reports nothing of it: a member that beats,
+    /// reaches every barrier and stalls every all-reduce it is in, silently.
+    pub fn withhold_ring_frames(&mut self, id: NodeId) {
+        self.withholders.insert(id);
+    }
+
     fn enqueue(&mut self, from: NodeId, to: NodeId, mut frame: Frame) {
         if let (true, Header::Collective(_), crate::transport::Body::Bytes(b)) =
             (self.poisoners.contains(&from), &frame.header, &frame.body)
@@ -439,7 +449,9 @@ impl NodeNet {
             v[..4].copy_from_slice(&f32::NAN.to_le_bytes());
             frame.body = crate::transport::Body::Bytes(v.into());
         }
-        if self.liars.contains(&from) && matches!(frame.header, Header::Collective(_)) {
+        if (self.liars.contains(&from) || self.withholders.contains(&from))
+            && matches!(frame.header, Header::Collective(_))
+        {
             return;
         }
         if self.sprayers.contains(&from) && matches!(frame.header, Header::Collective(_)) {
@@ -639,6 +651,7 @@ impl NodeNet {
                         outer_step: *outer_step,
                         attempt: *attempt,
                         accused: None,
+                        received: 0,
                     };
                     self.enqueue(to, NodeId::COORDINATOR, Frame::control(msg));
                 }

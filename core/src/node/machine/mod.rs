@@ -242,6 +242,11 @@ pub struct Reducing {
     /// The L2 norm of this node's own contribution, taken before the rings start where the
     /// guard is on and the values are real (`None` for weight 0).
     own_norm: Option<f64>,
+    /// When the ring neighbour that sends to this node was last heard from (the release, a
+    /// frame of this attempt from it, or the end of a hang here): past
+    /// [`MeshConfig::progress_timeout`](crate::mesh::MeshConfig::progress_timeout) after it, the
+    /// attempt failed here, naming that neighbour.
+    heard: Time,
 }
 
 impl std::fmt::Debug for Reducing {
@@ -522,10 +527,7 @@ impl Node {
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Time> {
         let ask = self.fetch.as_ref().and_then(|f| f.ask_at);
-        match (self.member.poll_timeout(), ask) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [self.member.poll_timeout(), ask, self.progress_deadline()].into_iter().flatten().min()
     }
 
     /// The member's deadlines passed (early calls are no-ops).
@@ -533,6 +535,9 @@ impl Node {
         self.member.handle_timeout(now);
         if self.fetch.as_ref().and_then(|f| f.ask_at).is_some_and(|t| t <= now) {
             self.ask_missing(now);
+        }
+        if self.progress_deadline().is_some_and(|t| t <= now) {
+            self.stalled(now);
         }
         self.pump(now);
     }
@@ -573,7 +578,8 @@ impl Node {
             if !r.failed && (peer == left || peer == right) && r.rings.start().ring.len() > 1 {
                 r.failed = true;
                 let (epoch, op) = r.rings.collective();
-                let _ = self.member.report_allreduce_failed(now, epoch, op, None);
+                let received = r.rings.stats().frames_received;
+                let _ = self.member.report_allreduce_failed(now, epoch, op, None, received);
             }
         }
         self.pump(now);
@@ -633,7 +639,9 @@ impl Node {
         if let (Some(span), Some(a)) = (span, &mut self.acct) {
             a.enter(span, now);
         }
-        if matches!(self.work, Work::Reducing(_)) {
+        if let Work::Reducing(r) = &mut self.work {
+            // The neighbour's silence while this node hung is not held against it.
+            r.heard = now;
             self.drive_rings(now);
         }
         self.pump(now);

@@ -53,7 +53,7 @@ impl Node {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(target: "loco_core", "{}: cannot start the all-reduce: {}", self.cfg.id, e.source);
-                let _ = self.member.report_allreduce_failed(now, epoch, op, None);
+                let _ = self.member.report_allreduce_failed(now, epoch, op, None, 0);
                 return;
             }
         };
@@ -63,7 +63,8 @@ impl Node {
             let m = ModelledAllReduce { start: rings.start().clone(), shards: rings.plan() };
             self.effects.push_back(Effect::ModelledAllReduce(m));
         }
-        let r = Reducing { rings, failed: false, modelled, modelled_done: false, own_norm };
+        let r =
+            Reducing { rings, failed: false, modelled, modelled_done: false, own_norm, heard: now };
         self.work = Work::Reducing(Box::new(r));
         // Frames that arrived before this node's release (a neighbour started first).
         let early = self.inbox.take_for((epoch, op));
@@ -144,8 +145,10 @@ impl Node {
             self.inbox.count_foreign();
             return;
         }
+        r.heard = now;
         if let Err(e) = r.rings.handle_frame(from, &f) {
             let (epoch, op) = r.rings.collective();
+            let received = r.rings.stats().frames_received;
             let first = !r.failed;
             r.failed = true;
             // Values that are not finite name their sender; a frame off the schedule does not
@@ -157,9 +160,38 @@ impl Node {
             .then_some(from);
             self.violation(Violation::RingRefused { epoch, op, from, error: e.to_string() });
             if first {
-                let _ = self.member.report_allreduce_failed(now, epoch, op, accused);
+                let _ = self.member.report_allreduce_failed(now, epoch, op, accused, received);
             }
         }
+    }
+
+    /// When the running attempt fails here for want of frames from the neighbour that sends to
+    /// this node ([`MeshConfig::progress_timeout`](crate::mesh::MeshConfig::progress_timeout)
+    /// after it was last heard): only while this node waits on it (its rings are not done, it
+    /// has not reported a failure, it is not hung, frames move).
+    pub(super) fn progress_deadline(&self) -> Option<Time> {
+        let Work::Reducing(r) = &self.work else { return None };
+        let waiting = !r.failed && !r.modelled && !self.suspended && !r.rings.is_done();
+        (waiting && r.rings.start().ring.len() > 1)
+            .then(|| r.heard + self.member.config().progress_timeout)
+    }
+
+    /// Nothing came from the ring neighbour that sends to this node for the progress timeout:
+    /// the attempt failed here, and the report names that neighbour (the coordinator retries
+    /// with a ring that gives it another successor, and evicts a member named by two).
+    pub(super) fn stalled(&mut self, now: Time) {
+        let Work::Reducing(r) = &mut self.work else { return };
+        r.failed = true;
+        let (epoch, op) = r.rings.collective();
+        let left = r.rings.neighbours().0;
+        tracing::warn!(
+            target: "loco_core",
+            "{}: nothing from {left} for {:?} in the all-reduce of {epoch}: attempt failed, naming it",
+            self.cfg.id,
+            self.member.config().progress_timeout
+        );
+        let received = r.rings.stats().frames_received;
+        let _ = self.member.report_allreduce_failed(now, epoch, op, Some(left), received);
     }
 
     /// Whether the coordinator guards the averaged update ([`crate::mesh::MeshConfig`]'s
