@@ -554,10 +554,7 @@ impl Node {
                 }
             }
             Header::State(h) => self.on_state_part(now, from, h, frame.body),
-            Header::StateAsk(ask) => {
-                self.asked.push_back((from, ask));
-                self.answer_asks();
-            }
+            Header::StateAsk(ask) => self.on_ask(from, ask),
             Header::Collective(_) => {
                 if self.suspended {
                     self.held.push_back((from, frame));

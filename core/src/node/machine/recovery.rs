@@ -102,6 +102,19 @@ impl Node {
         self.prepare_state(epoch, to, senders, None);
     }
 
+    /// A joiner asks again for pieces of its state: queued until the outer state is here to
+    /// snapshot, only from a joiner this node sends to and at most [`MAX_ASKS`] from each (so
+    /// the queue stays bounded while the state is lent to the compute), then answered.
+    pub(super) fn on_ask(&mut self, from: NodeId, ask: StateAsk) {
+        let queued = self.asked.iter().filter(|(f, _)| *f == from).count();
+        if !self.serving.contains_key(&from) || queued >= MAX_ASKS as usize {
+            tracing::debug!(target: "loco_core", "{}: dropped an ask from {from} ({queued} queued)", self.cfg.id);
+            return;
+        }
+        self.asked.push_back((from, ask));
+        self.answer_asks();
+    }
+
     /// Answers the joiners' asks for pieces (once the outer state is here to snapshot): a
     /// joiner this node sends to, under the assignment it sends under, within [`MAX_ASKS`]
     /// and [`StateAsk::MAX_RANGES`]; other asks are dropped.
@@ -460,6 +473,28 @@ mod tests {
             assert_eq!((jobs[0].to(), jobs[0].epoch), (NodeId(7), Epoch(3)));
         }
         assert!(ask(&mut n, 7, 3, some).is_empty(), "beyond the asks an assignment allows");
+    }
+
+    /// While the outer state is lent to the compute, asks wait in a queue: only a served
+    /// joiner's, at most `MAX_ASKS` of them; a flood from anyone else queues nothing.
+    #[test]
+    fn asks_queued_while_the_state_is_lent_are_bounded() {
+        let mut n = node(1);
+        n.send_state(Epoch(3), NodeId(7), &[NodeId(1)]);
+        while n.poll_effect().is_some() {}
+        let lent = n.outer.take();
+        let some = vec![(PART_SHARED, 100, 200)];
+        for _ in 0..1000 {
+            assert!(ask(&mut n, 8, 3, some.clone()).is_empty());
+            assert!(ask(&mut n, 7, 3, some.clone()).is_empty());
+        }
+        assert_eq!(n.asked.len(), MAX_ASKS as usize, "the served joiner's, bounded");
+        n.outer = lent;
+        n.answer_asks();
+        let jobs = std::iter::from_fn(|| n.poll_effect())
+            .filter(|e| matches!(e, Effect::PrepareState(_)))
+            .count();
+        assert_eq!(jobs, MAX_ASKS as usize);
     }
 
     /// A synced node digests its snapshot ahead of any joiner (nothing is sent); a joiner's
