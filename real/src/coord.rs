@@ -5,6 +5,7 @@
 //! member to stop) when the scenario's stop condition is reached. Its metrics file holds its
 //! events and every epoch it formed (for the launch's invariant checker).
 
+use crate::identity::PublicKey;
 use crate::node::{MetricsFile, MetricsLine};
 use crate::tcp::{TcpConfig, TcpError, TcpTransport};
 use loco_core::ids::NodeId;
@@ -92,10 +93,12 @@ fn known(c: &Coordinator) -> BTreeSet<NodeId> {
 /// Sends `msg` to `to`, after the directory of peers' addresses where the message makes members
 /// dial each other and `to` has not been sent this directory yet. The directory names only
 /// `known` nodes: the addresses of ids that connected and never joined would grow it past a
-/// frame's header limit.
+/// frame's header limit. It is sent as changes: only the entries `to` was not sent before (a
+/// member merges what it receives), so a new member costs each other member one entry, not
+/// the whole directory again.
 async fn send(
     t: &mut TcpTransport,
-    sent_dirs: &mut BTreeMap<NodeId, BTreeMap<NodeId, SocketAddr>>,
+    sent_dirs: &mut BTreeMap<NodeId, SentDir>,
     known: &BTreeSet<NodeId>,
     to: NodeId,
     msg: MeshMsg,
@@ -107,13 +110,13 @@ async fn send(
             | MeshMsg::View { .. }
             | MeshMsg::ProbeRequest { .. }
     ) {
-        let mut dir = t.peer_addrs();
-        dir.retain(|id, _| known.contains(id));
-        if sent_dirs.get(&to) != Some(&dir) {
-            let entries = dir.iter().map(|(k, v)| (*k, *v)).collect();
-            if t.send_directory(to, entries).await.is_ok() {
-                sent_dirs.insert(to, dir);
-            }
+        let mut dir: SentDir = BTreeMap::new();
+        for (id, addr) in t.peer_addrs().into_iter().filter(|(id, _)| known.contains(id)) {
+            dir.insert(id, (addr, t.key_of(id)));
+        }
+        let entries = dir_changes(sent_dirs.get(&to), &dir);
+        if !entries.is_empty() && t.send_directory(to, entries).await.is_ok() {
+            sent_dirs.insert(to, dir);
         }
     }
     if let Err(e) = t.send(to, padded_frame(msg, 0, false)).await {
@@ -121,11 +124,24 @@ async fn send(
     }
 }
 
+/// What a member was sent of the directory: each peer's address and key.
+type SentDir = BTreeMap<NodeId, (SocketAddr, Option<PublicKey>)>;
+
+/// The entries of `dir` that a member sent `sent` before lacks or holds otherwise (another
+/// address, or another key).
+fn dir_changes(sent: Option<&SentDir>, dir: &SentDir) -> Vec<(NodeId, SocketAddr)> {
+    dir.iter()
+        .filter(|&(id, entry)| sent.and_then(|s| s.get(id)) != Some(entry))
+        .map(|(&id, &(addr, _))| (id, addr))
+        .collect()
+}
+
 /// The transport's upkeep at a new epoch: fresh dials to the partitioned, and addresses of
-/// nodes neither members nor queued (nor connected now) forgotten.
+/// nodes neither members nor queued (nor connected now) forgotten. A node evicted is sent a
+/// whole directory when it is a member again (a restarted process knows no peer).
 fn after_epoch(
     t: &mut TcpTransport,
-    sent_dirs: &mut BTreeMap<NodeId, BTreeMap<NodeId, SocketAddr>>,
+    sent_dirs: &mut BTreeMap<NodeId, SentDir>,
     c: &Coordinator,
     evicted: &[(NodeId, EvictReason)],
 ) {
@@ -136,6 +152,7 @@ fn after_epoch(
         if *why == EvictReason::HeartbeatTimeout {
             t.reset(*n);
         }
+        sent_dirs.remove(n);
     }
     let keep = known(c);
     t.retain_peer_addrs(|id| keep.contains(&id));
@@ -225,7 +242,7 @@ pub async fn run_coordinator(
     let name = |n: NodeId| opts.names.get(&n).cloned().unwrap_or_else(|| n.to_string());
     let mut write = |l: MetricsLine| out.write(l);
     let mut c = Coordinator::starting_at(opts.mesh.clone(), opts.start_outer_step);
-    let mut sent_dirs: BTreeMap<NodeId, BTreeMap<NodeId, SocketAddr>> = BTreeMap::new();
+    let mut sent_dirs: BTreeMap<NodeId, SentDir> = BTreeMap::new();
     let mut committed = 0u64;
     let mut epochs = 0u64;
     let mut stopping = false;
@@ -305,5 +322,29 @@ pub async fn run_coordinator(
                 c.shutdown(now());
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A member is sent only what it lacks or holds otherwise (an address, a key); a member
+    /// sent nothing before gets the whole directory.
+    #[test]
+    fn a_directory_goes_as_changes() {
+        let addr = |p: u16| SocketAddr::from(([127, 0, 0, 1], p));
+        let key = Some(PublicKey([7; 32]));
+        let sent: SentDir =
+            [(NodeId(1), (addr(1), None)), (NodeId(2), (addr(2), None))].into_iter().collect();
+        let mut dir = sent.clone();
+        assert!(dir_changes(Some(&sent), &dir).is_empty());
+        dir.insert(NodeId(3), (addr(3), None));
+        dir.insert(NodeId(2), (addr(22), None));
+        dir.insert(NodeId(1), (addr(1), key));
+        let want = vec![(NodeId(1), addr(1)), (NodeId(2), addr(22)), (NodeId(3), addr(3))];
+        assert_eq!(dir_changes(Some(&sent), &dir), want, "a new key, address, member");
+        dir.remove(&NodeId(1));
+        assert_eq!(dir_changes(None, &dir).len(), 2);
     }
 }

@@ -537,6 +537,12 @@ impl TcpTransport {
         }
     }
 
+    /// The key this endpoint knows for `id` (its roster's, or one the coordinator vouched
+    /// for); `None` without node keys.
+    pub fn key_of(&self, id: NodeId) -> Option<crate::identity::PublicKey> {
+        self.cfg.identity.as_ref().and_then(|i| i.key_of(id))
+    }
+
     /// Where each known peer listens: set by hand, learned from their handshakes, or received
     /// in a directory.
     pub fn peer_addrs(&self) -> BTreeMap<NodeId, SocketAddr> {
