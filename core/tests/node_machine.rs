@@ -488,6 +488,36 @@ fn a_damaged_piece_is_detected_and_fetched_again() {
     assert_eq!(net.hashes()[&last].len(), 4, "the joiner takes part");
 }
 
+/// A member that sends a joiner a forged state, consistent in itself (its digests made from the
+/// forged weights), while it reports at the barrier what it holds: the joiner checks the state
+/// against what the members vouch for (`Sync`'s majority), refuses it, and tells the
+/// coordinator, which assigns it another sender; the joiner completes from the honest one and
+/// holds the same weights as the others. Before, it installed the forged state.
+#[test]
+fn a_forged_state_is_refused_and_the_joiner_completes_from_an_honest_sender() {
+    let mut net = formed(MeshConfig::default(), 3);
+    net.run_for(secs(70)).unwrap();
+    net.forge_states(NodeId(0));
+    net.add(NodeId(3));
+    net.run_for(secs(600)).unwrap();
+    let starts: Vec<Vec<NodeId>> = node_events(&net, NodeId(3))
+        .into_iter()
+        .filter_map(|e| match e {
+            NodeEvent::RecoveryStart { senders, .. } => Some(senders),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(starts, vec![vec![NodeId(0)], vec![NodeId(1)]], "assigned, then reassigned");
+    assert!(recovered(&net, NodeId(3)).is_some(), "{:?}", node_events(&net, NodeId(3)));
+    let v = net.violations();
+    // The forged copy refused, and its pieces sent again refused as they came: all from n0.
+    assert!(v.iter().any(|v| v.contains("not the state the members hold")), "{v:?}");
+    assert!(v.iter().all(|v| v.contains("from n0") && v.contains("the members hold")), "{v:?}");
+    assert!(net.disagreements().is_empty(), "{:?}", net.hashes());
+    let last = *net.hashes().keys().last().unwrap();
+    assert_eq!(net.hashes()[&last].len(), 4, "the joiner takes part");
+}
+
 /// A piece lost on its way (a frame dropped with its connection): the joiner, with pieces
 /// and then none for `state_resend_after`, asks its senders for what it lacks and completes
 /// within the wait and one more transfer of the piece, long before `sync_timeout`.

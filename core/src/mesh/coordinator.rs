@@ -488,6 +488,9 @@ impl Coordinator {
                     m.synced = true;
                 }
             }
+            MeshMsg::StateRefused { epoch, senders } if is_member => {
+                self.on_state_refused(from, epoch, &senders)
+            }
             MeshMsg::ProbeReport { round, results } if is_member => {
                 self.on_probe_report(from, round, results)
             }
@@ -503,6 +506,7 @@ impl Coordinator {
             | MeshMsg::Done { .. }
             | MeshMsg::Failed { .. }
             | MeshMsg::Synced { .. }
+            | MeshMsg::StateRefused { .. }
             | MeshMsg::ProbeReport { .. } => {
                 // A member's message from a non-member: it was evicted; tell it again.
                 self.send(from, MeshMsg::Evicted { reason: EvictReason::NotAMember });
@@ -540,6 +544,7 @@ impl Coordinator {
                 | MeshMsg::Done { .. }
                 | MeshMsg::Failed { .. }
                 | MeshMsg::Synced { .. }
+                | MeshMsg::StateRefused { .. }
                 | MeshMsg::ProbeReport { .. }
         );
         if let (true, Some(m)) = (to_us, self.farewell.clone()) {
@@ -564,6 +569,7 @@ impl Coordinator {
                 | MeshMsg::Done { .. }
                 | MeshMsg::Failed { .. }
                 | MeshMsg::Synced { .. }
+                | MeshMsg::StateRefused { .. }
                 | MeshMsg::ProbeReport { .. }
         );
         if let (true, Some(m)) = (confirms, self.state.members.get_mut(&from)) {
@@ -622,6 +628,23 @@ impl Coordinator {
             let msg = MeshMsg::Failed { epoch, outer_step, attempt, accused, received };
             self.stale(from, msg);
         }
+    }
+
+    /// A joiner being synced refused the state its senders of `epoch` sent (not the one the
+    /// members vouch for): those of its current senders are not assigned to it again while it
+    /// syncs (the decision reassigns it where others can send).
+    fn on_state_refused(&mut self, from: NodeId, epoch: Epoch, senders: &[NodeId]) {
+        let syncing = matches!(self.state.phase, Phase::Sync { .. })
+            && epoch == self.state.epoch
+            && self.state.members.get(&from).is_some_and(|m| !m.synced);
+        let Some(t) = self.state.transfers.iter().find(|t| t.joiner == from) else { return };
+        if !syncing {
+            return;
+        }
+        let named: Vec<NodeId> =
+            senders.iter().copied().filter(|id| t.senders.contains(id)).collect();
+        tracing::warn!(target: "loco_core", "{from} refused the state {named:?} sent: not the one the members hold");
+        self.state.refused.entry(from).or_default().extend(named);
     }
 
     /// A member's bandwidths to its peers, measured in probe `round`.
@@ -736,7 +759,15 @@ impl Coordinator {
                     let members = self.state.member_ids();
                     let incarnations = self.incarnations(&members);
                     let (epoch, outer_step) = (cur, k);
-                    let msg = MeshMsg::Sync { epoch, outer_step, members, incarnations, transfers };
+                    let vouched = super::guard::vouched(&self.state);
+                    let msg = MeshMsg::Sync {
+                        epoch,
+                        outer_step,
+                        members,
+                        incarnations,
+                        transfers,
+                        vouched,
+                    };
                     self.send(from, msg);
                 }
             }
@@ -916,6 +947,7 @@ impl Coordinator {
                         m.blamed = 0;
                         m.accusers.clear();
                     }
+                    self.state.refused.clear();
                     self.next_step(now);
                 }
             }
@@ -1022,7 +1054,7 @@ impl Coordinator {
         }
         // An attempt given up with nobody dead, failed by the word of one member alone.
         if matches!(self.state.phase, Phase::Reduce { .. }) && p.evicted.is_empty() {
-            for id in super::decide::blamed_parties(&self.state) {
+            for id in super::blame::blamed_parties(&self.state) {
                 if let Some(m) = self.state.members.get_mut(&id) {
                     m.blamed += 1;
                 }
@@ -1089,11 +1121,18 @@ impl Coordinator {
                 }
             }
             Then::Sync { transfers } => {
-                self.state.phase = Phase::Sync { since: now };
+                // A reassignment keeps the deadline that runs from the joiners' admission.
+                let since = match self.state.phase {
+                    Phase::Sync { since } => since,
+                    _ => now,
+                };
+                self.state.phase = Phase::Sync { since };
                 self.state.transfers = transfers.clone();
                 let incarnations = self.incarnations(&members);
                 let (epoch, outer_step) = (p.epoch, step);
-                let msg = MeshMsg::Sync { epoch, outer_step, members, incarnations, transfers };
+                let vouched = super::guard::vouched(&self.state);
+                let msg =
+                    MeshMsg::Sync { epoch, outer_step, members, incarnations, transfers, vouched };
                 self.broadcast(&msg);
             }
             Then::Reduce(round) => self.start_round(now, round),

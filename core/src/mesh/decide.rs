@@ -39,6 +39,7 @@
 //! A joiner is admitted only at a boundary of the Compute phase, so one that arrives during a
 //! Sync or Reduce waits for the next step.
 
+use super::blame;
 use super::guard::Refusal;
 use super::guard::{diverged, guard};
 use super::state::{Joiner, MeshState, Phase};
@@ -464,30 +465,15 @@ fn round(
         }
     };
     let mut ring = ring;
-    separate(&mut ring, s);
+    super::blame::separate(&mut ring, s);
     let weights = weights(s, &ring, s.outer_step);
     Round { outer_step: s.outer_step, attempt, ring, weights, transfers }
 }
 
-/// Gives each member named in a failed attempt a successor that has not named it (it swaps
-/// places with the one that did), so that a second name against it comes from another member
-/// and one member's word can never gather two. Rings of two cannot be changed.
-fn separate(ring: &mut [NodeId], s: &MeshState) {
-    let n = ring.len();
-    if n < 3 {
-        return;
-    }
-    for (id, by) in s.accusers_now() {
-        let Some(i) = ring.iter().position(|x| *x == id) else { continue };
-        let j = (i + 1) % n;
-        if by.contains(&ring[j]) {
-            ring.swap(i, j);
-        }
-    }
-}
-
-/// State senders for each joiner: `k` of the `pool`, rotating so that joiners spread over it.
-fn assign_transfers(joiners: &[NodeId], pool: &[NodeId], k: usize) -> Vec<Transfer> {
+/// State senders for each joiner: `k` of the `pool`, rotating so that joiners spread over it,
+/// leaving out the senders whose state the joiner refused ([`MeshState::refused`]) while others
+/// are left.
+fn assign_transfers(s: &MeshState, joiners: &[NodeId], pool: &[NodeId], k: usize) -> Vec<Transfer> {
     if pool.is_empty() {
         return Vec::new();
     }
@@ -495,6 +481,10 @@ fn assign_transfers(joiners: &[NodeId], pool: &[NodeId], k: usize) -> Vec<Transf
         .iter()
         .enumerate()
         .map(|(i, &joiner)| {
+            let refused = s.refused.get(&joiner);
+            let left: Vec<NodeId> =
+                pool.iter().copied().filter(|x| refused.is_none_or(|r| !r.contains(x))).collect();
+            let pool = if left.is_empty() { pool } else { &left };
             let mut senders: Vec<NodeId> =
                 (0..k.min(pool.len())).map(|j| pool[(i * k + j) % pool.len()]).collect();
             senders.sort();
@@ -563,9 +553,22 @@ pub fn decide(now: Time, s: &MeshState, cfg: &MeshConfig) -> Decision {
                 let then = if pending.is_empty() || pool.is_empty() {
                     Then::Reduce(round(s, cfg, &members, 0, Vec::new()))
                 } else {
-                    Then::Sync { transfers: assign_transfers(&pending, &pool, cfg.state_senders) }
+                    Then::Sync {
+                        transfers: assign_transfers(s, &pending, &pool, cfg.state_senders),
+                    }
                 };
                 return plan(s, members, Vec::new(), dead, then);
+            }
+            // A joiner refused what its senders sent: others send, where there are others.
+            if s.transfers.iter().any(|t| {
+                s.refused.get(&t.joiner).is_some_and(|r| t.senders.iter().any(|x| r.contains(x)))
+            }) {
+                let pool: Vec<NodeId> =
+                    ids.iter().copied().filter(|id| !pending.contains(id)).collect();
+                let transfers = assign_transfers(s, &pending, &pool, cfg.state_senders);
+                if transfers != s.transfers {
+                    return plan(s, ids, Vec::new(), Vec::new(), Then::Sync { transfers });
+                }
             }
             if pending.is_empty() {
                 return Decision::Release(round(s, cfg, &ids, 0, Vec::new()));
@@ -602,13 +605,13 @@ pub fn decide(now: Time, s: &MeshState, cfg: &MeshConfig) -> Decision {
                     dead.extend(named.map(|(id, _)| (id, EvictReason::Accused)));
                 }
                 if dead.is_empty() {
-                    let why = match sole_reporter(s).and_then(|id| s.members.get(&id)) {
+                    let why = match blame::sole_reporter(s).and_then(|id| s.members.get(&id)) {
                         Some(m) if m.accuses.is_some() && s.members.len() < 3 => {
                             EvictReason::Disputed
                         }
                         _ => EvictReason::Uncorroborated,
                     };
-                    let parties = blamed_parties(s);
+                    let parties = blame::blamed_parties(s);
                     // Both sides of a dispute reach the limit together: both go, or neither.
                     if parties
                         .iter()
@@ -676,25 +679,6 @@ fn compute(
         of: ids.len(),
         deadline: Some(deadline),
     })
-}
-
-/// Who is blamed for the current attempt when it is given up with nobody dead: the one member
-/// that reported it failed (when exactly one did), and in a ring of two the member it named, if
-/// any (in larger rings a named member is given another successor, and evicted only when a
-/// second member names it). Id order.
-pub(super) fn blamed_parties(s: &MeshState) -> Vec<NodeId> {
-    let Some(id) = sole_reporter(s) else { return Vec::new() };
-    let accused = s.members.get(&id).and_then(|m| m.accuses).filter(|_| s.members.len() < 3);
-    let mut parties: Vec<NodeId> = [Some(id), accused].into_iter().flatten().collect();
-    parties.sort_unstable();
-    parties
-}
-
-/// The one member that reported the current attempt failed, when exactly one did.
-pub(super) fn sole_reporter(s: &MeshState) -> Option<NodeId> {
-    let mut reporters = s.members.iter().filter(|(_, m)| m.failed).map(|(&id, _)| id);
-    let first = reporters.next()?;
-    reporters.next().is_none().then_some(first)
 }
 
 /// Forming: the first epoch, of every live joiner, once enough have joined and the join window
@@ -779,7 +763,7 @@ fn boundary(
         .copied()
         .filter(|id| s.members.get(id).is_some_and(|m| m.synced))
         .collect();
-    let transfers = assign_transfers(&admitted, &pool, cfg.state_senders);
+    let transfers = assign_transfers(s, &admitted, &pool, cfg.state_senders);
     let then = if cfg.join_mode == JoinMode::Blocking && !transfers.is_empty() {
         Then::Sync { transfers }
     } else {

@@ -47,6 +47,31 @@ pub(super) fn diverged(s: &MeshState) -> Vec<(NodeId, EvictReason)> {
         .collect()
 }
 
+/// The state a strict majority of the members that arrived at this step's barrier reported
+/// holding (outer steps applied and weights digest, `None` digests counted as one more value):
+/// what a joiner must receive at this boundary ([`MeshMsg::Sync`](super::MeshMsg::Sync)'s
+/// `vouched`). `None` without a strict majority, or when any of them reported a state of
+/// another step than the mesh's.
+pub(super) fn vouched(s: &MeshState) -> Option<super::Held> {
+    let held: Vec<super::Held> = s
+        .members
+        .values()
+        .filter(|m| m.synced && m.arrived == Some(s.outer_step))
+        .filter_map(|m| m.held_at_barrier)
+        .collect();
+    // Members at this barrier hold exactly this many applied steps; a report of another (a
+    // state lent, or one behind a restarted coordinator's count) vouches for nothing.
+    if held.iter().any(|h| h.outer_step != s.outer_step) {
+        return None;
+    }
+    let mut counts: std::collections::BTreeMap<_, usize> = std::collections::BTreeMap::new();
+    for h in &held {
+        *counts.entry((h.outer_step, h.digest)).or_default() += 1;
+    }
+    let (&(outer_step, digest), &n) = counts.iter().max_by_key(|(_, n)| **n)?;
+    (n * 2 > held.len()).then_some(super::Held { outer_step, digest })
+}
+
 /// The norm of the current attempt's average as the members reported it: the largest (every
 /// replica holds the same bits, so they agree unless one lies or errs; NaN counts as
 /// infinite). `None` when nobody reported one (values that are not real, or the guard off).

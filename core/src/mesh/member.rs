@@ -170,6 +170,9 @@ pub enum MemberAction {
         epoch: Epoch,
         /// The senders.
         senders: Vec<NodeId>,
+        /// The state the members vouch for ([`MeshMsg::Sync`]'s `vouched`; `None` when the
+        /// assignment came with a release, in non-blocking mode).
+        vouched: Option<super::Held>,
     },
     /// Send the training state (as of the last commit) to a joiner: this node's share of it when
     /// there are several senders. Comes again when the senders change (one of them died), so
@@ -604,6 +607,14 @@ impl Member {
         Ok(())
     }
 
+    /// The complete state the senders of `epoch`'s assignment sent is not the one the members
+    /// vouch for: the coordinator is told, to assign other senders.
+    pub fn report_state_refused(&mut self, epoch: Epoch, senders: Vec<NodeId>) {
+        if matches!(self.phase, MemberPhase::Syncing { .. }) {
+            self.send_coordinator(MeshMsg::StateRefused { epoch, senders });
+        }
+    }
+
     /// The state requested by [`MemberAction::FetchState`] has arrived and verified.
     pub fn report_sync_done(&mut self, _now: Time) -> Result<(), MeshError> {
         let Some(epoch) = self.epoch else { return Err(self.wrong_phase("report_sync_done")) };
@@ -763,12 +774,12 @@ impl Member {
         }
     }
 
-    fn transfers(&mut self, epoch: Epoch, transfers: &[Transfer]) {
+    fn transfers(&mut self, epoch: Epoch, transfers: &[Transfer], vouched: Option<super::Held>) {
         for t in transfers {
             if t.joiner == self.id && self.fetching.as_ref() != Some(&t.senders) {
                 self.fetching = Some(t.senders.clone());
                 let senders = t.senders.clone();
-                self.actions.push_back(MemberAction::FetchState { epoch, senders });
+                self.actions.push_back(MemberAction::FetchState { epoch, senders, vouched });
             }
             if t.senders.contains(&self.id) && self.sending.get(&t.joiner) != Some(&t.senders) {
                 self.sending.insert(t.joiner, t.senders.clone());
@@ -820,8 +831,8 @@ impl Member {
             MeshMsg::View { epoch, outer_step, members, incarnation } => {
                 self.on_view(epoch, outer_step, members, incarnation)
             }
-            MeshMsg::Sync { epoch, outer_step, members, incarnations, transfers } => {
-                self.on_sync(epoch, outer_step, members, &incarnations, &transfers)
+            MeshMsg::Sync { epoch, outer_step, members, incarnations, transfers, vouched } => {
+                self.on_sync(epoch, outer_step, members, &incarnations, &transfers, vouched)
             }
             MeshMsg::Release {
                 epoch,
@@ -850,7 +861,7 @@ impl Member {
                 let Some(changed) = self.accept_epoch(epoch) else { return };
                 self.admit_if_joining(epoch, outer_step);
                 self.set_members(epoch, ring.clone(), changed);
-                self.transfers(epoch, &transfers);
+                self.transfers(epoch, &transfers, None);
                 let weight = weights.get(pos).copied().unwrap_or(Weight::ZERO);
                 let total_weight = weights.iter().map(|w| w.get()).sum();
                 self.phase = MemberPhase::Reducing { outer_step, attempt, done: false };
@@ -899,6 +910,7 @@ impl Member {
             | MeshMsg::Done { .. }
             | MeshMsg::Failed { .. }
             | MeshMsg::Synced { .. }
+            | MeshMsg::StateRefused { .. }
             | MeshMsg::ProbeReport { .. }
             | MeshMsg::Leave { .. }
             | MeshMsg::Probe { .. }
@@ -934,6 +946,7 @@ impl Member {
         members: Vec<NodeId>,
         incarnations: &[u64],
         transfers: &[Transfer],
+        vouched: Option<super::Held>,
     ) {
         if !self.addressed_to_me(&members, incarnations) {
             return; // meant for this node's previous process
@@ -953,7 +966,7 @@ impl Member {
                 MemberPhase::AtBarrier { outer_step }
             };
         }
-        self.transfers(epoch, transfers);
+        self.transfers(epoch, transfers, vouched);
     }
 
     /// `Commit`: a member whose attempt finished applies the outer update and computes the

@@ -63,6 +63,7 @@ fn a_release_or_sync_for_the_previous_incarnation_admits_nothing() {
         members: vec![NodeId(0), NodeId(3)],
         incarnations: vec![0, 0],
         transfers: vec![],
+        vouched: None,
     };
     m.handle_message(t(1), NodeId::COORDINATOR, sync);
     assert_eq!(drain(&mut m), vec![]);

@@ -132,6 +132,7 @@ use crate::ids::{Epoch, NodeId, Weight};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
+mod blame;
 mod config;
 mod coordinator;
 mod decide;
@@ -362,6 +363,15 @@ pub enum MeshMsg {
         /// ([`MeshConfig::max_update_ratio`]).
         norms: Option<UpdateNorms>,
     },
+    /// A blocking joiner received a complete state that is not the one the members vouch for
+    /// (`Sync`'s `vouched`): another outer step or other weights, from these senders of its
+    /// assignment in `epoch`. The coordinator assigns it other senders where it can.
+    StateRefused {
+        /// The epoch of the assignment.
+        epoch: Epoch,
+        /// The senders of the state refused.
+        senders: Vec<NodeId>,
+    },
     /// The sender's all-reduce of this epoch and attempt failed.
     Failed {
         /// Epoch of the release.
@@ -436,6 +446,10 @@ pub enum MeshMsg {
         incarnations: Vec<u64>,
         /// Who sends the state to whom.
         transfers: Vec<Transfer>,
+        /// The state the joiners must receive: what a strict majority of the members reported
+        /// holding at this step's barrier (outer steps applied, weights digest), when one did.
+        /// A joiner refuses any other, so a member sending a forged state cannot install it.
+        vouched: Option<Held>,
     },
     /// Start (or restart) the all-reduce of `outer_step` on this ring.
     Release {

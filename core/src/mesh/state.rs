@@ -178,6 +178,9 @@ pub struct MeshState {
     pub last_outcome: Option<Outcome>,
     /// The state transfers of the current epoch.
     pub transfers: Vec<Transfer>,
+    /// Senders whose state a joiner refused (not the one the members vouch for), per joiner:
+    /// not assigned to it again (cleared by a commit).
+    pub refused: BTreeMap<NodeId, BTreeSet<NodeId>>,
     /// Measured bandwidth between nodes.
     pub bandwidth: BandwidthMatrix,
     /// Every (node, incarnation) ever admitted, so that none is admitted twice.
@@ -212,6 +215,7 @@ impl Default for MeshState {
             transfers: Vec::new(),
             bandwidth: BandwidthMatrix::new(),
             barred: BTreeMap::new(),
+            refused: BTreeMap::new(),
             expected: BTreeMap::new(),
             admitted: BTreeSet::new(),
             last_heard: None,

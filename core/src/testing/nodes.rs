@@ -124,6 +124,8 @@ pub struct NodeNet {
     /// Nodes whose ring frames are lost, and that report nothing
     /// ([`NodeNet::withhold_ring_frames`]).
     withholders: BTreeSet<NodeId>,
+    /// Nodes that send joiners a forged state ([`NodeNet::forge_states`]).
+    forgers: BTreeSet<NodeId>,
 }
 
 /// A fault of one state piece on its way ([`NodeNet::fault_next_piece`]).
@@ -173,6 +175,7 @@ impl NodeNet {
             liars: BTreeSet::new(),
             poisoners: BTreeSet::new(),
             withholders: BTreeSet::new(),
+            forgers: BTreeSet::new(),
         }
     }
 
@@ -434,6 +437,12 @@ impl NodeNet {
         self.poisoners.insert(id);
     }
 
+    /// From now on the state node `id` sends joiners is forged: other weights, consistent in
+    /// themselves (digests made from them), while its barrier arrivals report what it holds.
+    pub fn forge_states(&mut self, id: NodeId) {
+        self.forgers.insert(id);
+    }
+
     /// From now on node `id` sends no ring frame and reports nothing of it: a member that beats,
     /// reaches every barrier and stalls every all-reduce it is in, silently.
     pub fn withhold_ring_frames(&mut self, id: NodeId) {
@@ -547,7 +556,12 @@ impl NodeNet {
                 job.run();
                 node.outer_done(now, job);
             }
-            Effect::PrepareState(job) => node.state_prepared(now, job.prepare(None)),
+            Effect::PrepareState(mut job) => {
+                if self.forgers.contains(&id) {
+                    job.forge();
+                }
+                node.state_prepared(now, job.prepare(None))
+            }
             Effect::VerifyState { received, params } => {
                 node.state_verified(now, received.verify(params))
             }

@@ -47,8 +47,8 @@ pub enum Effect {
     /// Check and decode a complete state ([`Received::verify`], O(state)), then hand the result
     /// to [`Node::state_verified`](super::Node::state_verified).
     VerifyState {
-        /// The state as assembled.
-        received: Received,
+        /// The state as assembled (boxed: it is large beside the other effects).
+        received: Box<Received>,
         /// The number of parameters of this node's model.
         params: usize,
     },
@@ -357,6 +357,18 @@ pub struct StateJob {
 pub(super) type SnapshotKey = (u64, usize, usize);
 
 impl StateJob {
+    /// Replaces the snapshot's outer weights by others (each plus one), its digests made afresh
+    /// from them: a sender that forges a whole state, consistent in itself (the tests of
+    /// vouched states).
+    #[cfg(any(test, feature = "testing"))]
+    pub fn forge(&mut self) {
+        let Some(s) = self.shared.take() else { return };
+        let (steps, mut outer, momentum) = s.into_parts();
+        outer.iter_mut().for_each(|x| *x += 1.0);
+        self.shared = SharedState::new(steps, outer, momentum).ok();
+        (self.key, self.known) = (None, None);
+    }
+
     /// A sender's job of real bytes outside a node machine (benchmarks: `loco bench recovery`):
     /// `share` of `shared` (and of an own part, if the share says so) for joiner `to` under the
     /// assignment of `epoch`, cut by `rule`.

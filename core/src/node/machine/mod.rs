@@ -747,6 +747,14 @@ impl Node {
             Ok(v) => self.install(now, v),
             Err(failed) => {
                 self.violation(Violation::StateRejected(failed.clone()));
+                let forged = matches!(
+                    &failed.shared,
+                    Err(r) if matches!(r.fault, crate::node::state::PartFault::NotVouched { .. })
+                );
+                if let (true, Some(f)) = (forged, &self.fetch) {
+                    let (epoch, senders) = (f.assembly.epoch(), f.assembly.senders().to_vec());
+                    self.member.report_state_refused(epoch, senders);
+                }
                 if let Some(f) = &mut self.fetch {
                     if f.assembly.retry(*failed) {
                         self.take_state(now);
@@ -833,9 +841,9 @@ impl Node {
             MemberAction::Compute { epoch, outer_step } => {
                 self.start_compute(epoch, outer_step, now)
             }
-            MemberAction::FetchState { epoch, senders } => {
+            MemberAction::FetchState { epoch, senders, vouched } => {
                 self.just_admitted = false;
-                self.fetch_state(epoch, senders, now);
+                self.fetch_state(epoch, senders, vouched, now);
             }
             MemberAction::SendState { epoch, to, senders } => self.send_state(epoch, to, &senders),
             MemberAction::StartAllReduce(s) => {

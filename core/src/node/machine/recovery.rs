@@ -7,7 +7,7 @@ use super::effect::SnapshotKey;
 use super::{Effect, Node, NodeEvent, StateJob, StatePieces, Violation};
 use crate::diloco::OuterState;
 use crate::ids::{Epoch, NodeId};
-use crate::mesh::MemberPhase;
+use crate::mesh::{Held, MemberPhase};
 use crate::node::acct::Span;
 use crate::node::state::{
     Expect, PIECE_MAX, PieceRule, Progress, Refused, ReplayLog, Share, SharedState, StateAssembly,
@@ -170,13 +170,24 @@ impl Node {
 
     /// `FetchState`: a new fetch (the pieces that came before it are fed), or new senders for
     /// the one under way (one died: every piece already held is kept).
-    pub(super) fn fetch_state(&mut self, epoch: Epoch, senders: Vec<NodeId>, now: Time) {
+    pub(super) fn fetch_state(
+        &mut self,
+        epoch: Epoch,
+        senders: Vec<NodeId>,
+        vouched: Option<Held>,
+        now: Time,
+    ) {
         // The outer state's buffers go to the assembly: it holds no whole state until it ends.
         self.holds = false;
         let ceiling = step_ceiling(self.member.phase());
+        // A blocking joiner in sync mode receives exactly the state the members held at the
+        // barrier; in the overlap modes a sender may apply a commit between its arrival and
+        // its sending, and a non-blocking joiner replays later commits, so neither is vouched.
+        let vouched = vouched.filter(|_| self.real && self.blocking() && !self.overlaps());
         let (kept, refused) = match &mut self.fetch {
             Some(f) => {
                 f.assembly.set_ceiling(ceiling);
+                f.assembly.set_vouched(vouched);
                 let r = f.assembly.reassign(epoch, senders.clone());
                 (Some(r.kept_bytes), r.fed.refused)
             }
@@ -188,6 +199,7 @@ impl Node {
                 let mut assembly =
                     StateAssembly::new(epoch, senders.clone(), self.blocking(), expect);
                 assembly.set_ceiling(ceiling);
+                assembly.set_vouched(vouched);
                 // A blocking joiner computes nothing until the state is here, which replaces
                 // its outer state: the state is written into that state's buffers, not into
                 // memory allocated for it (given back should the fetch end without it).
@@ -304,7 +316,7 @@ impl Node {
         }
         let Some(received) = f.assembly.take_complete() else { return };
         f.verifying = true;
-        self.effects.push_back(Effect::VerifyState { received, params });
+        self.effects.push_back(Effect::VerifyState { received: Box::new(received), params });
     }
 
     /// Takes a verified state: the outer state from it, the steps committed here meanwhile

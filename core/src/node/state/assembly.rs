@@ -14,6 +14,7 @@ use super::wire::{PieceDigest, part_digest, piece_digest};
 use super::{PART_OWN, PART_SHARED};
 use crate::digest::{Blake3Digest, HexOrEmpty};
 use crate::ids::{Epoch, NodeId};
+use crate::mesh::Held;
 use crate::node::fair::{FairHold, Keep};
 use crate::transport::{Body, StateAsk, StateHeader};
 use std::collections::{BTreeMap, BTreeSet};
@@ -123,6 +124,16 @@ pub enum Refused {
         got: u64,
         /// The copy's outer step.
         held: u64,
+    },
+    /// The piece is of a replicated copy already refused as not the state the members vouch
+    /// for ([`PartFault::NotVouched`](super::PartFault::NotVouched)): sent again, it is not
+    /// assembled again.
+    #[error(
+        "piece of a replicated copy refused as not the one the members hold (outer step {got})"
+    )]
+    RefusedCopy {
+        /// The piece's outer step.
+        got: u64,
     },
     /// The piece is of a state beyond the outer step the mesh can be at (a sender can be one
     /// commit ahead of what this node has heard, no more): refused, so that a made-up step
@@ -609,6 +620,10 @@ pub struct StateAssembly {
     spare: Option<PartBytes>,
     /// Pieces of a later outer step are refused ([`StateAssembly::set_ceiling`]).
     ceiling: u64,
+    /// The state the members vouch for ([`StateAssembly::set_vouched`]).
+    vouched: Option<Held>,
+    /// Replicated copies refused as not the state vouched for: `(outer step, digest)`.
+    refused_copies: BTreeSet<(u64, Option<Blake3Digest>)>,
 }
 
 impl std::fmt::Debug for StateAssembly {
@@ -644,7 +659,15 @@ impl StateAssembly {
             expect,
             spare: None,
             ceiling: u64::MAX,
+            vouched: None,
+            refused_copies: BTreeSet::new(),
         }
+    }
+
+    /// The state the members vouch for ([`Held`]): a complete state of another outer step or
+    /// other weights fails verification ([`Received::verify`]). `None`: any.
+    pub fn set_vouched(&mut self, vouched: Option<Held>) {
+        self.vouched = vouched;
     }
 
     /// Refuses pieces of a state beyond outer step `ceiling` from now on (the mesh's step as
@@ -851,6 +874,9 @@ impl StateAssembly {
         {
             return Err(Refused::PieceDigest { part: h.part, offset: h.offset, len: body.len() });
         }
+        if h.part == PART_SHARED && self.refused_copies.contains(&(h.outer_step, h.digest)) {
+            return Err(Refused::RefusedCopy { got: h.outer_step });
+        }
         let stored = if h.part == PART_SHARED {
             put_into(&mut self.shared, self.shared_floor, false, h, body, &mut self.spare)?
         } else {
@@ -880,7 +906,7 @@ impl StateAssembly {
         let own_from = self.pick_own()?;
         let shared = self.shared.as_mut().filter(|c| c.available())?.take();
         let own = self.own.get_mut(&own_from)?.take();
-        Some(Received { shared, own, own_from })
+        Some(Received { shared, own, own_from, vouched: self.vouched })
     }
 
     /// Gives back a state that failed verification: the parts that were right are kept, the
@@ -900,6 +926,9 @@ impl StateAssembly {
                 }
             }
             Err(r) => {
+                if matches!(r.fault, super::PartFault::NotVouched { .. }) {
+                    self.refused_copies.insert((r.outer_step, r.digest));
+                }
                 if self.shared.as_ref().is_some_and(|c| c.taken() && c.is(r.outer_step, r.digest)) {
                     self.shared = None;
                     self.shared_floor = self.shared_floor.max(r.outer_step);

@@ -3,8 +3,9 @@
 
 use super::part::PartBytes;
 use super::wire::{SharedState, StateError};
-use crate::digest::{Blake3Digest, HexOrEmpty};
+use crate::digest::{Blake3Digest, HexOrEmpty, WeightsDigest};
 use crate::ids::NodeId;
+use crate::mesh::Held;
 use std::fmt;
 
 /// One complete part as assembled: plain data, moved out of the assembly.
@@ -50,6 +51,9 @@ pub struct Received {
     pub own: ReceivedPart,
     /// Who sent the own part.
     pub own_from: NodeId,
+    /// The state the members vouch for: the replicated part must be of its outer step and,
+    /// where it names one, hold weights of its digest. `None`: any.
+    pub vouched: Option<Held>,
 }
 
 /// Why one part failed verification.
@@ -79,6 +83,23 @@ pub enum PartFault {
         what: &'static str,
         /// The index of the first such value.
         index: usize,
+    },
+    /// The replicated part is not the state the members vouch for: another outer step, or
+    /// other weights (a sender that forged a whole state, its digests consistent).
+    #[error(
+        "is not the state the members hold: outer step {outer_step}, weights {}; they vouch for \
+         outer step {}, weights {}",
+        HexOrEmpty(weights),
+        vouched.outer_step,
+        HexOrEmpty(&vouched.digest)
+    )]
+    NotVouched {
+        /// Outer steps of the state received.
+        outer_step: u64,
+        /// Its weights' digest (`None`: not computed, the step differing).
+        weights: Option<WeightsDigest>,
+        /// What the members vouch for.
+        vouched: Held,
     },
     /// The replicated part decodes to another outer step than its pieces said.
     #[error("holds outer step {inside}, its pieces said {header}")]
@@ -162,7 +183,7 @@ impl Received {
     /// parameters. Virtual parts (no bytes) pass without checks. On failure the part that was
     /// right is kept in the [`VerifyFailed`] (boxed: it is large).
     pub fn verify(self, expect_n: usize) -> Result<Verified, Box<VerifyFailed>> {
-        let Received { mut shared, own, own_from } = self;
+        let Received { mut shared, own, own_from, vouched } = self;
         // Everything is checked before the replicated part's bytes are moved into the state.
         let checked = shared.check().and_then(|()| match &shared.bytes {
             None => Ok(()),
@@ -184,7 +205,9 @@ impl Received {
             _ => None,
         };
         let checked = match (checked, &decoded) {
-            (Ok(()), Some(s)) => not_finite(s).map_or(Ok(()), Err),
+            (Ok(()), Some(s)) => {
+                not_finite(s).or_else(|| not_vouched(s, vouched)).map_or(Ok(()), Err)
+            }
             (c, _) => c,
         };
         match (checked, own_ok) {
@@ -212,6 +235,22 @@ impl Received {
     }
 }
 
+/// The fault of a decoded state that is not the one the members vouch for, if it is not.
+fn not_vouched(s: &SharedState, vouched: Option<Held>) -> Option<PartFault> {
+    let vouched = vouched?;
+    let outer_step = s.outer_steps();
+    if outer_step != vouched.outer_step {
+        return Some(PartFault::NotVouched { outer_step, weights: None, vouched });
+    }
+    let want = vouched.digest?;
+    let weights = crate::node::digest::weights_digest_parallel(s.outer());
+    (weights != want).then_some(PartFault::NotVouched {
+        outer_step,
+        weights: Some(weights),
+        vouched,
+    })
+}
+
 /// The first value of a decoded state that is not finite, as a fault.
 fn not_finite(s: &SharedState) -> Option<PartFault> {
     [("outer weight", s.outer()), ("momentum", s.momentum())].into_iter().find_map(|(what, v)| {
@@ -231,11 +270,12 @@ mod tests {
     fn a_received_states_bytes_are_both_parts() {
         let part =
             |total| ReceivedPart { outer_step: 2, digest: None, total, bytes: None, hashed: None };
-        let r = Received { shared: part(824), own: part(1600), own_from: NodeId(1) };
+        let r = Received { shared: part(824), own: part(1600), own_from: NodeId(1), vouched: None };
         assert_eq!(r.bytes(), 2424);
         let v = r.verify(100).expect("virtual parts pass");
         assert_eq!(v.bytes, 2424);
-        let r = Received { shared: part(u64::MAX), own: part(1), own_from: NodeId(1) };
+        let r =
+            Received { shared: part(u64::MAX), own: part(1), own_from: NodeId(1), vouched: None };
         assert_eq!(r.bytes(), u64::MAX);
     }
 }

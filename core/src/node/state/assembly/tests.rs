@@ -410,13 +410,18 @@ fn verify_refuses_a_state_that_does_not_decode_or_names_another_step() {
         bytes: Some(bytes.into()),
     };
     let garbage = vec![7u8; s.shared.len()];
-    let r = Received { shared: part(garbage, 7), own: own.clone(), own_from: A };
+    let r = Received { shared: part(garbage, 7), own: own.clone(), own_from: A, vouched: None };
     let e = r.verify(N).unwrap_err();
     assert!(matches!(
         e.shared,
         Err(Rejected { fault: PartFault::Decode(StateError::BadMagic { .. }), .. })
     ));
-    let r = Received { shared: part(s.shared.to_vec(), 8), own: own.clone(), own_from: A };
+    let r = Received {
+        shared: part(s.shared.to_vec(), 8),
+        own: own.clone(),
+        own_from: A,
+        vouched: None,
+    };
     let e = r.verify(N).unwrap_err();
     assert!(matches!(
         e.shared,
@@ -427,7 +432,7 @@ fn verify_refuses_a_state_that_does_not_decode_or_names_another_step() {
     momentum[N / 2] = f32::NAN;
     let outer = (0..N).map(|i| i as f32 * 0.5).collect();
     let poisoned = SharedState::new(7, outer, momentum).unwrap().encode();
-    let r = Received { shared: part(poisoned, 7), own, own_from: A };
+    let r = Received { shared: part(poisoned, 7), own, own_from: A, vouched: None };
     let e = r.verify(N).unwrap_err();
     assert_eq!(
         e.shared.map(|_| ()).map_err(|r| r.fault),
@@ -781,4 +786,34 @@ fn lent_buffers_receive_the_replicated_part() {
     assert!(b.put(A, &f[0].0, &f[0].1).is_ok());
     let [back, _] = b.reclaim().expect("the buffers, holding the copy begun");
     assert_eq!((back.as_ptr(), back.len()), (po, N));
+}
+
+/// A complete state, consistent in itself, that is not the one the members vouch for (another
+/// outer step, other weights) fails verification naming what it is and what is vouched for;
+/// the one vouched for verifies, as does any state when nothing is vouched for.
+#[test]
+fn a_state_not_vouched_for_fails_verification() {
+    let s = src(7, 3);
+    let outer: Vec<f32> = (0..N).map(|i| i as f32 * 0.5 - 3.0).collect();
+    let right = crate::node::digest::weights_digest(&outer);
+    let wrong = crate::node::digest::weights_digest(&outer[1..]);
+    let assembled = |vouched: Option<Held>| {
+        let mut a = StateAssembly::new(Epoch(5), vec![A], true, expect());
+        a.set_vouched(vouched);
+        assert!(all_ok(&put_all(&mut a, A, &frames(&s, 5, share(&[A], A, true)))));
+        a.take_complete().expect("complete").verify(N)
+    };
+    assert!(assembled(None).is_ok());
+    assert!(assembled(Some(Held { outer_step: 7, digest: Some(right) })).is_ok());
+    assert!(assembled(Some(Held { outer_step: 7, digest: None })).is_ok(), "the step alone");
+    for (vouched, weights) in [
+        (Held { outer_step: 7, digest: Some(wrong) }, Some(right)),
+        (Held { outer_step: 6, digest: Some(right) }, None),
+    ] {
+        let failed = assembled(Some(vouched)).expect_err("not vouched for");
+        let r = failed.shared.expect_err("the replicated part");
+        assert_eq!(r.fault, PartFault::NotVouched { outer_step: 7, weights, vouched });
+        assert!(r.fault.to_string().contains("not the state the members hold"));
+        assert!(failed.own.is_ok(), "the own part is kept");
+    }
 }
